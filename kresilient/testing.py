@@ -1,0 +1,702 @@
+"""A real Apache Kafka cluster on loopback, for tests and demos.
+
+:class:`KafkaCluster` starts N combined broker+controller KRaft nodes of real Apache Kafka
+(default 3, version :data:`KAFKA_VERSION`) on 127.0.0.1 with free ports and fresh data
+directories. The broker jars are resolved by Maven on first use and cached per version.
+It has chaos controls (kill, graceful stop, restart, freeze/thaw, preferred election) so
+tests can prove behaviour across real leader elections::
+
+    from kresilient.testing import KafkaCluster
+
+    with KafkaCluster() as cluster:
+        cluster.create_topic("orders", partitions=3)
+        leader = cluster.leader("orders", 0)
+        cluster.kill(leader)               # SIGKILL: a crash
+        cluster.start(leader)              # same data, rejoins the ISR
+        cluster.wait_for_isr("orders", 0)
+
+With ``KRESILIENT_BOOTSTRAP_SERVERS`` set, the cluster object wraps that existing cluster
+instead; chaos operations then raise :class:`ChaosNotSupportedError`.
+
+Every process is started by the cluster and stopped by pid in :meth:`KafkaCluster.close`,
+which also runs at interpreter exit; on Linux the brokers also receive SIGKILL when the
+thread that started them dies (``PR_SET_PDEATHSIG``), so none outlives a killed test run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import logging
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from kresilient._broker_jars import KAFKA_VERSION, kafka_libs
+try:
+    from kresilient.errors import KResilientError
+except ImportError:  # TEMP until errors.py lands
+    KResilientError = Exception  # type: ignore[misc,assignment]
+
+__all__ = [
+    "BOOTSTRAP_ENV",
+    "KAFKA_VERSION",
+    "ChaosNotSupportedError",
+    "ClusterError",
+    "KafkaCluster",
+]
+
+BOOTSTRAP_ENV = "KRESILIENT_BOOTSTRAP_SERVERS"
+"""Environment variable naming an existing cluster to use instead of starting one."""
+
+_PROBE_TOPIC = "__kresilient_probe"
+_T = TypeVar("_T")
+
+
+class ClusterError(KResilientError):
+    """The local cluster failed to start, or an operation on it failed."""
+
+
+class ChaosNotSupportedError(ClusterError):
+    """A chaos operation was asked of an external cluster (``KRESILIENT_BOOTSTRAP_SERVERS``)."""
+
+
+class _NotYet(ClusterError):
+    """Metadata does not show the topic or partition yet (propagation); polled again."""
+
+
+@dataclass
+class _Node:
+    node_id: int
+    broker_port: int
+    controller_port: int
+    directory: Path
+    process: subprocess.Popen[bytes] | None = None
+    log_handle: Any = field(default=None, repr=False)
+
+    @property
+    def config_path(self) -> Path:
+        return self.directory / "server.properties"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "server.log"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cluster_id() -> str:
+    # Kafka's Uuid.toString(): URL-safe base64 of 16 bytes, no padding, never starting with '-'.
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
+
+
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = INFO
+"""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+_QUIET = logging.getLogger("kresilient.testing.admin")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+def _ignore_error(err: KafkaError) -> None:
+    _QUIET.debug("admin client error: %s", err)
+
+
+_LIVE: weakref.WeakSet[KafkaCluster] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for cluster in list(_LIVE):
+        cluster.close()
+
+
+class KafkaCluster:
+    """N combined broker+controller KRaft nodes of real Apache Kafka on 127.0.0.1.
+
+    Args:
+        nodes: how many nodes (each is broker and controller).
+        version: Apache Kafka version, resolved through Maven and cached.
+        broker_config: extra ``server.properties`` entries for every node (override the
+            test-friendly defaults, e.g. ``{"broker.session.timeout.ms": 9000}``).
+        heap: JVM ``-Xmx`` per node.
+        start_timeout: seconds to wait for readiness before failing.
+        bootstrap_servers: use this existing cluster instead of starting one (defaults to
+            ``$KRESILIENT_BOOTSTRAP_SERVERS``); chaos operations are then refused.
+    """
+
+    def __init__(
+        self,
+        nodes: int = 3,
+        *,
+        version: str = KAFKA_VERSION,
+        broker_config: Mapping[str, str | int | bool] | None = None,
+        heap: str = "384m",
+        start_timeout: float = 120.0,
+        bootstrap_servers: str | None = None,
+    ) -> None:
+        if nodes < 1:
+            raise ValueError(f"nodes must be >= 1, got {nodes}")
+        self.version = version
+        self._n = nodes
+        self._extra = dict(broker_config or {})
+        self._heap = heap
+        self._start_timeout = start_timeout
+        self._external = bootstrap_servers or os.environ.get(BOOTSTRAP_ENV) or None
+        self._nodes: dict[int, _Node] = {}
+        self._root: Path | None = None
+        self._admin: AdminClient | None = None
+        self._lock = threading.RLock()
+        self._closed = False
+        self._started = False
+        self.start_seconds: float | None = None
+        """How long :meth:`start_cluster` took until the cluster was ready."""
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> KafkaCluster:
+        self.start_cluster()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def external(self) -> bool:
+        """True when this object wraps an existing cluster (no chaos operations)."""
+        return self._external is not None
+
+    @property
+    def supports_chaos(self) -> bool:
+        """True when kill/stop/start/freeze are available (a cluster this object started)."""
+        return not self.external
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Comma-separated ``host:port`` list of every node's client listener."""
+        if self._external is not None:
+            return self._external
+        return ",".join(f"127.0.0.1:{n.broker_port}" for n in self._nodes.values())
+
+    @property
+    def node_ids(self) -> list[int]:
+        """Node ids of this cluster (1..N), in order."""
+        if self.external:
+            return sorted(self._metadata_brokers())
+        return sorted(self._nodes)
+
+    def start_cluster(self) -> None:
+        """Start every node (or connect to the external cluster) and wait until ready."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            began = time.monotonic()
+            if self.external:
+                self._wait_ready(expected=None)
+                self.start_seconds = time.monotonic() - began
+                return
+            _LIVE.add(self)
+            try:
+                self._launch_all()
+                self._wait_ready(expected=self._n)
+            except BaseException:
+                self.close()
+                raise
+            self.start_seconds = time.monotonic() - began
+
+    def _launch_all(self) -> None:
+        libs = kafka_libs(self.version)
+        self._classpath = str(libs / "*")
+        self._root = Path(tempfile.mkdtemp(prefix="kresilient-kafka-"))
+        for node_id in range(1, self._n + 1):
+            directory = self._root / f"node-{node_id}"
+            (directory / "data").mkdir(parents=True)
+            self._nodes[node_id] = _Node(node_id, _free_port(), _free_port(), directory)
+        (self._root / "log4j2.properties").write_text(_LOG4J2)
+        voters = ",".join(
+            f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self._nodes.values()
+        )
+        for node in self._nodes.values():
+            node.config_path.write_text(self._properties(node, voters))
+        cluster_id = _cluster_id()
+        # Format the storage of every node in parallel with the SAME cluster id; never on restart.
+        formats = [
+            (
+                node,
+                subprocess.Popen(
+                    [
+                        *self._java(node, heap="128m"),
+                        "kafka.tools.StorageTool",
+                        "format",
+                        "-t",
+                        cluster_id,
+                        "-c",
+                        str(node.config_path),
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                ),
+            )
+            for node in self._nodes.values()
+        ]
+        for node, proc in formats:
+            out, _ = proc.communicate(timeout=120)
+            if proc.returncode != 0:
+                raise ClusterError(
+                    f"formatting the storage of node {node.node_id} failed "
+                    f"(exit {proc.returncode}):\n{out.decode(errors='replace')[-3000:]}"
+                )
+        for node in self._nodes.values():
+            self._spawn(node)
+
+    def _properties(self, node: _Node, voters: str) -> str:
+        settings: dict[str, str | int | bool] = {
+            "process.roles": "broker,controller",
+            "node.id": node.node_id,
+            "controller.quorum.voters": voters,
+            "listeners": (
+                f"PLAINTEXT://127.0.0.1:{node.broker_port},"
+                f"CONTROLLER://127.0.0.1:{node.controller_port}"
+            ),
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.broker_port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": str(node.directory / "data"),
+            "num.partitions": 1,
+            "default.replication.factor": min(3, self._n),
+            "min.insync.replicas": min(2, self._n),
+            "offsets.topic.replication.factor": min(3, self._n),
+            "offsets.topic.num.partitions": 6,
+            "transaction.state.log.replication.factor": min(3, self._n),
+            "transaction.state.log.min.isr": min(2, self._n),
+            "transaction.state.log.num.partitions": 6,
+            "share.coordinator.state.topic.replication.factor": min(3, self._n),
+            "share.coordinator.state.topic.min.isr": min(2, self._n),
+            "group.initial.rebalance.delay.ms": 0,
+            "auto.create.topics.enable": "false",
+            "unclean.leader.election.enable": "false",
+            # Otherwise leaders move behind a test's back every 300 s.
+            "auto.leader.rebalance.enable": "false",
+            "num.network.threads": 2,
+            "num.io.threads": 2,
+            "num.recovery.threads.per.data.dir": 1,
+            "background.threads": 2,
+            # The 128 MiB default dedupe buffer does not fit a small heap.
+            "log.cleaner.dedupe.buffer.size": 16777216,
+            # A SIGKILLed broker is fenced (and its partitions move) after this.
+            "broker.heartbeat.interval.ms": 500,
+            "broker.session.timeout.ms": 3000,
+            "replica.lag.time.max.ms": 5000,
+            "controlled.shutdown.enable": "true",
+            "log.segment.bytes": 67108864,
+            "log.retention.check.interval.ms": 60000,
+        }
+        settings.update(self._extra)
+        # Java .properties have no inline comments: write plain key=value lines only.
+        return "".join(f"{k}={_prop(v)}\n" for k, v in settings.items())
+
+    def _java(self, node: _Node, *, heap: str | None = None) -> list[str]:
+        java = shutil.which("java")
+        if java is None:
+            raise ClusterError("'java' is not on PATH; Apache Kafka 4.x needs Java 17+")
+        assert self._root is not None
+        return [
+            java,
+            "-Xms64m",
+            f"-Xmx{heap or self._heap}",
+            "-XX:+UseSerialGC",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-XX:TieredStopAtLevel=1" if heap == "128m" else "-XX:+UseCompressedOops",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self._root / 'log4j2.properties'}",
+            "-cp",
+            self._classpath,
+        ]
+
+    def _spawn(self, node: _Node) -> None:
+        node.log_handle = open(node.log_path, "ab")  # noqa: SIM115 - closed in _reap
+        node.process = subprocess.Popen(
+            [*self._java(node), "kafka.Kafka", str(node.config_path)],
+            stdout=node.log_handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            # Own session: a Ctrl-C in the terminal reaches pytest (which then closes the
+            # cluster), not the brokers directly.
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    def close(self) -> None:
+        """Stop every process this cluster started (by pid) and remove its directories."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._admin is not None:
+                self._admin = None
+            for node in self._nodes.values():
+                if node.process is not None and node.process.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(node.process.pid, signal.SIGCONT)  # a frozen JVM ignores TERM
+                        node.process.kill()
+            for node in self._nodes.values():
+                self._reap(node, timeout=30)
+            if self._root is not None:
+                shutil.rmtree(self._root, ignore_errors=True)
+            _LIVE.discard(self)
+
+    def _reap(self, node: _Node, timeout: float) -> None:
+        if node.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.process.wait(timeout=timeout)
+        if node.log_handle is not None:
+            node.log_handle.close()
+            node.log_handle = None
+
+    # ------------------------------------------------------------------ readiness
+    def _admin_client(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(
+                {
+                    # Connection failures while nodes start or are killed are expected here.
+                    "logger": _QUIET,
+                    "error_cb": _ignore_error,
+                    "bootstrap.servers": self.bootstrap_servers,
+                    "socket.timeout.ms": 5000,
+                    "socket.connection.setup.timeout.ms": 3000,
+                    "reconnect.backoff.max.ms": 500,
+                }
+            )
+        return self._admin
+
+    def _metadata_brokers(self, timeout: float = 5.0) -> dict[int, str]:
+        md = self._admin_client().list_topics(timeout=timeout)
+        return {b.id: f"{b.host}:{b.port}" for b in md.brokers.values()}
+
+    def _check_alive(self) -> None:
+        for node in self._nodes.values():
+            proc = node.process
+            if proc is not None and proc.poll() is not None and not getattr(node, "expected_down", False):
+                raise ClusterError(
+                    f"Kafka node {node.node_id} exited with code {proc.returncode}; "
+                    f"last lines of {node.log_path}:\n{self._tail(node)}"
+                )
+
+    def _tail(self, node: _Node, lines: int = 40) -> str:
+        try:
+            text = node.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _poll_until(
+        self, what: str, check: Callable[[], _T | None], timeout: float, interval: float = 0.2
+    ) -> _T:
+        deadline = time.monotonic() + timeout
+        last_error: BaseException | None = None
+        while True:
+            self._check_alive()
+            try:
+                result = check()
+            except (KafkaException, _NotYet) as exc:
+                result, last_error = None, exc
+            if result is not None and result is not False:
+                return result
+            if time.monotonic() >= deadline:
+                detail = f" (last error: {last_error})" if last_error else ""
+                logs = "".join(
+                    f"\n--- node {n.node_id} log tail ---\n{self._tail(n, 15)}"
+                    for n in self._nodes.values()
+                )
+                raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}{detail}{logs}")
+            time.sleep(interval)
+
+    def _wait_ready(self, expected: int | None) -> None:
+        timeout = self._start_timeout
+
+        def brokers_registered() -> bool:
+            brokers = self._metadata_brokers()
+            return len(brokers) >= expected if expected else bool(brokers)
+
+        self._poll_until("every broker to register", brokers_registered, timeout)
+        rf = expected or min(3, len(self._metadata_brokers()))
+        if _PROBE_TOPIC not in self._admin_client().list_topics(timeout=10).topics:
+            self.create_topic(_PROBE_TOPIC, partitions=1, replication_factor=rf, timeout=timeout)
+        else:
+            self.wait_for_isr(_PROBE_TOPIC, 0, size=rf, timeout=timeout)
+
+    # ------------------------------------------------------------------ topics
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        replication_factor: int = 3,
+        config: Mapping[str, str | int | bool] | None = None,
+        *,
+        timeout: float = 60.0,
+    ) -> str:
+        """Create a topic and wait until every partition has a leader and a full ISR.
+
+        Returns the topic name. Raises :class:`ClusterError` if creation fails (the message
+        names the topic and the broker's reason).
+        """
+        new = NewTopic(
+            name,
+            num_partitions=partitions,
+            replication_factor=replication_factor,
+            config={k: _prop(v) for k, v in (config or {}).items()},
+        )
+        futures = self._admin_client().create_topics([new], operation_timeout=timeout)
+        try:
+            futures[name].result(timeout=timeout)
+        except KafkaException as exc:
+            raise ClusterError(f"creating topic {name!r} failed: {exc.args[0]}") from exc
+        for p in range(partitions):
+            self.wait_for_isr(name, p, size=replication_factor, timeout=timeout)
+        return name
+
+    def delete_topic(self, name: str, *, timeout: float = 30.0) -> None:
+        """Delete a topic (waiting for the controller to accept the deletion)."""
+        futures = self._admin_client().delete_topics([name], operation_timeout=timeout)
+        futures[name].result(timeout=timeout)
+
+    def _partition(self, topic: str, partition: int) -> Any:
+        md = self._admin_client().list_topics(topic=topic, timeout=10)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            err = t.error if t is not None else "not found"
+            raise _NotYet(f"topic {topic!r} is not available: {err}")
+        p = t.partitions.get(partition)
+        if p is None:
+            raise _NotYet(f"topic {topic!r} has no partition {partition}")
+        return p
+
+    def leader(self, topic: str, partition: int = 0) -> int:
+        """Node id of the partition's current leader (-1 while there is none)."""
+        return int(self._partition(topic, partition).leader)
+
+    def replicas(self, topic: str, partition: int = 0) -> list[int]:
+        """Assigned replicas of the partition, preferred leader first."""
+        return [int(r) for r in self._partition(topic, partition).replicas]
+
+    def isr(self, topic: str, partition: int = 0) -> list[int]:
+        """The partition's in-sync replicas."""
+        return [int(r) for r in self._partition(topic, partition).isrs]
+
+    def wait_for_isr(
+        self, topic: str, partition: int = 0, size: int | None = None, timeout: float = 60.0
+    ) -> list[int]:
+        """Wait until the partition has a leader and ``size`` in-sync replicas (default: all)."""
+
+        def check() -> list[int] | None:
+            p = self._partition(topic, partition)
+            want = size if size is not None else len(p.replicas)
+            if p.leader >= 0 and len(p.isrs) >= want:
+                return [int(r) for r in p.isrs]
+            return None
+
+        return self._poll_until(f"ISR of {topic}[{partition}] to reach {size or 'all'}", check, timeout)
+
+    def wait_for_leader(
+        self,
+        topic: str,
+        partition: int = 0,
+        *,
+        not_on: int | None = None,
+        timeout: float = 60.0,
+    ) -> int:
+        """Wait until the partition has a leader (other than ``not_on``); return its id."""
+
+        def check() -> int | None:
+            leader = self.leader(topic, partition)
+            return leader if leader >= 0 and leader != not_on else None
+
+        return self._poll_until(f"a leader for {topic}[{partition}]", check, timeout, 0.05)
+
+    def elect_preferred_leaders(self, topic: str, *, timeout: float = 60.0) -> None:
+        """Run a preferred leader election on every partition of ``topic`` and wait for it."""
+        from confluent_kafka import ElectionType
+
+        md = self._admin_client().list_topics(topic=topic, timeout=10)
+        parts = [TopicPartition(topic, p) for p in md.topics[topic].partitions]
+        future = self._admin_client().elect_leaders(ElectionType.PREFERRED, parts)
+        try:
+            results = future.result(timeout=timeout)
+        except KafkaException as exc:
+            raise ClusterError(f"preferred election on {topic!r} failed: {exc}") from exc
+        for tp, err in results.items():
+            if err is not None and err.code() != KafkaError.ELECTION_NOT_NEEDED:
+                raise ClusterError(f"preferred election of {tp.topic}[{tp.partition}] failed: {err}")
+
+        def done() -> bool:
+            return all(self.leader(topic, tp.partition) == self.replicas(topic, tp.partition)[0] for tp in parts)
+
+        self._poll_until(f"preferred leaders of {topic}", done, timeout)
+
+    # ------------------------------------------------------------------ chaos
+    def _node(self, node_id: int) -> _Node:
+        if self.external:
+            raise ChaosNotSupportedError(
+                f"chaos operations need a cluster started by KafkaCluster; this one wraps "
+                f"{BOOTSTRAP_ENV}={self._external}"
+            )
+        try:
+            return self._nodes[node_id]
+        except KeyError:
+            raise ClusterError(f"no node {node_id}; nodes are {sorted(self._nodes)}") from None
+
+    def pids(self) -> dict[int, int]:
+        """Node id -> pid of every running node process."""
+        self._node(next(iter(self._nodes), 1))  # raises on an external cluster
+        return {
+            n.node_id: n.process.pid
+            for n in self._nodes.values()
+            if n.process is not None and n.process.poll() is None
+        }
+
+    def logs(self, node_id: int) -> str:
+        """The node's broker log so far."""
+        return self._node(node_id).log_path.read_text(errors="replace")
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL the node: a crash, no controlled shutdown."""
+        node = self._node(node_id)
+        node.expected_down = True  # type: ignore[attr-defined]
+        if node.process is not None and node.process.poll() is None:
+            os.kill(node.process.pid, signal.SIGCONT)
+            node.process.kill()
+        self._reap(node, timeout=30)
+
+    def stop(self, node_id: int, *, timeout: float = 60.0) -> None:
+        """SIGTERM the node: controlled shutdown moves its leaderships before it exits."""
+        node = self._node(node_id)
+        node.expected_down = True  # type: ignore[attr-defined]
+        if node.process is not None and node.process.poll() is None:
+            node.process.terminate()
+            try:
+                node.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                node.process.kill()
+        self._reap(node, timeout=30)
+
+    def start(self, node_id: int, *, timeout: float = 90.0) -> None:
+        """Restart a stopped or killed node with its data; wait until it is registered."""
+        node = self._node(node_id)
+        if node.process is not None and node.process.poll() is None:
+            raise ClusterError(f"node {node_id} is already running (pid {node.process.pid})")
+        node.expected_down = False  # type: ignore[attr-defined]
+        self._spawn(node)
+        self._poll_until(
+            f"node {node_id} to register", lambda: node_id in self._metadata_brokers(), timeout
+        )
+
+    def freeze(self, node_id: int) -> None:
+        """SIGSTOP the node: a hung broker or a long GC pause. Undo with :meth:`thaw`."""
+        node = self._node(node_id)
+        if node.process is None or node.process.poll() is not None:
+            raise ClusterError(f"node {node_id} is not running")
+        os.kill(node.process.pid, signal.SIGSTOP)
+
+    def thaw(self, node_id: int) -> None:
+        """SIGCONT a frozen node."""
+        node = self._node(node_id)
+        if node.process is None or node.process.poll() is not None:
+            raise ClusterError(f"node {node_id} is not running")
+        os.kill(node.process.pid, signal.SIGCONT)
+
+    def running(self, node_id: int) -> bool:
+        """True while the node's process is alive (frozen counts as alive)."""
+        node = self._node(node_id)
+        return node.process is not None and node.process.poll() is None
+
+    def peak_rss_bytes(self) -> dict[int, int]:
+        """Node id -> peak resident set size (VmHWM) of each running node, in bytes."""
+        out: dict[int, int] = {}
+        for node_id, pid in self.pids().items():
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        out[node_id] = int(line.split()[1]) * 1024
+        return out
+
+    def heal(self, topics: Iterator[str] | list[str] = (), *, timeout: float = 120.0) -> None:
+        """Thaw and restart every node that is down, then wait for full ISRs on ``topics``."""
+        for node in self._nodes.values():
+            if node.process is not None and node.process.poll() is None:
+                os.kill(node.process.pid, signal.SIGCONT)
+        for node_id in list(self._nodes):
+            if not self.running(node_id):
+                self.start(node_id, timeout=timeout)
+        for topic in [*topics, _PROBE_TOPIC]:
+            md = self._admin_client().list_topics(topic=topic, timeout=10)
+            for p in md.topics[topic].partitions:
+                self.wait_for_isr(topic, p, timeout=timeout)
+
+    def __repr__(self) -> str:
+        kind = "external" if self.external else f"{self._n} nodes, Kafka {self.version}"
+        return f"<KafkaCluster {kind} at {self.bootstrap_servers or '(not started)'}>"
+
+
+def _prop(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+if __name__ == "__main__":  # pragma: no cover - manual smoke run
+    with KafkaCluster() as c:
+        print(c, f"ready in {c.start_seconds:.1f}s", file=sys.stderr)
