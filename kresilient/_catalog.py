@@ -38,6 +38,7 @@ from typing import Any, Literal
 __all__ = [
     "KafkaConfigKey",
     "Property",
+    "all_kafka_configs",
     "all_properties",
     "broker_config",
     "is_secret_key",
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 Scope = Literal["*", "P", "C"]
+KafkaKind = Literal["broker", "topic", "producer", "consumer", "admin"]
 
 #: Keys the confluent-kafka Python binding consumes itself (never reach librdkafka), with scope.
 PYTHON_BINDING_KEYS: Mapping[str, tuple[Scope, str]] = {
@@ -159,7 +161,7 @@ class KafkaConfigKey:
     """
 
     name: str
-    kind: Literal["broker", "topic", "producer", "consumer", "admin"]
+    kind: KafkaKind
     type: str
     default: str | None
     valid: str | None
@@ -273,14 +275,14 @@ def _properties() -> dict[str, Property]:
 
 
 @functools.cache
-def _kafka_keys(kind: str) -> dict[str, KafkaConfigKey]:
+def _kafka_keys(kind: KafkaKind) -> dict[str, KafkaConfigKey]:
     out: dict[str, KafkaConfigKey] = {}
     for raw in _kafka_data()[kind]:
         out[raw["name"]] = KafkaConfigKey(
             name=raw["name"],
             kind=kind,
             type=raw["type"],
-            default=raw["default"],  # type: ignore[arg-type]
+            default=raw["default"],
             valid=raw["valid"],
             importance=raw["importance"],
             internal=raw["internal"],
@@ -323,16 +325,15 @@ def topic_config(name: str) -> KafkaConfigKey | None:
     return _kafka_keys("topic").get(name)
 
 
-def all_kafka_configs(
-    kind: Literal["broker", "topic", "producer", "consumer", "admin"],
-) -> tuple[KafkaConfigKey, ...]:
+def all_kafka_configs(kind: KafkaKind) -> tuple[KafkaConfigKey, ...]:
     """Every Kafka configuration key of one kind, sorted by name."""
     return tuple(sorted(_kafka_keys(kind).values(), key=lambda k: k.name))
 
 
 def java_client_kinds(name: str) -> tuple[str, ...]:
     """Which Java clients (``producer``, ``consumer``, ``admin``) know the key ``name``."""
-    return tuple(k for k in ("producer", "consumer", "admin") if name in _kafka_keys(k))
+    kinds: tuple[KafkaKind, ...] = ("producer", "consumer", "admin")
+    return tuple(k for k in kinds if name in _kafka_keys(k))
 
 
 def suggest(name: str, *, among: Iterable[str] | None = None, n: int = 3) -> list[str]:
