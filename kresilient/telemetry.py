@@ -1,0 +1,1099 @@
+"""OpenTelemetry spans and metrics for Kafka clients, on the current messaging conventions.
+
+One :class:`Telemetry` object per client. The producer and consumer call it on their hot paths:
+
+Producer (one PRODUCER span per message that ends at the *delivery report*, not at enqueue)::
+
+    headers, token = tel.producer_send(topic, key, len(value), headers, partition)
+    producer.produce(topic, value, key, headers=headers, on_delivery=...)
+    # in the delivery callback:
+    tel.producer_delivered(token, err, msg, classification)
+
+Consumer (one CONSUMER span per message, parented to / linked with the producer's context)::
+
+    with tel.process_span(msg) as span:
+        handle(msg)                         # retries: tel.retry_event(span, attempt, exc)
+        with tel.dead_letter_span(dlq_topic, source=msg, reason=exc):
+            dlq_producer.produce(dlq_topic, ..., headers=tel.inject_headers(dlq_headers))
+    tel.record_commit(offsets)
+
+Cost: with only ``opentelemetry-api`` installed (or no provider configured) every call returns
+after a couple of attribute loads, no span or attribute dict is built. A global provider set
+*after* the client was created is picked up on the next call. Sampling is respected: a sampled-out
+span is never recorded, but its context is still injected so downstream services agree.
+
+Attribute/metric names: :mod:`kresilient._telemetry_names` (checked against the
+``opentelemetry-semantic-conventions`` package by the tests).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
+from typing import Any, Literal, Protocol
+
+import structlog
+from opentelemetry import context as otel_context
+from opentelemetry import metrics as otel_metrics
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import Getter, TextMapPropagator
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+
+from kresilient import _telemetry_names as N
+from kresilient._telemetry_log import add_trace_context, production_config, trace_fields
+
+__all__ = [
+    "Headers",
+    "Telemetry",
+    "add_trace_context",
+    "extract_context",
+    "inject_headers",
+    "production_config",
+    "trace_fields",
+]
+
+HeaderValue = bytes | str | None
+Headers = Sequence[tuple[str, HeaderValue]] | Mapping[str, HeaderValue] | None
+"""Kafka headers as confluent-kafka accepts them: a list of ``(key, value)`` or a dict."""
+
+
+class MessageLike(Protocol):
+    """The part of ``confluent_kafka.Message`` telemetry reads."""
+
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+    def key(self) -> bytes | str | None: ...
+    def value(self) -> bytes | str | None: ...
+    def headers(self) -> list[tuple[str, bytes | None]] | None: ...
+
+
+# --------------------------------------------------------------------------------------------
+# Header propagation
+# --------------------------------------------------------------------------------------------
+
+
+class _DictGetter(Getter[dict[str, str]]):
+    """Reads a ``{lower-case key: str}`` carrier built from Kafka headers."""
+
+    def get(self, carrier: dict[str, str], key: str) -> list[str] | None:
+        value = carrier.get(key.lower())
+        return None if value is None else [value]
+
+    def keys(self, carrier: dict[str, str]) -> list[str]:
+        return list(carrier)
+
+
+_GETTER = _DictGetter()
+_FIELDS_CACHE: dict[int, tuple[TextMapPropagator, frozenset[str]]] = {}
+
+
+def _fields(propagator: TextMapPropagator) -> frozenset[str]:
+    """Lower-case header names *propagator* reads/writes (cached per propagator object)."""
+    hit = _FIELDS_CACHE.get(id(propagator))
+    if hit is not None and hit[0] is propagator:
+        return hit[1]
+    names = frozenset(f.lower() for f in propagator.fields)
+    _FIELDS_CACHE[id(propagator)] = (propagator, names)
+    return names
+
+
+def _items(headers: Headers) -> Iterable[tuple[str, HeaderValue]]:
+    if headers is None:
+        return ()
+    if isinstance(headers, Mapping):
+        return headers.items()
+    return headers
+
+
+def _decode(value: object) -> str | None:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value
+    return None
+
+
+def inject_headers(
+    headers: Headers,
+    *,
+    context: Context | None = None,
+    propagator: TextMapPropagator | None = None,
+) -> list[tuple[str, HeaderValue]]:
+    """Return a NEW header list with the trace context of *context* (default: current) injected.
+
+    Existing headers the propagator owns (``traceparent``, ``tracestate``, ``baggage`` ... in any
+    letter case) are replaced, so re-producing a consumed record (e.g. to a dead-letter topic)
+    never carries two parents. The caller's *headers* are never modified. Values are ``bytes``.
+    """
+    prop = propagator or propagate.get_global_textmap()
+    carrier: dict[str, str] = {}
+    prop.inject(carrier, context=context)
+    if not carrier and headers is None:
+        return []
+    owned = _fields(prop) | {k.lower() for k in carrier}
+    out: list[tuple[str, HeaderValue]] = [
+        (k, v) for k, v in _items(headers) if not (isinstance(k, str) and k.lower() in owned)
+    ]
+    out.extend((k, v.encode("utf-8")) for k, v in carrier.items())
+    return out
+
+
+def extract_context(
+    headers: Headers,
+    *,
+    context: Context | None = None,
+    propagator: TextMapPropagator | None = None,
+) -> Context:
+    """Extract the trace context from Kafka *headers* (bytes, str or None values tolerated).
+
+    Malformed or missing headers yield *context* (default: the current context) unchanged. If a
+    header repeats, the last value wins (Java ``Headers.lastHeader`` semantics).
+    """
+    prop = propagator or propagate.get_global_textmap()
+    wanted = _fields(prop)
+    carrier: dict[str, str] = {}
+    for item in _items(headers):
+        try:
+            k, v = item
+        except (TypeError, ValueError):
+            continue
+        if isinstance(k, str) and k.lower() in wanted:
+            text = _decode(v)
+            if text is not None:
+                carrier[k.lower()] = text
+    if not carrier:
+        return context if context is not None else otel_context.get_current()
+    return prop.extract(carrier, context=context, getter=_GETTER)
+
+
+# --------------------------------------------------------------------------------------------
+# Small helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _error_name(err: object) -> str:
+    """Low-cardinality ``error.type`` for a KafkaError / KafkaException / exception."""
+    name = getattr(err, "name", None)
+    if callable(name):  # confluent_kafka.KafkaError
+        try:
+            return str(name())
+        except Exception:  # pragma: no cover - defensive
+            return N.ERROR_TYPE_OTHER
+    args = getattr(err, "args", ())
+    if args and callable(getattr(args[0], "name", None)):  # KafkaException(KafkaError)
+        return str(args[0].name())
+    inner = getattr(err, "name", None)
+    if isinstance(inner, str) and inner and type(err).__module__.startswith("kresilient"):
+        return inner  # KafkaClientError carries the Kafka error name
+    if isinstance(err, BaseException):
+        cls = type(err)
+        mod = cls.__module__
+        return cls.__qualname__ if mod == "builtins" else f"{mod}.{cls.__qualname__}"
+    return N.ERROR_TYPE_OTHER
+
+
+def _category(classification: object, err: object = None) -> str | None:
+    """``kresilient.error.category`` value (lower-case category name) if one is known."""
+    if classification is None and err is not None:
+        classification = getattr(err, "classification", None)
+        if classification is None:
+            classification = _classify(err)
+    cat = getattr(classification, "category", None)
+    name = getattr(cat, "name", None)
+    return name.lower() if isinstance(name, str) else None
+
+
+def _classify(err: object) -> object:
+    """Classify via :mod:`kresilient.errors` when it is importable (failure paths only)."""
+    classify = _errors_attr("classify")
+    if classify is None:
+        return None
+    try:
+        return classify(err)
+    except Exception:
+        return None
+
+
+def _key_text(key: object) -> str | None:
+    """The key's canonical string form, or None (binary keys are omitted per the conventions)."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, bytes):
+        try:
+            return key.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    return None
+
+
+def _global_tracer_provider_is_set() -> bool:
+    # Reading the API's module global costs ~20 ns; get_tracer_provider() would cost an
+    # os.environ lookup per call. The attribute has existed since opentelemetry-api 1.0 and a
+    # test asserts it, so an API change is caught rather than silently disabling tracing.
+    return trace._TRACER_PROVIDER is not None
+
+
+def _global_meter_provider_is_set() -> bool:
+    return otel_metrics._internal._METER_PROVIDER is not None
+
+
+def _is_proxy_tracer_provider(p: object) -> bool:
+    return isinstance(p, trace.ProxyTracerProvider)
+
+
+def _is_noop_meter_provider(p: object) -> bool:
+    return (
+        isinstance(p, otel_metrics.NoOpMeterProvider)
+        or type(p).__name__ == "_ProxyMeterProvider"
+    )
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("kresilient")
+    except Exception:
+        return "0"
+
+
+class _Instruments:
+    __slots__ = (
+        "consumed",
+        "dead_letters",
+        "leadership",
+        "operation_duration",
+        "process_duration",
+        "retries",
+        "sent",
+    )
+
+    def __init__(self, meter: otel_metrics.Meter) -> None:
+        buckets = list(N.DURATION_BUCKETS)
+        self.sent = meter.create_counter(
+            N.METRIC_SENT_MESSAGES, "{message}", "Messages the producer attempted to send."
+        )
+        self.consumed = meter.create_counter(
+            N.METRIC_CONSUMED_MESSAGES, "{message}", "Messages delivered to the application."
+        )
+        self.operation_duration = meter.create_histogram(
+            N.METRIC_OPERATION_DURATION, "s", "Duration of a producer send (to the delivery "
+            "report) or a consumer commit.", explicit_bucket_boundaries_advisory=buckets,
+        )
+        self.process_duration = meter.create_histogram(
+            N.METRIC_PROCESS_DURATION, "s", "Duration of processing one message.",
+            explicit_bucket_boundaries_advisory=buckets,
+        )
+        self.retries = meter.create_counter(
+            N.METRIC_RETRIES, "{retry}", "Processing retries by error category."
+        )
+        self.dead_letters = meter.create_counter(
+            N.METRIC_DEAD_LETTERS, "{message}", "Messages written (or attempted) to a dead-letter "
+            "topic, by error category.",
+        )
+        self.leadership = meter.create_counter(
+            N.METRIC_LEADERSHIP_STATE_CHANGES, "{change}",
+            "Partition leadership state changes seen by the LeadershipMonitor, by new state.",
+        )
+
+
+class _SendToken:
+    """Opaque per-message state between :meth:`Telemetry.producer_send` and the delivery report."""
+
+    __slots__ = ("attrs", "span", "start")
+
+    def __init__(self, span: Span | None, start: float, attrs: dict[str, Any]) -> None:
+        self.span = span
+        self.start = start
+        self.attrs = attrs  # base metric attributes (system, destination, operation name)
+
+
+_NULL_SCOPE: AbstractContextManager[None] = nullcontext(None)
+_CURRENT: ContextVar[_ProcessScope | None] = ContextVar("kresilient_process_scope", default=None)
+
+
+class _Bases:
+    """Per-topic constant parts of span names and attribute dicts (built once per topic)."""
+
+    __slots__ = ("metric", "name", "span")
+
+    def __init__(self, name: str, span: dict[str, Any], metric: dict[str, Any]) -> None:
+        self.name = name
+        self.span = span
+        self.metric = metric
+
+
+# --------------------------------------------------------------------------------------------
+# Telemetry
+# --------------------------------------------------------------------------------------------
+
+
+class Telemetry:
+    """Spans, metrics and notable-event logs for one Kafka client.
+
+    Args:
+        tracer_provider: default: the global one (also when it is set after construction).
+        meter_provider: default: the global one (same).
+        propagator: default: the global text-map propagator (W3C ``traceparent`` by default).
+        client_id: ``messaging.client.id`` (the librdkafka ``client.id``).
+        consumer_group: ``messaging.consumer.group.name`` (the ``group.id``).
+        link_mode: ``"parent"`` (default): a process span is a child of the producer's span, so
+            one trace runs from producer through consumer to the dead-letter topic.
+            ``"link"``: the process span starts in the consumer's current trace and carries a
+            span link to the producer (the conventions' recommended default for batch/async).
+        server_address, server_port: ``server.address``/``server.port`` if the caller knows them.
+        record_message_key: set ``messaging.kafka.message.key`` (text keys only). Disable when
+            keys carry personal data.
+        logger: structlog logger for notable events (default:
+            ``structlog.get_logger("kresilient")``).
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        meter_provider: otel_metrics.MeterProvider | None = None,
+        propagator: TextMapPropagator | None = None,
+        client_id: str | None = None,
+        consumer_group: str | None = None,
+        link_mode: Literal["parent", "link"] = "parent",
+        server_address: str | None = None,
+        server_port: int | None = None,
+        record_message_key: bool = True,
+        logger: Any = None,
+    ) -> None:
+        if link_mode not in ("parent", "link"):
+            raise _config_error(f"link_mode must be 'parent' or 'link', not {link_mode!r}")
+        self.client_id = client_id
+        self.consumer_group = consumer_group
+        self.link_mode = link_mode
+        self._propagator = propagator
+        self._record_key = record_message_key
+        self._common: dict[str, Any] = {N.MESSAGING_SYSTEM: N.MESSAGING_SYSTEM_KAFKA}
+        if server_address:
+            self._common[N.SERVER_ADDRESS] = server_address
+            if server_port is not None:
+                self._common[N.SERVER_PORT] = server_port
+        self._send_bases: dict[str, _Bases] = {}
+        self._process_bases: dict[tuple[str, str | None], _Bases] = {}
+        self._metric_cache: dict[tuple[int, int | None, str | None], dict[str, Any]] = {}
+        log = logger if logger is not None else structlog.get_logger("kresilient")
+        self._log = log.bind(client_id=client_id) if client_id else log
+
+        self._tracer: trace.Tracer | None = None
+        self._tracer_pending = False
+        if tracer_provider is None or _is_proxy_tracer_provider(tracer_provider):
+            if _global_tracer_provider_is_set():
+                self._tracer = _make_tracer(trace.get_tracer_provider())
+            else:
+                self._tracer_pending = True
+        else:
+            self._tracer = _make_tracer(tracer_provider)
+
+        self._instr: _Instruments | None = None
+        self._instr_pending = False
+        if meter_provider is None or type(meter_provider).__name__ == "_ProxyMeterProvider":
+            if _global_meter_provider_is_set():
+                self._instr = _make_instruments(otel_metrics.get_meter_provider())
+            else:
+                self._instr_pending = True
+        else:
+            self._instr = _make_instruments(meter_provider)
+
+    @classmethod
+    def for_client(cls, config: Mapping[str, Any], **kwargs: Any) -> Telemetry:
+        """Build from a librdkafka config: ``client.id`` and ``group.id`` are taken from it."""
+        kwargs.setdefault("client_id", _str_or_none(config.get("client.id")))
+        kwargs.setdefault("consumer_group", _str_or_none(config.get("group.id")))
+        return cls(**kwargs)
+
+    # --- enablement -------------------------------------------------------------------------
+
+    def _poll_tracer(self) -> trace.Tracer | None:
+        if not _global_tracer_provider_is_set():
+            return None
+        self._tracer_pending = False
+        self._tracer = _make_tracer(trace.get_tracer_provider())
+        return self._tracer
+
+    def _poll_instr(self) -> _Instruments | None:
+        if not _global_meter_provider_is_set():
+            return None
+        self._instr_pending = False
+        self._instr = _make_instruments(otel_metrics.get_meter_provider())
+        return self._instr
+
+    def _active(self) -> tuple[trace.Tracer | None, _Instruments | None]:
+        tracer = self._tracer
+        if tracer is None and self._tracer_pending:
+            tracer = self._poll_tracer()
+        instr = self._instr
+        if instr is None and self._instr_pending:
+            instr = self._poll_instr()
+        return tracer, instr
+
+    @property
+    def tracing_enabled(self) -> bool:
+        """True when spans are created (an SDK tracer provider is in use)."""
+        return self._active()[0] is not None
+
+    @property
+    def metrics_enabled(self) -> bool:
+        """True when metrics are recorded (an SDK meter provider is in use)."""
+        return self._active()[1] is not None
+
+    @property
+    def enabled(self) -> bool:
+        """True when either spans or metrics are recorded."""
+        tracer, instr = self._active()
+        return tracer is not None or instr is not None
+
+    # --- propagation ------------------------------------------------------------------------
+
+    def inject_headers(
+        self, headers: Headers, context: Context | None = None
+    ) -> list[tuple[str, HeaderValue]]:
+        """:func:`inject_headers` with this client's propagator."""
+        return inject_headers(headers, context=context, propagator=self._propagator)
+
+    def extract_context(self, headers: Headers, context: Context | None = None) -> Context:
+        """:func:`extract_context` with this client's propagator."""
+        return extract_context(headers, context=context, propagator=self._propagator)
+
+    # --- producer ---------------------------------------------------------------------------
+
+    def _send_base(self, topic: str) -> _Bases:
+        span = dict(self._common)
+        span[N.MESSAGING_DESTINATION_NAME] = topic
+        span[N.MESSAGING_OPERATION_TYPE] = N.OP_TYPE_SEND
+        span[N.MESSAGING_OPERATION_NAME] = N.OP_NAME_SEND
+        metric = dict(span)
+        del metric[N.MESSAGING_OPERATION_TYPE]
+        if self.client_id:
+            span[N.MESSAGING_CLIENT_ID] = self.client_id
+        base = _Bases(f"{N.OP_NAME_SEND} {topic}", span, metric)
+        self._send_bases[topic] = base
+        return base
+
+    def producer_send(
+        self,
+        topic: str,
+        key: bytes | str | None,
+        value_size: int,
+        headers: Headers,
+        partition: int | None = None,
+        *,
+        tombstone: bool = False,
+    ) -> tuple[Headers, _SendToken | None]:
+        """Start the PRODUCER span ``send {topic}`` for one message; inject its context.
+
+        Returns ``(headers, token)``: pass *headers* to ``produce()`` (a new list when a context
+        was injected; the caller's object is never modified) and *token* to
+        :meth:`producer_delivered` from the delivery callback. When telemetry is off this is
+        ``(headers, None)`` at the cost of a few attribute loads.
+        """
+        tracer, instr = self._active()
+        if tracer is None:
+            if instr is None:
+                return headers, None
+            base = self._send_bases.get(topic) or self._send_base(topic)
+            return headers, _SendToken(None, time.perf_counter(), base.metric)
+        base = self._send_bases.get(topic) or self._send_base(topic)
+        attrs = base.span.copy()
+        attrs[N.MESSAGING_MESSAGE_BODY_SIZE] = value_size
+        if partition is not None and partition >= 0:
+            attrs[N.MESSAGING_DESTINATION_PARTITION_ID] = str(partition)
+        if key is not None and self._record_key:
+            text = _key_text(key)
+            if text is not None:
+                attrs[N.MESSAGING_KAFKA_MESSAGE_KEY] = text
+        if tombstone:
+            attrs[N.MESSAGING_KAFKA_MESSAGE_TOMBSTONE] = True
+        span = tracer.start_span(base.name, kind=SpanKind.PRODUCER, attributes=attrs)
+        out = inject_headers(
+            headers, context=trace.set_span_in_context(span), propagator=self._propagator
+        )
+        return out, _SendToken(span, time.perf_counter(), base.metric)
+
+    def producer_delivered(
+        self,
+        token: _SendToken | None,
+        err: Any,
+        msg: MessageLike | None,
+        classification: Any = None,
+    ) -> None:
+        """End the send span at the delivery report and record the send metrics.
+
+        Success: ``messaging.destination.partition.id`` and ``messaging.kafka.offset``.
+        Failure (*err* is a ``KafkaError``/exception): ``error.type`` (the Kafka error name, e.g.
+        ``_MSG_TIMED_OUT``), ``kresilient.error.category`` and status ERROR.
+        """
+        if token is None:
+            return
+        elapsed = time.perf_counter() - token.start
+        span = token.span
+        partition = _safe_int(msg.partition) if msg is not None else None
+        error_type: str | None = None
+        if err is None:
+            if span is not None and span.is_recording():
+                if partition is not None and partition >= 0:
+                    span.set_attribute(N.MESSAGING_DESTINATION_PARTITION_ID, str(partition))
+                offset = _safe_int(msg.offset) if msg is not None else None
+                if offset is not None and offset >= 0:
+                    span.set_attribute(N.MESSAGING_KAFKA_OFFSET, offset)
+        else:
+            error_type = _error_name(err)
+            if span is not None and span.is_recording():
+                _mark_error(span, err, error_type, _category(classification, err))
+        if span is not None:
+            span.end()
+        instr = self._instr
+        if instr is not None:
+            attrs = self._metric_attrs(token.attrs, partition, error_type)
+            instr.sent.add(1, attrs)
+            instr.operation_duration.record(elapsed, attrs)
+
+    def _metric_attrs(
+        self, base: dict[str, Any], partition: int | None, error_type: str | None
+    ) -> dict[str, Any]:
+        key = (id(base), partition, error_type)
+        hit = self._metric_cache.get(key)
+        if hit is not None:
+            return hit
+        attrs = base.copy()
+        if partition is not None and partition >= 0:
+            attrs[N.MESSAGING_DESTINATION_PARTITION_ID] = str(partition)
+        if error_type is not None:
+            attrs[N.ERROR_TYPE] = error_type
+        if len(self._metric_cache) > 10_000:  # bounded: topics x partitions x error names
+            self._metric_cache.clear()
+        self._metric_cache[key] = attrs
+        return attrs
+
+    # --- consumer ---------------------------------------------------------------------------
+
+    def _process_base(self, topic: str, group: str | None) -> _Bases:
+        span = dict(self._common)
+        span[N.MESSAGING_DESTINATION_NAME] = topic
+        span[N.MESSAGING_OPERATION_TYPE] = N.OP_TYPE_PROCESS
+        span[N.MESSAGING_OPERATION_NAME] = N.OP_NAME_PROCESS
+        if group:
+            span[N.MESSAGING_CONSUMER_GROUP_NAME] = group
+        metric = dict(span)
+        del metric[N.MESSAGING_OPERATION_TYPE]
+        if self.client_id:
+            span[N.MESSAGING_CLIENT_ID] = self.client_id
+        base = _Bases(f"{N.OP_NAME_PROCESS} {topic}", span, metric)
+        self._process_bases[(topic, group)] = base
+        return base
+
+    def process_span(
+        self, msg: MessageLike, *, group: str | None = None
+    ) -> AbstractContextManager[Span | None]:
+        """Context manager around processing one consumed message.
+
+        Creates the CONSUMER span ``process {topic}`` (current while the block runs), parented
+        to the producer's context from the headers (``link_mode="parent"``) or linked to it
+        (``"link"``); records ``messaging.client.consumed.messages`` and
+        ``messaging.process.duration``. An exception escaping the block is recorded (status
+        ERROR, ``error.type``) and re-raised. Yields the span, or ``None`` when tracing is off.
+        """
+        tracer, instr = self._active()
+        if tracer is None and instr is None:
+            return _NULL_SCOPE
+        return _ProcessScope(self, tracer, msg, group or self.consumer_group)
+
+    def set_error(self, exc: BaseException, classification: Any = None) -> None:
+        """Mark the current :meth:`process_span` as failed by *exc* (without raising it).
+
+        Use when the consumer handles the exception itself (e.g. dead-letters the message).
+        """
+        scope = _CURRENT.get()
+        if scope is not None:
+            scope.fail(exc, classification)
+
+    def retry_event(
+        self,
+        span: Span | None,
+        attempt: int,
+        exc: BaseException,
+        *,
+        classification: Any = None,
+        delay_s: float | None = None,
+        topic: str | None = None,
+    ) -> None:
+        """Record one retry: a span event ``kresilient.retry`` and the ``kresilient.retries`` count.
+
+        *span* defaults to the current process span; *attempt* is the attempt that failed
+        (1-based). *topic* defaults to the current process span's topic.
+        """
+        scope = _CURRENT.get()
+        if span is None and scope is not None:
+            span = scope.span
+        error_type = _error_name(exc)
+        category = _category(classification, exc)
+        if span is not None and span.is_recording():
+            event: dict[str, Any] = {
+                N.KRESILIENT_RETRY_ATTEMPT: attempt,
+                N.ERROR_TYPE: error_type,
+                N.EXCEPTION_TYPE: _exception_type(exc),
+                N.EXCEPTION_MESSAGE: _short(str(exc)),
+            }
+            if category:
+                event[N.KRESILIENT_ERROR_CATEGORY] = category
+            if delay_s is not None:
+                event[N.KRESILIENT_RETRY_DELAY] = float(delay_s)
+            span.add_event(N.EVENT_RETRY, event)
+        instr = self._active()[1]
+        if instr is not None:
+            attrs = dict(self._common)
+            dest = topic or (scope.topic if scope is not None else None)
+            if dest:
+                attrs[N.MESSAGING_DESTINATION_NAME] = dest
+            attrs[N.ERROR_TYPE] = error_type
+            if category:
+                attrs[N.KRESILIENT_ERROR_CATEGORY] = category
+            instr.retries.add(1, attrs)
+
+    @contextmanager
+    def dead_letter_span(
+        self,
+        dlq_topic: str,
+        *,
+        source: MessageLike | None = None,
+        reason: BaseException | None = None,
+        classification: Any = None,
+        attempts: int | None = None,
+    ) -> Iterator[Span | None]:
+        """Context manager around writing one record to the dead-letter topic *dlq_topic*.
+
+        A PRODUCER span ``send {dlq_topic}``, child of the current (process) span, is current
+        while the block runs: produce the DLQ record inside it with
+        ``headers=tel.inject_headers(dlq_headers)`` so the DLQ record continues the trace. The
+        enclosing process span is marked failed by *reason*. Counts ``kresilient.dead_letters``
+        and logs one ``kafka_message_dead_lettered`` event (with trace/span ids). If the block
+        raises (the DLQ write failed), the span carries ``error.type`` and the error re-raises.
+        """
+        scope = _CURRENT.get()
+        if reason is not None and scope is not None and scope.error_type is None:
+            scope.fail(reason, classification)
+        src_topic = _call(source.topic) if source is not None else None
+        if src_topic is None and scope is not None:
+            src_topic = scope.topic
+        src_partition = _safe_int(source.partition) if source is not None else None
+        src_offset = _safe_int(source.offset) if source is not None else None
+        category = _category(classification, reason) if reason is not None else _category(
+            classification
+        )
+        reason_type = _error_name(reason) if reason is not None else None
+        tracer, _ = self._active()
+        span: Span | None = None
+        token = None
+        if tracer is not None:
+            attrs = dict(self._common)
+            attrs[N.MESSAGING_DESTINATION_NAME] = dlq_topic
+            attrs[N.MESSAGING_OPERATION_TYPE] = N.OP_TYPE_SEND
+            attrs[N.MESSAGING_OPERATION_NAME] = N.OP_NAME_SEND
+            if self.client_id:
+                attrs[N.MESSAGING_CLIENT_ID] = self.client_id
+            for k, v in (
+                (N.KRESILIENT_DEAD_LETTER_SOURCE_TOPIC, src_topic),
+                (N.KRESILIENT_DEAD_LETTER_SOURCE_PARTITION, src_partition),
+                (N.KRESILIENT_DEAD_LETTER_SOURCE_OFFSET, src_offset),
+                (N.KRESILIENT_DEAD_LETTER_REASON, reason_type),
+                (N.KRESILIENT_ERROR_CATEGORY, category),
+                (N.KRESILIENT_ATTEMPTS, attempts),
+            ):
+                if v is not None:
+                    attrs[k] = v
+            span = tracer.start_span(
+                f"{N.OP_NAME_SEND} {dlq_topic}", kind=SpanKind.PRODUCER, attributes=attrs
+            )
+            token = otel_context.attach(trace.set_span_in_context(span))
+        write_error: str | None = None
+        try:
+            yield span
+        except BaseException as exc:
+            write_error = _error_name(exc)
+            if span is not None and span.is_recording():
+                span.record_exception(exc)
+                _mark_error(span, exc, write_error, _category(None, exc))
+            raise
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+            fields = trace_fields(span) if span is not None else trace_fields()
+            if span is not None:
+                span.end()
+            instr = self._active()[1]
+            if instr is not None:
+                m = dict(self._common)
+                if src_topic:
+                    m[N.MESSAGING_DESTINATION_NAME] = src_topic
+                m[N.KRESILIENT_DEAD_LETTER_TOPIC] = dlq_topic
+                if category:
+                    m[N.KRESILIENT_ERROR_CATEGORY] = category
+                if write_error:
+                    m[N.ERROR_TYPE] = write_error
+                instr.dead_letters.add(1, m)
+            self._log.warning(
+                N.LOG_DEAD_LETTERED,
+                topic=src_topic,
+                partition=src_partition,
+                offset=src_offset,
+                dead_letter_topic=dlq_topic,
+                reason=reason_type,
+                category=category,
+                attempts=attempts,
+                write_error=write_error,
+                **fields,
+            )
+
+    def record_commit(
+        self,
+        offsets: Iterable[Any],
+        error: Any = None,
+        *,
+        duration_s: float | None = None,
+        group: str | None = None,
+    ) -> None:
+        """Record one offset commit as a CLIENT span ``commit {topic}`` (operation type settle).
+
+        *offsets*: ``confluent_kafka.TopicPartition`` objects (as passed to or returned by
+        ``commit()``) or ``(topic, partition, offset)`` tuples. A per-partition error on a
+        returned ``TopicPartition`` counts as a failure like *error*. With *duration_s* the span
+        gets that duration and ``messaging.client.operation.duration`` is recorded.
+        """
+        tracer, instr = self._active()
+        if tracer is None and instr is None:
+            return
+        items = [_offset_item(o) for o in offsets]
+        if error is None:
+            error = next((it[3] for it in items if it[3] is not None), None)
+        topics = {it[0] for it in items if it[0]}
+        attrs = dict(self._common)
+        attrs[N.MESSAGING_OPERATION_NAME] = N.OP_NAME_COMMIT
+        group = group or self.consumer_group
+        if group:
+            attrs[N.MESSAGING_CONSUMER_GROUP_NAME] = group
+        if len(topics) == 1:
+            attrs[N.MESSAGING_DESTINATION_NAME] = next(iter(topics))
+        error_type = _error_name(error) if error is not None else None
+        if tracer is not None:
+            span_attrs = dict(attrs)
+            span_attrs[N.MESSAGING_OPERATION_TYPE] = N.OP_TYPE_SETTLE
+            if self.client_id:
+                span_attrs[N.MESSAGING_CLIENT_ID] = self.client_id
+            if len(items) == 1:
+                _, part, off, _ = items[0]
+                if part is not None and part >= 0:
+                    span_attrs[N.MESSAGING_DESTINATION_PARTITION_ID] = str(part)
+                if off is not None and off >= 0:
+                    span_attrs[N.MESSAGING_KAFKA_OFFSET] = off
+            elif items:
+                span_attrs[N.MESSAGING_BATCH_MESSAGE_COUNT] = len(items)
+            end = time.time_ns()
+            start = end - int(duration_s * 1e9) if duration_s is not None else None
+            name = f"{N.OP_NAME_COMMIT} {next(iter(topics))}" if len(topics) == 1 else "commit"
+            span = tracer.start_span(
+                name, kind=SpanKind.CLIENT, attributes=span_attrs, start_time=start
+            )
+            if error is not None and error_type is not None:
+                _mark_error(span, error, error_type, _category(None, error))
+            span.end(end_time=end)
+        if instr is not None and duration_s is not None:
+            if error_type:
+                attrs[N.ERROR_TYPE] = error_type
+            instr.operation_duration.record(duration_s, attrs)
+
+    # --- notable state changes ---------------------------------------------------------------
+
+    def leadership_listener(self) -> Callable[[Any], None]:
+        """A callable for ``LeadershipMonitor.add_listener``.
+
+        Each change counts ``kresilient.leadership.state_changes`` (by topic, new state and
+        error category when known) and logs one ``kafka_leadership_state_changed`` event:
+        WARNING for a burst or sustained churn, INFO on the return to STABLE.
+        """
+
+        def on_change(change: Any) -> None:
+            topic = _first_attr(change, "topic")
+            partition = _first_attr(change, "partition")
+            new = _state_name(_first_attr(change, "state", "new_state", "new", "current"))
+            old = _state_name(_first_attr(change, "previous", "old_state", "old", "previous_state"))
+            category = _category(_first_attr(change, "classification"), None) or _state_name(
+                _first_attr(change, "category")
+            )
+            instr = self._active()[1]
+            if instr is not None:
+                attrs = dict(self._common)
+                if topic:
+                    attrs[N.MESSAGING_DESTINATION_NAME] = str(topic)
+                if new:
+                    attrs[N.KRESILIENT_LEADERSHIP_STATE] = new
+                if category:
+                    attrs[N.KRESILIENT_ERROR_CATEGORY] = category
+                instr.leadership.add(1, attrs)
+            log = self._log.info if new == "stable" else self._log.warning
+            extra = {
+                k: v
+                for k, v in (
+                    ("reason", _first_attr(change, "reason")),
+                    ("errors", _first_attr(change, "errors", "error_count")),
+                    ("window_s", _first_attr(change, "window_s", "window")),
+                )
+                if v is not None
+            }
+            log(
+                N.LOG_LEADERSHIP_CHANGED,
+                topic=topic,
+                partition=partition,
+                state=new,
+                previous_state=old,
+                category=category,
+                **extra,
+                **trace_fields(),
+            )
+
+        return on_change
+
+    def notable_event(
+        self, event: str, *, level: str = "warning", span: Span | None = None, **fields: Any
+    ) -> None:
+        """Log one notable state change with trace/span ids, and add it to the current span.
+
+        For state changes only (circuit breaker opened, fatal producer error, ...), never per
+        message. *fields* must not contain secrets.
+        """
+        target = span if span is not None else trace.get_current_span()
+        if target.is_recording():
+            target.add_event(
+                event,
+                {k: v for k, v in fields.items() if isinstance(v, str | bool | int | float)},
+            )
+        getattr(self._log, level)(event, **fields, **trace_fields(target))
+
+    def circuit_breaker_opened(self, **fields: Any) -> None:
+        """Notable event ``kafka_dead_letter_circuit_breaker_opened`` (ERROR)."""
+        self.notable_event(N.LOG_CIRCUIT_BREAKER_OPENED, level="error", **fields)
+
+    def fatal_error(self, exc: BaseException, classification: Any = None, **fields: Any) -> None:
+        """Notable event ``kafka_fatal_error`` (ERROR) naming the error type and category."""
+        self.notable_event(
+            N.LOG_FATAL_ERROR,
+            level="error",
+            error_type=_error_name(exc),
+            category=_category(classification, exc),
+            **fields,
+        )
+
+
+class _ProcessScope:
+    """The enabled path of :meth:`Telemetry.process_span` (a class: cheaper than a generator)."""
+
+    __slots__ = (
+        "_base",
+        "_ctx_token",
+        "_group",
+        "_msg",
+        "_scope_token",
+        "_tel",
+        "_tracer",
+        "category",
+        "error_type",
+        "partition",
+        "span",
+        "start",
+        "topic",
+    )
+
+    def __init__(
+        self, tel: Telemetry, tracer: trace.Tracer | None, msg: MessageLike, group: str | None
+    ) -> None:
+        self._tel = tel
+        self._tracer = tracer
+        self._msg = msg
+        self._group = group
+        self.span: Span | None = None
+        self.error_type: str | None = None
+        self.category: str | None = None
+        self._ctx_token: Any = None
+
+    def __enter__(self) -> Span | None:
+        tel, msg = self._tel, self._msg
+        self.topic = topic = _call(msg.topic) or ""
+        self.partition = partition = _safe_int(msg.partition)
+        self._base = base = tel._process_bases.get((topic, self._group)) or tel._process_base(
+            topic, self._group
+        )
+        self._scope_token = _CURRENT.set(self)
+        self.start = time.perf_counter()
+        tracer = self._tracer
+        if tracer is None:
+            return None
+        attrs = base.span.copy()
+        if partition is not None and partition >= 0:
+            attrs[N.MESSAGING_DESTINATION_PARTITION_ID] = str(partition)
+        offset = _safe_int(msg.offset)
+        if offset is not None and offset >= 0:
+            attrs[N.MESSAGING_KAFKA_OFFSET] = offset
+        value = _call(msg.value)
+        if value is None:
+            attrs[N.MESSAGING_KAFKA_MESSAGE_TOMBSTONE] = True
+        else:
+            attrs[N.MESSAGING_MESSAGE_BODY_SIZE] = len(value)
+        if tel._record_key:
+            text = _key_text(_call(msg.key))
+            if text is not None:
+                attrs[N.MESSAGING_KAFKA_MESSAGE_KEY] = text
+        parent: Context | None = None
+        links: list[Link] | None = None
+        headers = _call(msg.headers)
+        if headers:
+            extracted = tel.extract_context(headers)
+            remote = trace.get_current_span(extracted).get_span_context()
+            if remote.is_valid:
+                if tel.link_mode == "parent":
+                    parent = extracted
+                else:
+                    links = [Link(remote)]
+        self.span = span = tracer.start_span(
+            base.name, context=parent, kind=SpanKind.CONSUMER, attributes=attrs, links=links
+        )
+        self._ctx_token = otel_context.attach(trace.set_span_in_context(span, parent))
+        return span
+
+    def fail(self, exc: BaseException, classification: Any = None) -> None:
+        self.error_type = _error_name(exc)
+        self.category = _category(classification, exc)
+        span = self.span
+        if span is not None and span.is_recording():
+            span.record_exception(exc)
+            _mark_error(span, exc, self.error_type, self.category)
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        elapsed = time.perf_counter() - self.start
+        if exc is not None:
+            self.fail(exc)
+        if self._ctx_token is not None:
+            otel_context.detach(self._ctx_token)
+        if self.span is not None:
+            self.span.end()
+        _CURRENT.reset(self._scope_token)
+        instr = self._tel._instr
+        if instr is not None:
+            attrs = self._tel._metric_attrs(self._base.metric, self.partition, None)
+            instr.consumed.add(1, attrs)
+            if self.error_type is not None:
+                attrs = self._tel._metric_attrs(self._base.metric, self.partition, self.error_type)
+            instr.process_duration.record(elapsed, attrs)
+
+
+# --------------------------------------------------------------------------------------------
+# Module helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _make_tracer(provider: trace.TracerProvider) -> trace.Tracer | None:
+    tracer = provider.get_tracer(N.INSTRUMENTATION_NAME, _version(), schema_url=N.SCHEMA_URL)
+    return None if isinstance(tracer, trace.NoOpTracer) else tracer
+
+
+def _make_instruments(provider: otel_metrics.MeterProvider) -> _Instruments | None:
+    if _is_noop_meter_provider(provider):
+        return None
+    meter = provider.get_meter(N.INSTRUMENTATION_NAME, _version(), schema_url=N.SCHEMA_URL)
+    if isinstance(meter, otel_metrics.NoOpMeter):
+        return None
+    return _Instruments(meter)
+
+
+def _mark_error(span: Span, err: object, error_type: str, category: str | None) -> None:
+    span.set_attribute(N.ERROR_TYPE, error_type)
+    if category:
+        span.set_attribute(N.KRESILIENT_ERROR_CATEGORY, category)
+    span.set_status(Status(StatusCode.ERROR, _short(_describe(err))))
+
+
+def _describe(err: object) -> str:
+    text = getattr(err, "str", None)
+    if callable(text):  # KafkaError.str() is the human-readable reason
+        try:
+            return str(text())
+        except Exception:  # pragma: no cover - defensive
+            pass
+    return str(err)
+
+
+def _short(text: str, limit: int = 512) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _exception_type(exc: BaseException) -> str:
+    cls = type(exc)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _call(method: Callable[[], Any]) -> Any:
+    return method()
+
+
+def _safe_int(method: Callable[[], Any]) -> int | None:
+    value = method()
+    return value if isinstance(value, int) else None
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _offset_item(item: Any) -> tuple[str | None, int | None, int | None, Any]:
+    if isinstance(item, tuple):
+        topic, partition, offset = (*item, None, None, None)[:3]
+        return topic, partition, offset, None
+    err = getattr(item, "error", None)
+    return (
+        getattr(item, "topic", None),
+        getattr(item, "partition", None),
+        getattr(item, "offset", None),
+        err if err else None,
+    )
+
+
+def _first_attr(obj: object, *names: str) -> Any:
+    for name in names:
+        value = getattr(obj, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _state_name(state: object) -> str | None:
+    if state is None:
+        return None
+    name = getattr(state, "name", None)
+    return (name if isinstance(name, str) else str(state)).lower()
+
+
+def _config_error(message: str) -> Exception:
+    config_error = _errors_attr("ConfigError")
+    if config_error is None:
+        return ValueError(message)
+    exc: Exception = config_error(message, key="link_mode")
+    return exc
+
+
+def _errors_attr(name: str) -> Any:
+    """*name* from :mod:`kresilient.errors` (imported lazily: failure paths only)."""
+    try:
+        module = importlib.import_module("kresilient.errors")
+    except ImportError:
+        return None
+    return getattr(module, name, None)
