@@ -28,26 +28,54 @@ Attribute/metric names: :mod:`kresilient._telemetry_names` (checked against the
 
 from __future__ import annotations
 
-import importlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import structlog
 from opentelemetry import context as otel_context
 from opentelemetry import metrics as otel_metrics
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.propagators.textmap import Getter, TextMapPropagator
-from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.trace import Link, Span, SpanKind
 
 from kresilient import _telemetry_names as N
 from kresilient._telemetry_log import add_trace_context, production_config, trace_fields
+from kresilient._telemetry_propagation import (
+    Headers,
+    HeaderValue,
+    MessageLike,
+    extract_context,
+    inject_headers,
+)
+from kresilient._telemetry_util import (
+    _call,
+    _category,
+    _config_error,
+    _error_name,
+    _exception_type,
+    _first_attr,
+    _global_meter_provider_is_set,
+    _global_tracer_provider_is_set,
+    _Instruments,
+    _is_proxy_tracer_provider,
+    _key_text,
+    _make_instruments,
+    _make_tracer,
+    _mark_error,
+    _offset_item,
+    _safe_int,
+    _short,
+    _state_name,
+    _str_or_none,
+)
 
 __all__ = [
     "Headers",
+    "MessageLike",
     "Telemetry",
     "add_trace_context",
     "extract_context",
@@ -55,251 +83,6 @@ __all__ = [
     "production_config",
     "trace_fields",
 ]
-
-HeaderValue = bytes | str | None
-Headers = Sequence[tuple[str, HeaderValue]] | Mapping[str, HeaderValue] | None
-"""Kafka headers as confluent-kafka accepts them: a list of ``(key, value)`` or a dict."""
-
-
-class MessageLike(Protocol):
-    """The part of ``confluent_kafka.Message`` telemetry reads."""
-
-    def topic(self) -> str | None: ...
-    def partition(self) -> int | None: ...
-    def offset(self) -> int | None: ...
-    def key(self) -> bytes | str | None: ...
-    def value(self) -> bytes | str | None: ...
-    def headers(self) -> list[tuple[str, bytes | None]] | None: ...
-
-
-# --------------------------------------------------------------------------------------------
-# Header propagation
-# --------------------------------------------------------------------------------------------
-
-
-class _DictGetter(Getter[dict[str, str]]):
-    """Reads a ``{lower-case key: str}`` carrier built from Kafka headers."""
-
-    def get(self, carrier: dict[str, str], key: str) -> list[str] | None:
-        value = carrier.get(key.lower())
-        return None if value is None else [value]
-
-    def keys(self, carrier: dict[str, str]) -> list[str]:
-        return list(carrier)
-
-
-_GETTER = _DictGetter()
-_FIELDS_CACHE: dict[int, tuple[TextMapPropagator, frozenset[str]]] = {}
-
-
-def _fields(propagator: TextMapPropagator) -> frozenset[str]:
-    """Lower-case header names *propagator* reads/writes (cached per propagator object)."""
-    hit = _FIELDS_CACHE.get(id(propagator))
-    if hit is not None and hit[0] is propagator:
-        return hit[1]
-    names = frozenset(f.lower() for f in propagator.fields)
-    _FIELDS_CACHE[id(propagator)] = (propagator, names)
-    return names
-
-
-def _items(headers: Headers) -> Iterable[tuple[str, HeaderValue]]:
-    if headers is None:
-        return ()
-    if isinstance(headers, Mapping):
-        return headers.items()
-    return headers
-
-
-def _decode(value: object) -> str | None:
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, str):
-        return value
-    return None
-
-
-def inject_headers(
-    headers: Headers,
-    *,
-    context: Context | None = None,
-    propagator: TextMapPropagator | None = None,
-) -> list[tuple[str, HeaderValue]]:
-    """Return a NEW header list with the trace context of *context* (default: current) injected.
-
-    Existing headers the propagator owns (``traceparent``, ``tracestate``, ``baggage`` ... in any
-    letter case) are replaced, so re-producing a consumed record (e.g. to a dead-letter topic)
-    never carries two parents. The caller's *headers* are never modified. Values are ``bytes``.
-    """
-    prop = propagator or propagate.get_global_textmap()
-    carrier: dict[str, str] = {}
-    prop.inject(carrier, context=context)
-    if not carrier and headers is None:
-        return []
-    owned = _fields(prop) | {k.lower() for k in carrier}
-    out: list[tuple[str, HeaderValue]] = [
-        (k, v) for k, v in _items(headers) if not (isinstance(k, str) and k.lower() in owned)
-    ]
-    out.extend((k, v.encode("utf-8")) for k, v in carrier.items())
-    return out
-
-
-def extract_context(
-    headers: Headers,
-    *,
-    context: Context | None = None,
-    propagator: TextMapPropagator | None = None,
-) -> Context:
-    """Extract the trace context from Kafka *headers* (bytes, str or None values tolerated).
-
-    Malformed or missing headers yield *context* (default: the current context) unchanged. If a
-    header repeats, the last value wins (Java ``Headers.lastHeader`` semantics).
-    """
-    prop = propagator or propagate.get_global_textmap()
-    wanted = _fields(prop)
-    carrier: dict[str, str] = {}
-    for item in _items(headers):
-        try:
-            k, v = item
-        except (TypeError, ValueError):
-            continue
-        if isinstance(k, str) and k.lower() in wanted:
-            text = _decode(v)
-            if text is not None:
-                carrier[k.lower()] = text
-    if not carrier:
-        return context if context is not None else otel_context.get_current()
-    return prop.extract(carrier, context=context, getter=_GETTER)
-
-
-# --------------------------------------------------------------------------------------------
-# Small helpers
-# --------------------------------------------------------------------------------------------
-
-
-def _error_name(err: object) -> str:
-    """Low-cardinality ``error.type`` for a KafkaError / KafkaException / exception."""
-    name = getattr(err, "name", None)
-    if callable(name):  # confluent_kafka.KafkaError
-        try:
-            return str(name())
-        except Exception:  # pragma: no cover - defensive
-            return N.ERROR_TYPE_OTHER
-    args = getattr(err, "args", ())
-    if args and callable(getattr(args[0], "name", None)):  # KafkaException(KafkaError)
-        return str(args[0].name())
-    inner = getattr(err, "name", None)
-    if isinstance(inner, str) and inner and type(err).__module__.startswith("kresilient"):
-        return inner  # KafkaClientError carries the Kafka error name
-    if isinstance(err, BaseException):
-        cls = type(err)
-        mod = cls.__module__
-        return cls.__qualname__ if mod == "builtins" else f"{mod}.{cls.__qualname__}"
-    return N.ERROR_TYPE_OTHER
-
-
-def _category(classification: object, err: object = None) -> str | None:
-    """``kresilient.error.category`` value (lower-case category name) if one is known."""
-    if classification is None and err is not None:
-        classification = getattr(err, "classification", None)
-        if classification is None:
-            classification = _classify(err)
-    cat = getattr(classification, "category", None)
-    name = getattr(cat, "name", None)
-    return name.lower() if isinstance(name, str) else None
-
-
-def _classify(err: object) -> object:
-    """Classify via :mod:`kresilient.errors` when it is importable (failure paths only)."""
-    classify = _errors_attr("classify")
-    if classify is None:
-        return None
-    try:
-        return classify(err)
-    except Exception:
-        return None
-
-
-def _key_text(key: object) -> str | None:
-    """The key's canonical string form, or None (binary keys are omitted per the conventions)."""
-    if isinstance(key, str):
-        return key
-    if isinstance(key, bytes):
-        try:
-            return key.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-    return None
-
-
-def _global_tracer_provider_is_set() -> bool:
-    # Reading the API's module global costs ~20 ns; get_tracer_provider() would cost an
-    # os.environ lookup per call. The attribute has existed since opentelemetry-api 1.0 and a
-    # test asserts it, so an API change is caught rather than silently disabling tracing.
-    return trace._TRACER_PROVIDER is not None
-
-
-def _global_meter_provider_is_set() -> bool:
-    return otel_metrics._internal._METER_PROVIDER is not None
-
-
-def _is_proxy_tracer_provider(p: object) -> bool:
-    return isinstance(p, trace.ProxyTracerProvider)
-
-
-def _is_noop_meter_provider(p: object) -> bool:
-    return (
-        isinstance(p, otel_metrics.NoOpMeterProvider)
-        or type(p).__name__ == "_ProxyMeterProvider"
-    )
-
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("kresilient")
-    except Exception:
-        return "0"
-
-
-class _Instruments:
-    __slots__ = (
-        "consumed",
-        "dead_letters",
-        "leadership",
-        "operation_duration",
-        "process_duration",
-        "retries",
-        "sent",
-    )
-
-    def __init__(self, meter: otel_metrics.Meter) -> None:
-        buckets = list(N.DURATION_BUCKETS)
-        self.sent = meter.create_counter(
-            N.METRIC_SENT_MESSAGES, "{message}", "Messages the producer attempted to send."
-        )
-        self.consumed = meter.create_counter(
-            N.METRIC_CONSUMED_MESSAGES, "{message}", "Messages delivered to the application."
-        )
-        self.operation_duration = meter.create_histogram(
-            N.METRIC_OPERATION_DURATION, "s", "Duration of a producer send (to the delivery "
-            "report) or a consumer commit.", explicit_bucket_boundaries_advisory=buckets,
-        )
-        self.process_duration = meter.create_histogram(
-            N.METRIC_PROCESS_DURATION, "s", "Duration of processing one message.",
-            explicit_bucket_boundaries_advisory=buckets,
-        )
-        self.retries = meter.create_counter(
-            N.METRIC_RETRIES, "{retry}", "Processing retries by error category."
-        )
-        self.dead_letters = meter.create_counter(
-            N.METRIC_DEAD_LETTERS, "{message}", "Messages written (or attempted) to a dead-letter "
-            "topic, by error category.",
-        )
-        self.leadership = meter.create_counter(
-            N.METRIC_LEADERSHIP_STATE_CHANGES, "{change}",
-            "Partition leadership state changes seen by the LeadershipMonitor, by new state.",
-        )
 
 
 class _SendToken:
@@ -992,108 +775,3 @@ class _ProcessScope:
             if self.error_type is not None:
                 attrs = self._tel._metric_attrs(self._base.metric, self.partition, self.error_type)
             instr.process_duration.record(elapsed, attrs)
-
-
-# --------------------------------------------------------------------------------------------
-# Module helpers
-# --------------------------------------------------------------------------------------------
-
-
-def _make_tracer(provider: trace.TracerProvider) -> trace.Tracer | None:
-    tracer = provider.get_tracer(N.INSTRUMENTATION_NAME, _version(), schema_url=N.SCHEMA_URL)
-    return None if isinstance(tracer, trace.NoOpTracer) else tracer
-
-
-def _make_instruments(provider: otel_metrics.MeterProvider) -> _Instruments | None:
-    if _is_noop_meter_provider(provider):
-        return None
-    meter = provider.get_meter(N.INSTRUMENTATION_NAME, _version(), schema_url=N.SCHEMA_URL)
-    if isinstance(meter, otel_metrics.NoOpMeter):
-        return None
-    return _Instruments(meter)
-
-
-def _mark_error(span: Span, err: object, error_type: str, category: str | None) -> None:
-    span.set_attribute(N.ERROR_TYPE, error_type)
-    if category:
-        span.set_attribute(N.KRESILIENT_ERROR_CATEGORY, category)
-    span.set_status(Status(StatusCode.ERROR, _short(_describe(err))))
-
-
-def _describe(err: object) -> str:
-    text = getattr(err, "str", None)
-    if callable(text):  # KafkaError.str() is the human-readable reason
-        try:
-            return str(text())
-        except Exception:  # pragma: no cover - defensive
-            pass
-    return str(err)
-
-
-def _short(text: str, limit: int = 512) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _exception_type(exc: BaseException) -> str:
-    cls = type(exc)
-    if cls.__module__ == "builtins":
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _call(method: Callable[[], Any]) -> Any:
-    return method()
-
-
-def _safe_int(method: Callable[[], Any]) -> int | None:
-    value = method()
-    return value if isinstance(value, int) else None
-
-
-def _str_or_none(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def _offset_item(item: Any) -> tuple[str | None, int | None, int | None, Any]:
-    if isinstance(item, tuple):
-        topic, partition, offset = (*item, None, None, None)[:3]
-        return topic, partition, offset, None
-    err = getattr(item, "error", None)
-    return (
-        getattr(item, "topic", None),
-        getattr(item, "partition", None),
-        getattr(item, "offset", None),
-        err if err else None,
-    )
-
-
-def _first_attr(obj: object, *names: str) -> Any:
-    for name in names:
-        value = getattr(obj, name, None)
-        if value is not None:
-            return value
-    return None
-
-
-def _state_name(state: object) -> str | None:
-    if state is None:
-        return None
-    name = getattr(state, "name", None)
-    return (name if isinstance(name, str) else str(state)).lower()
-
-
-def _config_error(message: str) -> Exception:
-    config_error = _errors_attr("ConfigError")
-    if config_error is None:
-        return ValueError(message)
-    exc: Exception = config_error(message, key="link_mode")
-    return exc
-
-
-def _errors_attr(name: str) -> Any:
-    """*name* from :mod:`kresilient.errors` (imported lazily: failure paths only)."""
-    try:
-        module = importlib.import_module("kresilient.errors")
-    except ImportError:
-        return None
-    return getattr(module, name, None)
