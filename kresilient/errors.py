@@ -1,0 +1,707 @@
+"""Error classification and the kresilient exception tree.
+
+:func:`classify` turns anything a confluent-kafka client can hand you (a ``KafkaError`` from a
+delivery report, ``error_cb`` or ``Message.error()``, a ``KafkaException``, an int code, the
+``BufferError`` of a full queue, a serialization error, or a kresilient exception) into a
+:class:`Classification`: what kind of failure it is, whether a retry is safe, whether metadata
+is stale, whether the message may already be written, and what to do. It is a dict lookup on
+one data table (``kresilient/_error_table.py``) that covers every code ``KafkaError`` defines;
+an unknown code is ``UNKNOWN`` and not retriable.
+
+``KafkaError.retriable()`` is ``False`` on every delivery report and consumer error (the binding
+only fills it for ``rd_kafka_error_t`` results), so the classification comes from the code.
+When ``err.fatal()`` or ``err.txn_requires_abort()`` is ``True`` it wins over the table.
+
+Exception tree (one base; every class is keyword-constructible and carries
+``.classification`` when a Kafka error is behind it)::
+
+    KResilientError
+    ├── ConfigError                  bad, unknown or conflicting configuration (.key)
+    │   └── UnsafeConfigError        the config weakens a guarantee; refused unless allowed
+    ├── KafkaClientError             a Kafka error (.code, .name, .topic, .partition)
+    │   ├── ProduceError             one message could not be produced
+    │   │   └── MessageTooLargeError value above a size limit (.size, .limit)
+    │   ├── FatalProducerError       fenced / idempotence state lost: recreate the producer
+    │   ├── CommitError              offset commit failed
+    │   └── ConsumeError             consumer-side error surfaced by poll
+    ├── DeliveryError                flush() found failed messages (.failures)
+    ├── DeadLetterError              a dead-letter write failed or was not acknowledged
+    └── CircuitBreakerOpenError      too many dead letters within a window
+
+:func:`translate` is the one place lower-layer errors become kresilient exceptions.
+
+Example::
+
+    def on_delivery(err, msg):
+        if err is not None:
+            c = classify(err)
+            if c.retriable: ...           # safe to produce again
+            log.warning("delivery failed", category=c.category.name, remedy=c.remedy)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, TypeAlias
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.serialization import SerializationError
+
+from kresilient._error_table import ROWS
+
+__all__ = [
+    "Action",
+    "CircuitBreakerOpenError",
+    "Classification",
+    "CommitError",
+    "ConfigError",
+    "ConsumeError",
+    "DeadLetterError",
+    "DeliveryError",
+    "DeliveryFailure",
+    "ErrorCategory",
+    "FatalProducerError",
+    "KResilientError",
+    "KafkaClientError",
+    "MessageTooLargeError",
+    "Operation",
+    "ProduceError",
+    "UnsafeConfigError",
+    "classify",
+    "translate",
+]
+
+
+class ErrorCategory(enum.Enum):
+    """What kind of failure an error is (see docs/errors.md for every code)."""
+
+    LEADERSHIP = "leadership"  #: leader moved / metadata stale: refresh and retry
+    TRANSIENT = "transient"  #: temporary broker or network condition: retry with backoff
+    BACKPRESSURE = "backpressure"  #: local queue full or quota: poll, back off, retry
+    DELIVERY_TIMEOUT = "delivery_timeout"  #: gave up after message.timeout.ms (or purged)
+    CONFIG = "config"  #: wrong configuration, topic or request: fix, do not retry
+    AUTH = "auth"  #: authentication / authorization: fix credentials or ACLs
+    FATAL_PRODUCER = "fatal_producer"  #: the producer instance is unusable: recreate it
+    ABORTABLE = "abortable"  #: abort the transaction and retry it
+    GROUP = "group"  #: consumer group membership changed: rejoin
+    OFFSET_RESET = "offset_reset"  #: offsets reset: data may have been skipped
+    POISON = "poison"  #: this record cannot be processed: dead-letter it
+    BENIGN = "benign"  #: informational, nothing to do
+    UNKNOWN = "unknown"  #: not known to the table (or internal): do not retry blindly
+
+
+class Action(enum.Enum):
+    """What a client should do about an error."""
+
+    RETRY = "retry"
+    REFRESH_AND_RETRY = "refresh_and_retry"
+    BACKOFF_AND_RETRY = "backoff_and_retry"
+    DEAD_LETTER = "dead_letter"
+    FAIL = "fail"
+    RECREATE_PRODUCER = "recreate_producer"
+    ABORT_TRANSACTION = "abort_transaction"
+    REJOIN_GROUP = "rejoin_group"
+    IGNORE = "ignore"
+    ALERT = "alert"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Classification:
+    """The verdict on one error.
+
+    ``possibly_persisted`` means the broker may have written the message although the client
+    saw a failure: a retry may duplicate it unless the producer is idempotent.
+    """
+
+    code: int | None
+    name: str
+    category: ErrorCategory
+    retriable: bool
+    refresh_metadata: bool
+    possibly_persisted: bool
+    fatal: bool
+    action: Action
+    remedy: str
+    java_exception: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Defaults:
+    retriable: bool
+    refresh: bool
+    persisted: bool
+    fatal: bool
+    action: Action
+
+
+_CATEGORY_DEFAULTS: Final[Mapping[ErrorCategory, _Defaults]] = {
+    ErrorCategory.LEADERSHIP: _Defaults(True, True, False, False, Action.REFRESH_AND_RETRY),
+    ErrorCategory.TRANSIENT: _Defaults(True, False, False, False, Action.BACKOFF_AND_RETRY),
+    ErrorCategory.BACKPRESSURE: _Defaults(True, False, False, False, Action.BACKOFF_AND_RETRY),
+    ErrorCategory.DELIVERY_TIMEOUT: _Defaults(False, False, True, False, Action.DEAD_LETTER),
+    ErrorCategory.CONFIG: _Defaults(False, False, False, False, Action.FAIL),
+    ErrorCategory.AUTH: _Defaults(False, False, False, False, Action.FAIL),
+    ErrorCategory.FATAL_PRODUCER: _Defaults(False, False, False, True, Action.RECREATE_PRODUCER),
+    ErrorCategory.ABORTABLE: _Defaults(False, False, False, False, Action.ABORT_TRANSACTION),
+    ErrorCategory.GROUP: _Defaults(False, False, False, False, Action.REJOIN_GROUP),
+    ErrorCategory.OFFSET_RESET: _Defaults(False, False, False, False, Action.ALERT),
+    ErrorCategory.POISON: _Defaults(False, False, False, False, Action.DEAD_LETTER),
+    ErrorCategory.BENIGN: _Defaults(False, False, False, False, Action.IGNORE),
+    ErrorCategory.UNKNOWN: _Defaults(False, False, False, False, Action.ALERT),
+}
+
+
+def _build_table() -> dict[int, Classification]:
+    table: dict[int, Classification] = {}
+    for row in ROWS:
+        category = ErrorCategory[row.category]
+        d = _CATEGORY_DEFAULTS[category]
+        java = row.java
+        remedy = f"{row.remedy} (Java: {java})" if java else row.remedy
+        table[row.code] = Classification(
+            code=row.code,
+            name=row.name,
+            category=category,
+            retriable=d.retriable if row.retriable is None else row.retriable,
+            refresh_metadata=d.refresh if row.refresh is None else row.refresh,
+            possibly_persisted=d.persisted if row.persisted is None else row.persisted,
+            fatal=d.fatal if row.fatal is None else row.fatal,
+            action=d.action if row.action is None else Action[row.action],
+            remedy=remedy,
+            java_exception=java,
+        )
+    return table
+
+
+#: code -> Classification, built once at import from the data table.
+_BY_CODE: Final[dict[int, Classification]] = _build_table()
+
+#: librdkafka error descriptions (``KafkaError(code).str()``) -> code, to unwrap ``_FATAL``
+#: texts of the form "Fatal error: <description>: <reason>".
+_BY_DESCRIPTION: Final[dict[str, int]] = {
+    KafkaError(code).str(): code for code in _BY_CODE if code not in (0, KafkaError._FATAL)
+}
+_FATAL_PREFIX: Final = "Fatal error: "
+
+_VARIANTS: dict[tuple[int | None, str, str], Classification] = {}
+
+
+def _unknown_code(code: int) -> Classification:
+    return Classification(
+        code=code,
+        name=f"ERR_{code}",
+        category=ErrorCategory.UNKNOWN,
+        retriable=False,
+        refresh_metadata=False,
+        possibly_persisted=False,
+        fatal=False,
+        action=Action.ALERT,
+        remedy="Error code unknown to this kresilient/librdkafka version: do not retry "
+        "blindly; look the code up in the Kafka protocol docs",
+    )
+
+
+def _fatal_variant(base: Classification) -> Classification:
+    key = (base.code, base.name, "fatal")
+    hit = _VARIANTS.get(key)
+    if hit is None:
+        if base.fatal and base.category is ErrorCategory.FATAL_PRODUCER:
+            hit = base
+        elif base.category is ErrorCategory.GROUP:  # a consumer's fatal error
+            hit = dataclasses.replace(base, fatal=True, retriable=False, action=Action.FAIL)
+        else:
+            hit = dataclasses.replace(
+                base,
+                category=ErrorCategory.FATAL_PRODUCER,
+                fatal=True,
+                retriable=False,
+                action=Action.RECREATE_PRODUCER,
+                remedy=f"Fatal: the client instance is unusable, recreate it. {base.remedy}",
+            )
+        _VARIANTS[key] = hit
+    return hit
+
+
+def _abort_variant(base: Classification) -> Classification:
+    key = (base.code, base.name, "abort")
+    hit = _VARIANTS.get(key)
+    if hit is None:
+        hit = dataclasses.replace(
+            base,
+            category=ErrorCategory.ABORTABLE,
+            retriable=False,
+            action=Action.ABORT_TRANSACTION,
+            remedy=f"abort_transaction(), then retry the transaction. {base.remedy}",
+        )
+        _VARIANTS[key] = hit
+    return hit
+
+
+def _retriable_variant(base: Classification) -> Classification:
+    key = (base.code, base.name, "retriable")
+    hit = _VARIANTS.get(key)
+    if hit is None:
+        action = base.action if base.retriable else Action.RETRY
+        hit = dataclasses.replace(base, retriable=True, action=action)
+        _VARIANTS[key] = hit
+    return hit
+
+
+def _by_code(code: int) -> Classification:
+    hit = _BY_CODE.get(code)
+    return hit if hit is not None else _unknown_code(code)
+
+
+def _unwrap_fatal(err: KafkaError) -> Classification:
+    """``_FATAL`` only says "fatal": find the underlying code in librdkafka's text."""
+    text = err.str() or ""
+    if text.startswith(_FATAL_PREFIX):
+        rest = text[len(_FATAL_PREFIX) :]
+        for description, code in _BY_DESCRIPTION.items():
+            if rest.startswith(description):
+                return _fatal_variant(_BY_CODE[code])
+    return _BY_CODE[KafkaError._FATAL]
+
+
+def _classify_kafka_error(err: KafkaError) -> Classification:
+    code = err.code()
+    if code == KafkaError._FATAL:
+        return _unwrap_fatal(err)
+    base = _by_code(code)
+    if err.fatal():
+        return _fatal_variant(base)
+    if err.txn_requires_abort():
+        return _abort_variant(base)
+    if err.retriable():
+        return _retriable_variant(base)
+    return base
+
+
+def _synthetic(name: str, category: ErrorCategory, remedy: str, **kw: Any) -> Classification:
+    d = _CATEGORY_DEFAULTS[category]
+    values: dict[str, Any] = {
+        "retriable": d.retriable,
+        "refresh_metadata": d.refresh,
+        "possibly_persisted": d.persisted,
+        "fatal": d.fatal,
+        "action": d.action,
+    }
+    values.update(kw)
+    return Classification(code=None, name=name, category=category, remedy=remedy, **values)
+
+
+_SERIALIZATION: Final = _synthetic(
+    "SerializationError",
+    ErrorCategory.POISON,
+    "The record could not be (de)serialized: fix it or dead-letter it "
+    "(Java: SerializationException)",
+)
+_CONFIG: Final = _synthetic(
+    "ConfigError", ErrorCategory.CONFIG, "Fix the configuration (Java: ConfigException)"
+)
+_CIRCUIT_OPEN: Final = _synthetic(
+    "CircuitBreakerOpen",
+    ErrorCategory.POISON,
+    "Too many dead letters in the window: stop and inspect the dead-letter topic",
+    action=Action.ALERT,
+)
+_DEAD_LETTER_FAILED: Final = _synthetic(
+    "DeadLetterFailed",
+    ErrorCategory.UNKNOWN,
+    "The dead-letter write failed: do not commit the source offset; check the DLQ topic",
+)
+_UNKNOWN_EXCEPTION: Final = _synthetic(
+    "UnknownException",
+    ErrorCategory.UNKNOWN,
+    "Not a Kafka error kresilient knows: do not retry blindly",
+)
+
+
+def classify(err: object) -> Classification:
+    """Classify a Kafka error, exception or code. Cheap (dict lookups); safe on hot paths.
+
+    Accepts ``KafkaError``, ``KafkaException`` (its ``args[0]``), an int code, ``BufferError``
+    (librdkafka's ``_QUEUE_FULL``), confluent-kafka serialization errors (``POISON``), a
+    :class:`KResilientError`, or any other exception (``UNKNOWN``, not retriable).
+
+    >>> classify(KafkaError.NOT_LEADER_FOR_PARTITION).category
+    <ErrorCategory.LEADERSHIP: 'leadership'>
+    """
+    if isinstance(err, KafkaError):
+        return _classify_kafka_error(err)
+    if isinstance(err, int) and not isinstance(err, bool):
+        return _by_code(err)
+    if isinstance(err, KResilientError):
+        return err.classification
+    if isinstance(err, KafkaException):
+        inner = err.args[0] if err.args else None
+        if isinstance(inner, KafkaError):
+            return _classify_kafka_error(inner)
+        if isinstance(err, SerializationError):
+            return _SERIALIZATION
+        return _UNKNOWN_EXCEPTION
+    if isinstance(err, BufferError):
+        return _BY_CODE[KafkaError._QUEUE_FULL]
+    return _UNKNOWN_EXCEPTION
+
+
+# --------------------------------------------------------------------------- exceptions
+
+_SECRET_HINTS: Final = ("password", "secret", "token", "jaas", "credential", "private", "key.pem")
+_INVALID_VALUE = re.compile(
+    r'Invalid value "(?P<v>[^"]*)" for configuration property "(?P<k>[^"]*)"'
+)
+
+
+_PROPERTY = re.compile(r'(?:configuration )?property:? "(?P<k>[^"]+)"')
+
+
+def _looks_secret(key: str | None) -> bool:
+    return key is not None and any(h in key.lower() for h in _SECRET_HINTS)
+
+
+def _scrub(text: str) -> str:
+    """Remove a secret value that librdkafka may echo back in a config error."""
+
+    def repl(m: re.Match[str]) -> str:
+        if _looks_secret(m.group("k")):
+            return f'Invalid value "[REDACTED]" for configuration property "{m.group("k")}"'
+        return m.group(0)
+
+    return _INVALID_VALUE.sub(repl, text)
+
+
+def _rebuild(cls: type[KResilientError], message: str, state: dict[str, Any]) -> KResilientError:
+    obj = cls.__new__(cls)
+    Exception.__init__(obj, message)
+    obj.__dict__.update(state)
+    return obj
+
+
+class KResilientError(Exception):
+    """Base of every kresilient exception."""
+
+    def __init__(self, message: str = "", *, classification: Classification | None = None):
+        super().__init__(message)
+        self.message = message
+        self._classification = classification
+
+    @property
+    def classification(self) -> Classification:
+        """The classification of the failure behind this exception."""
+        return self._classification if self._classification is not None else _UNKNOWN_EXCEPTION
+
+    @property
+    def remedy(self) -> str:
+        """One line on what to do."""
+        return self.classification.remedy
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, dict(self.__dict__)))
+
+
+class ConfigError(KResilientError):
+    """Bad, unknown or conflicting configuration; ``key`` names the property when known."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        key: str | None = None,
+        classification: Classification | None = None,
+    ):
+        super().__init__(_scrub(message), classification=classification or _CONFIG)
+        self.key = key
+
+
+class UnsafeConfigError(ConfigError):
+    """The configuration would weaken a guarantee; refused unless explicitly allowed.
+
+    ``value`` is kept for programs but never rendered when ``key`` looks secret.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, value: object = None):
+        super().__init__(message, key=key)
+        self.value = value
+
+    def __repr__(self) -> str:
+        shown = "[REDACTED]" if _looks_secret(self.key) else repr(self.value)
+        return f"{type(self).__name__}({self.message!r}, key={self.key!r}, value={shown})"
+
+
+class KafkaClientError(KResilientError):
+    """A Kafka error with its code, name, topic/partition (when known) and classification."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: int | None = None,
+        name: str | None = None,
+        topic: str | None = None,
+        partition: int | None = None,
+        classification: Classification | None = None,
+    ):
+        if classification is None:
+            classification = _by_code(code) if code is not None else _UNKNOWN_EXCEPTION
+        super().__init__(message, classification=classification)
+        self.code = code if code is not None else classification.code
+        self.name = name if name is not None else classification.name
+        self.topic = topic
+        self.partition = partition
+
+    def __str__(self) -> str:
+        where = ""
+        if self.topic is not None:
+            where = f" on {self.topic}" + (
+                f"[{self.partition}]" if self.partition is not None else ""
+            )
+        c = self.classification
+        return (
+            f"{self.name} ({self.code}){where}: {self.message} "
+            f"[{c.category.name}, {c.action.name}] {c.remedy}"
+        )
+
+
+class ProduceError(KafkaClientError):
+    """One message could not be produced."""
+
+
+class MessageTooLargeError(ProduceError):
+    """A value exceeds a size limit (``size`` and ``limit`` in bytes, when known)."""
+
+    def __init__(
+        self, message: str, *, size: int | None = None, limit: int | None = None, **kwargs: Any
+    ):
+        kwargs.setdefault("code", KafkaError.MSG_SIZE_TOO_LARGE)
+        super().__init__(message, **kwargs)
+        self.size = size
+        self.limit = limit
+
+
+class FatalProducerError(KafkaClientError):
+    """The producer instance is unusable (fenced, idempotence state lost): recreate it."""
+
+
+class CommitError(KafkaClientError):
+    """An offset commit failed."""
+
+
+class ConsumeError(KafkaClientError):
+    """A consumer-side error surfaced by poll/consume."""
+
+
+HeadersLike: TypeAlias = (
+    Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeliveryFailure:
+    """One message that failed delivery. ``key`` and ``headers`` stay out of ``repr``."""
+
+    topic: str
+    partition: int | None
+    offset: int | None
+    key: bytes | None = field(default=None, repr=False)
+    value_size: int = 0
+    headers: HeadersLike = field(default=None, repr=False)
+    classification: Classification
+    error: KafkaError | None = None
+    message_id: int = 0
+
+    @classmethod
+    def from_report(cls, err: KafkaError, msg: Any, *, message_id: int = 0) -> DeliveryFailure:
+        """Build from a delivery report's ``(err, msg)`` pair."""
+        partition = msg.partition()
+        offset = msg.offset()
+        value = msg.value()
+        return cls(
+            topic=msg.topic(),
+            partition=partition if partition is not None and partition >= 0 else None,
+            offset=offset if offset is not None and offset >= 0 else None,
+            key=msg.key(),
+            value_size=len(value) if value is not None else 0,
+            headers=msg.headers(),
+            classification=classify(err),
+            error=err,
+            message_id=message_id,
+        )
+
+
+class DeliveryError(KResilientError):
+    """``flush()`` found failed messages; ``failures`` lists them (classified)."""
+
+    def __init__(self, message: str = "", *, failures: Sequence[DeliveryFailure] = ()):
+        self.failures: tuple[DeliveryFailure, ...] = tuple(failures)
+        if not message:
+            counts: dict[str, int] = {}
+            for f in self.failures:
+                label = f"{f.classification.name} ({f.classification.category.name})"
+                counts[label] = counts.get(label, 0) + 1
+            parts = ", ".join(f"{n} x {label}" for label, n in sorted(counts.items()))
+            message = f"{len(self.failures)} message(s) failed delivery: {parts}"
+        first = self.failures[0].classification if self.failures else None
+        super().__init__(message, classification=first)
+
+
+class DeadLetterError(KResilientError):
+    """A dead-letter write failed or was not acknowledged (do not commit the source offset)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        topic: str | None = None,
+        classification: Classification | None = None,
+    ):
+        super().__init__(message, classification=classification or _DEAD_LETTER_FAILED)
+        self.topic = topic
+
+
+class CircuitBreakerOpenError(KResilientError):
+    """Too many dead letters (``dead_letters``) within ``window`` seconds."""
+
+    def __init__(self, message: str = "", *, dead_letters: int, window: float):
+        if not message:
+            message = f"{dead_letters} dead letters within {window:g} s: circuit breaker open"
+        super().__init__(message, classification=_CIRCUIT_OPEN)
+        self.dead_letters = dead_letters
+        self.window = window
+
+
+# --------------------------------------------------------------------------- translate
+
+Operation = Literal["produce", "consume", "commit", "configure"]
+
+_OPERATION_CLASS: Final[Mapping[Operation | None, type[KafkaClientError]]] = {
+    "produce": ProduceError,
+    "consume": ConsumeError,
+    "commit": CommitError,
+    None: KafkaClientError,
+}
+
+#: Codes that only arise on one side: used when the caller does not say which operation.
+_CODE_SIDE: Final[Mapping[int, Operation]] = {
+    **dict.fromkeys(
+        (
+            KafkaError.MSG_SIZE_TOO_LARGE,
+            KafkaError.RECORD_LIST_TOO_LARGE,
+            KafkaError._MSG_TIMED_OUT,
+            KafkaError._QUEUE_FULL,
+            KafkaError._PURGE_QUEUE,
+            KafkaError._PURGE_INFLIGHT,
+            KafkaError.NOT_ENOUGH_REPLICAS,
+            KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+            KafkaError._KEY_SERIALIZATION,
+            KafkaError._VALUE_SERIALIZATION,
+            KafkaError.INVALID_TIMESTAMP,
+            KafkaError.INVALID_RECORD,
+            KafkaError._INVALID_DIFFERENT_RECORD,
+        ),
+        "produce",
+    ),
+    **dict.fromkeys(
+        (
+            KafkaError._PARTITION_EOF,
+            KafkaError.OFFSET_OUT_OF_RANGE,
+            KafkaError._AUTO_OFFSET_RESET,
+            KafkaError._LOG_TRUNCATION,
+            KafkaError._KEY_DESERIALIZATION,
+            KafkaError._VALUE_DESERIALIZATION,
+            KafkaError._MAX_POLL_EXCEEDED,
+            KafkaError._ASSIGNMENT_LOST,
+        ),
+        "consume",
+    ),
+}
+
+_TOO_LARGE: Final = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+
+
+def _kafka_error_of(exc: BaseException) -> KafkaError | None:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+def translate(
+    exc: BaseException | KafkaError,
+    *,
+    topic: str | None = None,
+    partition: int | None = None,
+    operation: Operation | None = None,
+) -> KResilientError:
+    """Turn a lower-layer error into a kresilient exception (the one place this happens).
+
+    ``operation`` says what was being done ("produce", "consume", "commit" or "configure");
+    without it the code decides when it only arises on one side, else the result is a plain
+    :class:`KafkaClientError`. Fatal errors become :class:`FatalProducerError` (producer
+    side), size errors :class:`MessageTooLargeError`. A kresilient exception is returned
+    unchanged. Raise the result ``from exc``::
+
+        except KafkaException as exc:
+            raise translate(exc, topic=topic, operation="produce") from exc
+    """
+    if isinstance(exc, KResilientError):
+        return exc
+    classification = classify(exc)
+    kerr = exc if isinstance(exc, KafkaError) else _kafka_error_of(exc)
+    if kerr is not None:
+        message = _scrub(kerr.str() or "")
+    elif isinstance(exc, BufferError):
+        message = str(exc) or "Local: Queue full"
+    else:
+        message = _scrub(str(exc)) or type(exc).__name__
+
+    code = classification.code
+    if operation == "configure":
+        m = _PROPERTY.search(message)
+        return ConfigError(message, key=m.group("k") if m else None, classification=classification)
+    if operation is None:
+        if isinstance(exc, BufferError):
+            operation = "produce"
+        elif code is not None:
+            operation = _CODE_SIDE.get(code)
+        elif classification is _SERIALIZATION:
+            operation = "consume" if "Deserializ" in type(exc).__name__ else "produce"
+        if operation is None and kerr is None and classification is _UNKNOWN_EXCEPTION:
+            return KResilientError(message, classification=classification)
+
+    cls: type[KafkaClientError]
+    if classification.fatal and operation != "consume" and operation != "commit":
+        cls = FatalProducerError
+    elif code in _TOO_LARGE and operation in (None, "produce"):
+        cls = MessageTooLargeError
+    else:
+        cls = _OPERATION_CLASS[operation]
+    return cls(
+        message,
+        code=code,
+        name=classification.name,
+        topic=topic,
+        partition=partition,
+        classification=classification,
+    )
+
+
+def _render_markdown() -> str:
+    """The docs/errors.md code table, generated from the data table."""
+    lines = [
+        "| Code | Name | Category | Retriable | Refresh metadata | Possibly persisted "
+        "| Fatal | Action | Remedy |",
+        "|---:|---|---|---|---|---|---|---|---|",
+    ]
+    yn = {True: "yes", False: "no"}
+    for code in sorted(_BY_CODE):
+        c = _BY_CODE[code]
+        lines.append(
+            f"| {code} | `{c.name}` | {c.category.name} | {yn[c.retriable]} "
+            f"| {yn[c.refresh_metadata]} | {yn[c.possibly_persisted]} | {yn[c.fatal]} "
+            f"| {c.action.name} | {c.remedy.replace('|', '/')} |"
+        )
+    return "\n".join(lines) + "\n"
