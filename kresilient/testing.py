@@ -28,8 +28,8 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import logging
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -41,16 +41,18 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from kresilient._broker_jars import KAFKA_VERSION, kafka_libs
+
 try:
     from kresilient.errors import KResilientError
 except ImportError:  # TEMP until errors.py lands
@@ -91,6 +93,7 @@ class _Node:
     directory: Path
     process: subprocess.Popen[bytes] | None = None
     log_handle: Any = field(default=None, repr=False)
+    expected_down: bool = False
 
     @property
     def config_path(self) -> Path:
@@ -410,17 +413,16 @@ class KafkaCluster:
     # ------------------------------------------------------------------ readiness
     def _admin_client(self) -> AdminClient:
         if self._admin is None:
-            self._admin = AdminClient(
-                {
-                    # Connection failures while nodes start or are killed are expected here.
-                    "logger": _QUIET,
-                    "error_cb": _ignore_error,
-                    "bootstrap.servers": self.bootstrap_servers,
-                    "socket.timeout.ms": 5000,
-                    "socket.connection.setup.timeout.ms": 3000,
-                    "reconnect.backoff.max.ms": 500,
-                }
-            )
+            conf: dict[str, Any] = {
+                # Connection failures while nodes start or are killed are expected here.
+                "logger": _QUIET,
+                "error_cb": _ignore_error,
+                "bootstrap.servers": self.bootstrap_servers,
+                "socket.timeout.ms": 5000,
+                "socket.connection.setup.timeout.ms": 3000,
+                "reconnect.backoff.max.ms": 500,
+            }
+            self._admin = AdminClient(conf)
         return self._admin
 
     def _metadata_brokers(self, timeout: float = 5.0) -> dict[int, str]:
@@ -430,7 +432,7 @@ class KafkaCluster:
     def _check_alive(self) -> None:
         for node in self._nodes.values():
             proc = node.process
-            if proc is not None and proc.poll() is not None and not getattr(node, "expected_down", False):
+            if proc is not None and proc.poll() is not None and not node.expected_down:
                 raise ClusterError(
                     f"Kafka node {node.node_id} exited with code {proc.returncode}; "
                     f"last lines of {node.log_path}:\n{self._tail(node)}"
@@ -462,7 +464,9 @@ class KafkaCluster:
                     f"\n--- node {n.node_id} log tail ---\n{self._tail(n, 15)}"
                     for n in self._nodes.values()
                 )
-                raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}{detail}{logs}")
+                raise ClusterError(
+                    f"timed out after {timeout:.0f}s waiting for {what}{detail}{logs}"
+                )
             time.sleep(interval)
 
     def _wait_ready(self, expected: int | None) -> None:
@@ -549,7 +553,8 @@ class KafkaCluster:
                 return [int(r) for r in p.isrs]
             return None
 
-        return self._poll_until(f"ISR of {topic}[{partition}] to reach {size or 'all'}", check, timeout)
+        what = f"ISR of {topic}[{partition}] to reach {size or 'all'}"
+        return self._poll_until(what, check, timeout)
 
     def wait_for_leader(
         self,
@@ -580,10 +585,15 @@ class KafkaCluster:
             raise ClusterError(f"preferred election on {topic!r} failed: {exc}") from exc
         for tp, err in results.items():
             if err is not None and err.code() != KafkaError.ELECTION_NOT_NEEDED:
-                raise ClusterError(f"preferred election of {tp.topic}[{tp.partition}] failed: {err}")
+                raise ClusterError(
+                    f"preferred election of {tp.topic}[{tp.partition}] failed: {err}"
+                )
 
         def done() -> bool:
-            return all(self.leader(topic, tp.partition) == self.replicas(topic, tp.partition)[0] for tp in parts)
+            return all(
+                self.leader(topic, tp.partition) == self.replicas(topic, tp.partition)[0]
+                for tp in parts
+            )
 
         self._poll_until(f"preferred leaders of {topic}", done, timeout)
 
@@ -615,7 +625,7 @@ class KafkaCluster:
     def kill(self, node_id: int) -> None:
         """SIGKILL the node: a crash, no controlled shutdown."""
         node = self._node(node_id)
-        node.expected_down = True  # type: ignore[attr-defined]
+        node.expected_down = True
         if node.process is not None and node.process.poll() is None:
             os.kill(node.process.pid, signal.SIGCONT)
             node.process.kill()
@@ -624,7 +634,7 @@ class KafkaCluster:
     def stop(self, node_id: int, *, timeout: float = 60.0) -> None:
         """SIGTERM the node: controlled shutdown moves its leaderships before it exits."""
         node = self._node(node_id)
-        node.expected_down = True  # type: ignore[attr-defined]
+        node.expected_down = True
         if node.process is not None and node.process.poll() is None:
             node.process.terminate()
             try:
@@ -638,7 +648,7 @@ class KafkaCluster:
         node = self._node(node_id)
         if node.process is not None and node.process.poll() is None:
             raise ClusterError(f"node {node_id} is already running (pid {node.process.pid})")
-        node.expected_down = False  # type: ignore[attr-defined]
+        node.expected_down = False
         self._spawn(node)
         self._poll_until(
             f"node {node_id} to register", lambda: node_id in self._metadata_brokers(), timeout
@@ -673,16 +683,20 @@ class KafkaCluster:
                         out[node_id] = int(line.split()[1]) * 1024
         return out
 
-    def heal(self, topics: Iterator[str] | list[str] = (), *, timeout: float = 120.0) -> None:
-        """Thaw and restart every node that is down, then wait for full ISRs on ``topics``."""
+    def heal(self, topics: Iterable[str] | None = None, *, timeout: float = 120.0) -> None:
+        """Thaw and restart every node that is down, then wait for full ISRs.
+
+        ``topics`` limits the ISR wait to those topics; by default every topic is awaited.
+        """
         for node in self._nodes.values():
             if node.process is not None and node.process.poll() is None:
                 os.kill(node.process.pid, signal.SIGCONT)
         for node_id in list(self._nodes):
             if not self.running(node_id):
                 self.start(node_id, timeout=timeout)
-        for topic in [*topics, _PROBE_TOPIC]:
-            md = self._admin_client().list_topics(topic=topic, timeout=10)
+        md = self._admin_client().list_topics(timeout=10)
+        names = list(md.topics) if topics is None else [*topics, _PROBE_TOPIC]
+        for topic in names:
             for p in md.topics[topic].partitions:
                 self.wait_for_isr(topic, p, timeout=timeout)
 
