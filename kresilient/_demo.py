@@ -38,7 +38,7 @@ def _read_back(bootstrap: str, expected: int) -> list[int]:
         for msg in batch:
             err = msg.error()
             if err is None:
-                seen.append(int(msg.value()))
+                seen.append(int(msg.value() or b"-1"))
             elif err.code() != KafkaError._PARTITION_EOF:
                 raise RuntimeError(f"reading back failed: {err}")
     consumer.close()
