@@ -1,0 +1,236 @@
+"""Options and input schema of the ``kresilient`` Spark sink (pure: no pyspark needed).
+
+The sink accepts what Spark's built-in Kafka sink accepts, so switching a job is
+``format("kafka")`` -> ``format("kresilient")``:
+
+* options ``kafka.bootstrap.servers`` (required), any other ``kafka.<key>`` (handed to the
+  producer without the prefix), ``topic`` (overrides a ``topic`` column), ``includeHeaders``
+  (accepted and ignored: a ``headers`` column is always written, as the built-in sink does);
+* columns ``value`` (required, string or binary), ``key`` (string or binary), ``topic``
+  (string), ``partition`` (int), ``headers`` (``array<struct<key:string,value:binary>>``) and
+  ``timestamp`` (timestamp). Other columns are ignored, as the built-in sink ignores them.
+
+kresilient's own options have no ``kafka.`` prefix: ``deadLetterTopic``, ``allowUnsafe`` and
+``guarantee``. Spark lower-cases option names; matching here is case-insensitive too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from kresilient.errors import ConfigError
+
+__all__ = [
+    "ColumnLayout",
+    "SchemaError",
+    "SinkOptions",
+    "column_layout",
+    "parse_options",
+]
+
+_KAFKA_PREFIX = "kafka."
+
+#: ``kafka.*`` keys the sink refuses, with the reason shown to the user.
+_REFUSED_KAFKA_KEYS: Mapping[str, str] = MappingProxyType(
+    {
+        "key.serializer": "the sink writes the key column's bytes; serialize in the DataFrame",
+        "value.serializer": "the sink writes the value column's bytes; serialize in the DataFrame",
+        "transactional.id": "transactions are not offered by this sink (see docs/spark.md); "
+        "it is at-least-once with an idempotent producer",
+        "on_delivery": "delivery reports are handled by the sink",
+        "error_cb": "errors are handled by the sink",
+    }
+)
+
+#: Java-client producer keys with no librdkafka twin of the same name: name the one to use.
+_JAVA_ONLY_HINTS: Mapping[str, str] = MappingProxyType(
+    {
+        "max.request.size": "kafka.message.max.bytes",
+        "buffer.memory": "kafka.queue.buffering.max.kbytes",
+        "max.block.ms": "nothing: the sink waits for queue space while polling",
+        "partitioner.class": "kafka.partitioner (a librdkafka partitioner name)",
+        "interceptor.classes": "nothing: interceptors are JVM classes",
+    }
+)
+
+#: The sink's own options (lower-cased, as Spark hands them over).
+_OWN_OPTIONS = frozenset(
+    {"topic", "includeheaders", "deadlettertopic", "allowunsafe", "guarantee", "path"}
+)
+
+#: Options Spark itself adds to a streaming query's options.
+_SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname"})
+
+GUARANTEES = ("at_least_once",)
+
+
+class SchemaError(ConfigError):
+    """The DataFrame written to the sink has a column of the wrong type, or lacks ``value``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SinkOptions:
+    """The parsed options of one write (picklable: it travels to the executors).
+
+    ``producer`` holds the ``kafka.*`` options without their prefix, as strings; kresilient's
+    safe defaults and validation are applied when the producer is built (on the driver at
+    planning time too, so a bad key fails the job before a task starts).
+    """
+
+    producer: Mapping[str, str]
+    topic: str | None = None
+    dead_letter_topic: str | None = None
+    dead_letter_enabled: bool = True
+    allow_unsafe: tuple[str, ...] = ()
+    guarantee: str = "at_least_once"
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def dead_letter_topic_for(self, topic: str | None) -> str | None:
+        """The dead-letter topic of a row aimed at ``topic`` (``None``: dead letters disabled).
+
+        An explicit ``deadLetterTopic`` wins; otherwise ``<topic>.dlq``.
+        """
+        if not self.dead_letter_enabled:
+            return None
+        if self.dead_letter_topic:
+            return self.dead_letter_topic
+        return f"{topic}.dlq" if topic else None
+
+    def __repr__(self) -> str:  # producer options may hold secrets: show only their names
+        return (
+            f"SinkOptions(topic={self.topic!r}, dead_letter_topic={self.dead_letter_topic!r}, "
+            f"guarantee={self.guarantee!r}, producer_keys={sorted(self.producer)!r})"
+        )
+
+
+def parse_options(options: Mapping[str, str]) -> SinkOptions:
+    """Parse Spark writer options into :class:`SinkOptions`, refusing what the sink cannot honour.
+
+    Raises :class:`~kresilient.ConfigError` naming the offending option.
+
+    Example::
+
+        >>> o = parse_options({"kafka.bootstrap.servers": "127.0.0.1:9092", "topic": "t"})
+        >>> o.producer["bootstrap.servers"], o.dead_letter_topic_for("t")
+        ('127.0.0.1:9092', 't.dlq')
+    """
+    producer: dict[str, str] = {}
+    extra: dict[str, str] = {}
+    lowered = {str(k).lower(): str(v) for k, v in options.items()}
+    for key, value in lowered.items():
+        if key.startswith(_KAFKA_PREFIX):
+            name = key[len(_KAFKA_PREFIX) :]
+            if name in _REFUSED_KAFKA_KEYS:
+                raise ConfigError(
+                    f"option {key!r} is not supported: {_REFUSED_KAFKA_KEYS[name]}", key=key
+                )
+            if name in _JAVA_ONLY_HINTS:
+                raise ConfigError(
+                    f"option {key!r} is a Java-client setting; the kresilient sink runs "
+                    f"librdkafka: use {_JAVA_ONLY_HINTS[name]}",
+                    key=key,
+                )
+            producer[name] = value
+        elif key not in _OWN_OPTIONS and key not in _SPARK_OPTIONS:
+            extra[key] = value
+    if extra:
+        unknown = sorted(extra)[0]
+        raise ConfigError(
+            f"unknown option {unknown!r} for the kresilient sink: producer settings take the "
+            f"'kafka.' prefix (e.g. 'kafka.{unknown}'); the sink's own options are "
+            "topic, deadLetterTopic, allowUnsafe, guarantee",
+            key=unknown,
+        )
+    if not producer.get("bootstrap.servers"):
+        raise ConfigError(
+            "option 'kafka.bootstrap.servers' is required", key="kafka.bootstrap.servers"
+        )
+    guarantee = lowered.get("guarantee", "at_least_once").strip().lower().replace("-", "_")
+    if guarantee not in GUARANTEES:
+        raise ConfigError(
+            f"option 'guarantee' must be one of {', '.join(GUARANTEES)}, not {guarantee!r} "
+            "(exactly-once is not offered: see docs/spark.md)",
+            key="guarantee",
+        )
+    dlq_raw = lowered.get("deadlettertopic")
+    dlq_enabled = dlq_raw is None or dlq_raw.strip().lower() not in ("", "none", "false")
+    return SinkOptions(
+        producer=MappingProxyType(producer),
+        topic=lowered.get("topic") or None,
+        dead_letter_topic=dlq_raw.strip() if dlq_enabled and dlq_raw else None,
+        dead_letter_enabled=dlq_enabled,
+        allow_unsafe=_split_list(lowered.get("allowunsafe", "")),
+        guarantee=guarantee,
+    )
+
+
+def _split_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+@dataclass(frozen=True, kw_only=True)
+class ColumnLayout:
+    """Where each sink column sits in the input (``None``: absent); picklable."""
+
+    value: int
+    key: int | None = None
+    topic: int | None = None
+    partition: int | None = None
+    headers: int | None = None
+    timestamp: int | None = None
+
+
+_ALLOWED_TYPES: Mapping[str, tuple[frozenset[str], str]] = MappingProxyType(
+    {
+        "value": (frozenset({"string", "binary"}), "string or binary"),
+        "key": (frozenset({"string", "binary"}), "string or binary"),
+        "topic": (frozenset({"string"}), "string"),
+        "partition": (frozenset({"int"}), "int"),
+        "headers": (
+            frozenset({"array<struct<key:string,value:binary>>"}),
+            "array<struct<key:string,value:binary>>",
+        ),
+        "timestamp": (frozenset({"timestamp", "timestamp_ntz"}), "timestamp"),
+    }
+)
+
+
+def column_layout(fields: Iterable[tuple[str, str]], *, topic_option: str | None) -> ColumnLayout:
+    """Check the input schema, given as ``(name, simpleString type)`` pairs, and locate columns.
+
+    Raises :class:`SchemaError` naming the column when ``value`` is missing, a known column has
+    the wrong type, or there is neither a ``topic`` column nor a ``topic`` option.
+
+    Example::
+
+        >>> column_layout([("key", "binary"), ("value", "string")], topic_option="t").value
+        1
+    """
+    found: dict[str, int] = {}
+    for index, (name, type_name) in enumerate(fields):
+        lowered = name.lower()
+        if lowered not in _ALLOWED_TYPES:
+            continue
+        allowed, shown = _ALLOWED_TYPES[lowered]
+        if type_name.replace(" ", "").lower() not in allowed:
+            raise SchemaError(f"column {name!r} must be {shown}, not {type_name}", key=name)
+        found[lowered] = index
+    if "value" not in found:
+        raise SchemaError(
+            "the DataFrame has no 'value' column (string or binary); the Kafka sinks require one",
+            key="value",
+        )
+    if "topic" not in found and not topic_option:
+        raise SchemaError(
+            "no topic: give the 'topic' option or a 'topic' column (string)", key="topic"
+        )
+    return ColumnLayout(
+        value=found["value"],
+        key=found.get("key"),
+        topic=found.get("topic"),
+        partition=found.get("partition"),
+        headers=found.get("headers"),
+        timestamp=found.get("timestamp"),
+    )

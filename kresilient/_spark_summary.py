@@ -1,0 +1,119 @@
+"""What a ``kresilient`` Spark write did, handed from Spark's commit step to the driver program.
+
+Spark runs a Python data source's ``commit()`` in a separate Python process on the driver host,
+so the summary cannot live in the driver program's memory: ``commit()`` writes it as JSON into a
+directory that :func:`kresilient.spark.register` created for this driver program, and
+:func:`kresilient.spark.last_write_summary` reads the newest one back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["WriteSummary", "latest_summary", "store_summary", "summarize"]
+
+_KEEP = 200
+
+
+@dataclass(frozen=True, kw_only=True)
+class WriteSummary:
+    """Counts of one committed write (a batch job, or one streaming micro-batch).
+
+    ``rows`` = ``written`` + ``dead_lettered``; only tasks whose attempt succeeded count (a
+    failed attempt's rows are re-sent by its retry, so Kafka may hold duplicates of them:
+    the sink is at-least-once).
+    """
+
+    mode: str
+    batch_id: int | None
+    topic: str | None
+    guarantee: str
+    tasks: int
+    rows: int
+    written: int
+    dead_lettered: int
+    dead_letter_reasons: Mapping[str, int] = field(default_factory=dict)
+    dead_letter_topics: tuple[str, ...] = ()
+    retried_tasks: int = 0
+    committed_at: float = 0.0
+
+    def to_json(self) -> str:
+        """Serialise (JSON object)."""
+        data = asdict(self)
+        data["dead_letter_topics"] = list(self.dead_letter_topics)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> WriteSummary:
+        """Inverse of :meth:`to_json`."""
+        data: dict[str, Any] = json.loads(text)
+        data["dead_letter_topics"] = tuple(data.get("dead_letter_topics", ()))
+        return cls(**data)
+
+
+def summarize(
+    reports: Iterable[Any],
+    *,
+    mode: str,
+    batch_id: int | None,
+    topic: str | None,
+    guarantee: str,
+) -> WriteSummary:
+    """Add up the tasks' commit messages (``TaskReport``; ``None`` entries are skipped)."""
+    tasks = rows = written = dead = retried = 0
+    reasons: dict[str, int] = {}
+    topics: set[str] = set()
+    for r in reports:
+        if r is None:
+            continue
+        tasks += 1
+        rows += r.rows
+        written += r.written
+        dead += r.dead_lettered
+        retried += 1 if r.attempt > 0 else 0
+        for name, n in r.dead_letter_reasons.items():
+            reasons[name] = reasons.get(name, 0) + n
+        topics.update(r.dead_letter_topics)
+    return WriteSummary(
+        mode=mode,
+        batch_id=batch_id,
+        topic=topic,
+        guarantee=guarantee,
+        tasks=tasks,
+        rows=rows,
+        written=written,
+        dead_lettered=dead,
+        dead_letter_reasons=reasons,
+        dead_letter_topics=tuple(sorted(topics)),
+        retried_tasks=retried,
+        committed_at=time.time(),
+    )
+
+
+def store_summary(directory: str | None, summary: WriteSummary) -> None:
+    """Write ``summary`` into ``directory`` (atomically; keeps the newest few hundred)."""
+    if not directory or not os.path.isdir(directory):
+        return
+    name = f"{time.time_ns():020d}-{os.getpid()}.json"
+    tmp = Path(directory) / f".{name}.tmp"
+    tmp.write_text(summary.to_json())
+    tmp.rename(Path(directory) / name)
+    names = sorted(p for p in os.listdir(directory) if p.endswith(".json"))
+    for old in names[:-_KEEP]:
+        (Path(directory) / old).unlink(missing_ok=True)
+
+
+def latest_summary(directory: str | None) -> WriteSummary | None:
+    """The newest summary stored in ``directory`` (``None`` when there is none)."""
+    if not directory or not os.path.isdir(directory):
+        return None
+    names = sorted(p for p in os.listdir(directory) if p.endswith(".json"))
+    if not names:
+        return None
+    return WriteSummary.from_json((Path(directory) / names[-1]).read_text())

@@ -1,0 +1,535 @@
+"""Executor side of the ``kresilient`` Spark sink: one Spark task's write, start to commit.
+
+A task turns the Arrow record batches Spark hands the Python worker into Kafka records, then
+flushes and checks every delivery report before it returns its commit message:
+
+* rows that can never be produced (too large, invalid, a ``partition`` the topic lacks, a null
+  topic) go to the dead-letter topic with kresilient's error headers, and are counted;
+* any other failure (delivery timeout, a fatal producer error, authorization, a missing topic)
+  fails the task, so Spark retries it (at-least-once: a retry re-sends the whole partition);
+* nothing is reported as written before the broker acknowledged it (acks=all, idempotent).
+
+Producers are cached per Python worker process and keyed by their configuration (Spark reuses
+workers across tasks and micro-batches); a task that fails for any reason discards its producer
+so a retry never inherits a broken one (the built-in sink's SPARK-27042).
+"""
+
+from __future__ import annotations
+
+import atexit
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException, Producer
+from opentelemetry import metrics, trace
+from pyspark.sql.datasource import WriterCommitMessage
+
+from kresilient._spark_options import ColumnLayout, SinkOptions
+from kresilient.config import producer_config
+from kresilient.errors import (
+    Action,
+    Classification,
+    DeadLetterError,
+    DeliveryError,
+    DeliveryFailure,
+    FatalProducerError,
+    KResilientError,
+    classify,
+    translate,
+)
+
+__all__ = ["TaskReport", "discard_producers", "sink_producer_config", "write_task"]
+
+_log = structlog.get_logger("kresilient.spark")
+_tracer = trace.get_tracer("kresilient.spark")
+_meter = metrics.get_meter("kresilient.spark")
+_rows_written = _meter.create_counter(
+    "kresilient.spark.rows.written", unit="{row}", description="Rows acknowledged by Kafka"
+)
+_rows_dead_lettered = _meter.create_counter(
+    "kresilient.spark.rows.dead_lettered",
+    unit="{row}",
+    description="Rows that could never be produced, written to the dead-letter topic",
+)
+
+#: Settings the sink forces whatever the options say (the guarantee depends on them).
+FORCED: Mapping[str, str] = {"acks": "all", "enable.idempotence": "true"}
+
+#: Errors that condemn one row, not the task (beyond what ``classify`` marks DEAD_LETTER): a
+#: ``partition`` column naming a partition the topic does not have is bad data in that row.
+_ROW_ERROR_NAMES = frozenset({"_UNKNOWN_PARTITION"})
+
+#: Size errors: the dead letter carries no value (it would not fit there either).
+_SIZE_ERROR_NAMES = frozenset({"MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE", "RECORD_LIST_TOO_LARGE"})
+
+_POLL_EVERY = 4096
+_MAX_CACHED = 4
+
+
+@dataclass(kw_only=True)
+class TaskReport(WriterCommitMessage):
+    """What one task attempt did; Spark pickles it back to the driver's ``commit()``."""
+
+    partition_id: int
+    attempt: int
+    batch_id: int | None
+    rows: int = 0
+    written: int = 0
+    dead_lettered: int = 0
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    dead_letter_topics: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class _Failure:
+    """A row Kafka refused: enough to dead-letter it and to say why."""
+
+    topic: str | None
+    partition: int
+    key: bytes | str | None
+    value: bytes | str | None
+    headers: list[tuple[str, bytes | None]] | None
+    timestamp: int
+    error: KafkaError
+    classification: Classification
+
+
+class _Collector:
+    """Delivery-report sink for one producer: only failures arrive (delivery.report.only.error)."""
+
+    def __init__(self) -> None:
+        self.failures: list[_Failure] = []
+        self.fatal: KafkaError | None = None
+
+    def on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.failures.append(_failure_from_report(err, msg, None))
+
+    def on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.fatal = err
+
+    def reset(self) -> None:
+        self.failures = []
+
+
+def _failure_from_report(
+    err: KafkaError, msg: Any, headers: list[tuple[str, bytes | None]] | None
+) -> _Failure:
+    ts_type, ts = msg.timestamp()
+    return _Failure(
+        topic=msg.topic(),
+        partition=msg.partition() if msg.partition() is not None else -1,
+        key=msg.key(),
+        value=msg.value(),
+        headers=headers if headers is not None else msg.headers(),
+        timestamp=ts if ts_type and ts > 0 else 0,
+        error=err,
+        classification=classify(err),
+    )
+
+
+@dataclass
+class _Entry:
+    producer: Producer
+    collector: _Collector
+
+
+_PRODUCERS: dict[tuple[tuple[str, str], ...], _Entry] = {}
+
+
+def sink_producer_config(options: SinkOptions) -> dict[str, Any]:
+    """The validated producer configuration of a write (no callbacks): safe defaults, forced
+    acks=all + idempotence, unsafe values refused (:class:`~kresilient.UnsafeConfigError`)."""
+    for name, forced in FORCED.items():
+        given = options.producer.get(name)
+        if given is not None and given.strip().lower() not in (forced, "-1"):
+            raise translate_config(name, given)
+    cfg = producer_config(dict(options.producer))
+    cfg.update(FORCED)
+    cfg["delivery.report.only.error"] = True
+    return cfg
+
+
+def translate_config(name: str, given: str) -> KResilientError:
+    from kresilient.errors import UnsafeConfigError
+
+    return UnsafeConfigError(
+        f"kafka.{name}={given} is refused: the kresilient sink forces {name}={FORCED[name]} "
+        "(its no-loss guarantee depends on it)",
+        key=f"kafka.{name}",
+        value=given,
+    )
+
+
+def _cache_key(cfg: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, str(v)) for k, v in cfg.items()))
+
+
+def _acquire(cfg: Mapping[str, Any]) -> tuple[tuple[tuple[str, str], ...], _Entry]:
+    key = _cache_key(cfg)
+    entry = _PRODUCERS.get(key)
+    if entry is None:
+        while len(_PRODUCERS) >= _MAX_CACHED:
+            _discard(next(iter(_PRODUCERS)))
+        collector = _Collector()
+        conf = dict(cfg)
+        conf["on_delivery"] = collector.on_delivery
+        conf["error_cb"] = collector.on_error
+        entry = _Entry(Producer(conf), collector)
+        _PRODUCERS[key] = entry
+    entry.collector.reset()
+    return key, entry
+
+
+def _discard(key: tuple[tuple[str, str], ...]) -> None:
+    """Drop a producer whose task failed: its queue belongs to a failed attempt."""
+    entry = _PRODUCERS.pop(key, None)
+    if entry is None:
+        return
+    try:
+        entry.producer.purge(in_queue=True, in_flight=False, blocking=False)
+        entry.producer.flush(2.0)
+    except Exception:  # best effort: the object is being thrown away
+        _log.debug("spark_producer_discard_failed", exc_info=True)
+
+
+def discard_producers() -> None:
+    """Close every cached producer of this process (called at exit; tests use it too)."""
+    for key in list(_PRODUCERS):
+        entry = _PRODUCERS.pop(key)
+        entry.producer.flush(10.0)
+
+
+atexit.register(discard_producers)
+
+
+class _TaskWriter:
+    """Produces one task's rows and dead letters; raises if anything is not acknowledged."""
+
+    def __init__(self, options: SinkOptions, layout: ColumnLayout, entry: _Entry) -> None:
+        self.options = options
+        self.layout = layout
+        self.producer = entry.producer
+        self.collector = entry.collector
+        self.rows = 0
+        self.local_failures: list[_Failure] = []
+
+    # -- produce --------------------------------------------------------------------------
+    def write_batches(self, batches: Iterable[Any]) -> None:
+        for batch in batches:
+            n = batch.num_rows
+            if n == 0:
+                continue
+            self.rows += n
+            self._write_batch(batch, n)
+            self.producer.poll(0)
+
+    def _column(self, batch: Any, index: int | None, n: int, default: Any) -> Iterable[Any]:
+        if index is None:
+            return repeat(default, n)
+        return batch.column(index).to_pylist()  # type: ignore[no-any-return]
+
+    def _write_batch(self, batch: Any, n: int) -> None:
+        lay = self.layout
+        values = batch.column(lay.value).to_pylist()
+        keys = self._column(batch, lay.key, n, None)
+        if (
+            lay.partition is None
+            and lay.headers is None
+            and lay.timestamp is None
+            and (self.options.topic or lay.topic is None)
+        ):
+            self._write_simple(str(self.options.topic), values, keys)
+            return
+        topics: Iterable[Any] = (
+            repeat(self.options.topic, n)
+            if self.options.topic
+            else batch.column(lay.topic).to_pylist()
+        )
+        partitions = self._column(batch, lay.partition, n, None)
+        headers = self._column(batch, lay.headers, n, None)
+        stamps: Iterable[Any] = repeat(0, n)
+        if lay.timestamp is not None:
+            import pyarrow as pa
+
+            col = batch.column(lay.timestamp).cast(pa.timestamp("ms")).cast(pa.int64())
+            stamps = col.to_pylist()
+        for topic, value, key, part, hdrs, ts in zip(
+            topics, values, keys, partitions, headers, stamps, strict=False
+        ):
+            h = [(x["key"], x["value"]) for x in hdrs] if hdrs else None
+            self._produce_one(topic, value, key, -1 if part is None else part, h, ts or 0)
+
+    def _write_simple(self, topic: str, values: list[Any], keys: Iterable[Any]) -> None:
+        produce = self.producer.produce
+        for value, key in zip(values, keys, strict=False):
+            try:
+                produce(topic, value, key)
+            except (BufferError, KafkaException):
+                self._produce_one(topic, value, key, -1, None, 0)
+
+    def _produce_one(
+        self,
+        topic: str | None,
+        value: Any,
+        key: Any,
+        partition: int,
+        headers: list[tuple[str, bytes | None]] | None,
+        timestamp: int,
+    ) -> None:
+        if topic is None:
+            self._invalid_row(value, key, partition, headers, timestamp, "null topic")
+            return
+        kwargs: dict[str, Any] = {"partition": partition, "timestamp": timestamp}
+        if headers is not None:
+            # Delivery reports do not carry headers: keep this row's for its dead letter.
+            kwargs["headers"] = headers
+            kwargs["on_delivery"] = _HeaderedReport(self.collector, headers)
+        while True:
+            try:
+                self.producer.produce(topic, value, key, **kwargs)
+                return
+            except BufferError:
+                self.producer.poll(0.05)  # queue full: let deliveries drain, then retry
+            except KafkaException as exc:
+                err = exc.args[0]
+                c = classify(err)
+                if not _is_row_error(c):
+                    raise translate(exc, topic=topic, operation="produce") from exc
+                self.local_failures.append(
+                    _Failure(topic, partition, key, value, headers, timestamp, err, c)
+                )
+                return
+
+    def _invalid_row(
+        self,
+        value: Any,
+        key: Any,
+        partition: int,
+        headers: list[tuple[str, bytes | None]] | None,
+        timestamp: int,
+        reason: str,
+    ) -> None:
+        err = KafkaError(KafkaError._INVALID_ARG, f"invalid row: {reason}")
+        c = classify(err)
+        self.local_failures.append(
+            _Failure(None, partition, key, value, headers, timestamp, err, _as_poison(c))
+        )
+
+    # -- check ----------------------------------------------------------------------------
+    def flush_and_check(self) -> list[_Failure]:
+        """Wait for every delivery report; return the rows to dead-letter, raise for the rest."""
+        self.producer.flush()
+        if len(self.producer):  # flush() without timeout returns only when the queue is empty
+            raise DeliveryError(f"{len(self.producer)} message(s) still queued after flush()")
+        fatal = self.collector.fatal
+        if fatal is not None:
+            raise FatalProducerError(
+                f"fatal producer error: {fatal.str()}",
+                code=fatal.code(),
+                name=fatal.name(),
+                classification=classify(fatal),
+            )
+        failures = self.local_failures + self.collector.failures
+        self.local_failures = []
+        self.collector.reset()
+        fatal_rows = [f for f in failures if not _is_row_error(f.classification)]
+        if fatal_rows:
+            raise DeliveryError(
+                failures=[_delivery_failure(f, i) for i, f in enumerate(fatal_rows)]
+            )
+        return failures
+
+    def dead_letter(self, failures: list[_Failure], attempt: int) -> dict[str, int]:
+        """Write ``failures`` to their dead-letter topics; raise unless all are acknowledged."""
+        topics: dict[str, int] = {}
+        for f in failures:
+            dlq = self.options.dead_letter_topic_for(f.topic)
+            if dlq is None:
+                raise DeliveryError(
+                    f"a row could not be produced ({f.classification.name}: "
+                    f"{f.classification.remedy}) and dead letters are disabled "
+                    "(set the 'deadLetterTopic' option)",
+                    failures=[_delivery_failure(f, 0)],
+                )
+            value = None if f.classification.name in _SIZE_ERROR_NAMES else f.value
+            headers = _dead_letter_headers(f, attempt, value_dropped=value is None)
+            while True:
+                try:
+                    self.producer.produce(dlq, value, f.key, headers=headers)  # type: ignore[arg-type]
+                    break
+                except BufferError:
+                    self.producer.poll(0.05)
+                except KafkaException as exc:
+                    raise DeadLetterError(
+                        f"could not write a dead letter to {dlq!r}: {exc.args[0].str()}",
+                        topic=dlq,
+                        classification=classify(exc.args[0]),
+                    ) from exc
+            topics[dlq] = topics.get(dlq, 0) + 1
+        self.producer.flush()
+        if self.collector.failures or self.collector.fatal is not None:
+            first = self.collector.failures[0] if self.collector.failures else None
+            c = first.classification if first else classify(self.collector.fatal)
+            raise DeadLetterError(
+                f"{len(self.collector.failures)} dead letter(s) not acknowledged by Kafka "
+                f"({c.name}: {c.remedy})",
+                topic=first.topic if first else None,
+                classification=c,
+            )
+        return topics
+
+
+class _HeaderedReport:
+    """Per-row delivery callback used only for rows with headers (reports drop headers)."""
+
+    __slots__ = ("collector", "headers")
+
+    def __init__(self, collector: _Collector, headers: list[tuple[str, bytes | None]]) -> None:
+        self.collector = collector
+        self.headers = headers
+
+    def __call__(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.collector.failures.append(_failure_from_report(err, msg, self.headers))
+
+
+def _is_row_error(c: Classification) -> bool:
+    return c.action is Action.DEAD_LETTER or c.name in _ROW_ERROR_NAMES
+
+
+def _as_poison(c: Classification) -> Classification:
+    from dataclasses import replace
+
+    from kresilient.errors import ErrorCategory
+
+    return replace(c, category=ErrorCategory.POISON, action=Action.DEAD_LETTER, retriable=False)
+
+
+def _delivery_failure(f: _Failure, index: int) -> DeliveryFailure:
+    key = f.key.encode() if isinstance(f.key, str) else f.key
+    return DeliveryFailure(
+        topic=f.topic or "",
+        partition=f.partition if f.partition >= 0 else None,
+        offset=None,
+        key=key,
+        value_size=len(f.value) if f.value is not None else 0,
+        headers=f.headers,
+        classification=f.classification,
+        error=f.error,
+        message_id=index,
+    )
+
+
+def _dead_letter_headers(
+    f: _Failure, attempt: int, *, value_dropped: bool
+) -> list[tuple[str, bytes | None]]:
+    exc = translate(f.error, topic=f.topic, operation="produce")
+    headers: list[tuple[str, bytes | None]]
+    try:
+        from kresilient.deadletter import dead_letter_headers
+    except ImportError:  # pragma: no cover - deadletter.py is written concurrently
+        headers = [
+            *(f.headers or []),
+            ("kresilient.original.topic", (f.topic or "").encode()),
+            ("kresilient.error.name", f.classification.name.encode()),
+            ("kresilient.error.category", f.classification.category.name.encode()),
+            ("kresilient.error.message", str(exc).encode()[:1000]),
+        ]
+    else:
+        headers = list(
+            dead_letter_headers(
+                f.topic or "",
+                f.partition if f.partition >= 0 else None,
+                None,
+                f.timestamp or None,
+                None,
+                exc,
+                f.classification,
+                attempt + 1,
+                original_headers=f.headers,
+            )
+        )
+    if value_dropped and f.value is not None:
+        headers.append(("kresilient.value.dropped.bytes", str(len(f.value)).encode()))
+    return headers
+
+
+def _task_context() -> tuple[int, int, int | None]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:  # called outside Spark (unit tests)
+        return 0, 0, None
+    raw = ctx.getLocalProperty("streaming.sql.batchId")
+    return ctx.partitionId(), ctx.attemptNumber(), int(raw) if raw is not None else None
+
+
+def write_task(
+    options: SinkOptions,
+    layout: ColumnLayout,
+    batches: Iterator[Any],
+    *,
+    config: Mapping[str, Any],
+    context: Callable[[], tuple[int, int, int | None]] = _task_context,
+) -> TaskReport:
+    """Write one task's Arrow batches; return its report only once all rows are acknowledged."""
+    started = time.monotonic()
+    partition_id, attempt, batch_id = context()
+    key, entry = _acquire(config)
+    attrs: dict[str, str | int] = {
+        "messaging.system": "kafka",
+        "messaging.destination.name": options.topic or "(topic column)",
+        "spark.partition.id": partition_id,
+        "spark.task.attempt": attempt,
+    }
+    if batch_id is not None:
+        attrs["spark.streaming.batch.id"] = batch_id
+    with _tracer.start_as_current_span("kresilient.spark.write_task", attributes=attrs) as span:
+        writer = _TaskWriter(options, layout, entry)
+        try:
+            writer.write_batches(batches)
+            failures = writer.flush_and_check()
+            topics = writer.dead_letter(failures, attempt) if failures else {}
+        except BaseException:
+            _discard(key)  # never hand a failed attempt's producer to the retry
+            raise
+        report = TaskReport(
+            partition_id=partition_id,
+            attempt=attempt,
+            batch_id=batch_id,
+            rows=writer.rows,
+            written=writer.rows - len(failures),
+            dead_lettered=len(failures),
+            dead_letter_reasons=_reasons(failures),
+            dead_letter_topics=sorted(topics),
+            seconds=time.monotonic() - started,
+        )
+        span.set_attribute("kresilient.spark.rows", report.rows)
+        span.set_attribute("kresilient.spark.dead_lettered", report.dead_lettered)
+    metric_attrs = {"messaging.destination.name": options.topic or "(topic column)"}
+    _rows_written.add(report.written, metric_attrs)
+    if report.dead_lettered:
+        _rows_dead_lettered.add(report.dead_lettered, metric_attrs)
+        _log.warning(
+            "spark_rows_dead_lettered",
+            partition=partition_id,
+            attempt=attempt,
+            count=report.dead_lettered,
+            reasons=report.dead_letter_reasons,
+            topics=report.dead_letter_topics,
+        )
+    return report
+
+
+def _reasons(failures: list[_Failure]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for f in failures:
+        out[f.classification.name] = out.get(f.classification.name, 0) + 1
+    return out

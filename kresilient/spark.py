@@ -1,0 +1,228 @@
+"""``kresilient``: a PySpark data source that writes DataFrames to Kafka without losing rows.
+
+A drop-in for Spark's built-in Kafka sink (same columns, same ``kafka.*`` options), written
+with PySpark's Python Data Source API (Arrow-based writers) on librdkafka::
+
+    from kresilient.spark import register, last_write_summary
+
+    register(spark)
+    (df.selectExpr("CAST(id AS STRING) AS key", "payload AS value")
+       .write.format("kresilient")                 # was: .format("kafka")
+       .option("kafka.bootstrap.servers", "broker:9092")
+       .option("topic", "orders")
+       .mode("append")
+       .save())
+    print(last_write_summary())                    # rows written / dead-lettered
+
+    (stream_df.writeStream.format("kresilient")
+       .option("kafka.bootstrap.servers", "broker:9092").option("topic", "orders")
+       .option("checkpointLocation", "/chk/orders").start())
+
+Guarantee: **at-least-once**. ``acks=all`` and idempotence are forced and unsafe settings
+refused; a task reports success only after Kafka acknowledged every row, so a job or
+micro-batch that succeeded wrote every row at least once. A retried task re-sends its
+partition (as with the built-in sink), so duplicates are possible after task retries or a
+streaming restart. Rows that can never be produced (too large, invalid) go to a dead-letter
+topic (``deadLetterTopic``, default ``<topic>.dlq``) with kresilient's error headers instead of
+failing the job; retriable failures fail the task so Spark retries it. See docs/spark.md.
+
+Importing this module needs pyspark and pyarrow (``pip install kresilient[spark]``); ``import
+kresilient`` alone never imports them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+try:
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceStreamArrowWriter,
+        WriterCommitMessage,
+    )
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "kresilient.spark needs pyspark>=4.1 and pyarrow: pip install 'kresilient[spark]'"
+    ) from exc
+
+import structlog
+from opentelemetry import trace
+
+from kresilient._spark_options import (
+    ColumnLayout,
+    SchemaError,
+    SinkOptions,
+    column_layout,
+    parse_options,
+)
+from kresilient._spark_summary import WriteSummary, latest_summary, store_summary, summarize
+from kresilient._spark_write import TaskReport, sink_producer_config, write_task
+from kresilient.errors import ConfigError
+
+__all__ = [
+    "FORMAT",
+    "KResilientDataSource",
+    "SchemaError",
+    "TaskReport",
+    "WriteSummary",
+    "last_write_summary",
+    "register",
+]
+
+FORMAT = "kresilient"
+"""The format name: ``df.write.format("kresilient")`` (Spark reserves ``kafka``)."""
+
+_log = structlog.get_logger("kresilient.spark")
+_tracer = trace.get_tracer("kresilient.spark")
+_summary_dir: str | None = None
+
+
+class _Plan:
+    """Everything a writer needs, checked on the driver before any task starts (picklable)."""
+
+    def __init__(self, options: Mapping[str, str], schema: Any, summary_dir: str | None) -> None:
+        self.options: SinkOptions = parse_options(options)
+        self.layout: ColumnLayout = column_layout(
+            [(f.name, f.dataType.simpleString()) for f in schema.fields],
+            topic_option=self.options.topic,
+        )
+        self.config: dict[str, Any] = sink_producer_config(self.options)
+        self.summary_dir = summary_dir
+
+    def write(self, iterator: Iterator[Any]) -> TaskReport:
+        return write_task(self.options, self.layout, iterator, config=self.config)
+
+    def commit(
+        self, messages: list[WriterCommitMessage | None], mode: str, batch_id: int | None
+    ) -> None:
+        attrs: dict[str, Any] = {"messaging.system": "kafka", "spark.write.mode": mode}
+        if batch_id is not None:
+            attrs["spark.streaming.batch.id"] = batch_id
+        with _tracer.start_as_current_span("kresilient.spark.write_commit", attributes=attrs) as s:
+            summary = summarize(
+                messages,
+                mode=mode,
+                batch_id=batch_id,
+                topic=self.options.topic,
+                guarantee=self.options.guarantee,
+            )
+            s.set_attribute("kresilient.spark.rows", summary.rows)
+            s.set_attribute("kresilient.spark.dead_lettered", summary.dead_lettered)
+        store_summary(self.summary_dir, summary)
+        log = _log.warning if summary.dead_lettered else _log.info
+        log(
+            "spark_write_committed",
+            mode=mode,
+            batch_id=batch_id,
+            topic=self.options.topic,
+            tasks=summary.tasks,
+            rows=summary.rows,
+            written=summary.written,
+            dead_lettered=summary.dead_lettered,
+            dead_letter_reasons=dict(summary.dead_letter_reasons),
+            dead_letter_topics=list(summary.dead_letter_topics),
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batch_id: int | None) -> None:
+        done = [m for m in messages if m is not None]
+        _log.error(
+            "spark_write_aborted",
+            batch_id=batch_id,
+            topic=self.options.topic,
+            tasks_succeeded=len(done),
+            tasks=len(messages),
+            note="rows of succeeded tasks stay in Kafka; a rerun writes them again (at-least-once)",
+        )
+
+    def __repr__(self) -> str:
+        return f"_Plan({self.options!r})"
+
+
+class _BatchWriter(DataSourceArrowWriter):
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[Any]) -> TaskReport:
+        return self.plan.write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.plan.commit(messages, "batch", None)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        self.plan.abort(messages, None)
+
+
+class _StreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[Any]) -> TaskReport:
+        return self.plan.write(iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self.plan.commit(messages, "streaming", batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        self.plan.abort(messages, batchId)
+
+
+class KResilientDataSource(DataSource):
+    """The ``kresilient`` data source (write-only). Register it with :func:`register`."""
+
+    #: Where commit() stores summaries; set on the per-driver subclass made by register().
+    summary_dir: str | None = None
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name, ``kresilient``."""
+        return FORMAT
+
+    def writer(self, schema: Any, overwrite: bool) -> _BatchWriter:
+        """The batch writer; ``mode("overwrite")`` is refused (Kafka topics are append-only)."""
+        if overwrite:
+            raise ConfigError(
+                "save mode 'overwrite' is not supported: Kafka topics are append-only; "
+                "use mode('append')",
+                key="mode",
+            )
+        return _BatchWriter(_Plan(self.options, schema, self.summary_dir))
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> _StreamWriter:
+        """The streaming writer (append, update or complete mode: every row is appended)."""
+        return _StreamWriter(_Plan(self.options, schema, self.summary_dir))
+
+
+def register(spark: Any) -> None:
+    """Register the ``kresilient`` format on ``spark`` (a ``SparkSession``).
+
+    Also creates this driver program's summary directory, read by :func:`last_write_summary`.
+    """
+    global _summary_dir
+    if _summary_dir is None:
+        _summary_dir = tempfile.mkdtemp(prefix="kresilient-spark-")
+        atexit.register(shutil.rmtree, _summary_dir, True)
+    # A subclass made here is pickled by value, so Spark's planning and commit processes see
+    # this driver's summary directory.
+    source = type(
+        "KResilientDataSourceForDriver",
+        (KResilientDataSource,),
+        {"summary_dir": _summary_dir, "__module__": __name__},
+    )
+    spark.dataSource.register(source)
+
+
+def last_write_summary() -> WriteSummary | None:
+    """The summary of the last committed write (batch job or micro-batch) of this driver.
+
+    ``None`` before the first commit. Example::
+
+        >>> s = last_write_summary()
+        >>> s.written, s.dead_lettered, dict(s.dead_letter_reasons)
+        (1000000, 2, {'MSG_SIZE_TOO_LARGE': 2})
+    """
+    return latest_summary(_summary_dir)
