@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry import metrics as otel_metrics
@@ -99,6 +100,35 @@ def _version() -> str:
         return "0"
 
 
+class _LocalCounter:
+    """A monotonic counter summed in-process and reported through an observable counter.
+
+    The SDK's synchronous ``Counter.add`` costs several microseconds per call (attribute
+    validation and hashing); per-message counts instead cost one dict lookup and an increment
+    under a lock (~0.2 us) and the SDK reads the totals at collection time. *attrs* dicts must be
+    long-lived (they are: :class:`Telemetry` caches them), because they are keyed by identity.
+    """
+
+    __slots__ = ("_lock", "_records")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[int, list[Any]] = {}
+
+    def add(self, attrs: dict[str, Any]) -> None:
+        with self._lock:
+            rec = self._records.get(id(attrs))
+            if rec is None:
+                self._records[id(attrs)] = [attrs, 1]
+            else:
+                rec[1] += 1
+
+    def observe(self, _options: otel_metrics.CallbackOptions) -> Iterable[otel_metrics.Observation]:
+        with self._lock:
+            snapshot = [(n, attrs) for attrs, n in self._records.values()]
+        return [otel_metrics.Observation(n, attrs) for n, attrs in snapshot]
+
+
 class _Instruments:
     __slots__ = (
         "consumed",
@@ -112,11 +142,15 @@ class _Instruments:
 
     def __init__(self, meter: otel_metrics.Meter) -> None:
         buckets = list(N.DURATION_BUCKETS)
-        self.sent = meter.create_counter(
-            N.METRIC_SENT_MESSAGES, "{message}", "Messages the producer attempted to send."
+        self.sent = _LocalCounter()
+        meter.create_observable_counter(
+            N.METRIC_SENT_MESSAGES, [self.sent.observe], "{message}",
+            "Messages the producer attempted to send (counted at the delivery report).",
         )
-        self.consumed = meter.create_counter(
-            N.METRIC_CONSUMED_MESSAGES, "{message}", "Messages delivered to the application."
+        self.consumed = _LocalCounter()
+        meter.create_observable_counter(
+            N.METRIC_CONSUMED_MESSAGES, [self.consumed.observe], "{message}",
+            "Messages delivered to the application.",
         )
         self.operation_duration = meter.create_histogram(
             N.METRIC_OPERATION_DURATION, "s", "Duration of a producer send (to the delivery "

@@ -338,7 +338,7 @@ class Telemetry:
         instr = self._instr
         if instr is not None:
             attrs = self._metric_attrs(token.attrs, partition, error_type)
-            instr.sent.add(1, attrs)
+            instr.sent.add(attrs)
             instr.operation_duration.record(elapsed, attrs)
 
     def _metric_attrs(
@@ -353,8 +353,8 @@ class Telemetry:
             attrs[N.MESSAGING_DESTINATION_PARTITION_ID] = str(partition)
         if error_type is not None:
             attrs[N.ERROR_TYPE] = error_type
-        if len(self._metric_cache) > 10_000:  # bounded: topics x partitions x error names
-            self._metric_cache.clear()
+        # Never evicted: bounded by topics x partitions x error names, and the in-process
+        # counters key their series by these dicts' identity.
         self._metric_cache[key] = attrs
         return attrs
 
@@ -771,7 +771,7 @@ class _ProcessScope:
         instr = self._tel._instr
         if instr is not None:
             attrs = self._tel._metric_attrs(self._base.metric, self.partition, None)
-            instr.consumed.add(1, attrs)
+            instr.consumed.add(attrs)
             if self.error_type is not None:
                 attrs = self._tel._metric_attrs(self._base.metric, self.partition, self.error_type)
             instr.process_duration.record(elapsed, attrs)
