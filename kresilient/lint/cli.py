@@ -1,0 +1,257 @@
+"""``kresilient lint`` and ``kresilient audit`` subcommands.
+
+Exit codes: 0 clean, 1 a finding at or above ``--fail-on`` (default error), 2 a usage error,
+a parse error (lint) or an unreachable cluster (audit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from collections.abc import Sequence
+
+from kresilient.errors import ConfigError
+from kresilient.lint.engine import exit_code, lint_paths
+from kresilient.lint.model import KINDS, Finding, Severity
+from kresilient.lint.output import FORMATS, render
+from kresilient.lint.registry import RULES, iter_rules
+from kresilient.lint.settings import Settings, load_settings
+
+__all__ = ["explain", "main", "register"]
+
+
+def explain(rule_id: str) -> str:
+    """The ``--explain`` text of one rule: id, name, severity, applies to, why, fix."""
+    found = RULES[rule_id.upper()]
+    kinds = ", ".join(sorted(found.kinds))
+    wrap = textwrap.TextWrapper(width=88, subsequent_indent="  ")
+    return (
+        "\n".join(
+            [
+                f"{found.id} {found.name} [{found.severity.label}] ({found.family}; {kinds})",
+                "",
+                wrap.fill(found.summary),
+                "",
+                wrap.fill(f"Why: {found.why}"),
+                "",
+                wrap.fill(f"Fix: {found.fix}"),
+                "",
+                f"Suppress: # kresilient: ignore[{found.id}] reason: <why it does not apply>",
+            ]
+        )
+        + "\n"
+    )
+
+
+def _list_rules() -> str:
+    return "".join(
+        f"{r.id}  {r.severity.label:<7}  {r.name:<36} {r.summary}\n" for r in iter_rules()
+    )
+
+
+def _severity(text: str) -> Severity:
+    try:
+        return Severity.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ids(text: str) -> tuple[str, ...]:
+    return tuple(i.strip().upper() for i in text.split(",") if i.strip())
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format", choices=sorted(FORMATS), default="text", help="output format (default: text)"
+    )
+    parser.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE")
+    parser.add_argument(
+        "--fail-on",
+        type=_severity,
+        default=None,
+        metavar="SEVERITY",
+        help="exit 1 on findings at or above: error (default), warning, info",
+    )
+    parser.add_argument(
+        "--select",
+        type=_ids,
+        default=None,
+        metavar="IDS",
+        help="comma-separated rule ids or prefixes to run",
+    )
+    parser.add_argument(
+        "--ignore",
+        type=_ids,
+        default=None,
+        metavar="IDS",
+        help="comma-separated rule ids or prefixes to skip",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="PYPROJECT",
+        help="settings file (default: nearest pyproject.toml with [tool.kresilient.lint])",
+    )
+
+
+def _settings(args: argparse.Namespace, starts: Sequence[str]) -> Settings:
+    settings = load_settings(args.config, starts=[".", *starts])
+    for ids in (args.select or ()) + (args.ignore or ()):
+        if not ids.startswith("KR") or (len(ids) == 5 and ids not in RULES):
+            raise ConfigError(f"unknown rule id or prefix {ids!r}", key="select")
+    return settings.replace(
+        fail_on=args.fail_on,
+        select=args.select,
+        ignore=args.ignore,
+        kind=getattr(args, "kind", None),
+    )
+
+
+def _emit(findings: list[Finding], args: argparse.Namespace, tool: str) -> None:
+    report = render(findings, args.format, tool)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(report)
+        if args.format != "text":
+            sys.stdout.write(render(findings, "text", tool))
+    else:
+        sys.stdout.write(report)
+
+
+def run_lint(args: argparse.Namespace) -> int:
+    """``kresilient lint``: returns the exit code."""
+    if args.list_rules:
+        sys.stdout.write(_list_rules())
+        return 0
+    if args.explain:
+        if args.explain.upper() not in RULES:
+            print(f"kresilient lint: unknown rule {args.explain!r}", file=sys.stderr)
+            return 2
+        sys.stdout.write(explain(args.explain))
+        return 0
+    paths = args.paths or ["."]
+    try:
+        settings = _settings(args, paths)
+    except ConfigError as exc:
+        print(f"kresilient lint: {exc}", file=sys.stderr)
+        return 2
+    findings = lint_paths(paths, settings)
+    _emit(findings, args, "lint")
+    return exit_code(findings, settings)
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    """``kresilient audit``: returns the exit code."""
+    from kresilient.lint.audit import AuditOptions, audit
+
+    try:
+        settings = _settings(args, [])
+        client = _client_config(args)
+    except (ConfigError, OSError) as exc:
+        print(f"kresilient audit: {exc}", file=sys.stderr)
+        return 2
+    options = AuditOptions(
+        topics=tuple(args.topic or ()),
+        groups=tuple(args.group or ()),
+        lag_threshold=args.lag_threshold
+        if args.lag_threshold is not None
+        else settings.lag_threshold,
+        include_internal=args.include_internal,
+        timeout=args.timeout,
+    )
+    findings = audit(client, options=options, settings=settings)
+    _emit(findings, args, "audit")
+    return exit_code(findings, settings)
+
+
+def _client_config(args: argparse.Namespace) -> dict[str, str]:
+    from kresilient.lint.readers import read_text
+
+    config: dict[str, str] = {}
+    if args.command_config:
+        with open(args.command_config, encoding="utf-8") as fh:
+            result = read_text(fh.read(), args.command_config, "properties", "admin")
+        if result.error:
+            raise ConfigError(
+                f"{args.command_config}:{result.error.line}: {result.error.message}", key=None
+            )
+        for unit in result.units:
+            config.update({k: e.text for k, e in unit.entries.items()})
+    for item in args.property or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"-X expects key=value, got {key!r}", key=key)
+        config[key.strip()] = value.strip()
+    config["bootstrap.servers"] = args.bootstrap_servers
+    return config
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``lint`` and ``audit`` subcommands to the ``kresilient`` CLI."""
+    lint = subparsers.add_parser(
+        "lint",
+        help="lint Kafka configs (properties, YAML, JSON, TOML, .env, Python)",
+        description="Lint Kafka client, topic and broker configs. " + __doc__.splitlines()[2]
+        if __doc__
+        else None,
+    )
+    lint.add_argument("paths", nargs="*", metavar="PATH", help="files or directories (default .)")
+    lint.add_argument("--kind", choices=KINDS, help="treat every config as this kind")
+    lint.add_argument("--explain", metavar="ID", help="explain one rule and exit")
+    lint.add_argument("--list-rules", action="store_true", help="list every rule and exit")
+    _common(lint)
+    lint.set_defaults(func=run_lint)
+
+    audit = subparsers.add_parser(
+        "audit",
+        help="audit a live cluster through the Admin API",
+        description="Audit replication, ISR, leaders, racks and consumer lag of a live cluster.",
+    )
+    audit.add_argument("--bootstrap-servers", "-b", required=True, metavar="HOSTS")
+    audit.add_argument(
+        "--command-config", metavar="FILE", help="client properties file (security settings)"
+    )
+    audit.add_argument(
+        "-X",
+        dest="property",
+        action="append",
+        metavar="KEY=VALUE",
+        help="extra client property (repeatable)",
+    )
+    audit.add_argument("--topic", action="append", metavar="NAME", help="only these topics")
+    audit.add_argument(
+        "--group",
+        action="append",
+        metavar="GROUP",
+        help="only these consumer groups (default: all)",
+    )
+    audit.add_argument(
+        "--lag-threshold",
+        type=int,
+        default=None,
+        metavar="N",
+        help="report groups lagging more than N messages per topic (default 1000)",
+    )
+    audit.add_argument(
+        "--include-internal",
+        action="store_true",
+        help="also audit internal topics (__consumer_offsets ...)",
+    )
+    audit.add_argument("--timeout", type=float, default=15.0, metavar="SECONDS")
+    _common(audit)
+    audit.set_defaults(func=run_audit)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m kresilient.lint [lint|audit] ...`` (``lint`` is the default)."""
+    parser = argparse.ArgumentParser(prog="python -m kresilient.lint")
+    sub = parser.add_subparsers(dest="command")
+    register(sub)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("lint", "audit", "-h", "--help"):
+        argv.insert(0, "lint")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return int(args.func(args))

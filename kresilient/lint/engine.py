@@ -1,0 +1,229 @@
+"""Run the rules: discover files, read them, tell kinds apart, check, suppress, sort."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Iterable, Iterator, Sequence
+
+from kresilient import _catalog as catalog
+from kresilient.lint import rules_client, rules_cluster  # noqa: F401  (register the rules)
+from kresilient.lint.model import ConfigUnit, Finding, Kind
+from kresilient.lint.readers import TOPIC_SPEC_KEYS, detect_format, read_text
+from kresilient.lint.registry import RULES, iter_rules
+from kresilient.lint.settings import Settings, Suppressions, parse_suppressions
+
+__all__ = ["detect_kind", "discover", "exit_code", "lint_paths", "lint_text"]
+
+_SKIP_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".venv",
+        "venv",
+        "node_modules",
+        "__pycache__",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".pytest_cache",
+        ".tox",
+        "build",
+        "dist",
+    }
+)
+#: Broker-only keys that settle "broker" even beside many shared keys.
+_BROKER_MARKERS = frozenset(
+    {
+        "node.id",
+        "broker.id",
+        "process.roles",
+        "log.dirs",
+        "log.dir",
+        "listeners",
+        "controller.quorum.voters",
+        "zookeeper.connect",
+    }
+)
+
+
+def detect_kind(unit: ConfigUnit) -> Kind:
+    """Tell producer, consumer, admin/client, broker and topic configs apart by their keys."""
+    keys = list(unit.entries)
+    if any(k in _BROKER_MARKERS for k in keys):
+        return "broker"
+    broker = topic = shared_bt = producer = consumer = client = 0
+    for key in keys:
+        prop = catalog.lookup(key)
+        is_broker = catalog.broker_config(key) is not None
+        is_topic = catalog.topic_config(key) is not None or key in TOPIC_SPEC_KEYS
+        if prop is not None:
+            if prop.scope == "P":
+                producer += 1
+            elif prop.scope == "C":
+                consumer += 1
+            elif not (is_broker or is_topic) or key.startswith("bootstrap"):
+                client += 1
+        elif is_broker and is_topic:
+            shared_bt += 1
+        elif is_broker:
+            broker += 1
+        elif is_topic:
+            topic += 1
+    cluster = broker + topic + shared_bt
+    if cluster > producer + consumer + client:
+        return "broker" if broker > topic else "topic"
+    if consumer > producer or (consumer == producer and "group.id" in unit.entries):
+        return "consumer" if consumer else "client"
+    if producer > 0:
+        return "producer"
+    return "client"
+
+
+def discover(paths: Sequence[str], exclude: Iterable[str] = ()) -> Iterator[str]:
+    """Files to lint: explicit files as given, directories walked for known formats."""
+    patterns = tuple(exclude)
+
+    def excluded(path: str) -> bool:
+        rel = os.path.relpath(path)
+        return any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(path, p) for p in patterns)
+
+    for path in paths:
+        if os.path.isdir(path):
+            for root, dirs, files in os.walk(path):
+                dirs[:] = sorted(
+                    d for d in dirs if d not in _SKIP_DIRS and not excluded(os.path.join(root, d))
+                )
+                for name in sorted(files):
+                    full = os.path.join(root, name)
+                    if detect_format(full) is not None and not excluded(full):
+                        yield full
+        elif not excluded(path):
+            yield path
+
+
+def _decode(data: bytes) -> tuple[str | None, Finding | None, int, int]:
+    try:
+        return data.decode("utf-8-sig"), None, 0, 0
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        return None, None, line, col
+
+
+def _unit_findings(unit: ConfigUnit, settings: Settings) -> Iterator[Finding]:
+    for found in iter_rules(scope="unit"):
+        if found.check is None or unit.kind not in found.kinds or not settings.enabled(found.id):
+            continue
+        for message, entry in found.check(unit):
+            yield Finding(
+                rule=found.id,
+                severity=settings.severity_of(found.id),
+                path=unit.path,
+                line=entry.line if entry else unit.line,
+                col=entry.col if entry else unit.col,
+                message=message,
+                key=entry.key if entry else None,
+            )
+
+
+def _parse_error(path: str, line: int, col: int, message: str) -> Finding:
+    return Finding(
+        rule="KR000",
+        severity=RULES["KR000"].severity,
+        path=path,
+        line=line,
+        col=col,
+        message=message,
+    )
+
+
+def lint_text(
+    text: str,
+    path: str,
+    settings: Settings | None = None,
+    *,
+    fmt: str | None = None,
+    units_out: list[ConfigUnit] | None = None,
+) -> list[Finding]:
+    """Lint one file's text (``fmt`` defaults to the format of ``path``'s name)."""
+    settings = settings or Settings()
+    fmt = fmt or detect_format(path, text) or "properties"
+    result = read_text(text, path, fmt, settings.kind)
+    findings: list[Finding] = []
+    if result.error is not None:
+        err = result.error
+        findings.append(_parse_error(path, err.line, err.col, err.message))
+    for unit in result.units:
+        if settings.kind is not None and unit.source != "python":
+            unit.kind, unit.kind_forced = settings.kind, True
+        elif not unit.kind_forced:
+            unit.kind = detect_kind(unit)
+        findings.extend(_unit_findings(unit, settings))
+        if units_out is not None:
+            units_out.append(unit)
+    return _apply_suppressions(findings, parse_suppressions(text), path, settings)
+
+
+def _apply_suppressions(
+    findings: list[Finding], sup: Suppressions, path: str, settings: Settings
+) -> list[Finding]:
+    kept = [f for f in findings if not sup.covers(f)]
+    if settings.enabled("KR099"):
+        for line, col, message in sup.problems:
+            kept.append(
+                Finding(
+                    rule="KR099",
+                    severity=settings.severity_of("KR099"),
+                    path=path,
+                    line=line,
+                    col=col,
+                    message=message,
+                )
+            )
+    return kept
+
+
+def lint_paths(paths: Sequence[str], settings: Settings | None = None) -> list[Finding]:
+    """Lint files and directories; findings sorted by path, line, column and rule."""
+    settings = settings or Settings()
+    findings: list[Finding] = []
+    units: list[ConfigUnit] = []
+    suppressions: dict[str, Suppressions] = {}
+    for path in discover(paths, settings.exclude):
+        display = os.path.relpath(path) if not os.path.isabs(path) else path
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            findings.append(_parse_error(display, 0, 0, f"cannot read file: {exc.strerror}"))
+            continue
+        text, _, line, col = _decode(data)
+        if text is None:
+            findings.append(_parse_error(display, line, col, "not valid UTF-8"))
+            continue
+        findings.extend(lint_text(text, display, settings, units_out=units))
+        suppressions[display] = parse_suppressions(text)
+    for found in iter_rules(scope="project"):
+        if found.project_check is None or not settings.enabled(found.id):
+            continue
+        for unit, message, entry in found.project_check(units):
+            finding = Finding(
+                rule=found.id,
+                severity=settings.severity_of(found.id),
+                path=unit.path,
+                line=entry.line if entry else unit.line,
+                col=entry.col if entry else unit.col,
+                message=message,
+                key=entry.key if entry else None,
+            )
+            if not suppressions.get(unit.path, Suppressions()).covers(finding):
+                findings.append(finding)
+    return sorted(set(findings), key=Finding.sort_key)
+
+
+def exit_code(findings: Iterable[Finding], settings: Settings) -> int:
+    """0 clean, 1 a finding at or above ``fail_on``, 2 a parse/input error."""
+    findings = list(findings)
+    if any(RULES[f.rule].input_error for f in findings):
+        return 2
+    return 1 if any(f.severity >= settings.fail_on for f in findings) else 0

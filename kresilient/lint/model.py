@@ -1,0 +1,123 @@
+"""Value types shared by the lint readers, rules, outputs and the audit."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal
+
+from kresilient import _catalog as catalog
+
+Kind = Literal["producer", "consumer", "admin", "client", "broker", "topic"]
+#: Client kinds (``client`` is a librdkafka config whose role the keys do not reveal).
+CLIENT_KINDS: frozenset[str] = frozenset({"producer", "consumer", "admin", "client"})
+KINDS: tuple[Kind, ...] = ("producer", "consumer", "admin", "client", "broker", "topic")
+REDACTED = "<redacted>"
+
+
+class Severity(enum.IntEnum):
+    """Finding severity; ordered so ``finding.severity >= fail_on`` reads naturally."""
+
+    INFO = 1
+    WARNING = 2
+    ERROR = 3
+
+    @classmethod
+    def parse(cls, text: str) -> Severity:
+        """``"error"`` / ``"warning"`` / ``"info"`` (also ``warn``, ``note``) -> Severity."""
+        key = text.strip().lower()
+        aliases = {"warn": "warning", "note": "info", "notice": "info"}
+        try:
+            return cls[aliases.get(key, key).upper()]
+        except KeyError:
+            raise ValueError(f"unknown severity {text!r} (error, warning, info)") from None
+
+    @property
+    def label(self) -> str:
+        """Lower-case name used in every output format."""
+        return self.name.lower()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Entry:
+    """One ``key = value`` of a config, with the 1-based position of its key.
+
+    ``dynamic`` marks a value the linter cannot know (a Python expression, ``${VAR}``).
+    """
+
+    key: str
+    value: object
+    line: int
+    col: int
+    dynamic: bool = False
+
+    @property
+    def text(self) -> str:
+        """The value as librdkafka would receive it ("true" for ``True``)."""
+        return catalog.to_config_string(self.value)
+
+    @property
+    def shown(self) -> str:
+        """The value safe to print: secrets are replaced by ``<redacted>``."""
+        if catalog.is_secret_key(self.key):
+            return REDACTED
+        if self.dynamic:
+            return "<dynamic>"
+        return self.text
+
+
+@dataclass(kw_only=True, slots=True)
+class ConfigUnit:
+    """One configuration: a file, a YAML mapping, a dict passed to a client constructor.
+
+    ``entries`` keep the original key spelling; ``kind`` is the detected or forced kind.
+    ``context`` carries facts from Python source (constructor name, calls seen in the file).
+    """
+
+    path: str
+    line: int
+    col: int
+    entries: dict[str, Entry]
+    kind: Kind = "client"
+    kind_forced: bool = False
+    name: str | None = None
+    source: str = "properties"
+    context: dict[str, object] = field(default_factory=dict)
+
+    def get(self, key: str) -> Entry | None:
+        """The entry for ``key`` or any librdkafka alias of it (``acks`` for
+        ``request.required.acks``); the last one set wins, as in librdkafka."""
+        entry = self.entries.get(key)
+        if entry is not None:
+            return entry
+        prop = catalog.lookup(key)
+        if prop is None or self.kind in ("broker", "topic"):
+            return None
+        names = {prop.canonical, *prop.aliases}
+        canon = catalog.lookup(prop.canonical)
+        if canon is not None:
+            names.update(canon.aliases)
+        for name in names:
+            if name in self.entries:
+                return self.entries[name]
+        return None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Finding:
+    """One problem: rule id, severity, where (1-based line/col; 0 = no position) and why.
+
+    ``message`` never contains a secret value.
+    """
+
+    rule: str
+    severity: Severity
+    path: str
+    line: int
+    col: int
+    message: str
+    key: str | None = None
+
+    def sort_key(self) -> tuple[str, int, int, str]:
+        """Stable report order: path, line, column, rule."""
+        return (self.path, self.line, self.col, self.rule)

@@ -1,0 +1,148 @@
+"""Render findings as text, JSON, SARIF 2.1.0 or GitHub workflow annotations."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kresilient.lint.model import Finding, Severity
+from kresilient.lint.registry import RULES, Rule, iter_rules
+
+__all__ = ["FORMATS", "render"]
+
+_SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+_SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
+_GITHUB_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
+
+
+def _where(f: Finding) -> str:
+    return f"{f.path}:{f.line}:{f.col}" if f.line > 0 else f.path
+
+
+def render_text(findings: Sequence[Finding], tool: str = "lint") -> str:
+    """``path:line:col: KR006 [error] message`` per finding, then a summary line."""
+    lines = [f"{_where(f)}: {f.rule} [{f.severity.label}] {f.message}" for f in findings]
+    counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
+    summary = ", ".join(f"{counts[s]} {s.label}" for s in reversed(Severity))
+    lines.append(f"kresilient {tool}: {len(findings)} finding(s) ({summary})")
+    return "\n".join(lines) + "\n"
+
+
+def render_json(findings: Sequence[Finding], tool: str = "lint") -> str:
+    """A JSON list of findings: rule, name, severity, path, line, column, message, key."""
+    return (
+        json.dumps(
+            [
+                {
+                    "rule": f.rule,
+                    "name": RULES[f.rule].name,
+                    "severity": f.severity.label,
+                    "path": f.path,
+                    "line": f.line,
+                    "column": f.col,
+                    "message": f.message,
+                    "key": f.key,
+                }
+                for f in findings
+            ],
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def _github_escape(text: str, prop: bool = False) -> str:
+    text = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return text.replace(":", "%3A").replace(",", "%2C") if prop else text
+
+
+def render_github(findings: Sequence[Finding], tool: str = "lint") -> str:
+    """GitHub Actions workflow commands (``::error file=...,line=...::message``)."""
+    out = []
+    for f in findings:
+        props = []
+        if f.line > 0:
+            props += [f"file={_github_escape(f.path, True)}", f"line={f.line}", f"col={f.col}"]
+        props.append(f"title={_github_escape(f'{f.rule} {RULES[f.rule].name}', True)}")
+        out.append(f"::{_GITHUB_LEVEL[f.severity]} {','.join(props)}::{_github_escape(f.message)}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def _sarif_rule(rule: Rule) -> dict[str, Any]:
+    return {
+        "id": rule.id,
+        "name": rule.name,
+        "shortDescription": {"text": rule.summary},
+        "fullDescription": {"text": f"{rule.summary} {rule.why}"},
+        "help": {
+            "text": rule.help_text,
+            "markdown": f"**{rule.summary}**\n\n**Why:** {rule.why}\n\n**Fix:** {rule.fix}",
+        },
+        "defaultConfiguration": {"level": _SARIF_LEVEL[rule.severity]},
+        "properties": {"tags": [rule.family], "precision": "high"},
+    }
+
+
+def _artifact(path: str) -> dict[str, str]:
+    if "://" in path:
+        return {"uri": path}
+    if os.path.isabs(path):
+        return {"uri": pathlib.Path(path).as_uri()}
+    return {"uri": pathlib.PurePath(path).as_posix(), "uriBaseId": "%SRCROOT%"}
+
+
+def render_sarif(findings: Sequence[Finding], tool: str = "lint") -> str:
+    """A SARIF 2.1.0 log with every rule's metadata and help, one result per finding."""
+    from kresilient import __version__
+
+    rules = list(iter_rules())
+    index = {r.id: i for i, r in enumerate(rules)}
+    results = []
+    for f in findings:
+        location: dict[str, Any] = {"artifactLocation": _artifact(f.path)}
+        if f.line > 0:
+            location["region"] = {"startLine": f.line, "startColumn": max(f.col, 1)}
+        result: dict[str, Any] = {
+            "ruleId": f.rule,
+            "ruleIndex": index[f.rule],
+            "level": _SARIF_LEVEL[f.severity],
+            "message": {"text": f.message},
+            "locations": [{"physicalLocation": location}],
+        }
+        if f.key:
+            result["properties"] = {"key": f.key}
+        results.append(result)
+    run: dict[str, Any] = {
+        "tool": {
+            "driver": {
+                "name": "kresilient",
+                "semanticVersion": __version__,
+                "rules": [_sarif_rule(r) for r in rules],
+            }
+        },
+        "invocations": [
+            {"executionSuccessful": not any(RULES[f.rule].input_error for f in findings)}
+        ],
+        "columnKind": "unicodeCodePoints",
+        "results": results,
+    }
+    if any("uriBaseId" in _artifact(f.path) for f in findings):
+        run["originalUriBaseIds"] = {"%SRCROOT%": {"uri": pathlib.Path.cwd().as_uri() + "/"}}
+    log = {"$schema": _SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
+    return json.dumps(log, indent=2) + "\n"
+
+
+FORMATS: dict[str, Callable[[Sequence[Finding], str], str]] = {
+    "text": render_text,
+    "json": render_json,
+    "sarif": render_sarif,
+    "github": render_github,
+}
+
+
+def render(findings: Sequence[Finding], fmt: str, tool: str = "lint") -> str:
+    """Render ``findings`` in one of :data:`FORMATS`."""
+    return FORMATS[fmt](findings, tool)

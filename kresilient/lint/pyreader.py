@@ -1,0 +1,291 @@
+"""Find Kafka client configs in Python source with :mod:`ast`, keeping real line numbers.
+
+Recognised: dict literals, names bound to dict literals (plus later ``d["k"] = v`` and
+``d.update({...})``), ``{**base, ...}``, ``dict(base, ...)`` and ``base | {...}``, passed to
+confluent-kafka ``Producer``/``Consumer``/``AdminClient`` (and the serializing / asyncio
+variants, whose keyword arguments are config too), to kresilient ``ResilientProducer``/
+``ResilientConsumer`` and to ``kresilient.config.producer_config``/``consumer_config``.
+Only names imported from ``confluent_kafka`` or ``kresilient`` count.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kresilient.lint.model import ConfigUnit, Entry, Kind
+from kresilient.lint.readers import ParseError, ReadResult
+
+__all__ = ["read_python"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Sink:
+    kind: Kind
+    kwargs_are_config: bool
+    resilient: bool
+
+
+_SINKS: dict[str, _Sink] = {
+    "Producer": _Sink("producer", True, False),
+    "SerializingProducer": _Sink("producer", True, False),
+    "AIOProducer": _Sink("producer", True, False),
+    "Consumer": _Sink("consumer", True, False),
+    "DeserializingConsumer": _Sink("consumer", True, False),
+    "AIOConsumer": _Sink("consumer", True, False),
+    "AdminClient": _Sink("admin", True, False),
+    "ResilientProducer": _Sink("producer", False, True),
+    "ResilientConsumer": _Sink("consumer", False, True),
+    "producer_config": _Sink("producer", False, True),
+    "consumer_config": _Sink("consumer", False, True),
+}
+_ROOTS = ("confluent_kafka", "kresilient")
+_CONFIG_KWARGS = ("config", "conf", "configs", "user")
+_NOT_CONFIG_KWARGS = frozenset({"allow_unsafe"})
+_MISSING = object()
+
+
+class _Unknown:
+    """Marker for a value the linter cannot evaluate statically."""
+
+
+class _Visitor(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.aliases: dict[str, str] = {}
+        self.calls: list[tuple[ast.Call, list[ast.AST]]] = []
+        self.assigns: dict[str, list[tuple[int, tuple[ast.AST, ...], ast.expr]]] = {}
+        self.mutations: dict[str, list[tuple[int, tuple[ast.AST, ...], ast.AST]]] = {}
+        self.methods: set[str] = set()
+        self.stack: list[ast.AST] = []
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if alias.name.split(".")[0] in _ROOTS:
+                self.aliases[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.module and node.module.split(".")[0] in _ROOTS:
+            for alias in node.names:
+                self.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+
+    def _scoped(self, node: ast.AST) -> None:
+        self.stack.append(node)
+        self.generic_visit(node)
+        self.stack.pop()
+
+    visit_FunctionDef = _scoped
+    visit_AsyncFunctionDef = _scoped
+    visit_ClassDef = _scoped
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            self._record_target(target, node.value, node)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if node.value is not None:
+            self._record_target(node.target, node.value, node)
+        self.generic_visit(node)
+
+    def _record_target(self, target: ast.expr, value: ast.expr, node: ast.stmt) -> None:
+        scope = tuple(self.stack)
+        if isinstance(target, ast.Name):
+            self.assigns.setdefault(target.id, []).append((node.lineno, scope, value))
+        elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+            self.mutations.setdefault(target.value.id, []).append((node.lineno, scope, node))
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            self.methods.add(func.attr)
+            if func.attr == "produce" and any(
+                k.arg in ("on_delivery", "callback") for k in node.keywords
+            ):
+                self.methods.add("produce+on_delivery")
+            if func.attr == "update" and isinstance(func.value, ast.Name):
+                self.mutations.setdefault(func.value.id, []).append(
+                    (node.lineno, tuple(self.stack), node)
+                )
+        if self._sink_name(func) is not None:
+            self.calls.append((node, list(self.stack)))
+        self.generic_visit(node)
+
+    def _sink_name(self, func: ast.expr) -> str | None:
+        dotted = _dotted(func)
+        if dotted is None:
+            return None
+        head, _, rest = dotted.partition(".")
+        qualified = self.aliases.get(head)
+        if qualified is None:
+            return None
+        full = f"{qualified}.{rest}" if rest else qualified
+        name = full.rsplit(".", 1)[-1]
+        return name if name in _SINKS and full.split(".")[0] in _ROOTS else None
+
+
+def _dotted(node: ast.expr) -> str | None:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _literal(node: ast.AST) -> object:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub)
+        and isinstance(node.operand, ast.Constant)
+        and isinstance(node.operand.value, int | float)
+    ):
+        return -node.operand.value
+    return _Unknown()
+
+
+class _Resolver:
+    """Evaluates a config expression into entries (key -> Entry), following names."""
+
+    def __init__(self, visitor: _Visitor) -> None:
+        self.v = visitor
+
+    def entries(
+        self, expr: ast.AST, line: int, scope: tuple[ast.AST, ...], depth: int = 0
+    ) -> dict[str, Entry]:
+        if depth > 8:
+            return {}
+        out: dict[str, Entry] = {}
+        if isinstance(expr, ast.Dict):
+            for key, value in zip(expr.keys, expr.values, strict=True):
+                if key is None:
+                    out.update(self.entries(value, line, scope, depth + 1))
+                elif isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    out[key.value] = self._entry(key.value, value, key)
+        elif isinstance(expr, ast.Name):
+            out.update(self._name(expr.id, line, scope, depth))
+        elif isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.BitOr):
+            out.update(self.entries(expr.left, line, scope, depth + 1))
+            out.update(self.entries(expr.right, line, scope, depth + 1))
+        elif (
+            isinstance(expr, ast.Call)
+            and isinstance(expr.func, ast.Name)
+            and (expr.func.id == "dict" or self.v.aliases.get(expr.func.id, "").endswith("_config"))
+        ):
+            for arg in expr.args[:1]:
+                out.update(self.entries(arg, line, scope, depth + 1))
+            for kw in expr.keywords:
+                if kw.arg is None:
+                    out.update(self.entries(kw.value, line, scope, depth + 1))
+                elif expr.func.id == "dict":
+                    out[kw.arg] = self._entry(kw.arg, kw.value, kw)
+        return out
+
+    @staticmethod
+    def _entry(key: str, value: ast.AST, at: ast.AST) -> Entry:
+        literal = _literal(value)
+        line = getattr(at, "lineno", 1)
+        col = getattr(at, "col_offset", 0) + 1
+        if isinstance(literal, _Unknown):
+            return Entry(key=key, value="<dynamic>", line=line, col=col, dynamic=True)
+        return Entry(key=key, value=literal, line=line, col=col)
+
+    def _name(
+        self, name: str, line: int, scope: tuple[ast.AST, ...], depth: int
+    ) -> dict[str, Entry]:
+        best: tuple[int, tuple[ast.AST, ...], ast.expr] | None = None
+        for candidate in self.v.assigns.get(name, []):
+            cline, cscope, _ = candidate
+            visible = cscope == scope[: len(cscope)]
+            if (
+                visible
+                and cline <= line
+                and (best is None or (len(cscope), cline) >= (len(best[1]), best[0]))
+            ):
+                best = candidate
+        if best is None:
+            return {}
+        out = self.entries(best[2], best[0], best[1], depth + 1)
+        for mline, mscope, node in self.v.mutations.get(name, []):
+            if not best[0] < mline <= line or mscope[: len(best[1])] != best[1]:
+                continue
+            if isinstance(node, ast.Assign):
+                target = node.targets[0]
+                if isinstance(target, ast.Subscript):
+                    key = _literal(target.slice)
+                    if isinstance(key, str):
+                        out[key] = self._entry(key, node.value, target)
+            elif isinstance(node, ast.Call):
+                for arg in node.args[:1]:
+                    out.update(self.entries(arg, mline, mscope, depth + 1))
+        return out
+
+
+def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
+    visitor = _Visitor()
+    visitor.visit(tree)
+    resolver = _Resolver(visitor)
+    for call, stack in visitor.calls:
+        sink_name = visitor._sink_name(call.func)
+        assert sink_name is not None
+        sink = _SINKS[sink_name]
+        scope = tuple(stack)
+        config_expr: ast.AST | None = call.args[0] if call.args else None
+        for kw in call.keywords:
+            if kw.arg in _CONFIG_KWARGS and config_expr is None:
+                config_expr = kw.value
+        entries: dict[str, Entry] = {}
+        if config_expr is not None:
+            entries.update(resolver.entries(config_expr, call.lineno, scope))
+        if sink.kwargs_are_config:
+            for kw in call.keywords:
+                if kw.arg is None:
+                    entries.update(resolver.entries(kw.value, call.lineno, scope))
+                elif kw.arg not in _CONFIG_KWARGS and kw.arg not in _NOT_CONFIG_KWARGS:
+                    entries[kw.arg] = resolver._entry(kw.arg, kw.value, kw)
+        where = config_expr if isinstance(config_expr, ast.Dict) else call
+        yield ConfigUnit(
+            path=path,
+            line=getattr(where, "lineno", call.lineno),
+            col=getattr(where, "col_offset", call.col_offset) + 1,
+            entries=entries,
+            kind=sink.kind,
+            kind_forced=True,
+            source="python",
+            context={
+                "constructor": sink_name,
+                "resilient": sink.resilient,
+                "config_known": config_expr is None
+                or bool(entries)
+                or isinstance(config_expr, ast.Dict),
+                "methods": frozenset(visitor.methods),
+            },
+        )
+
+
+def read_python(text: str, path: str, kind: Kind | None = None) -> ReadResult:
+    """Config units of the Kafka client constructors in Python ``text`` (``kind`` unused)."""
+    result = ReadResult()
+    if "confluent_kafka" not in text and "kresilient" not in text:
+        return result
+    try:
+        tree = ast.parse(text, filename=path)
+    except SyntaxError as exc:
+        result.error = ParseError(
+            line=exc.lineno or 1, col=max(exc.offset or 1, 1), message=f"Python: {exc.msg}"
+        )
+        return result
+    except (ValueError, RecursionError, MemoryError) as exc:
+        result.error = ParseError(line=1, col=1, message=f"Python: {type(exc).__name__}")
+        return result
+    try:
+        result.units.extend(_units(tree, path))
+    except RecursionError:
+        result.error = ParseError(line=1, col=1, message="Python: nested too deeply")
+    return result

@@ -1,0 +1,606 @@
+"""Turn config files into :class:`ConfigUnit` objects with real line and column numbers.
+
+Formats: Java ``.properties``, YAML, JSON, TOML, ``.env`` (``KAFKA_*`` variables) and Python
+source (see :mod:`kresilient.lint.pyreader`). A reader never raises on bad input: it returns a
+:class:`ParseError` with the location instead.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import re
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import yaml
+
+from kresilient import _catalog as catalog
+from kresilient.lint.model import ConfigUnit, Entry, Kind
+
+__all__ = ["ParseError", "ReadResult", "detect_format", "read_text"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParseError:
+    """Where and why a file could not be parsed (no file content in ``message``)."""
+
+    line: int
+    col: int
+    message: str
+
+
+@dataclass(kw_only=True, slots=True)
+class ReadResult:
+    """What a reader found: config units, and a parse error if the file is malformed."""
+
+    units: list[ConfigUnit] = field(default_factory=list)
+    error: ParseError | None = None
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+#: Section names that say which kind of config a nested mapping holds.
+SECTION_HINTS: dict[str, Kind] = {
+    "producer": "producer",
+    "producers": "producer",
+    "producer_config": "producer",
+    "consumer": "consumer",
+    "consumers": "consumer",
+    "consumer_config": "consumer",
+    "admin": "admin",
+    "admin_client": "admin",
+    "broker": "broker",
+    "brokers": "broker",
+    "server": "broker",
+    "topic": "topic",
+    "topics": "topic",
+}
+#: Keys of topic specs (topic-as-code files) that are not topic configs.
+TOPIC_SPEC_KEYS = frozenset(
+    {"name", "partitions", "replication.factor", "replicas", "num.partitions"}
+)
+_SPEC_ALIASES = {
+    "replicationFactor": "replication.factor",
+    "replication_factor": "replication.factor",
+    "numPartitions": "partitions",
+    "num_partitions": "partitions",
+}
+_TOPIC_CONFIG_CHILDREN = frozenset({"config", "configs", "spec", "settings"})
+_PLACEHOLDER = re.compile(r"^\s*(\$\{[^}]*\}|\$[A-Za-z_]\w*|\{\{.*\}\}|%\([^)]*\)s)\s*$")
+_ENV_KEY = re.compile(r"^KAFKA_[A-Z0-9_]+$")
+_ENV_ROLE = {"PRODUCER_": "producer", "CONSUMER_": "consumer", "ADMIN_": "admin"}
+
+
+def is_known_key(name: str) -> bool:
+    """True for any client property, broker or topic key (or topic-spec key)."""
+    return (
+        catalog.lookup(name) is not None
+        or catalog.broker_config(name) is not None
+        or catalog.topic_config(name) is not None
+        or name in TOPIC_SPEC_KEYS
+    )
+
+
+def env_to_key(name: str) -> tuple[str, Kind | None]:
+    """``KAFKA_PRODUCER_ENABLE_IDEMPOTENCE`` -> (``enable.idempotence``, ``producer``).
+
+    The Apache Kafka image convention: ``_`` -> ``.``, ``__`` -> ``_``, ``___`` -> ``-``.
+    """
+    rest = name[len("KAFKA_") :]
+    role: Kind | None = None
+    for prefix, kind in _ENV_ROLE.items():
+        if rest.startswith(prefix):
+            rest, role = rest[len(prefix) :], kind  # type: ignore[assignment]
+            break
+    key = rest.replace("___", "\0").replace("__", "\1").replace("_", ".")
+    return key.replace("\0", "-").replace("\1", "_").lower(), role
+
+
+def _entry(key: str, value: object, line: int, col: int) -> Entry:
+    dynamic = isinstance(value, str) and bool(_PLACEHOLDER.match(value))
+    return Entry(key=key, value=value, line=line, col=col, dynamic=dynamic)
+
+
+def looks_like_kafka(entries: dict[str, Entry], hinted: bool) -> bool:
+    """Decide whether a mapping is a Kafka config worth linting (avoids linting every YAML)."""
+    if not entries:
+        return False
+    known = sum(1 for k in entries if is_known_key(k))
+    if hinted:
+        return known >= 1
+    return (known >= 2 and known * 2 >= len(entries)) or (known >= 1 and len(entries) == known)
+
+
+# ----------------------------------------------------------------------------- positional tree
+
+
+@dataclass(slots=True)
+class _Node:
+    """A parsed value with the position of its start; maps keep key positions."""
+
+    line: int
+    col: int
+    scalar: object = None
+    mapping: list[tuple[str, int, int, _Node]] | None = None
+    sequence: list[_Node] | None = None
+
+
+def _scalar_text(node: _Node) -> object | None:
+    """A scalar, or a list of scalars joined with commas (``["a", "b"]`` -> ``"a,b"``)."""
+    if node.mapping is None and node.sequence is None:
+        return node.scalar
+    if node.sequence is not None and all(
+        n.mapping is None and n.sequence is None for n in node.sequence
+    ):
+        return ",".join(catalog.to_config_string(n.scalar) for n in node.sequence)
+    return None
+
+
+def _flatten(prefix: str, node: _Node) -> Iterator[tuple[str, int, int, object]]:
+    assert node.mapping is not None
+    for key, line, col, child in node.mapping:
+        name = f"{prefix}.{key}"
+        value = _scalar_text(child)
+        if value is not None or (child.mapping is None and child.sequence is None):
+            yield name, line, col, value
+        elif child.mapping is not None:
+            yield from _flatten(name, child)
+
+
+def _walk(
+    node: _Node, path: str, hint: Kind | None, label: str | None, out: list[ConfigUnit]
+) -> None:
+    if node.sequence is not None:
+        for child in node.sequence:
+            _walk(child, path, hint, label, out)
+        return
+    if node.mapping is None:
+        return
+    entries: dict[str, Entry] = {}
+    children: list[tuple[str, _Node]] = []
+    for key, line, col, child in node.mapping:
+        value = _scalar_text(child)
+        env_role: Kind | None = None
+        if _ENV_KEY.match(key):
+            key, env_role = env_to_key(key)
+            hint = hint or env_role
+        if hint == "topic":
+            key = _SPEC_ALIASES.get(key, key)
+        if value is not None or (child.mapping is None and child.sequence is None):
+            entries[key] = _entry(key, value, line, col)
+            continue
+        if child.mapping is not None:
+            if hint == "topic" and key in _TOPIC_CONFIG_CHILDREN:
+                for sub, sline, scol, sval in _flatten("", child):
+                    name = _SPEC_ALIASES.get(sub[1:], sub[1:])
+                    entries[name] = _entry(name, sval, sline, scol)
+                continue
+            flat = list(_flatten(key, child))
+            if key.lower() not in SECTION_HINTS and any(is_known_key(f[0]) for f in flat):
+                for name, fline, fcol, fval in flat:
+                    entries[name] = _entry(name, fval, fline, fcol)
+                continue
+        children.append((key, child))
+    if looks_like_kafka(entries, hint is not None):
+        unit_name: str | None = (
+            entries["name"].text if hint == "topic" and "name" in entries else label
+        )
+        out.append(
+            ConfigUnit(
+                path=path,
+                line=node.line,
+                col=node.col,
+                entries=entries,
+                name=unit_name,
+                kind=hint or "client",
+                kind_forced=hint is not None,
+                source="tree",
+            )
+        )
+    for key, child in children:
+        child_hint = SECTION_HINTS.get(key.lower(), hint)
+        child_label = key if hint == "topic" and key.lower() not in SECTION_HINTS else label
+        _walk(child, path, child_hint, child_label, out)
+
+
+# ----------------------------------------------------------------------------- YAML
+
+
+def _yaml_node(node: yaml.Node, loader: yaml.SafeLoader) -> _Node:
+    mark = node.start_mark
+    out = _Node(line=mark.line + 1, col=mark.column + 1)
+    if isinstance(node, yaml.MappingNode):
+        items: list[tuple[str, int, int, _Node]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                merged = _yaml_node(value_node, loader)
+                items.extend(merged.mapping or [])
+                continue
+            key = loader.construct_object(key_node)
+            kmark = key_node.start_mark
+            items.append(
+                (str(key), kmark.line + 1, kmark.column + 1, _yaml_node(value_node, loader))
+            )
+        out.mapping = items
+    elif isinstance(node, yaml.SequenceNode):
+        out.sequence = [_yaml_node(n, loader) for n in node.value]
+    else:
+        out.scalar = loader.construct_object(node)
+    return out
+
+
+def _read_yaml(text: str, path: str, kind: Kind | None) -> ReadResult:
+    result = ReadResult()
+    loader_cls: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        docs = list(yaml.compose_all(text, Loader=loader_cls))
+        constructor = yaml.SafeLoader("")
+        for doc in docs:
+            if doc is not None:
+                _walk(_yaml_node(doc, constructor), path, kind, None, result.units)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        result.error = ParseError(line=line, col=col, message=f"YAML: {exc.problem or exc}")
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
+        result.error = ParseError(line=1, col=1, message=f"YAML: {type(exc).__name__}")
+    return result
+
+
+# ----------------------------------------------------------------------------- JSON
+
+
+class _JsonPositions:
+    """A tiny JSON parser that keeps positions (the input is already validated by json)."""
+
+    _WS = re.compile(r"[ \t\n\r]*")
+    _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+    _OTHER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null|NaN|-?Infinity")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.starts = [0] + [m.end() for m in re.finditer(r"\n", text)]
+
+    def pos(self, index: int) -> tuple[int, int]:
+        line = bisect.bisect_right(self.starts, index)
+        return line, index - self.starts[line - 1] + 1
+
+    def skip(self, i: int) -> int:
+        m = self._WS.match(self.text, i)
+        return m.end() if m else i
+
+    def parse(self, i: int) -> tuple[_Node, int]:
+        i = self.skip(i)
+        line, col = self.pos(i)
+        char = self.text[i]
+        if char == "{":
+            items: list[tuple[str, int, int, _Node]] = []
+            i = self.skip(i + 1)
+            while self.text[i] != "}":
+                m = self._STRING.match(self.text, i)
+                assert m is not None
+                kline, kcol = self.pos(i)
+                i = self.skip(m.end()) + 1  # the ':'
+                child, i = self.parse(i)
+                items.append((json.loads(m.group()), kline, kcol, child))
+                i = self.skip(i)
+                if self.text[i] == ",":
+                    i = self.skip(i + 1)
+            return _Node(line=line, col=col, mapping=items), i + 1
+        if char == "[":
+            seq: list[_Node] = []
+            i = self.skip(i + 1)
+            while self.text[i] != "]":
+                child, i = self.parse(i)
+                seq.append(child)
+                i = self.skip(i)
+                if self.text[i] == ",":
+                    i = self.skip(i + 1)
+            return _Node(line=line, col=col, sequence=seq), i + 1
+        m = self._STRING.match(self.text, i) or self._OTHER.match(self.text, i)
+        assert m is not None
+        return _Node(line=line, col=col, scalar=json.loads(m.group())), m.end()
+
+
+def _read_json(text: str, path: str, kind: Kind | None) -> ReadResult:
+    result = ReadResult()
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        result.error = ParseError(line=exc.lineno, col=exc.colno, message=f"JSON: {exc.msg}")
+        return result
+    except (RecursionError, ValueError) as exc:
+        result.error = ParseError(line=1, col=1, message=f"JSON: {type(exc).__name__}")
+        return result
+    try:
+        node, _ = _JsonPositions(text).parse(0)
+    except RecursionError:
+        result.error = ParseError(line=1, col=1, message="JSON: nested too deeply")
+        return result
+    _walk(node, path, kind, None, result.units)
+    return result
+
+
+# ----------------------------------------------------------------------------- TOML
+
+_TOML_HEADER = re.compile(r"^\s*\[(\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+_TOML_KEY = re.compile(
+    r"""^\s*((?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')"""
+    + r"""(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'))*)\s*="""
+)
+_TOML_PART = re.compile(r"""[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'""")
+
+
+def _toml_parts(expr: str) -> list[str]:
+    parts = []
+    for token in _TOML_PART.findall(expr):
+        if token.startswith('"'):
+            parts.append(json.loads(token))
+        elif token.startswith("'"):
+            parts.append(token[1:-1])
+        else:
+            parts.append(token)
+    return parts
+
+
+def _toml_positions(text: str) -> dict[tuple[object, ...], tuple[int, int]]:
+    positions: dict[tuple[object, ...], tuple[int, int]] = {}
+    table: tuple[object, ...] = ()
+    array_counts: dict[tuple[object, ...], int] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _TOML_HEADER.match(line)
+        if header:
+            parts = tuple(_toml_parts(header.group(2)))
+            if header.group(1):
+                index = array_counts.get(parts, -1) + 1
+                array_counts[parts] = index
+                table = (*parts, index)
+            else:
+                table = parts
+            positions.setdefault(table, (number, line.index("[") + 1))
+            continue
+        key = _TOML_KEY.match(line)
+        if key:
+            col = len(line) - len(line.lstrip()) + 1
+            positions.setdefault((*table, *_toml_parts(key.group(1))), (number, col))
+    return positions
+
+
+def _toml_node(
+    value: object,
+    path: tuple[object, ...],
+    pos: dict[tuple[object, ...], tuple[int, int]],
+    default: tuple[int, int],
+) -> _Node:
+    line, col = pos.get(path, default)
+    if isinstance(value, dict):
+        items = []
+        for key, child in value.items():
+            kline, kcol = pos.get((*path, key), (line, col))
+            items.append(
+                (str(key), kline, kcol, _toml_node(child, (*path, key), pos, (kline, kcol)))
+            )
+        return _Node(line=line, col=col, mapping=items)
+    if isinstance(value, list):
+        seq = [_toml_node(v, (*path, i), pos, (line, col)) for i, v in enumerate(value)]
+        return _Node(line=line, col=col, sequence=seq)
+    return _Node(line=line, col=col, scalar=value)
+
+
+def _read_toml(text: str, path: str, kind: Kind | None) -> ReadResult:
+    result = ReadResult()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        line, col = (int(match.group(1)), int(match.group(2))) if match else (1, 1)
+        message = re.sub(r"\s*\(at .*\)$", "", str(exc))
+        result.error = ParseError(line=line, col=col, message=f"TOML: {message}")
+        return result
+    except (RecursionError, ValueError) as exc:
+        result.error = ParseError(line=1, col=1, message=f"TOML: {type(exc).__name__}")
+        return result
+    if "tool" in data and isinstance(data["tool"], dict):
+        data["tool"].pop("kresilient", None)  # our own settings are not a Kafka config
+    _walk(_toml_node(data, (), _toml_positions(text), (1, 1)), path, kind, None, result.units)
+    return result
+
+
+# ----------------------------------------------------------------------------- .properties
+
+_UNICODE_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _unescape_properties(raw: str, line: int) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(raw):
+        char = raw[i]
+        if char != "\\" or i + 1 >= len(raw):
+            out.append(char)
+            i += 1
+            continue
+        nxt = raw[i + 1]
+        if nxt == "u":
+            m = _UNICODE_ESCAPE.match(raw, i)
+            if not m:
+                raise _PropertiesError(line, i + 1, "malformed \\uxxxx escape")
+            out.append(chr(int(m.group(1), 16)))
+            i = m.end()
+            continue
+        out.append(_ESCAPES.get(nxt, nxt))
+        i += 2
+    return "".join(out)
+
+
+class _PropertiesError(Exception):
+    def __init__(self, line: int, col: int, message: str) -> None:
+        super().__init__(message)
+        self.line, self.col, self.message = line, col, message
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, int, str]]:
+    """(line, column of the first character, logical line) with ``\\`` continuations joined."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        start, raw = i + 1, lines[i]
+        stripped = raw.lstrip(" \t\f")
+        col = len(raw) - len(stripped) + 1
+        i += 1
+        if not stripped or stripped[0] in "#!":
+            continue
+        logical = stripped
+        while (len(logical) - len(logical.rstrip("\\"))) % 2 == 1:
+            logical = logical[:-1]
+            if i >= len(lines):
+                break
+            logical += lines[i].lstrip(" \t\f")
+            i += 1
+        yield start, col, logical
+
+
+def _split_property(logical: str) -> tuple[str, str]:
+    i = 0
+    while i < len(logical):
+        char = logical[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char in "=: \t\f":
+            key = logical[:i]
+            rest = logical[i:].lstrip(" \t\f")
+            if char in " \t\f" and rest[:1] in ("=", ":"):
+                rest = rest[1:].lstrip(" \t\f")
+            elif char in "=:":
+                rest = logical[i + 1 :].lstrip(" \t\f")
+            return key, rest
+        i += 1
+    return logical, ""
+
+
+def _read_properties(text: str, path: str, kind: Kind | None) -> ReadResult:
+    result = ReadResult()
+    entries: dict[str, Entry] = {}
+    try:
+        for line, col, logical in _logical_lines(text):
+            raw_key, raw_value = _split_property(logical)
+            key = _unescape_properties(raw_key, line)
+            entries[key] = _entry(key, _unescape_properties(raw_value, line), line, col)
+    except _PropertiesError as exc:
+        result.error = ParseError(line=exc.line, col=exc.col, message=exc.message)
+        return result
+    if kind is not None or looks_like_kafka(entries, False):
+        result.units.append(
+            ConfigUnit(
+                path=path,
+                line=1,
+                col=1,
+                entries=entries,
+                kind=kind or "client",
+                kind_forced=kind is not None,
+                source="properties",
+            )
+        )
+    return result
+
+
+# ----------------------------------------------------------------------------- .env
+
+_ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_.]*)\s*=\s*(.*)$")
+
+
+def _env_value(raw: str) -> str:
+    raw = raw.strip()
+    if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
+        inner = raw[1:-1]
+        return inner.replace('\\"', '"') if raw[0] == '"' else inner
+    return re.sub(r"\s+#.*$", "", raw)
+
+
+def _read_env(text: str, path: str, kind: Kind | None) -> ReadResult:
+    result = ReadResult()
+    entries: dict[str, Entry] = {}
+    roles: set[Kind] = set()
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        m = _ENV_LINE.match(line)
+        if not m:
+            result.error = ParseError(
+                line=number,
+                col=len(line) - len(line.lstrip()) + 1,
+                message="not a NAME=value line",
+            )
+            return result
+        if not _ENV_KEY.match(m.group(1)):
+            continue
+        key, role = env_to_key(m.group(1))
+        if role:
+            roles.add(role)
+        entries[key] = _entry(key, _env_value(m.group(2)), number, m.start(1) + 1)
+    hint = kind or (roles.pop() if len(roles) == 1 else None)
+    if entries:
+        result.units.append(
+            ConfigUnit(
+                path=path,
+                line=1,
+                col=1,
+                entries=entries,
+                kind=hint or "client",
+                kind_forced=hint is not None,
+                source="env",
+            )
+        )
+    return result
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+Reader = Callable[[str, str, "Kind | None"], ReadResult]
+_EXTENSIONS: dict[str, str] = {
+    ".properties": "properties",
+    ".conf": "properties",
+    ".cfg": "properties",
+    ".yaml": "yaml",
+    ".yml": "yaml",
+    ".json": "json",
+    ".toml": "toml",
+    ".env": "env",
+    ".py": "python",
+    ".pyi": "python",
+}
+
+
+def detect_format(path: str, text: str | None = None) -> str | None:
+    """The format of ``path`` from its name (``.env.prod`` and ``prod.env`` are env files)."""
+    base = os.path.basename(path)
+    if base == ".env" or base.startswith(".env.") or base.endswith(".env"):
+        return "env"
+    ext = os.path.splitext(base)[1].lower()
+    if ext in _EXTENSIONS:
+        return _EXTENSIONS[ext]
+    if text is not None:
+        head = text.lstrip()[:1]
+        return "json" if head in ("{", "[") else "properties"
+    return None
+
+
+def read_text(text: str, path: str, fmt: str, kind: Kind | None = None) -> ReadResult:
+    """Parse ``text`` (the content of ``path``) in format ``fmt``; never raises on bad input."""
+    from kresilient.lint.pyreader import read_python
+
+    readers: dict[str, Reader] = {
+        "properties": _read_properties,
+        "yaml": _read_yaml,
+        "json": _read_json,
+        "toml": _read_toml,
+        "env": _read_env,
+        "python": read_python,
+    }
+    return readers[fmt](text, path, kind)

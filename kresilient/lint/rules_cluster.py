@@ -1,0 +1,488 @@
+"""Security, topic and broker durability, message size, cross-config, meta and audit rules."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+from kresilient.lint.model import ConfigUnit, Entry, Severity
+from kresilient.lint.registry import (
+    Hit,
+    Rule,
+    effective,
+    explicit,
+    fmt,
+    is_client,
+    number,
+    project_rule,
+    register,
+    rule,
+    truthy,
+)
+
+E, W, N = Severity.ERROR, Severity.WARNING, Severity.INFO
+CLIENTS = ("producer", "consumer", "admin", "client")
+ALL = (*CLIENTS, "broker", "topic")
+_JAAS_PASSWORD = re.compile(r"password\s*=\s*\"?([^\";\s]*)", re.IGNORECASE)
+
+
+@rule(
+    "KR034",
+    "tls-verification-off",
+    E,
+    (*CLIENTS, "broker"),
+    "security",
+    summary="TLS certificate or hostname verification disabled.",
+    why="enable.ssl.certificate.verification=false or ssl.endpoint.identification.algorithm="
+    "none (empty on brokers) lets anyone in the network path impersonate a broker: "
+    "credentials and data can be intercepted (man in the middle).",
+    fix="Keep verification on and fix the trust store (ssl.ca.location) or the "
+    "certificate's subject alternative names instead.",
+)
+def _tls_off(unit: ConfigUnit) -> Iterator[Hit]:
+    verify = explicit(unit, "enable.ssl.certificate.verification")
+    if verify and truthy(unit, "enable.ssl.certificate.verification") is False:
+        yield (
+            "enable.ssl.certificate.verification=false: broker certificates are not checked",
+            verify,
+        )
+    ident = unit.entries.get("ssl.endpoint.identification.algorithm")
+    if ident is not None and not ident.dynamic:
+        off = (
+            ident.text.strip().lower() in ("none", "")
+            if unit.kind == "broker"
+            else (ident.text.strip().lower() == "none")
+        )
+        if off:
+            yield (
+                f"ssl.endpoint.identification.algorithm={ident.text or '(empty)'}: "
+                "broker hostnames are not verified",
+                ident,
+            )
+
+
+@rule(
+    "KR035",
+    "sasl-without-sasl-protocol",
+    E,
+    CLIENTS,
+    "security",
+    summary="sasl.* settings without a SASL security.protocol.",
+    why="With security.protocol plaintext or ssl the SASL settings are ignored "
+    "(rd_kafka_conf_warn): authentication you configured never happens.",
+    fix="Set security.protocol=sasl_ssl.",
+)
+def _sasl_unused(unit: ConfigUnit) -> Iterator[Hit]:
+    protocol = effective(unit, "security.protocol")
+    if protocol is None or protocol.startswith("sasl"):
+        return
+    for key, entry in unit.entries.items():
+        if key.startswith("sasl."):
+            yield f"{key} is set but security.protocol={protocol} does not use SASL", entry
+            return
+
+
+@rule(
+    "KR040",
+    "sasl-over-plaintext",
+    E,
+    (*CLIENTS, "broker"),
+    "security",
+    summary="SASL over an unencrypted connection (SASL_PLAINTEXT).",
+    why="Credentials (PLAIN sends the password as is) and all data cross the network unencrypted.",
+    fix="Use SASL_SSL.",
+)
+def _sasl_plaintext(unit: ConfigUnit) -> Iterator[Hit]:
+    if is_client(unit):
+        entry = explicit(unit, "security.protocol")
+        if entry and entry.text.lower() == "sasl_plaintext":
+            yield "security.protocol=sasl_plaintext: credentials and data are not encrypted", entry
+        return
+    for key in (
+        "listeners",
+        "advertised.listeners",
+        "listener.security.protocol.map",
+        "security.inter.broker.protocol",
+    ):
+        entry = explicit(unit, key)
+        if entry and "sasl_plaintext" in entry.text.lower():
+            yield f"{key} uses SASL_PLAINTEXT: credentials and data are not encrypted", entry
+
+
+@rule(
+    "KR041",
+    "credential-in-file",
+    E,
+    ALL,
+    "security",
+    summary="A password, secret or private key written literally in a config file or source.",
+    why="Files in a repository are copied, logged and read widely; a committed secret "
+    "must be considered leaked. (The value is never printed by kresilient.)",
+    fix="Load it at run time (environment variable, secret manager, ${file:...} config "
+    "provider) and rotate the exposed credential.",
+)
+def _credential(unit: ConfigUnit) -> Iterator[Hit]:
+    from kresilient import _catalog as catalog
+
+    for key, entry in unit.entries.items():
+        if entry.dynamic or entry.value is None or not catalog.is_secret_key(key):
+            continue
+        text = entry.text.strip()
+        if not text or text.lower() in ("<redacted>", "changeme", "xxx", "***"):
+            continue
+        if key.endswith("jaas.config"):
+            match = _JAAS_PASSWORD.search(text)
+            if not match or not match.group(1) or match.group(1).startswith("${"):
+                continue
+        if key.endswith((".location", ".file")):
+            continue  # a path to the secret, not the secret
+        yield f"{key} holds a literal credential (value not shown)", entry
+
+
+@rule(
+    "KR042",
+    "replication-factor-low",
+    E,
+    ("topic", "broker"),
+    "topic durability",
+    summary="Replication factor below 3.",
+    why="With 2 replicas one broker down leaves no redundancy (and with "
+    "min.insync.replicas=2, no writes); with 1 a broker loss loses data.",
+    fix="Use replication factor 3 (default.replication.factor=3 on brokers).",
+)
+def _rf(unit: ConfigUnit) -> Iterator[Hit]:
+    keys = (
+        ("replication.factor",)
+        if unit.kind == "topic"
+        else (
+            "default.replication.factor",
+            "offsets.topic.replication.factor",
+            "transaction.state.log.replication.factor",
+        )
+    )
+    for key in keys:
+        value = number(unit, key)
+        if value is not None and 0 < value < 3:
+            entry = explicit(unit, key)
+            shown = f"{key}={fmt(value)}" + ("" if entry else " (the default)")
+            yield f"{shown}: below 3 replicas", entry
+
+
+@rule(
+    "KR043",
+    "min-isr-low",
+    E,
+    ("topic", "broker"),
+    "topic durability",
+    summary="min.insync.replicas below 2.",
+    why="acks=all then succeeds with only the leader holding the write: a leader crash "
+    "loses acknowledged data.",
+    fix="Set min.insync.replicas=2 (with replication factor 3).",
+)
+def _min_isr(unit: ConfigUnit) -> Iterator[Hit]:
+    keys = (
+        ("min.insync.replicas",)
+        if unit.kind == "topic"
+        else ("min.insync.replicas", "transaction.state.log.min.isr")
+    )
+    for key in keys:
+        value = number(unit, key)
+        if value is not None and value < 2:
+            entry = explicit(unit, key)
+            shown = f"{key}={fmt(value)}" + ("" if entry else " (the default)")
+            yield f"{shown}: acknowledged writes may live on one broker only", entry
+
+
+@rule(
+    "KR044",
+    "min-isr-not-below-rf",
+    E,
+    ("topic", "broker"),
+    "topic durability",
+    summary="min.insync.replicas not below the replication factor.",
+    why="Any single broker restart then blocks every acks=all write with "
+    "NOT_ENOUGH_REPLICAS until it is back.",
+    fix="Keep min.insync.replicas = replication factor - 1 (2 of 3).",
+)
+def _min_isr_rf(unit: ConfigUnit) -> Iterator[Hit]:
+    rf_key = "replication.factor" if unit.kind == "topic" else "default.replication.factor"
+    rf, isr = number(unit, rf_key), number(unit, "min.insync.replicas")
+    entry = explicit(unit, "min.insync.replicas", rf_key)
+    if entry and rf is not None and isr is not None and isr >= 2 and isr >= rf:
+        yield (
+            f"min.insync.replicas={fmt(isr)} is not below {rf_key}={fmt(rf)}: one broker "
+            "down stops writes",
+            entry,
+        )
+
+
+@rule(
+    "KR045",
+    "unclean-leader-election",
+    E,
+    ("topic", "broker"),
+    "topic durability",
+    summary="unclean.leader.election.enable=true.",
+    why="An out-of-sync replica may become leader and truncate acknowledged messages.",
+    fix="Set unclean.leader.election.enable=false (the default) and restore availability "
+    "by bringing in-sync replicas back.",
+)
+def _unclean(unit: ConfigUnit) -> Iterator[Hit]:
+    entry = explicit(unit, "unclean.leader.election.enable")
+    if entry and truthy(unit, "unclean.leader.election.enable"):
+        yield "unclean.leader.election.enable=true: acknowledged data can be lost", entry
+
+
+@rule(
+    "KR046",
+    "auto-leader-rebalance-off",
+    W,
+    ("broker",),
+    "topic durability",
+    summary="auto.leader.rebalance.enable=false.",
+    why="After a broker restart leadership stays on the survivors: load concentrates on "
+    "a few brokers until someone runs a preferred election.",
+    fix="Leave auto.leader.rebalance.enable=true, or schedule preferred leader elections.",
+)
+def _rebalance_off(unit: ConfigUnit) -> Iterator[Hit]:
+    entry = explicit(unit, "auto.leader.rebalance.enable")
+    if entry and truthy(unit, "auto.leader.rebalance.enable") is False:
+        yield "auto.leader.rebalance.enable=false: leaders are not moved back", entry
+
+
+@rule(
+    "KR047",
+    "no-broker-rack",
+    W,
+    ("broker",),
+    "topic durability",
+    summary="Broker without broker.rack.",
+    why="Without racks Kafka may place all replicas of a partition in one zone: a zone "
+    "outage then takes the partition (and its data) down.",
+    fix="Set broker.rack to the broker's zone.",
+)
+def _no_rack(unit: ConfigUnit) -> Iterator[Hit]:
+    if unit.get("broker.rack") is None:
+        yield "broker.rack is unset: replicas are not spread across zones", None
+
+
+@rule(
+    "KR048",
+    "message-size-mismatch",
+    W,
+    ("broker",),
+    "message size",
+    summary="Message size limits that do not fit each other.",
+    why="A broker accepting messages larger than replica.fetch.max.bytes or "
+    "socket.request.max.bytes cannot replicate or even receive them; a producer whose "
+    "message.max.bytes exceeds the topic's max.message.bytes fails with "
+    "MSG_SIZE_TOO_LARGE; a consumer whose fetch.max.bytes is below it fetches slowly.",
+    fix="Raise message.max.bytes, max.message.bytes, replica.fetch.max.bytes and "
+    "fetch.max.bytes together.",
+)
+def _sizes_broker(unit: ConfigUnit) -> Iterator[Hit]:
+    msg = number(unit, "message.max.bytes")
+    entry = explicit(
+        unit, "message.max.bytes", "replica.fetch.max.bytes", "socket.request.max.bytes"
+    )
+    if msg is None or entry is None:
+        return
+    for key in ("replica.fetch.max.bytes", "socket.request.max.bytes"):
+        other = number(unit, key)
+        if other is not None and msg > other:
+            yield f"message.max.bytes={fmt(msg)} exceeds {key}={fmt(other)}", entry
+
+
+def _size_limit(units: list[ConfigUnit]) -> tuple[float, ConfigUnit] | None:
+    best: tuple[float, ConfigUnit] | None = None
+    for unit in units:
+        key = {"topic": "max.message.bytes", "broker": "message.max.bytes"}.get(unit.kind)
+        if key and explicit(unit, key):
+            value = number(unit, key)
+            if value is not None and (best is None or value < best[0]):
+                best = (value, unit)
+    return best
+
+
+def _cross_sizes(units: list[ConfigUnit]) -> Iterator[tuple[ConfigUnit, str, Entry | None]]:
+    limit = _size_limit(units)
+    if limit is None:
+        return
+    value, where = limit
+    origin = f"{where.path}" + (f" ({where.name})" if where.name else "")
+    for unit in units:
+        if unit.kind == "producer":
+            entry = explicit(unit, "message.max.bytes")
+            own = number(unit, "message.max.bytes")
+            if entry and own is not None and own > value:
+                yield (
+                    unit,
+                    (
+                        f"message.max.bytes={entry.shown} exceeds the {fmt(value)} "
+                        f"limit in {origin}: larger messages fail MSG_SIZE_TOO_LARGE"
+                    ),
+                    entry,
+                )
+        elif unit.kind == "consumer":
+            entry = explicit(unit, "fetch.max.bytes")
+            own = number(unit, "fetch.max.bytes")
+            if entry and own is not None and own < value:
+                yield (
+                    unit,
+                    (
+                        f"fetch.max.bytes={entry.shown} is below the {fmt(value)} "
+                        f"message limit in {origin}"
+                    ),
+                    entry,
+                )
+
+
+def _duplicate_instance_ids(
+    units: list[ConfigUnit],
+) -> Iterator[tuple[ConfigUnit, str, Entry | None]]:
+    seen: dict[tuple[str | None, str], ConfigUnit] = {}
+    for unit in units:
+        entry = explicit(unit, "group.instance.id")
+        if unit.kind != "consumer" or entry is None:
+            continue
+        group = explicit(unit, "group.id")
+        key = (group.text if group else None, entry.text)
+        first = seen.setdefault(key, unit)
+        if first is not unit:
+            yield (
+                unit,
+                (
+                    f"group.instance.id={entry.shown} is also used at {first.path}:"
+                    f"{first.line}: the members fence each other"
+                ),
+                entry,
+            )
+
+
+project_rule(
+    "KR031",
+    "duplicate-group-instance-id",
+    E,
+    ("consumer",),
+    "rebalance safety",
+    summary="The same group.instance.id in two consumer configs.",
+    why="Static members with the same id fence each other (FENCED_INSTANCE_ID is "
+    "fatal for the consumer).",
+    fix="Give every consumer instance its own group.instance.id (e.g. from the pod name).",
+)(_duplicate_instance_ids)
+project_rule(
+    "KR049",
+    "message-size-cross-config",
+    W,
+    ("producer", "consumer"),
+    "message size",
+    summary="Client message size limit that does not fit a topic or broker limit linted alongside.",
+    why="A producer's message.max.bytes above the topic's max.message.bytes fails "
+    "with MSG_SIZE_TOO_LARGE; a consumer's fetch.max.bytes below it needs several "
+    "round trips per message batch.",
+    fix="Align message.max.bytes (producer), max.message.bytes (topic), "
+    "message.max.bytes (broker) and fetch.max.bytes (consumer).",
+)(_cross_sizes)
+
+
+# ----------------------------------------------------------------------------- meta and audit
+
+for _meta in (
+    Rule(
+        id="KR000",
+        name="parse-error",
+        severity=E,
+        family="input",
+        kinds=frozenset(ALL),
+        scope="meta",
+        input_error=True,
+        summary="The file could not be read or parsed.",
+        why="A config the linter cannot parse is also one the application may not load; "
+        "nothing in it was checked.",
+        fix="Fix the syntax at the reported line and column.",
+    ),
+    Rule(
+        id="KR099",
+        name="suppression-without-reason",
+        severity=W,
+        family="input",
+        kinds=frozenset(ALL),
+        scope="meta",
+        summary="Inline suppression without a reason, or naming an unknown rule.",
+        why="Every suppression must say why the finding does not apply, so reviewers can "
+        "judge it; such a suppression is not applied.",
+        fix="Write '# kresilient: ignore[KR006] reason: <why>'.",
+    ),
+    Rule(
+        id="KR060",
+        name="under-replicated-partition",
+        severity=E,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="Partition with fewer in-sync replicas than replicas (live audit).",
+        why="The partition has lost redundancy; with ISR below min.insync.replicas, acks=all "
+        "writes fail.",
+        fix="Find the lagging or stopped broker (disk, network, GC) and bring it back.",
+    ),
+    Rule(
+        id="KR061",
+        name="offline-partition",
+        severity=E,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="Partition without a leader (live audit).",
+        why="Nobody can read or write it until an in-sync replica returns.",
+        fix="Restart the brokers holding its replicas; avoid unclean election unless data "
+        "loss is acceptable.",
+    ),
+    Rule(
+        id="KR062",
+        name="leader-imbalance",
+        severity=W,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="Leaders away from their preferred replica (per broker imbalance).",
+        why="Load concentrates on some brokers, typically after a restart with "
+        "auto.leader.rebalance.enable=false.",
+        fix="Run a preferred leader election (AdminClient.elect_leaders PREFERRED).",
+    ),
+    Rule(
+        id="KR063",
+        name="replicas-share-rack",
+        severity=W,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="Replicas of one partition on brokers of the same rack (live audit).",
+        why="A rack or zone outage takes several replicas down at once.",
+        fix="Reassign the partition so its replicas span racks.",
+    ),
+    Rule(
+        id="KR064",
+        name="consumer-group-lag",
+        severity=W,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="Consumer group lag above the threshold (live audit).",
+        why="The group falls behind; with retention it will eventually skip messages.",
+        fix="Scale the consumers, speed processing, or investigate stuck partitions.",
+    ),
+    Rule(
+        id="KR065",
+        name="audit-failed",
+        severity=E,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        input_error=True,
+        summary="The cluster could not be reached or an admin request failed.",
+        why="Nothing could be checked.",
+        fix="Check --bootstrap-servers, network access, credentials (--command-config) and "
+        "ACLs (Describe on Cluster, Topic, Group).",
+    ),
+):
+    register(_meta)

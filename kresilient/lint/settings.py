@@ -1,0 +1,251 @@
+"""Lint settings (``[tool.kresilient.lint]`` in pyproject.toml) and inline suppressions.
+
+Example ``pyproject.toml``::
+
+    [tool.kresilient.lint]
+    select = ["KR0"]              # id prefixes to run (default: all)
+    ignore = ["KR026", "KR030"]   # id prefixes to skip
+    fail-on = "warning"           # error (default), warning or info
+    exclude = ["tests/fixtures/*"]
+    [tool.kresilient.lint.severity]
+    KR021 = "error"
+
+Inline, on the line of the finding or alone on the line above it (``.properties`` files have
+no end-of-line comments, so use the line above there)::
+
+    acks: 1  # kresilient: ignore[KR007] reason: metrics topic, loss is acceptable
+    # kresilient: ignore-file[KR030] reason: single-zone test cluster
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from kresilient.errors import ConfigError
+from kresilient.lint.model import KINDS, Finding, Kind, Severity
+from kresilient.lint.registry import RULES
+
+__all__ = ["Settings", "Suppressions", "find_pyproject", "load_settings", "parse_suppressions"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Settings:
+    """Which rules run, at which severity, and what fails the run."""
+
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    severity: Mapping[str, Severity] = field(default_factory=dict)
+    fail_on: Severity = Severity.ERROR
+    kind: Kind | None = None
+    exclude: tuple[str, ...] = ()
+    lag_threshold: int = 1000
+    source: str | None = None
+
+    def enabled(self, rule_id: str) -> bool:
+        """Meta rules (parse errors) always run; others obey select/ignore prefixes."""
+        if RULES[rule_id].input_error:
+            return True
+        if self.select and not any(rule_id.startswith(p) for p in self.select):
+            return False
+        return not any(rule_id.startswith(p) for p in self.ignore)
+
+    def severity_of(self, rule_id: str) -> Severity:
+        """The configured severity of a rule (its default unless overridden)."""
+        return self.severity.get(rule_id, RULES[rule_id].severity)
+
+    def replace(
+        self,
+        *,
+        select: tuple[str, ...] | None = None,
+        ignore: tuple[str, ...] | None = None,
+        fail_on: Severity | None = None,
+        kind: Kind | None = None,
+    ) -> Settings:
+        """A copy with the given (non-None) fields replaced."""
+        return dataclasses.replace(
+            self,
+            select=self.select if select is None else select,
+            ignore=self.ignore if ignore is None else ignore,
+            fail_on=self.fail_on if fail_on is None else fail_on,
+            kind=self.kind if kind is None else kind,
+        )
+
+
+def _ids(value: object, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [v for v in re.split(r"[,\s]+", value) if v]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: expected a list of rule ids", key=where)
+    for prefix in value:
+        if not re.fullmatch(r"KR\d{0,3}", prefix) or (len(prefix) == 5 and prefix not in RULES):
+            raise ConfigError(f"{where}: unknown rule id or prefix {prefix!r}", key=where)
+    return tuple(value)
+
+
+def settings_from_mapping(data: Mapping[str, object], source: str) -> Settings:
+    """Validate a ``[tool.kresilient.lint]`` table; raises ConfigError naming the bad key."""
+    allowed = {
+        "select",
+        "ignore",
+        "severity",
+        "fail-on",
+        "fail_on",
+        "kind",
+        "exclude",
+        "lag-threshold",
+        "lag_threshold",
+    }
+    for key in data:
+        if key not in allowed:
+            raise ConfigError(f"{source}: unknown [tool.kresilient.lint] key {key!r}", key=key)
+    settings = Settings(source=source)
+    severity: dict[str, Severity] = {}
+    raw_sev = data.get("severity", {})
+    if not isinstance(raw_sev, Mapping):
+        raise ConfigError(f"{source}: severity must be a table", key="severity")
+    for rule_id, level in raw_sev.items():
+        if rule_id not in RULES or not isinstance(level, str):
+            raise ConfigError(f"{source}: bad severity override {rule_id!r}", key="severity")
+        try:
+            severity[rule_id] = Severity.parse(level)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}", key="severity") from None
+    fail_on = data.get("fail-on", data.get("fail_on"))
+    kind = data.get("kind")
+    if kind is not None and kind not in KINDS:
+        raise ConfigError(f"{source}: kind must be one of {', '.join(KINDS)}", key="kind")
+    exclude = data.get("exclude", [])
+    if not isinstance(exclude, list) or not all(isinstance(e, str) for e in exclude):
+        raise ConfigError(f"{source}: exclude must be a list of globs", key="exclude")
+    lag = data.get("lag-threshold", data.get("lag_threshold", settings.lag_threshold))
+    if not isinstance(lag, int) or lag < 0:
+        raise ConfigError(f"{source}: lag-threshold must be a non-negative int", key="lag")
+    try:
+        fail = Severity.parse(fail_on) if isinstance(fail_on, str) else settings.fail_on
+    except ValueError as exc:
+        raise ConfigError(f"{source}: {exc}", key="fail-on") from None
+    return dataclasses.replace(
+        settings,
+        select=_ids(data.get("select", []), "select"),
+        ignore=_ids(data.get("ignore", []), "ignore"),
+        severity=severity,
+        fail_on=fail,
+        kind=kind,
+        exclude=tuple(exclude),
+        lag_threshold=lag,
+    )
+
+
+def find_pyproject(starts: Iterable[str]) -> str | None:
+    """The nearest pyproject.toml with a ``[tool.kresilient.lint]`` table above ``starts``."""
+    for start in starts:
+        here = os.path.abspath(start)
+        if not os.path.isdir(here):
+            here = os.path.dirname(here)
+        while True:
+            candidate = os.path.join(here, "pyproject.toml")
+            if os.path.isfile(candidate):
+                try:
+                    with open(candidate, "rb") as fh:
+                        data = tomllib.load(fh)
+                except (OSError, tomllib.TOMLDecodeError):
+                    data = {}
+                if "lint" in data.get("tool", {}).get("kresilient", {}):
+                    return candidate
+            parent = os.path.dirname(here)
+            if parent == here:
+                break
+            here = parent
+    return None
+
+
+def load_settings(path: str | None = None, *, starts: Iterable[str] = (".",)) -> Settings:
+    """Settings from ``path`` or the nearest pyproject.toml (defaults when there is none)."""
+    path = path or find_pyproject(starts)
+    if path is None:
+        return Settings()
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}", key=None) from None
+    table = data.get("tool", {}).get("kresilient", {}).get("lint", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [tool.kresilient.lint] must be a table", key=None)
+    return settings_from_mapping(table, path)
+
+
+# ----------------------------------------------------------------------------- suppressions
+
+_SUPPRESS = re.compile(
+    r"(?:#|!|//)\s*kresilient:\s*(?P<what>ignore(?:-file)?)\s*\[(?P<ids>[^\]]*)\](?P<rest>.*)$"
+)
+_REASON = re.compile(r"^\s*reason\s*:\s*\S")
+
+
+@dataclass(kw_only=True, slots=True)
+class Suppressions:
+    """Inline suppressions of one file: per line, file-wide, and the malformed ones."""
+
+    lines: dict[int, set[str]] = field(default_factory=dict)
+    file: set[str] = field(default_factory=set)
+    problems: list[tuple[int, int, str]] = field(default_factory=list)
+
+    def covers(self, finding: Finding) -> bool:
+        """True when the finding is suppressed (parse errors never are)."""
+        if RULES[finding.rule].input_error:
+            return False
+        return finding.rule in self.file or finding.rule in self.lines.get(finding.line, ())
+
+
+def parse_suppressions(text: str) -> Suppressions:
+    """Collect ``kresilient: ignore[...] reason: ...`` comments from a file's text."""
+    out = Suppressions()
+    if "kresilient:" not in text:
+        return out
+    lines = text.splitlines()
+    for number, line in enumerate(lines, start=1):
+        match = _SUPPRESS.search(line)
+        if not match:
+            continue
+        col = match.start() + 1
+        ids = {i.strip() for i in match.group("ids").split(",") if i.strip()}
+        unknown = sorted(i for i in ids if i not in RULES)
+        if unknown or not ids:
+            out.problems.append(
+                (
+                    number,
+                    col,
+                    f"suppression names unknown rule id(s) {', '.join(unknown) or '(none)'}",
+                )
+            )
+            continue
+        if not _REASON.match(match.group("rest")):
+            out.problems.append(
+                (
+                    number,
+                    col,
+                    f"suppression of {', '.join(sorted(ids))} has no "
+                    "reason (add 'reason: ...'); not applied",
+                )
+            )
+            continue
+        if match.group("what") == "ignore-file":
+            out.file.update(ids)
+            continue
+        target = number
+        if line[: match.start()].strip() == "":
+            # A comment alone on its line applies to the next line with content.
+            for nxt in range(number, len(lines)):
+                stripped = lines[nxt].strip()
+                if stripped and not stripped.startswith(("#", "!", "//")):
+                    target = nxt + 1
+                    break
+            out.lines.setdefault(number, set()).update(ids)
+        out.lines.setdefault(target, set()).update(ids)
+    return out
