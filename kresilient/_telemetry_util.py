@@ -241,14 +241,6 @@ def _offset_item(item: Any) -> tuple[str | None, int | None, int | None, Any]:
     )
 
 
-def _first_attr(obj: object, *names: str) -> Any:
-    for name in names:
-        value = getattr(obj, name, None)
-        if value is not None:
-            return value
-    return None
-
-
 def _state_name(state: object) -> str | None:
     if state is None:
         return None

@@ -57,7 +57,6 @@ from kresilient._telemetry_util import (
     _config_error,
     _error_name,
     _exception_type,
-    _first_attr,
     _global_meter_provider_is_set,
     _global_tracer_provider_is_set,
     _Instruments,
@@ -596,22 +595,22 @@ class Telemetry:
 
     # --- notable state changes ---------------------------------------------------------------
 
-    def leadership_listener(self) -> Callable[[Any], None]:
-        """A callable for ``LeadershipMonitor.add_listener``.
+    def leadership_listener(self, *, log: bool = False) -> Callable[[Any], None]:
+        """A callable for ``LeadershipMonitor.add_listener(tel.leadership_listener())``.
 
-        Each change counts ``kresilient.leadership.state_changes`` (by topic, new state and
-        error category when known) and logs one ``kafka_leadership_state_changed`` event:
-        WARNING for a burst or sustained churn, INFO on the return to STABLE.
+        Each :class:`~kresilient.leadership.LeadershipChange` counts
+        ``kresilient.leadership.state_changes`` by topic, new state
+        (``kresilient.leadership.state``: ``stable``, ``transient_burst``, ``sustained_churn``)
+        and the last error's category. The monitor already logs every change, so this listener
+        logs only with ``log=True`` (one ``kafka_leadership_state_changed`` event: WARNING for a
+        burst or churn, INFO on the return to STABLE, with trace/span ids when a span is
+        current), and adds the change as an event to the current span when one is recording.
         """
 
         def on_change(change: Any) -> None:
-            topic = _first_attr(change, "topic")
-            partition = _first_attr(change, "partition")
-            new = _state_name(_first_attr(change, "state", "new_state", "new", "current"))
-            old = _state_name(_first_attr(change, "previous", "old_state", "old", "previous_state"))
-            category = _category(_first_attr(change, "classification"), None) or _state_name(
-                _first_attr(change, "category")
-            )
+            topic = getattr(change, "topic", None)
+            new = _state_name(getattr(change, "state", None))
+            category = _category(getattr(change, "classification", None))
             instr = self._active()[1]
             if instr is not None:
                 attrs = dict(self._common)
@@ -622,26 +621,26 @@ class Telemetry:
                 if category:
                     attrs[N.KRESILIENT_ERROR_CATEGORY] = category
                 instr.leadership.add(1, attrs)
-            log = self._log.info if new == "stable" else self._log.warning
-            extra = {
-                k: v
-                for k, v in (
-                    ("reason", _first_attr(change, "reason")),
-                    ("errors", _first_attr(change, "errors", "error_count")),
-                    ("window_s", _first_attr(change, "window_s", "window")),
-                )
-                if v is not None
+            fields: dict[str, Any] = {
+                "topic": topic,
+                "partition": getattr(change, "partition", None),
+                "state": new,
+                "previous_state": _state_name(getattr(change, "previous", None)),
+                "category": category,
             }
-            log(
-                N.LOG_LEADERSHIP_CHANGED,
-                topic=topic,
-                partition=partition,
-                state=new,
-                previous_state=old,
-                category=category,
-                **extra,
-                **trace_fields(),
-            )
+            for name in ("reason", "leader", "leader_changes", "bursts", "errors", "window_s"):
+                value = getattr(change, name, None)
+                if value is not None:
+                    fields[name] = value
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.add_event(
+                    N.LOG_LEADERSHIP_CHANGED,
+                    {k: v for k, v in fields.items() if isinstance(v, str | bool | int | float)},
+                )
+            if log:
+                emit = self._log.info if new == "stable" else self._log.warning
+                emit(N.LOG_LEADERSHIP_CHANGED, **fields, **trace_fields(span))
 
         return on_change
 

@@ -635,7 +635,7 @@ def test_leadership_listener_counts_and_logs_state_changes(otel: Otel, tel: Tele
         previous: State
         state: State
 
-    listener = tel.leadership_listener()
+    listener = tel.leadership_listener(log=True)
     with capture_logs() as logs:
         listener(Change("orders", 0, State.STABLE, State.TRANSIENT_BURST))
         listener(Change("orders", 0, State.TRANSIENT_BURST, State.STABLE))
@@ -644,6 +644,27 @@ def test_leadership_listener_counts_and_logs_state_changes(otel: Otel, tel: Tele
     assert points == {"transient_burst": 1, "stable": 1}
     assert [(e["state"], e["log_level"]) for e in logs] == [
         ("transient_burst", "warning"), ("stable", "info")]
+    with capture_logs() as quiet:
+        tel.leadership_listener()(Change("orders", 0, State.STABLE, State.TRANSIENT_BURST))
+    assert quiet == []  # the monitor logs changes itself; no duplicate by default
+
+
+def test_leadership_listener_with_the_real_monitor_types(otel: Otel, tel: Telemetry) -> None:
+    from kresilient.errors import classify
+    from kresilient.leadership import LeadershipChange, LeadershipState
+
+    change = LeadershipChange(
+        topic="orders", partition=1, previous=LeadershipState.STABLE,
+        state=LeadershipState.SUSTAINED_CHURN, at=0.0, reason="errors", leader=2,
+        leader_changes=4, bursts=3, errors=9, window_s=60.0,
+        classification=classify(ck.KafkaError(ck.KafkaError.NOT_LEADER_FOR_PARTITION)),
+    )
+    tel.leadership_listener()(change)
+    ((attrs, n),) = otel.points("kresilient.leadership.state_changes")
+    assert n == 1
+    assert attrs["kresilient.leadership.state"] == "sustained_churn"
+    assert attrs["kresilient.error.category"] == "leadership"
+    assert attrs[MA.MESSAGING_DESTINATION_NAME] == "orders"
 
 
 def test_notable_events_carry_trace_ids(otel: Otel, tel: Telemetry) -> None:
