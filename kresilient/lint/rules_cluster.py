@@ -268,29 +268,26 @@ def _no_rack(unit: ConfigUnit) -> Iterator[Hit]:
 
 @rule(
     "KR048",
-    "message-size-mismatch",
+    "message-size-above-request-size",
     W,
     ("broker",),
     "message size",
-    summary="Message size limits that do not fit each other.",
-    why="A broker accepting messages larger than replica.fetch.max.bytes or "
-    "socket.request.max.bytes cannot replicate or even receive them; a producer whose "
-    "message.max.bytes exceeds the topic's max.message.bytes fails with "
-    "MSG_SIZE_TOO_LARGE; a consumer whose fetch.max.bytes is below it fetches slowly.",
-    fix="Raise message.max.bytes, max.message.bytes, replica.fetch.max.bytes and "
-    "fetch.max.bytes together.",
+    summary="Broker message.max.bytes above socket.request.max.bytes.",
+    why="A produce request carrying a batch as large as message.max.bytes allows is "
+    "rejected by the broker's socket layer (socket.request.max.bytes), so producers see "
+    "disconnects instead of a clear MSG_SIZE_TOO_LARGE. (replica.fetch.max.bytes is not a "
+    "hard limit since KIP-74 and is not checked.)",
+    fix="Keep socket.request.max.bytes well above message.max.bytes.",
 )
 def _sizes_broker(unit: ConfigUnit) -> Iterator[Hit]:
     msg = number(unit, "message.max.bytes")
-    entry = explicit(
-        unit, "message.max.bytes", "replica.fetch.max.bytes", "socket.request.max.bytes"
-    )
-    if msg is None or entry is None:
-        return
-    for key in ("replica.fetch.max.bytes", "socket.request.max.bytes"):
-        other = number(unit, key)
-        if other is not None and msg > other:
-            yield f"message.max.bytes={fmt(msg)} exceeds {key}={fmt(other)}", entry
+    request = number(unit, "socket.request.max.bytes")
+    entry = explicit(unit, "message.max.bytes", "socket.request.max.bytes")
+    if entry and msg is not None and request is not None and msg > request:
+        yield (
+            f"message.max.bytes={fmt(msg)} exceeds socket.request.max.bytes={fmt(request)}",
+            entry,
+        )
 
 
 def _size_limit(units: list[ConfigUnit]) -> tuple[float, ConfigUnit] | None:
