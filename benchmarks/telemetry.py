@@ -11,7 +11,9 @@ Arms, interleaved in every round (order shuffled), each timed over ``--messages`
 - ``send/metrics-only``: SDK metrics, no tracer provider.
 - ``process/...``: ``with process_span(msg)`` for a message carrying a ``traceparent``.
 
-Reports the median over rounds of µs per message and the cost added over ``loop``.
+Reports, per arm, the median over rounds of wall-clock µs per message, its IQR, the median of
+this thread's CPU µs per message (less disturbed by other processes on a shared machine; the
+span exporter thread's CPU is not in it), and the cost each adds over ``loop``.
 
     .venv/bin/python benchmarks/telemetry.py [--messages 20000] [--rounds 9] [--json]
 """
@@ -71,21 +73,21 @@ def _sdk(ratio: float | None, *, traces: bool = True) -> tuple[Telemetry, Callab
     return tel, close
 
 
-def _send_arm(tel: Telemetry) -> Callable[[int], float]:
+def _send_arm(tel: Telemetry) -> Callable[[int], tuple[float, float]]:
     delivered = ck.Message(topic=TOPIC, partition=0, offset=1, key=KEY, value=VALUE)
     send, done = tel.producer_send, tel.producer_delivered
 
     def run(n: int) -> float:
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for _ in range(n):
             _headers, token = send(TOPIC, KEY, 100, None, None)
             done(token, None, delivered)
-        return (time.perf_counter_ns() - t0) / n / 1000
+        return _per_msg(t0, c0, n)
 
     return run
 
 
-def _process_arm(tel: Telemetry) -> Callable[[int], float]:
+def _process_arm(tel: Telemetry) -> Callable[[int], tuple[float, float]]:
     # Messages whose headers this arm's own producer side wrote, so the sampling decision a
     # consumer sees is the producer's (ParentBased), as in a real pipeline.
     msgs = []
@@ -99,16 +101,16 @@ def _process_arm(tel: Telemetry) -> Callable[[int], float]:
 
     def run(n: int) -> float:
         pool = (msgs * (n // len(msgs) + 1))[:n]
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for msg in pool:
             with scope(msg):
                 pass
-        return (time.perf_counter_ns() - t0) / n / 1000
+        return _per_msg(t0, c0, n)
 
     return run
 
 
-def _loop_arm() -> Callable[[int], float]:
+def _loop_arm() -> Callable[[int], tuple[float, float]]:
     def send(topic: str, key: bytes, size: int, headers: Any, partition: Any) -> tuple[Any, Any]:
         return headers, None
 
@@ -118,16 +120,16 @@ def _loop_arm() -> Callable[[int], float]:
     delivered = ck.Message(topic=TOPIC, partition=0, offset=1, key=KEY, value=VALUE)
 
     def run(n: int) -> float:
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for _ in range(n):
             _headers, token = send(TOPIC, KEY, 100, None, None)
             done(token, None, delivered)
-        return (time.perf_counter_ns() - t0) / n / 1000
+        return _per_msg(t0, c0, n)
 
     return run
 
 
-def _raw_produce_arm() -> tuple[Callable[[int], float], Callable[[], None]]:
+def _raw_produce_arm() -> tuple[Callable[[int], tuple[float, float]], Callable[[], None]]:
     producer = ck.Producer({
         "bootstrap.servers": "127.0.0.1:9",  # nothing listens: pure enqueue cost
         "queue.buffering.max.messages": 2_000_000,
@@ -140,17 +142,22 @@ def _raw_produce_arm() -> tuple[Callable[[int], float], Callable[[], None]]:
         return None
 
     def run(n: int) -> float:
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for i in range(n):
             producer.produce(TOPIC, VALUE, KEY, on_delivery=cb)
             if i % 1000 == 0:
                 producer.poll(0)
-        elapsed = (time.perf_counter_ns() - t0) / n / 1000
+        elapsed = _per_msg(t0, c0, n)
         producer.purge()
         producer.poll(0)
         return elapsed
 
     return run, lambda: producer.flush(0)
+
+
+def _per_msg(t0: int, c0: int, n: int) -> tuple[float, float]:
+    """(wall us, this thread's CPU us) per message since (t0, c0)."""
+    return (time.perf_counter_ns() - t0) / n / 1000, (time.thread_time_ns() - c0) / n / 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     closers: list[Callable[[], None]] = []
-    arms: dict[str, Callable[[int], float]] = {"loop": _loop_arm()}
+    arms: dict[str, Callable[[int], tuple[float, float]]] = {"loop": _loop_arm()}
     raw, close_raw = _raw_produce_arm()
     arms["raw-produce"] = raw
     closers.append(close_raw)
@@ -181,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for run in arms.values():  # warm-up
         run(max(1000, args.messages // 10))
-    samples: dict[str, list[float]] = {name: [] for name in arms}
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in arms}
     order = list(arms)
     for _ in range(args.rounds):
         random.shuffle(order)
@@ -190,14 +197,16 @@ def main(argv: list[str] | None = None) -> int:
     for close in closers:
         close()
 
-    med = {name: statistics.median(v) for name, v in samples.items()}
-    floor = med["loop"]
+    wall = {name: statistics.median(w for w, _ in v) for name, v in samples.items()}
+    cpu = {name: statistics.median(c for _, c in v) for name, v in samples.items()}
     rows = [
         {
             "arm": name,
-            "us_per_msg": round(med[name], 3),
-            "added_us": round(med[name] - floor, 3),
-            "iqr_us": round(_iqr(samples[name]), 3),
+            "us_per_msg": round(wall[name], 3),
+            "added_us": round(wall[name] - wall["loop"], 3),
+            "iqr_us": round(_iqr([w for w, _ in samples[name]]), 3),
+            "cpu_us_per_msg": round(cpu[name], 3),
+            "cpu_added_us": round(cpu[name] - cpu["loop"], 3),
         }
         for name in arms
     ]
@@ -214,9 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         print()
         return 0
     print(" ".join(f"{k}={v}" for k, v in env.items()))
-    print(f"{'arm':<24}{'us/msg':>10}{'added us':>10}{'IQR':>8}")
+    print(f"{'arm':<22}{'wall us':>9}{'added':>9}{'IQR':>9}{'cpu us':>9}{'added':>9}")
     for r in rows:
-        print(f"{r['arm']:<24}{r['us_per_msg']:>10.3f}{r['added_us']:>10.3f}{r['iqr_us']:>8.3f}")
+        print(
+            f"{r['arm']:<22}{r['us_per_msg']:>9.3f}{r['added_us']:>9.3f}{r['iqr_us']:>9.3f}"
+            f"{r['cpu_us_per_msg']:>9.3f}{r['cpu_added_us']:>9.3f}"
+        )
     return 0
 
 
