@@ -337,21 +337,20 @@ def _cross_sizes(units: list[ConfigUnit]) -> Iterator[tuple[ConfigUnit, str, Ent
 def _duplicate_instance_ids(
     units: list[ConfigUnit],
 ) -> Iterator[tuple[ConfigUnit, str, Entry | None]]:
-    seen: dict[tuple[str | None, str], ConfigUnit] = {}
+    seen: dict[tuple[str | None, str], tuple[ConfigUnit, Entry]] = {}
     for unit in units:
         entry = explicit(unit, "group.instance.id")
         if unit.kind != "consumer" or entry is None:
             continue
         group = explicit(unit, "group.id")
-        key = (group.text if group else None, entry.text)
-        first = seen.setdefault(key, unit)
+        first, first_entry = seen.setdefault(
+            (group.text if group else None, entry.text), (unit, entry)
+        )
         if first is not unit:
             yield (
                 unit,
-                (
-                    f"group.instance.id={entry.shown} is also used at {first.path}:"
-                    f"{first.line}: the members fence each other"
-                ),
+                f"group.instance.id={entry.shown} is also used at {first.path}:"
+                f"{first_entry.line}: the members fence each other",
                 entry,
             )
 
