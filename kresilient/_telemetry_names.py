@@ -74,6 +74,7 @@ METRIC_DEAD_LETTERS: Final = "kresilient.dead_letters"
 METRIC_LEADERSHIP_STATE_CHANGES: Final = "kresilient.leadership.state_changes"
 
 EVENT_RETRY: Final = "kresilient.retry"
+SPAN_DEAD_LETTER: Final = "dead_letter"  # span name prefix: "dead_letter {dlq topic}"
 
 # structlog event names for notable state changes (one event per change, never per message).
 LOG_LEADERSHIP_CHANGED: Final = "kafka_leadership_state_changed"

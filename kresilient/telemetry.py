@@ -37,7 +37,7 @@ from typing import Any, Literal
 import structlog
 from opentelemetry import context as otel_context
 from opentelemetry import metrics as otel_metrics
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import Link, Span, SpanKind
@@ -242,6 +242,16 @@ class Telemetry:
     ) -> list[tuple[str, HeaderValue]]:
         """:func:`inject_headers` with this client's propagator."""
         return inject_headers(headers, context=context, propagator=self._propagator)
+
+    def trace_carrier(self, context: Context | None = None) -> dict[str, str]:
+        """The propagator's fields for *context* (default: current), e.g. ``{"traceparent": ...}``.
+
+        Empty when there is no valid span context. For header formats that store the context
+        under other names (``kresilient.traceparent`` in dead-letter records).
+        """
+        carrier: dict[str, str] = {}
+        (self._propagator or propagate.get_global_textmap()).inject(carrier, context=context)
+        return carrier
 
     def extract_context(self, headers: Headers, context: Context | None = None) -> Context:
         """:func:`extract_context` with this client's propagator."""
@@ -451,15 +461,24 @@ class Telemetry:
         reason: BaseException | None = None,
         classification: Any = None,
         attempts: int | None = None,
+        kind: Literal["internal", "producer"] = "internal",
     ) -> Iterator[Span | None]:
-        """Context manager around writing one record to the dead-letter topic *dlq_topic*.
+        """Context manager around dead-lettering one record to *dlq_topic*.
 
-        A PRODUCER span ``send {dlq_topic}``, child of the current (process) span, is current
-        while the block runs: produce the DLQ record inside it with
-        ``headers=tel.inject_headers(dlq_headers)`` so the DLQ record continues the trace. The
-        enclosing process span is marked failed by *reason*. Counts ``kresilient.dead_letters``
-        and logs one ``kafka_message_dead_lettered`` event (with trace/span ids). If the block
-        raises (the DLQ write failed), the span carries ``error.type`` and the error re-raises.
+        A span child of the current (process) span is current while the block runs:
+
+        - ``kind="internal"`` (default): ``dead_letter {dlq_topic}`` (INTERNAL), for a DLQ
+          write through a traced :class:`~kresilient.ResilientProducer`, whose own PRODUCER
+          span ``send {dlq_topic}`` (ended at the DLQ acknowledgement, with partition and
+          offset) becomes its child;
+        - ``kind="producer"``: ``send {dlq_topic}`` (PRODUCER) for a write through an
+          uninstrumented producer; inject its context with ``tel.inject_headers(...)`` or
+          ``tel.trace_carrier()`` inside the block.
+
+        The enclosing process span is marked failed by *reason*. Counts
+        ``kresilient.dead_letters`` and logs one ``kafka_message_dead_lettered`` event (WARNING,
+        with trace/span ids). If the block raises (the DLQ write failed), the span carries
+        ``error.type`` and status ERROR and the error re-raises.
         """
         scope = _CURRENT.get()
         if reason is not None and scope is not None and scope.error_type is None:
@@ -479,8 +498,12 @@ class Telemetry:
         if tracer is not None:
             attrs = dict(self._common)
             attrs[N.MESSAGING_DESTINATION_NAME] = dlq_topic
-            attrs[N.MESSAGING_OPERATION_TYPE] = N.OP_TYPE_SEND
-            attrs[N.MESSAGING_OPERATION_NAME] = N.OP_NAME_SEND
+            if kind == "producer":
+                attrs[N.MESSAGING_OPERATION_TYPE] = N.OP_TYPE_SEND
+                attrs[N.MESSAGING_OPERATION_NAME] = N.OP_NAME_SEND
+                name, span_kind = f"{N.OP_NAME_SEND} {dlq_topic}", SpanKind.PRODUCER
+            else:
+                name, span_kind = f"{N.SPAN_DEAD_LETTER} {dlq_topic}", SpanKind.INTERNAL
             if self.client_id:
                 attrs[N.MESSAGING_CLIENT_ID] = self.client_id
             for k, v in (
@@ -493,9 +516,7 @@ class Telemetry:
             ):
                 if v is not None:
                     attrs[k] = v
-            span = tracer.start_span(
-                f"{N.OP_NAME_SEND} {dlq_topic}", kind=SpanKind.PRODUCER, attributes=attrs
-            )
+            span = tracer.start_span(name, kind=span_kind, attributes=attrs)
             token = otel_context.attach(trace.set_span_in_context(span))
         write_error: str | None = None
         try:

@@ -433,31 +433,36 @@ def test_retries_are_span_events_and_counted(otel: Otel, tel: Telemetry) -> None
     assert attrs[ERROR_TYPE] == "TimeoutError"
 
 
-def test_dead_letter_span_is_a_child_producer_span_naming_the_dlq(
-    otel: Otel, tel: Telemetry
-) -> None:
+def test_dead_letter_span_is_a_child_span_naming_the_dlq(otel: Otel, tel: Telemetry) -> None:
     msg = send_and_deliver(tel)
+    dlq_producer_side = Telemetry(tracer_provider=otel.tracer_provider, propagator=W3C)
     reason = ValueError("bad payload")
     with capture_logs() as logs, tel.process_span(msg):
         with tel.dead_letter_span("orders-dlq", source=msg, reason=reason, attempts=3) as dspan:
-            dlq_headers = tel.inject_headers(msg.headers())
-        assert dspan is not None
-    send, proc, dlq = otel.span("send orders"), otel.span("process orders"), otel.span(
-        "send orders-dlq"
-    )
-    assert dlq.kind is SpanKind.PRODUCER
-    assert dlq.parent is not None and dlq.parent.span_id == proc.context.span_id
-    assert dlq.context.trace_id == send.context.trace_id
-    attrs = dict(dlq.attributes or {})
+            assert dspan is not None
+            carrier = tel.trace_carrier()
+            # the DLQ write through a traced producer: its send span nests under this one
+            out, token = dlq_producer_side.producer_send("orders-dlq", None, 12, None, None)
+        dlq_producer_side.producer_delivered(token, None, message(out, topic="orders-dlq"))
+    send, proc = otel.span("send orders"), otel.span("process orders")
+    dead, dsend = otel.span("dead_letter orders-dlq"), otel.span("send orders-dlq")
+    assert dead.kind is SpanKind.INTERNAL
+    assert dead.parent is not None and dead.parent.span_id == proc.context.span_id
+    assert dsend.kind is SpanKind.PRODUCER
+    assert dsend.parent is not None and dsend.parent.span_id == dead.context.span_id
+    assert {dead.context.trace_id, dsend.context.trace_id} == {send.context.trace_id}
+    attrs = dict(dead.attributes or {})
     assert attrs[MA.MESSAGING_DESTINATION_NAME] == "orders-dlq"
-    assert attrs[MA.MESSAGING_OPERATION_TYPE] == SEND
+    assert MA.MESSAGING_OPERATION_TYPE not in attrs  # not itself the send operation
     assert attrs["kresilient.dead_letter.source.topic"] == "orders"
+    assert attrs["kresilient.dead_letter.source.partition"] == 2
     assert attrs["kresilient.dead_letter.source.offset"] == 41
     assert attrs["kresilient.dead_letter.reason"] == "ValueError"
+    assert attrs["kresilient.attempts"] == 3
     assert ERROR_TYPE not in attrs  # the DLQ write itself succeeded
-    # the DLQ record carries the DLQ span's context (and only one traceparent)
-    assert [k for k, _ in dlq_headers].count(TRACEPARENT) == 1
-    assert remote(dlq_headers) == (dlq.context.trace_id, dlq.context.span_id, True)
+    assert remote([(k, v.encode()) for k, v in carrier.items()]) == (
+        dead.context.trace_id, dead.context.span_id, True
+    )
     # the process span is failed by the reason
     assert dict(proc.attributes or {})[ERROR_TYPE] == "ValueError"
     ((mattrs, n),) = otel.points("kresilient.dead_letters")
@@ -465,10 +470,32 @@ def test_dead_letter_span_is_a_child_producer_span_naming_the_dlq(
     assert mattrs[MA.MESSAGING_DESTINATION_NAME] == "orders"
     assert mattrs["kresilient.dead_letter.topic"] == "orders-dlq"
     (log,) = [e for e in logs if e["event"] == "kafka_message_dead_lettered"]
-    assert log["trace_id"] == f"{dlq.context.trace_id:032x}"
-    assert log["span_id"] == f"{dlq.context.span_id:016x}"
+    assert log["trace_id"] == f"{dead.context.trace_id:032x}"
+    assert log["span_id"] == f"{dead.context.span_id:016x}"
     assert log["dead_letter_topic"] == "orders-dlq"
     assert log["log_level"] == "warning"
+
+
+def test_dead_letter_producer_kind_injects_its_own_context(otel: Otel, tel: Telemetry) -> None:
+    msg = send_and_deliver(tel)
+    with tel.process_span(msg), tel.dead_letter_span("orders-dlq", source=msg, kind="producer"):
+        dlq_headers = tel.inject_headers(msg.headers())
+    dlq = otel.span("send orders-dlq")
+    assert dlq.kind is SpanKind.PRODUCER
+    assert dict(dlq.attributes or {})[MA.MESSAGING_OPERATION_TYPE] == SEND
+    assert [k for k, _ in dlq_headers].count(TRACEPARENT) == 1  # the original one replaced
+    assert remote(dlq_headers) == (dlq.context.trace_id, dlq.context.span_id, True)
+
+
+def test_an_empty_propagator_leaves_headers_byte_for_byte(otel: Otel) -> None:
+    from opentelemetry.propagators.composite import CompositePropagator as Composite
+
+    tel = Telemetry(tracer_provider=otel.tracer_provider, propagator=Composite([]))
+    original = [("b", b"2"), (TRACEPARENT, b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")]
+    out, token = tel.producer_send("orders", None, 1, original, None)
+    assert out == original
+    tel.producer_delivered(token, None, message(out))
+    assert otel.span("send orders").kind is SpanKind.PRODUCER
 
 
 def test_failed_dead_letter_write_carries_error_type(otel: Otel, tel: Telemetry) -> None:
@@ -480,7 +507,7 @@ def test_failed_dead_letter_write_carries_error_type(otel: Otel, tel: Telemetry)
         tel.dead_letter_span("orders-dlq", source=msg, reason=ValueError("x")),
     ):
         raise err
-    dlq = otel.span("send orders-dlq")
+    dlq = otel.span("dead_letter orders-dlq")
     assert dict(dlq.attributes or {})[ERROR_TYPE] == "TOPIC_AUTHORIZATION_FAILED"
     assert dlq.status.status_code is StatusCode.ERROR
     ((mattrs, _),) = otel.points("kresilient.dead_letters")
