@@ -119,8 +119,9 @@ class Property:
     def check_value(self, value: object) -> str | None:
         """Return why ``value`` would be rejected by librdkafka, or ``None`` if accepted.
 
-        Mirrors ``rd_kafka_anyconf_set_prop0``: integers and floats within the range, booleans
-        ``true/false/t/f/1/0``, enum values and CSV flags case-insensitively.
+        Mirrors ``rd_kafka_anyconf_set_prop0``: integers parsed like ``strtol(s, &end, 0)``
+        (trailing characters ignored) and floats like ``strtod``, then range-checked;
+        booleans ``true/false/t/f/1/0``; enum values and CSV flags case-insensitively.
         """
         text = to_config_string(value)
         if self.type == "boolean":
@@ -128,12 +129,10 @@ class Property:
                 return None
             return "expected true or false"
         if self.type in ("integer", "float"):
-            symbolic = _SYMBOLIC_INTS.get(self.canonical, {})
-            if text.lower() in symbolic:
+            if text.lower() in _SYMBOLIC_INTS.get(self.canonical, {}):
                 return None
-            try:
-                number = int(text, 10) if self.type == "integer" else float(text)
-            except ValueError:
+            number, _ = parse_number(text, integer=self.type == "integer")
+            if number is None:
                 return f"expected {'an integer' if self.type == 'integer' else 'a number'}"
             if self.minimum is not None and number < self.minimum:
                 return f"below the minimum {_fmt(self.minimum)}"
@@ -144,11 +143,45 @@ class Property:
         if self.type == "enum" and allowed and text.lower() not in allowed:
             return f"expected one of {', '.join(self.allowed)}"
         if self.type == "csv flags" and allowed:
-            flags = (p.strip() for p in text.split(","))
+            flags = [p.strip() for p in text.split(",")]
             bad = [f for f in flags if f and f.lower() not in allowed]
             if bad:
                 return f"unknown flag(s) {', '.join(bad)}; expected {', '.join(self.allowed)}"
+            if not any(flags):
+                return "expected at least one flag"
         return None
+
+    def ignored_suffix(self, value: object) -> str:
+        """Characters librdkafka silently ignores after a number (``"1.5"`` -> ``".5"``)."""
+        if self.type not in ("integer", "float"):
+            return ""
+        text = to_config_string(value)
+        number, rest = parse_number(text, integer=self.type == "integer")
+        return rest if number is not None else ""
+
+
+_STRTOL = re.compile(r"\s*([+-]?)(?:0[xX]([0-9a-fA-F]+)|(0[0-7]*)|([1-9][0-9]*))")
+_STRTOD = re.compile(
+    r"\s*[+-]?(?:nan|inf(?:inity)?|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)", re.IGNORECASE
+)
+
+
+def parse_number(text: str, *, integer: bool) -> tuple[float | None, str]:
+    """(value, ignored rest) as C ``strtol(text, &end, 0)`` / ``strtod`` read it."""
+    if integer:
+        m = _STRTOL.match(text)
+        if not m:
+            return None, text
+        sign = -1 if m.group(1) == "-" else 1
+        if m.group(2):
+            return sign * int(m.group(2), 16), text[m.end() :]
+        if m.group(3):
+            return sign * int(m.group(3), 8), text[m.end() :]
+        return sign * int(m.group(4)), text[m.end() :]
+    m = _STRTOD.match(text)
+    if not m:
+        return None, text
+    return float(m.group()), text[m.end() :]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

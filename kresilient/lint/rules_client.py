@@ -799,7 +799,8 @@ def _single_bootstrap(unit: ConfigUnit) -> Iterator[Hit]:
     E,
     ANY,
     "unknown keys",
-    summary="Value librdkafka rejects (wrong type, out of range, unknown enum value).",
+    summary="Value librdkafka rejects (wrong type, out of range, unknown enum value) or "
+    "silently truncates ('1.5' read as 1).",
     why="rd_kafka_conf_set fails with 'Invalid value for configuration property' and the "
     "client cannot be created.",
     fix="Use a value of the documented type and range (see --explain and CONFIGURATION.md).",
@@ -810,6 +811,9 @@ def _invalid(unit: ConfigUnit) -> Iterator[Hit]:
         if prop is None or entry.dynamic or prop.source != "librdkafka":
             continue
         problem = prop.check_value(entry.value)
+        rest = "" if problem else prop.ignored_suffix(entry.value).strip()
+        if rest:
+            problem = f"librdkafka ignores the trailing {rest!r} and reads a different number"
         if problem:
             hint = " (.properties has no inline comments)" if "#" in entry.text else ""
             yield f"{key}={entry.shown}: {problem}{hint}", entry
