@@ -1,0 +1,149 @@
+"""DeliveryHandle and DeliveryResult: what :meth:`ResilientProducer.produce` returns.
+
+The handle is also the per-message delivery callback handed to librdkafka (it is callable),
+so producing a message creates exactly one Python object besides what confluent-kafka makes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .errors import ProduceError
+
+__all__ = ["DeliveryHandle", "DeliveryResult"]
+
+
+class _Owner(Protocol):
+    """What a handle needs from the producer that created it."""
+
+    _reported: deque[tuple[DeliveryHandle, Any, Any]]
+
+    def poll(self, timeout: float = 0) -> int: ...
+
+    def _process_reported(self) -> None: ...
+
+    def _delivered_traced(self, handle: DeliveryHandle, msg: Any) -> None: ...
+
+    def _callback_raised(self, exc: Exception) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeliveryResult:
+    """Where a message was written: the topic (a dead-letter topic if it was diverted there),
+    partition and offset."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class DeliveryHandle:
+    """The outcome of one :meth:`~kresilient.ResilientProducer.produce` call.
+
+    ``done()`` tells whether the delivery report arrived; ``result()`` waits for it (serving
+    the producer's callbacks meanwhile) and returns a :class:`DeliveryResult`, or raises the
+    classified :class:`~kresilient.ProduceError`; ``exception()`` returns that error instead.
+
+    Waiting on every handle one by one is slow (one round trip each); produce many messages,
+    then ``flush()``, and look at handles only where the answer matters.
+    """
+
+    __slots__ = ("_error", "_headers", "_id", "_msg", "_on_delivery", "_owner", "_token")
+
+    def __init__(
+        self,
+        owner: _Owner,
+        message_id: int,
+        headers: Any,
+        on_delivery: Any,
+        token: Any,
+    ) -> None:
+        self._owner = owner
+        self._id = message_id
+        self._headers = headers
+        self._on_delivery = on_delivery
+        self._token = token
+        self._msg: Any = None
+        self._error: ProduceError | None = None
+
+    # librdkafka's delivery report, called from poll()/flush() through confluent-kafka.
+    # A failure is only queued here and classified after poll()/flush() returns: when a fatal
+    # error is raised while reports are being served, the binding leaves the exception set
+    # and the next C call inside any callback fails with SystemError, so work done here can
+    # be cut short at any call. Attribute stores and one deque.append (which runs before the
+    # interpreter notices) are safe.
+    def __call__(self, err: Any, msg: Any) -> None:
+        self._msg = msg
+        if err is not None:
+            self._owner._reported.append((self, err, msg))
+        elif self._token is not None:
+            try:
+                self._owner._delivered_traced(self, msg)
+            except Exception as exc:
+                self._owner._callback_raised(exc)
+        if self._on_delivery is not None:
+            try:
+                self._on_delivery(err, msg)
+            except Exception as exc:  # a user callback must not break delivery accounting
+                self._owner._callback_raised(exc)
+
+    @property
+    def message_id(self) -> int:
+        """Sequence number of this message in its producer (also in ``DeliveryFailure``)."""
+        return self._id
+
+    def done(self) -> bool:
+        """True once the delivery report (success or failure) has been received."""
+        return self._msg is not None or self._error is not None
+
+    def _settle(self) -> None:
+        """Make sure a received failure report has been classified into ``_error``."""
+        if self._error is None and self._msg is not None and self._msg.error() is not None:
+            self._owner._process_reported()
+
+    def _wait(self, timeout: float | None) -> None:
+        if self.done():
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            if deadline is None:
+                step = 0.1
+            else:
+                step = min(0.1, deadline - time.monotonic())
+                if step <= 0:
+                    raise TimeoutError(
+                        f"message {self._id} not delivered within {timeout} s (still in flight)"
+                    )
+            self._owner.poll(step)
+
+    def result(self, timeout: float | None = None) -> DeliveryResult:
+        """Wait for the delivery report; return where the message was written.
+
+        Raises the classified :class:`~kresilient.ProduceError` if delivery failed, and
+        :class:`TimeoutError` if no report arrived within ``timeout`` seconds.
+        """
+        self._wait(timeout)
+        self._settle()
+        if self._error is not None:
+            raise self._error
+        msg = self._msg
+        return DeliveryResult(topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
+
+    def exception(self, timeout: float | None = None) -> ProduceError | None:
+        """Wait for the delivery report; return the error if delivery failed, else ``None``."""
+        self._wait(timeout)
+        self._settle()
+        return self._error
+
+    def __repr__(self) -> str:
+        if self._error is not None:
+            state = f"failed {self._error.classification.category.name}"
+        elif self._msg is not None:
+            state = f"delivered {self._msg.topic()}[{self._msg.partition()}]@{self._msg.offset()}"
+        else:
+            state = "pending"
+        return f"<DeliveryHandle #{self._id} {state}>"

@@ -1,0 +1,769 @@
+"""ResilientProducer: a confluent-kafka producer that cannot lose a message silently.
+
+What it adds to ``confluent_kafka.Producer`` (see docs/producer.md):
+
+* safe defaults on a copy of your config (acks=all, idempotence, unlimited retries within a
+  bounded ``message.timeout.ms``, <= 5 in flight, the Java-compatible ``murmur2_random``
+  partitioner, statistics for the leadership monitor); weakening settings are refused unless
+  allowed per key (:mod:`kresilient.config`);
+* :meth:`ResilientProducer.produce` returns a :class:`DeliveryHandle`;
+  :meth:`ResilientProducer.flush` raises :class:`~kresilient.DeliveryError` listing every
+  message that failed since the last flush, classified, and never reports success while
+  messages remain queued;
+* a full local queue is waited out (polling) for up to ``backpressure_timeout`` seconds, then
+  a BACKPRESSURE-classified :class:`~kresilient.ProduceError`; nothing is dropped;
+* a value over ``message.max.bytes`` raises :class:`~kresilient.MessageTooLargeError` at once,
+  or goes to ``dead_letter_topic`` with its raw bytes and the shared dead-letter headers;
+* fatal errors (fenced, idempotence state lost) raise :class:`~kresilient.FatalProducerError`;
+  with ``recreate_on_fatal=True`` the producer is rebuilt and every message that was queued or
+  in flight is reported failed with ``possibly_persisted=True``;
+* a structlog logger bound to the client, OpenTelemetry spans and trace-context headers when an
+  SDK is configured, and :meth:`ResilientProducer.health`.
+
+Example::
+
+    with ResilientProducer({"bootstrap.servers": "127.0.0.1:9092"}) as producer:
+        for order in orders:
+            producer.produce("orders", order.to_bytes(), key=order.id.encode())
+        producer.flush()        # raises DeliveryError if any message failed
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any, Final
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from ._producer_handle import DeliveryHandle, DeliveryResult
+from ._producer_health import BrokerStats, ProducerHealth, broker_stats
+from ._producer_support import (
+    LogBridge,
+    category_counts,
+    compose_delivery_error,
+    fatal_cause,
+    scrubber,
+)
+from .config import SECRET_KEYS, producer_config, redact
+from .errors import (
+    ConfigError,
+    DeliveryError,
+    DeliveryFailure,
+    ErrorCategory,
+    FatalProducerError,
+    MessageTooLargeError,
+    ProduceError,
+    classify,
+    translate,
+)
+from .leadership import LeadershipMonitor, LeadershipState
+from .telemetry import Telemetry
+
+__all__ = ["DeliveryHandle", "DeliveryResult", "ProducerHealth", "ResilientProducer"]
+
+#: poll(0) once every this many produce() calls (mask: a power of two minus one), so delivery
+#: reports are served even if the application never polls.
+_POLL_MASK: Final = 1023
+#: Callbacks kresilient installs itself; a user's own are chained after kresilient's.
+_CHAINED_CALLBACKS: Final = ("error_cb", "stats_cb", "on_delivery", "logger")
+_TOO_LARGE: Final = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+_DEFAULT_MAX_BYTES: Final = 1_000_000
+#: How long recreate_on_fatal waits for purged messages' delivery reports from the old instance.
+_DRAIN_TIMEOUT: Final = 10.0
+#: Identical global errors (error_cb) are logged at most once per this many seconds.
+_ERROR_LOG_INTERVAL: Final = 5.0
+_ERROR_LEVEL_CATEGORIES: Final = frozenset({ErrorCategory.AUTH, ErrorCategory.CONFIG})
+
+
+def _closed_produce(*_args: Any, **_kwargs: Any) -> None:
+    raise KafkaException(KafkaError(KafkaError._STATE, "producer is closed"))
+
+
+def _no_poll(_timeout: float = 0) -> int:
+    return 0
+
+
+def _drain(producer: Producer) -> int:
+    """Purge every queued and in-flight message and serve their delivery reports.
+
+    Returns how many messages are still unaccounted for after ``_DRAIN_TIMEOUT`` (normally 0:
+    a purge turns every message into a ``_PURGE_QUEUE``/``_PURGE_INFLIGHT`` report).
+    """
+    with contextlib.suppress(KafkaException):
+        producer.purge(in_queue=True, in_flight=True, blocking=True)
+    deadline = time.monotonic() + _DRAIN_TIMEOUT
+    while len(producer) > 0 and time.monotonic() < deadline:
+        try:
+            producer.poll(0.1)
+        except (KafkaException, SystemError):
+            continue  # a fatal event or a callback cut short: the reports were queued
+    return len(producer)
+
+
+class ResilientProducer:
+    """A producer with safe defaults whose flush() reports every failed message.
+
+    Args:
+        config: confluent-kafka / librdkafka configuration (never mutated). ``error_cb``,
+            ``stats_cb`` and ``on_delivery`` in it are called after kresilient's own handling.
+        allow_unsafe: keys whose weakening values are accepted (one warning is logged).
+        dead_letter_topic: where values over ``message.max.bytes`` go (raw bytes, original
+            headers plus the ``kresilient.*`` error headers); ``None``: raise instead.
+        recreate_on_fatal: rebuild the underlying producer after a fatal error instead of
+            raising :class:`~kresilient.FatalProducerError`.
+        logger: a structlog logger (default ``structlog.get_logger("kresilient.producer")``),
+            bound to this client's ``client_id``.
+        tracer_provider, meter_provider, propagator: OpenTelemetry; default: the global ones.
+        backpressure_timeout: seconds produce() waits (polling) for room in a full local queue.
+        dead_letter_max_bytes: ``message.max.bytes`` of the dead-letter producer.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        allow_unsafe: Iterable[str] = (),
+        dead_letter_topic: str | None = None,
+        recreate_on_fatal: bool = False,
+        logger: Any = None,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        propagator: Any = None,
+        backpressure_timeout: float = 60.0,
+        dead_letter_max_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        base_log = logger if logger is not None else structlog.get_logger("kresilient.producer")
+        allow = tuple([allow_unsafe] if isinstance(allow_unsafe, str) else allow_unsafe)
+        cfg = producer_config(config, allow_unsafe=allow, logger=base_log)
+        self._user_config = config
+        self._allow_unsafe = allow
+        self._user_cb: dict[str, Any] = {name: cfg.pop(name, None) for name in _CHAINED_CALLBACKS}
+        for name, cb in self._user_cb.items():
+            if cb is not None and name != "logger" and not callable(cb):
+                raise ConfigError(f"{name} must be callable", key=name)
+        self._scrub = scrubber(
+            str(v) for k, v in cfg.items() if k in SECRET_KEYS and isinstance(v, str)
+        )
+        self._rdk_config = cfg
+        self.client_id: str = str(cfg.get("client.id", ""))
+        self._log = base_log.bind(client_id=self.client_id, kafka_role="producer")
+        self._max_bytes = int(cfg.get("message.max.bytes", _DEFAULT_MAX_BYTES))
+        self._backpressure_timeout = float(backpressure_timeout)
+        self._dead_letter_topic = dead_letter_topic
+        self._dead_letter_max_bytes = int(dead_letter_max_bytes)
+        self._recreate_on_fatal = recreate_on_fatal
+
+        max_age = cfg.get("metadata.max.age.ms")
+        self._monitor = LeadershipMonitor(
+            metadata_max_age_ms=int(max_age) if max_age is not None else None, logger=self._log
+        )
+        self._tel_args = {
+            "tracer_provider": tracer_provider,
+            "meter_provider": meter_provider,
+            "propagator": propagator,
+        }
+        self._tel = Telemetry(
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            propagator=propagator,
+            client_id=self.client_id,
+            logger=self._log,
+        )
+        self._monitor.add_listener(self._tel.leadership_listener())
+        self._tracing = self._tel.enabled
+
+        self._lock = threading.Lock()  # the failures list
+        self._recreate_lock = threading.Lock()
+        self._reported: deque[tuple[DeliveryHandle, Any, Any]] = deque()
+        self._failures: list[DeliveryFailure] = []
+        self._failed_total = 0
+        self._unaccounted = 0
+        self._callback_errors = 0
+        self._backpressure_waits = 0
+        self._recreations = 0
+        self._draining = False
+        self._pending_fatal: KafkaException | None = None
+        self._fatal: FatalProducerError | None = None
+        self._closed = False
+        self._brokers: BrokerStats | None = None
+        self._last_error: tuple[str, float] | None = None
+        self._logged_at: dict[object, float] = {}
+        self._ids = itertools.count(1)
+        self._default_cb = self._user_cb["on_delivery"]
+        self._dlq: Any = None  # a ResilientProducer for the dead-letter topic, made on first use
+        self._log_bridge = LogBridge(
+            self._log,
+            self._monitor.on_log,
+            self._scrub,
+            user_logger=self._user_cb["logger"],
+            on_failure=self._callback_raised,
+        )
+
+        self._producer: Any = None
+        self._produce: Callable[..., None] = _closed_produce
+        self._poll: Callable[[float], int] = _no_poll
+        self._install(self._new_producer())
+        self._log.info(
+            "producer_created",
+            config=redact(self._rdk_config),
+            tracing=self._tracing,
+            dead_letter_topic=dead_letter_topic,
+            recreate_on_fatal=recreate_on_fatal,
+        )
+
+    # ------------------------------------------------------------------ construction
+
+    def _new_producer(self) -> Producer:
+        conf = dict(self._rdk_config)
+        conf["error_cb"] = self._on_error
+        conf["stats_cb"] = self._on_stats
+        conf["logger"] = self._log_bridge
+        try:
+            return Producer(conf)
+        except KafkaException as exc:
+            raise translate(
+                KafkaException(KafkaError(exc.args[0].code(), self._scrub(exc.args[0].str())))
+                if exc.args and isinstance(exc.args[0], KafkaError)
+                else exc,
+                operation="configure",
+            ) from None
+
+    def _install(self, producer: Producer) -> None:
+        self._producer = producer
+        self._produce = producer.produce
+        self._poll = producer.poll
+
+    # ------------------------------------------------------------------ hot path
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | str | None,
+        key: bytes | str | None = None,
+        headers: Any = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        on_delivery: Callable[[KafkaError | None, Any], None] | None = None,
+    ) -> DeliveryHandle:
+        """Queue one message; return its :class:`DeliveryHandle` (never blocks on the network).
+
+        ``on_delivery(err, msg)`` is called like confluent-kafka's, after kresilient recorded
+        the outcome. Raises :class:`~kresilient.MessageTooLargeError` (no dead-letter topic),
+        a BACKPRESSURE :class:`~kresilient.ProduceError` when the local queue stayed full for
+        ``backpressure_timeout``, :class:`~kresilient.FatalProducerError`, or another
+        classified :class:`~kresilient.ProduceError` the broker-independent checks raise.
+        """
+        n = next(self._ids)
+        token = None
+        if self._tracing:
+            headers, token = self._tel.producer_send(
+                topic, key, len(value) if value is not None else 0, headers, partition
+            )
+        handle = DeliveryHandle(
+            self, n, headers, self._default_cb if on_delivery is None else on_delivery, token
+        )
+        part = -1 if partition is None else partition
+        ts = 0 if timestamp is None else timestamp
+        try:
+            self._produce(topic, value, key, part, handle, None, ts, headers)
+        except BufferError:
+            return self._produce_blocked(topic, value, key, part, handle, ts, headers)
+        except KafkaException as exc:
+            return self._produce_failed(exc, topic, value, key, part, handle, ts, headers)
+        if not n & _POLL_MASK:
+            self._tick()
+        return handle
+
+    def _tick(self) -> None:
+        """Every _POLL_MASK+1 messages: serve delivery reports, pick up a late tracer provider."""
+        self.poll(0)
+        if not self._tracing and not self._closed:
+            self._tracing = self._tel.enabled
+
+    def _produce_blocked(
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        part: int,
+        handle: DeliveryHandle,
+        ts: int,
+        headers: Any,
+    ) -> DeliveryHandle:
+        """The local queue is full: serve delivery reports until there is room, or time out."""
+        self._backpressure_waits += 1
+        began = time.monotonic()
+        deadline = began + self._backpressure_timeout
+        while True:
+            self.poll(0.05)
+            try:
+                self._produce(topic, value, key, part, handle, None, ts, headers)
+            except BufferError as exc:
+                if time.monotonic() < deadline:
+                    continue
+                classification = classify(exc)
+                error = ProduceError(
+                    f"local producer queue stayed full for {self._backpressure_timeout:g} s "
+                    f"({len(self)} messages queued); the message was not queued",
+                    code=KafkaError._QUEUE_FULL,
+                    name="_QUEUE_FULL",
+                    topic=topic,
+                    partition=part if part >= 0 else None,
+                    classification=classification,
+                )
+                self._end_span(handle, exc, classification)
+                raise error from exc
+            except KafkaException as exc:
+                return self._produce_failed(exc, topic, value, key, part, handle, ts, headers)
+            break
+        self._log.debug("produce_backpressure", waited_s=round(time.monotonic() - began, 3))
+        return handle
+
+    def _produce_failed(
+        self,
+        exc: KafkaException,
+        topic: str,
+        value: Any,
+        key: Any,
+        part: int,
+        handle: DeliveryHandle,
+        ts: int,
+        headers: Any,
+    ) -> DeliveryHandle:
+        """produce() raised synchronously: too large, fatal, or a local error."""
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        code = err.code() if err is not None else None
+        if code in _TOO_LARGE:
+            return self._too_large(exc, topic, value, key, part, handle, ts, headers)
+        if err is not None and (err.fatal() or code == KafkaError._FATAL):
+            try:
+                self._handle_fatal(exc)  # raises unless recreated
+            except FatalProducerError:
+                self._end_span(handle, exc, classify(exc))
+                raise
+            self._produce(topic, value, key, part, handle, None, ts, headers)
+            return handle
+        error = translate(
+            exc, topic=topic, partition=part if part >= 0 else None, operation="produce"
+        )
+        self._end_span(handle, exc, error.classification)
+        raise error from exc
+
+    def _too_large(
+        self,
+        exc: KafkaException,
+        topic: str,
+        value: Any,
+        key: Any,
+        part: int,
+        handle: DeliveryHandle,
+        ts: int,
+        headers: Any,
+    ) -> DeliveryHandle:
+        value_size = len(value) if value is not None else 0
+        key_size = len(key) if key is not None else 0
+        classification = classify(exc)
+        error = MessageTooLargeError(
+            f"value of {value_size} bytes (key {key_size} bytes, plus headers and record "
+            f"framing) exceeds the producer's message.max.bytes={self._max_bytes}",
+            size=value_size,
+            limit=self._max_bytes,
+            topic=topic,
+            partition=part if part >= 0 else None,
+            classification=classification,
+        )
+        self._end_span(handle, exc, classification)
+        if self._dead_letter_topic is None:
+            raise error from exc
+        from ._producer_dlq import dead_letter_oversized
+
+        return dead_letter_oversized(
+            self,
+            error,
+            topic=topic,
+            value=value,
+            key=key,
+            headers=headers,
+            partition=part if part >= 0 else None,
+            timestamp=ts,
+            on_delivery=handle._on_delivery,
+        )
+
+    def _end_span(self, handle: DeliveryHandle, err: Any, classification: Any) -> None:
+        if handle._token is not None:
+            self._tel.producer_delivered(handle._token, err, None, classification)
+            handle._token = None
+
+    # ------------------------------------------------------------------ delivery reports
+
+    def _delivered_traced(self, handle: DeliveryHandle, msg: Any) -> None:
+        self._tel.producer_delivered(handle._token, None, msg, None)
+
+    def _process_reported(self) -> None:
+        """Classify the failure reports the handles queued (outside librdkafka callbacks)."""
+        reported = self._reported
+        while reported:
+            try:
+                handle, err, msg = reported.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            self._delivery_failed(handle, err, msg)
+
+    def _delivery_failed(self, handle: DeliveryHandle, err: KafkaError, msg: Any) -> None:
+        classification = classify(err)
+        if self._draining and not classification.possibly_persisted:
+            # Purged from a producer being replaced after a fatal error: we cannot tell
+            # whether a request carrying it reached a broker, so say it may be written.
+            classification = dataclasses.replace(classification, possibly_persisted=True)
+        partition = msg.partition()
+        offset = msg.offset()
+        value = msg.value()
+        topic = msg.topic()
+        failure = DeliveryFailure(
+            topic=topic,
+            partition=partition if partition is not None and partition >= 0 else None,
+            offset=offset if offset is not None and offset >= 0 else None,
+            key=msg.key(),
+            value_size=len(value) if value is not None else 0,
+            headers=handle._headers,
+            classification=classification,
+            error=err,
+            message_id=handle._id,
+        )
+        cls = MessageTooLargeError if err.code() in _TOO_LARGE else ProduceError
+        handle._error = cls(
+            self._scrub(err.str()),
+            code=err.code(),
+            name=err.name(),
+            topic=topic,
+            partition=failure.partition,
+            classification=classification,
+        )
+        with self._lock:
+            self._failures.append(failure)
+            self._failed_total += 1
+        self._monitor.on_error(err, topic, failure.partition)
+        if handle._token is not None:
+            self._tel.producer_delivered(handle._token, err, msg, classification)
+            handle._token = None
+        self._log.debug(
+            "delivery_failed",
+            topic=topic,
+            partition=failure.partition,
+            message_id=handle._id,
+            error=err.name(),
+            category=classification.category.name,
+            possibly_persisted=classification.possibly_persisted,
+        )
+
+    def _callback_raised(self, exc: Exception) -> None:
+        """A callback raised. A fatal error cutting in is kept for poll()/flush() to handle."""
+        fatal = fatal_cause(exc)
+        if fatal is not None:
+            self._pending_fatal = fatal
+            return
+        self._callback_errors += 1
+        if self._rate_ok(type(exc).__name__):
+            self._log.error(
+                "callback_failed", error=repr(exc), errors=self._callback_errors, exc_info=exc
+            )
+
+    def _rate_ok(self, key: object) -> bool:
+        now = time.monotonic()
+        last = self._logged_at.get(key)
+        if last is not None and now - last < _ERROR_LOG_INTERVAL:
+            return False
+        self._logged_at[key] = now
+        return True
+
+    # ------------------------------------------------------------------ librdkafka callbacks
+
+    def _on_error(self, err: KafkaError) -> None:
+        try:
+            self._last_error = (err.name(), time.time())
+            self._monitor.on_error(err)
+            if self._rate_ok(err.code()):
+                c = classify(err)
+                level = "error" if c.category in _ERROR_LEVEL_CATEGORIES else "warning"
+                getattr(self._log, level)(
+                    "kafka_client_error",
+                    error=err.name(),
+                    code=err.code(),
+                    reason=self._scrub(err.str()),
+                    category=c.category.name,
+                    remedy=c.remedy,
+                )
+            cb = self._user_cb["error_cb"]
+            if cb is not None:
+                cb(err)
+        except Exception as exc:
+            self._callback_raised(exc)
+
+    def _on_stats(self, stats_json: str) -> None:
+        try:
+            doc = json.loads(stats_json)
+            self._monitor.on_stats(doc)
+            self._brokers = broker_stats(doc)
+            cb = self._user_cb["stats_cb"]
+            if cb is not None:
+                cb(stats_json)
+        except Exception as exc:
+            self._callback_raised(exc)
+
+    # ------------------------------------------------------------------ fatal errors
+
+    def _settle(self, exc: BaseException | None) -> None:
+        """After serving callbacks: classify queued failures, handle a fatal error, re-raise."""
+        self._process_reported()
+        fatal = fatal_cause(exc)
+        pending, self._pending_fatal = self._pending_fatal, None
+        if fatal is None:
+            fatal = pending
+        if fatal is not None:
+            self._handle_fatal(fatal)
+            return
+        if isinstance(exc, KafkaException):
+            raise translate(exc, operation="produce") from exc
+        if exc is not None:
+            raise exc
+
+    def _handle_fatal(self, exc: KafkaException) -> None:
+        """A fatal error surfaced: recreate the producer (option) or raise FatalProducerError."""
+        if self._fatal is not None:
+            raise self._fatal
+        error = translate(exc, operation="produce")
+        fatal = (
+            error
+            if isinstance(error, FatalProducerError)
+            else FatalProducerError(error.message, classification=error.classification)
+        )
+        self._tel.fatal_error(fatal, fatal.classification, client_id=self.client_id)
+        self._log.error(
+            "producer_fatal_error",
+            error=fatal.name,
+            reason=self._scrub(fatal.message),
+            recreate=self._recreate_on_fatal,
+            in_flight=len(self),
+        )
+        if not self._recreate_on_fatal:
+            self._fatal = fatal
+            raise fatal from exc
+        with self._recreate_lock:
+            self._recreate(fatal)
+
+    def _recreate(self, cause: FatalProducerError) -> None:
+        """Replace the underlying producer; account for every message the old one held."""
+        self._process_reported()  # failures reported before the fatal keep their verdict
+        old = self._producer
+        self._draining = True
+        try:
+            lost = _drain(old)
+            self._process_reported()
+        finally:
+            self._draining = False
+            self._pending_fatal = None  # the old instance's fatal event, already handled
+        if lost:
+            self._unaccounted += lost
+            self._log.error("producer_recreate_unaccounted", messages=lost)
+        self._install(self._new_producer())
+        self._recreations += 1
+        self._log.warning(
+            "producer_recreated",
+            cause=cause.name,
+            recreations=self._recreations,
+            note="messages queued or in flight were reported failed (possibly persisted)",
+        )
+
+    # ------------------------------------------------------------------ public API
+
+    def poll(self, timeout: float = 0) -> int:
+        """Serve delivery reports and callbacks for up to ``timeout`` seconds; return how many.
+
+        Raises :class:`~kresilient.FatalProducerError` on a fatal error (unless
+        ``recreate_on_fatal``).
+        """
+        try:
+            served = self._poll(timeout)
+        except (KafkaException, SystemError) as exc:
+            served = 0
+            self._settle(exc)
+        else:
+            if self._reported or self._pending_fatal is not None:
+                self._settle(None)
+        if self._dlq is not None:
+            served += self._dlq.poll(0)
+        return served
+
+    def _take_failures(self) -> list[DeliveryFailure]:
+        self._process_reported()
+        with self._lock:
+            failures, self._failures = self._failures, []
+        return failures
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued message is delivered or failed (``timeout``: seconds).
+
+        Raises :class:`~kresilient.DeliveryError` listing every message that failed since the
+        previous flush (each with its classification), and also when messages are still queued
+        or in flight at the timeout: success is never reported while messages remain.
+        Raises :class:`~kresilient.FatalProducerError` when a fatal error surfaces (without
+        ``recreate_on_fatal``); the messages it failed are listed by the next ``flush()`` or
+        ``close()``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        remaining = 0
+        while self._producer is not None:
+            left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            recreations = self._recreations
+            try:
+                remaining = self._producer.flush(left)
+            except (KafkaException, SystemError) as exc:
+                self._settle(exc)  # raises unless the producer was recreated
+                continue
+            if self._pending_fatal is not None:
+                self._settle(None)
+            if self._recreations == recreations:
+                break
+        failures = self._take_failures()
+        if self._dlq is not None:
+            try:
+                self._dlq.flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except DeliveryError as exc:
+                failures.extend(exc.failures)
+        unaccounted, self._unaccounted = self._unaccounted, 0
+        if not failures and not remaining and not unaccounted:
+            if self._fatal is not None:
+                raise self._fatal
+            return
+        raise self._delivery_error(failures, remaining, unaccounted, timeout)
+
+    def _delivery_error(
+        self,
+        failures: list[DeliveryFailure],
+        remaining: int,
+        unaccounted: int,
+        timeout: float | None,
+    ) -> DeliveryError:
+        self._log.warning(
+            "delivery_failures",
+            failed=len(failures),
+            by_category=category_counts(failures),
+            remaining=remaining,
+            unaccounted=unaccounted,
+        )
+        error = compose_delivery_error(failures, remaining, unaccounted, timeout)
+        if self._fatal is not None:
+            error.__cause__ = self._fatal
+        return error
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, then release the producer. Idempotent.
+
+        Messages still queued when ``timeout`` expires are purged and reported in the
+        :class:`~kresilient.DeliveryError` (never dropped silently).
+        """
+        if self._closed:
+            return
+        failures: list[DeliveryFailure] = []
+        try:
+            self.flush(timeout)
+        except DeliveryError as exc:
+            failures.extend(exc.failures)
+        except FatalProducerError:
+            pass  # raised to the caller before, or just now by flush; what it failed follows
+        lost = 0
+        if self._producer is not None and len(self._producer) > 0:
+            lost = _drain(self._producer)
+        failures.extend(self._take_failures())
+        if self._dlq is not None:
+            try:
+                self._dlq.close(timeout)
+            except DeliveryError as exc:
+                failures.extend(exc.failures)
+        lost += self._unaccounted
+        self._unaccounted = 0
+        self._closed = True
+        self._produce = _closed_produce
+        self._poll = _no_poll
+        self._producer = None  # destroys the librdkafka instance (its queue is empty)
+        self._log.info("producer_closed", failed=len(failures), unaccounted=lost)
+        if failures or lost:
+            raise self._delivery_error(failures, 0, lost, timeout)
+
+    def __enter__(self) -> ResilientProducer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except DeliveryError as delivery:  # do not mask the exception already propagating
+            exc.add_note(f"kresilient: while closing the producer: {delivery}")
+
+    def __len__(self) -> int:
+        """Messages queued, in flight, or awaiting their delivery report."""
+        return len(self._producer) if self._producer is not None else 0
+
+    @property
+    def leadership(self) -> LeadershipMonitor:
+        """The :class:`~kresilient.LeadershipMonitor` fed by this producer's statistics."""
+        return self._monitor
+
+    def health(self) -> ProducerHealth:
+        """A snapshot for health checks: brokers up, in flight, failures, leadership, metadata."""
+        states = self._monitor.states()
+        churn = tuple(
+            f"{t}[{p}]" for (t, p), s in states.items() if s is LeadershipState.SUSTAINED_CHURN
+        )
+        produced = int(self._ids.__reduce__()[1][0]) - 1
+        snapshot = self._monitor.snapshot()
+        brokers = self._brokers
+        last = self._last_error
+        return ProducerHealth(
+            client_id=self.client_id,
+            closed=self._closed,
+            fatal_error=self._fatal.name if self._fatal is not None else None,
+            brokers_up=brokers.up if brokers is not None else None,
+            brokers_total=brokers.total if brokers is not None else None,
+            in_flight=len(self),
+            produced=produced,
+            failed_total=self._failed_total,
+            failed_since_flush=len(self._failures),
+            backpressure_waits=self._backpressure_waits,
+            recreations=self._recreations,
+            callback_errors=self._callback_errors,
+            leadership={f"{t}[{p}]": s.name for (t, p), s in sorted(states.items())},
+            sustained_churn=churn,
+            stale_metadata=tuple(self._monitor.stale_metadata()),
+            metadata_age_ms={
+                t: v["metadata_age_ms"]
+                for t, v in snapshot["topics"].items()
+                if v.get("metadata_age_ms") is not None
+            },
+            last_error=last[0] if last is not None else None,
+            last_error_at=last[1] if last is not None else None,
+            monitor=snapshot,
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("fatal" if self._fatal else "open")
+        return (
+            f"<ResilientProducer client_id={self.client_id!r} {state} in_flight={len(self)} "
+            f"failed_since_flush={len(self._failures)}>"
+        )
