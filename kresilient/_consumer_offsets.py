@@ -1,0 +1,221 @@
+"""Offset storing and committing for :class:`~kresilient.ResilientConsumer`.
+
+The rule: an offset is stored (``store_offsets``; ``enable.auto.offset.store=false``) only
+when every message before it was processed or dead-lettered with an ACKNOWLEDGED write. While a
+partition has unacknowledged dead-letter writes its stored offset stays at the oldest one;
+the processing progress made meanwhile is remembered and stored once they are acknowledged.
+Commits: background (librdkafka auto-commit of stored offsets) or every interval when
+``enable.auto.commit=false``, synchronous on revoke and on close; failures are classified and
+logged, never raised (the offsets stay stored and the next commit carries them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from kresilient._consumer_holds import TP, PendingDeadLetters
+from kresilient.errors import CommitError, DeadLetterError, translate
+from kresilient.telemetry import Telemetry
+
+__all__ = ["OffsetKeeper"]
+
+_NO_OFFSET: Final = KafkaError._NO_OFFSET
+
+
+class OffsetKeeper:
+    """Stores offsets under the rule above and commits them."""
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        log: Any,
+        tel: Telemetry,
+        dead_letter_topic: Callable[[str], str | None],
+    ) -> None:
+        self._consumer = consumer
+        self._log = log
+        self._tel = tel
+        self._dlq_topic = dead_letter_topic
+        self.pending: dict[TP, PendingDeadLetters] = {}
+        self.dead_lettered = 0
+        self.commit_failures = 0
+        self.last_commit_error: CommitError | None = None
+
+    # ------------------------------------------------------------------ storing
+
+    def store(self, tp: TP, offset: int, epoch: int | None = None) -> None:
+        """Everything of ``tp`` before ``offset`` is done."""
+        pending = self.pending.get(tp)
+        if pending is not None:
+            pending.high = max(pending.high, offset)
+            return
+        self._store_now(tp, offset, epoch)
+
+    def store_last(self, last: Mapping[TP, Message]) -> None:
+        """Batch end: ``last`` maps each partition to its last processed message."""
+        store = self._consumer.store_offsets
+        pending = self.pending
+        for tp, msg in last.items():
+            if pending:
+                waiting = pending.get(tp)
+                if waiting is not None:
+                    waiting.high = max(waiting.high, msg.offset() + 1)  # type: ignore[operator]
+                    continue
+            try:
+                store(message=msg)
+            except KafkaException as exc:
+                self._store_failed(exc, tp)
+
+    def _store_now(self, tp: TP, offset: int, epoch: int | None = None) -> None:
+        part = (
+            TopicPartition(tp[0], tp[1], offset)
+            if epoch is None
+            else TopicPartition(tp[0], tp[1], offset, leader_epoch=epoch)
+        )
+        try:
+            self._consumer.store_offsets(offsets=[part])
+        except KafkaException as exc:
+            self._store_failed(exc, tp)
+
+    def _store_failed(self, exc: KafkaException, tp: TP) -> None:
+        # _STATE / UNKNOWN_PARTITION: the partition was revoked meanwhile; its new owner starts
+        # from the last commit (at-least-once).
+        self._log.debug("offset_store_failed", topic=tp[0], partition=tp[1], error=str(exc))
+
+    # ------------------------------------------------------------------ dead letters
+
+    def add_dead_letters(self, tp: TP, first: int, handles: list[Any], high: int) -> None:
+        """Dead-letter writes for ``tp`` starting at source offset ``first`` were queued."""
+        pending = self.pending.get(tp)
+        if pending is None:
+            pending = self.pending[tp] = PendingDeadLetters(tp=tp, high=high)
+        pending.entries.append((first, handles))
+        pending.high = max(pending.high, high)
+
+    def release(self) -> None:
+        """Store past every acknowledged dead letter; raise DeadLetterError on a failed one."""
+        for tp, pending in list(self.pending.items()):
+            released = False
+            while pending.entries and all(h.done() for h in pending.entries[0][1]):
+                first, handles = pending.entries.popleft()
+                for handle in handles:
+                    error = handle.exception(0)
+                    if error is not None:
+                        pending.entries.appendleft((first, handles))
+                        raise DeadLetterError(
+                            f"dead-letter write for {tp[0]}[{tp[1]}]@{first} failed: {error}; "
+                            "the source offset is not committed",
+                            topic=self._dlq_topic(tp[0]),
+                            classification=error.classification,
+                        ) from error
+                self.dead_lettered += len(handles)
+                released = True
+            if not pending.entries:
+                del self.pending[tp]
+                self._store_now(tp, pending.high)
+            elif released:
+                self._store_now(tp, pending.floor())
+
+    def wait(self, producer: Any, tps: Iterable[TP] | None, timeout: float) -> None:
+        """Wait up to ``timeout`` s for the writes of ``tps`` (all: ``None``); store what was
+        acknowledged, stopping at the first write that failed or is still pending."""
+        chosen = [p for tp, p in self.pending.items() if tps is None or tp in set(tps)]
+        if not chosen:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(
+            h.done() for p in chosen for _, handles in p.entries for h in handles
+        ):
+            producer.poll(0.05)
+        for pending in chosen:
+            while pending.entries and all(
+                h.done() and h.exception(0) is None for h in pending.entries[0][1]
+            ):
+                self.dead_lettered += len(pending.entries.popleft()[1])
+            if pending.entries:
+                self._log.warning(
+                    "dead_letter_unacknowledged",
+                    topic=pending.tp[0],
+                    partition=pending.tp[1],
+                    offset=pending.entries[0][0],
+                    note="its offset is not committed: the message will be consumed again",
+                )
+            self._store_now(pending.tp, pending.floor())
+            del self.pending[pending.tp]
+
+    def drop(self, tps: Iterable[TP]) -> None:
+        """Forget partitions that were lost (their new owner consumes them again)."""
+        for tp in tps:
+            self.pending.pop(tp, None)
+
+    def pending_count(self) -> int:
+        """Unacknowledged dead-letter records."""
+        return sum(p.count() for p in list(self.pending.values()))
+
+    # ------------------------------------------------------------------ commits
+
+    def commit_async(self) -> None:
+        """Commit stored offsets in the background (``enable.auto.commit=false``)."""
+        try:
+            self._consumer.commit(asynchronous=True)
+        except KafkaException as exc:
+            if not _no_offset(exc):
+                self.commit_failed(exc, "interval")
+
+    def commit_sync(self, reason: str) -> None:
+        """Commit stored offsets and wait (on revoke and on close)."""
+        start = time.perf_counter()
+        try:
+            result = self._consumer.commit(asynchronous=False)
+        except KafkaException as exc:
+            if not _no_offset(exc):
+                self.commit_failed(exc, reason)
+            return
+        except RuntimeError:  # the consumer is closed
+            return
+        failed = [p for p in result or [] if p.error is not None]
+        if failed:
+            self.commit_failed(failed[0].error, reason, partitions=len(failed))
+        self._tel.record_commit(result or [], duration_s=time.perf_counter() - start)
+
+    def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """librdkafka's commit callback (background commits)."""
+        if err is not None:
+            if err.code() != _NO_OFFSET:
+                self.commit_failed(err, "auto")
+            return
+        failed = [p for p in partitions if p.error is not None]
+        if failed:
+            self.commit_failed(failed[0].error, "auto", partitions=len(failed))
+
+    def commit_failed(self, err: Any, reason: str, *, partitions: int | None = None) -> None:
+        """Classify and log one failed commit."""
+        translated = translate(err, operation="commit")
+        error = (
+            translated
+            if isinstance(translated, CommitError)
+            else CommitError(str(translated), classification=translated.classification)
+        )
+        self.commit_failures += 1
+        self.last_commit_error = error
+        c = error.classification
+        self._log.warning(
+            "offset_commit_failed",
+            reason=reason,
+            error=c.name,
+            category=c.category.value,
+            retriable=c.retriable,
+            partitions=partitions,
+            remedy=c.remedy,
+            note="offsets stay stored: the next commit carries them; a rebalance before "
+            "then redelivers (at-least-once)",
+        )
+
+
+def _no_offset(exc: KafkaException) -> bool:
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and err.code() == _NO_OFFSET
