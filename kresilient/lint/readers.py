@@ -105,12 +105,15 @@ def _entry(key: str, value: object, line: int, col: int) -> Entry:
 
 
 def looks_like_kafka(entries: dict[str, Entry], hinted: bool) -> bool:
-    """Decide whether a mapping is a Kafka config worth linting (avoids linting every YAML)."""
+    """Decide whether a mapping is a Kafka config worth linting (avoids linting every YAML).
+
+    Topic-spec keys such as ``name`` only count under a ``topics`` section (``hinted``).
+    """
     if not entries:
         return False
-    known = sum(1 for k in entries if is_known_key(k))
     if hinted:
-        return known >= 1
+        return any(is_known_key(k) for k in entries)
+    known = sum(1 for k in entries if is_known_key(k) and k not in TOPIC_SPEC_KEYS)
     return (known >= 2 and known * 2 >= len(entries)) or (known >= 1 and len(entries) == known)
 
 
