@@ -32,7 +32,11 @@ def rdkafka_conf_set() -> Any:
     lib.rd_kafka_conf_new.restype = ctypes.c_void_p
     lib.rd_kafka_conf_destroy.argtypes = [ctypes.c_void_p]
     lib.rd_kafka_conf_set.argtypes = [
-        ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
     ]
     lib.rd_kafka_conf_set.restype = ctypes.c_int
 
@@ -70,8 +74,9 @@ TYPED = [
 
 
 @pytest.mark.parametrize("prop", TYPED, ids=lambda p: p.name)
-def test_check_value_agrees_with_rd_kafka_conf_set(prop: catalog.Property, rdkafka_conf_set: Any
-                                                   ) -> None:
+def test_check_value_agrees_with_rd_kafka_conf_set(
+    prop: catalog.Property, rdkafka_conf_set: Any
+) -> None:
     disagreements = []
     for value in _samples(prop):
         accepted = rdkafka_conf_set(prop.name, value) == 0
@@ -82,7 +87,8 @@ def test_check_value_agrees_with_rd_kafka_conf_set(prop: catalog.Property, rdkaf
 
 def test_every_catalog_name_is_known_to_librdkafka(rdkafka_conf_set: Any) -> None:
     unknown = [
-        p.name for p in catalog.all_properties()
+        p.name
+        for p in catalog.all_properties()
         if p.source == "librdkafka" and rdkafka_conf_set(p.name, "x") == -2
     ]
     assert not unknown

@@ -34,29 +34,35 @@ def _project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_text_format_locations_and_exit_code(project: Path, capsys: pytest.CaptureFixture[str]
-                                             ) -> None:
+def test_text_format_locations_and_exit_code(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, _ = _run(capsys, "producer.properties", "topics.yaml")
     assert code == 1
     assert "producer.properties:2:1: KR006 [error] acks=0" in out
-    assert "producer.properties:3:1: KR005 [error] unknown property 'enable.idempotense' " \
-           "(did you mean 'enable.idempotence'?)" in out
+    assert (
+        "producer.properties:3:1: KR005 [error] unknown property 'enable.idempotense' "
+        "(did you mean 'enable.idempotence'?)" in out
+    )
     assert "topics.yaml:3:5: KR042" in out
     assert SECRET not in out
 
 
-def test_parse_error_exits_2_with_location(project: Path, capsys: pytest.CaptureFixture[str]
-                                           ) -> None:
+def test_parse_error_exits_2_with_location(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, _ = _run(capsys, "broken.json")
     assert code == 2
     assert "broken.json:2:16: KR000 [error] JSON: Expecting value" in out
 
 
-def test_exit_codes_follow_fail_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_exit_codes_follow_fail_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
-    Path("warn.properties").write_text("bootstrap.servers=a:1,b:1\nacks=1\nenable.idempotence="
-                                       "false\npartitioner=murmur2_random\n")
+    Path("warn.properties").write_text(
+        "bootstrap.servers=a:1,b:1\nacks=1\nenable.idempotence=false\npartitioner=murmur2_random\n"
+    )
     Path("clean.properties").write_text(
         "bootstrap.servers=a:1,b:1\nacks=all\nenable.idempotence=true\n"
         "partitioner=murmur2_random\nmessage.timeout.ms=120000\n"
@@ -79,8 +85,9 @@ def test_json_format(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert SECRET not in out
 
 
-def test_sarif_is_valid_against_the_schema(project: Path, capsys: pytest.CaptureFixture[str]
-                                           ) -> None:
+def test_sarif_is_valid_against_the_schema(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, _ = _run(capsys, "--format", "sarif", ".")
     assert code == 2  # broken.json
     log = json.loads(out)
@@ -183,19 +190,20 @@ def test_python_suppression_above_the_call(tmp_path: Path) -> None:
     assert not {"KR013", "KR014"} & {f.rule for f in lint_paths([str(path)])}
 
 
-def test_secrets_never_printed_in_any_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                             ) -> None:
+def test_secrets_never_printed_in_any_format(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     files = {
         "a.properties": f"security.protocol=sasl_plaintext\nsasl.password={SECRET}\n"
-                        f"ssl.key.password={SECRET}\nsasl.username=u\n",
+        f"ssl.key.password={SECRET}\nsasl.username=u\n",
         "b.yaml": f"producer:\n  sasl.password: {SECRET}\n  sasl.oauthbearer.client.secret: "
-                  f"{SECRET}\n  acks: 0\n",
+        f"{SECRET}\n  acks: 0\n",
         "c.py": "from confluent_kafka import Consumer\n"
-                f"Consumer({{'group.id': 'g', 'sasl.password': '{SECRET}'}})\n",
+        f"Consumer({{'group.id': 'g', 'sasl.password': '{SECRET}'}})\n",
         "d.env": f"KAFKA_SASL_PASSWORD={SECRET}\nKAFKA_ACKS=0\n",
         "server.properties": "node.id=1\nlistener.name.sasl_ssl.plain.sasl.jaas.config="
-                             "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                             f'username="admin" password="{SECRET}";\n',
+        "org.apache.kafka.common.security.plain.PlainLoginModule required "
+        f'username="admin" password="{SECRET}";\n',
     }
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -218,6 +226,10 @@ def test_python_module_entry_point(tmp_path: Path) -> None:
     import sys
 
     (tmp_path / "p.properties").write_text("acks=0\n")
-    proc = subprocess.run([sys.executable, "-m", "kresilient.lint", str(tmp_path / "p.properties")],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kresilient.lint", str(tmp_path / "p.properties")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 1 and "KR006" in proc.stdout

@@ -28,7 +28,8 @@ def test_properties_separators_continuations_and_escapes() -> None:
         client.id   my\\u0041pp
         linger.ms=5
         """,
-        "p.properties", "properties",
+        "p.properties",
+        "properties",
     )
     assert unit.entries["bootstrap.servers"].text == "a:9092,b:9092"
     assert unit.entries["acks"].text == "all" and unit.entries["acks"].line == 5
@@ -53,7 +54,8 @@ def test_yaml_sections_kinds_and_positions() -> None:
             bootstrap:
               servers: a:1,b:1
         """,
-        "app.yaml", "yaml",
+        "app.yaml",
+        "yaml",
     )
     kinds = {u.kind: u for u in units}
     assert kinds["producer"].entries["acks"].line == 4
@@ -70,7 +72,8 @@ def test_yaml_topic_list_with_spec_and_configs() -> None:
             configs:
               min.insync.replicas: 2
         """,
-        "t.yaml", "yaml",
+        "t.yaml",
+        "yaml",
     )
     assert unit.kind == "topic" and unit.name == "orders"
     assert unit.entries["replication.factor"].text == "2"
@@ -95,7 +98,8 @@ def test_toml_quoted_and_dotted_keys() -> None:
         enable.idempotence = false
         acks = "all"
         """,
-        "k.toml", "toml",
+        "k.toml",
+        "toml",
     )
     (unit,) = units
     assert unit.kind == "producer"
@@ -131,7 +135,8 @@ def test_python_dict_literal_name_mutations_and_kwargs() -> None:
         )
         unrelated = dict(acks=0)
         """,
-        "app.py", "python",
+        "app.py",
+        "python",
     )
     producer, consumer = units
     assert producer.kind == "producer" and consumer.kind == "consumer"
@@ -146,7 +151,9 @@ def test_python_dict_literal_name_mutations_and_kwargs() -> None:
 
 def test_python_ignores_classes_not_from_kafka_modules() -> None:
     assert _units("class Producer: ...\nProducer({'acks': 0})\n", "x.py", "python") == []
-    assert _units("from kafka import KafkaProducer\nKafkaProducer(acks=0)\n", "k.py", "python") == []
+    assert (
+        _units("from kafka import KafkaProducer\nKafkaProducer(acks=0)\n", "k.py", "python") == []
+    )
 
 
 def test_python_syntax_error_is_located() -> None:
