@@ -330,17 +330,15 @@ class Telemetry:
         elapsed = time.perf_counter() - token.start
         span = token.span
         partition = _safe_int(msg.partition) if msg is not None else None
-        error_type: str | None = None
-        if err is None:
-            if span is not None and span.is_recording():
-                if partition is not None and partition >= 0:
-                    span.set_attribute(N.MESSAGING_DESTINATION_PARTITION_ID, str(partition))
+        error_type = None if err is None else _error_name(err)
+        if span is not None and span.is_recording():
+            if partition is not None and partition >= 0:
+                span.set_attribute(N.MESSAGING_DESTINATION_PARTITION_ID, str(partition))
+            if error_type is None:
                 offset = _safe_int(msg.offset) if msg is not None else None
                 if offset is not None and offset >= 0:
                     span.set_attribute(N.MESSAGING_KAFKA_OFFSET, offset)
-        else:
-            error_type = _error_name(err)
-            if span is not None and span.is_recording():
+            else:
                 _mark_error(span, err, error_type, _category(classification, err))
         if span is not None:
             span.end()

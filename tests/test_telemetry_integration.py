@@ -1,0 +1,253 @@
+"""Telemetry on the real 3-node cluster: one trace from producer through consumer to the DLQ.
+
+ResilientProducer and ResilientConsumer (and the consumer's dead-letter producer) share one SDK
+tracer/meter provider with in-memory exporters. Names come from the semantic-conventions
+package constants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+import confluent_kafka as ck
+import pytest
+import tenacity
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.semconv._incubating.attributes import messaging_attributes as MA
+from opentelemetry.semconv._incubating.metrics import messaging_metrics as MM
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
+from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from test_telemetry import Otel, remote
+
+from kresilient import deadletter
+from kresilient.consumer import ResilientConsumer, RetryPolicy
+from kresilient.deadletter import DeadLetterPolicy
+from kresilient.errors import DeliveryError, ProduceError
+from kresilient.producer import ResilientProducer
+from kresilient.testing import KafkaCluster
+
+pytestmark = pytest.mark.integration
+
+KAFKA = MA.MessagingSystemValues.KAFKA.value
+SEND = MA.MessagingOperationTypeValues.SEND.value
+PROCESS = MA.MessagingOperationTypeValues.PROCESS.value
+SETTLE = MA.MessagingOperationTypeValues.SETTLE.value
+W3C = TraceContextTextMapPropagator()
+
+
+@pytest.fixture(name="otel")
+def _otel() -> Any:
+    o = Otel()
+    yield o
+    o.shutdown()
+
+
+def _attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _read_one(bootstrap: str, topic: str, timeout: float = 30.0) -> Any:
+    c = ck.Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": f"reader-{topic}",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+    })
+    try:
+        c.subscribe([topic])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is not None and msg.error() is None:
+                return msg
+        raise AssertionError(f"nothing read from {topic}")
+    finally:
+        c.close()
+
+
+def test_one_trace_from_producer_through_consumer_to_dead_letter_topic(
+    kafka_cluster: KafkaCluster, topic: str, otel: Otel
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    dlq = kafka_cluster.create_topic(f"{topic}.dlq", 1, 3, {"min.insync.replicas": 2})
+    providers = {
+        "tracer_provider": otel.tracer_provider,
+        "meter_provider": otel.meter_provider,
+        "propagator": W3C,
+    }
+    with ResilientProducer(
+        {"bootstrap.servers": bootstrap, "client.id": "orders-api"}, **providers
+    ) as producer:
+        ok = producer.produce(topic, b'{"id": 1}', key=b"order-1")
+        bad = producer.produce(topic, b'{"id": 2}', key=b"order-2")
+        producer.flush(30)
+    assert (ok.result().offset, bad.result().offset) == (0, 1)
+
+    attempts: dict[bytes, int] = {}
+
+    def handle(msg: Any) -> None:
+        attempts[msg.key()] = attempts.get(msg.key(), 0) + 1
+        if msg.key() == b"order-2":
+            raise RuntimeError("downstream refused order 2")
+
+    group = f"g-{topic}"
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "client.id": "orders-worker"},
+        [topic],
+        handle,
+        retry=RetryPolicy(stop=tenacity.stop_after_attempt(2), wait=tenacity.wait_fixed(0.2)),
+        dead_letter=DeadLetterPolicy(),
+        install_signal_handlers=False,
+        poll_timeout=0.2,
+        **providers,
+    )
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            consumer.run()
+        except BaseException as exc:  # pragma: no cover - surfaced below
+            errors.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    try:
+        # the DLQ producer's send span ends at the DLQ acknowledgement
+        _wait_for(lambda: any(s.name == f"send {dlq}" for s in otel.spans()), 90, "DLQ write")
+        _wait_for(lambda: any(s.name == f"commit {topic}" for s in otel.spans()), 30, "commit")
+    finally:
+        consumer.stop()
+        worker.join(60)
+    assert not worker.is_alive()
+    assert errors == []
+    assert attempts == {b"order-1": 1, b"order-2": 2}
+
+    spans = otel.spans()
+    sends = {_attrs(s)[MA.MESSAGING_KAFKA_OFFSET]: s for s in spans if s.name == f"send {topic}"}
+    assert sorted(sends) == [0, 1]
+    for offset, send in sends.items():
+        a = _attrs(send)
+        assert send.kind is SpanKind.PRODUCER
+        assert a[MA.MESSAGING_SYSTEM] == KAFKA
+        assert a[MA.MESSAGING_DESTINATION_NAME] == topic
+        assert a[MA.MESSAGING_OPERATION_TYPE] == SEND
+        assert a[MA.MESSAGING_OPERATION_NAME] == SEND
+        assert a[MA.MESSAGING_DESTINATION_PARTITION_ID] == "0"
+        assert a[MA.MESSAGING_CLIENT_ID] == "orders-api"
+        assert a[MA.MESSAGING_KAFKA_MESSAGE_KEY] == f"order-{offset + 1}"
+        assert a[MA.MESSAGING_MESSAGE_BODY_SIZE] == 9
+        assert send.parent is None
+
+    # the good message: one process span, child of its send span
+    ok_send = sends[0]
+    (ok_proc,) = [
+        s for s in spans if s.name == f"process {topic}" and s.parent is not None
+        and s.parent.span_id == ok_send.context.span_id
+    ]
+    a = _attrs(ok_proc)
+    assert ok_proc.kind is SpanKind.CONSUMER
+    assert ok_proc.context.trace_id == ok_send.context.trace_id
+    assert a[MA.MESSAGING_OPERATION_TYPE] == PROCESS
+    assert a[MA.MESSAGING_CONSUMER_GROUP_NAME] == group
+    assert a[MA.MESSAGING_DESTINATION_PARTITION_ID] == "0"
+    assert a[MA.MESSAGING_KAFKA_OFFSET] == 0
+    assert a[MA.MESSAGING_CLIENT_ID] == "orders-worker"
+    assert ok_proc.status.status_code is not StatusCode.ERROR
+
+    # the poison message: two attempts in the producer's trace, the last one dead-letters it
+    bad_send = sends[1]
+    trace_id = bad_send.context.trace_id
+    bad_procs = sorted(
+        (s for s in spans if s.name == f"process {topic}" and s.context.trace_id == trace_id),
+        key=lambda s: s.start_time or 0,
+    )
+    assert len(bad_procs) == 2
+    assert all(p.parent is not None and p.parent.span_id == bad_send.context.span_id
+               for p in bad_procs)
+    assert all(_attrs(p)[MA.MESSAGING_KAFKA_OFFSET] == 1 for p in bad_procs)
+    assert all(_attrs(p)[ERROR_TYPE] == "RuntimeError" for p in bad_procs)
+    retry_events = [e for e in bad_procs[0].events if e.name == "kresilient.retry"]
+    assert len(retry_events) == 1
+    assert dict(retry_events[0].attributes or {})[ERROR_TYPE] == "RuntimeError"
+
+    (dead,) = [s for s in spans if s.name == f"dead_letter {dlq}"]
+    assert dead.parent is not None and dead.parent.span_id == bad_procs[1].context.span_id
+    assert dead.context.trace_id == trace_id
+    assert _attrs(dead)[MA.MESSAGING_DESTINATION_NAME] == dlq
+    assert _attrs(dead)["kresilient.dead_letter.source.offset"] == 1
+    (dlq_send,) = [s for s in spans if s.name == f"send {dlq}"]
+    assert dlq_send.kind is SpanKind.PRODUCER
+    assert dlq_send.parent is not None and dlq_send.parent.span_id == dead.context.span_id
+    assert _attrs(dlq_send)[MA.MESSAGING_KAFKA_OFFSET] == 0
+    assert _attrs(dlq_send)[MA.MESSAGING_DESTINATION_PARTITION_ID] == "0"
+
+    # commits: CLIENT spans, operation type settle
+    commits = [s for s in spans if s.name == f"commit {topic}"]
+    assert commits and all(c.kind is SpanKind.CLIENT for c in commits)
+    assert all(_attrs(c)[MA.MESSAGING_OPERATION_TYPE] == SETTLE for c in commits)
+    assert all(_attrs(c)[MA.MESSAGING_CONSUMER_GROUP_NAME] == group for c in commits)
+
+    # the DLQ record: original traceparent kept byte for byte, processing context beside it
+    record = _read_one(bootstrap, dlq)
+    headers = record.headers() or []
+    assert remote(headers) == (trace_id, bad_send.context.span_id, True)
+    processing = [(k.removeprefix("kresilient."), v) for k, v in headers
+                  if k == deadletter.TRACEPARENT]
+    assert remote(processing) == (trace_id, dead.context.span_id, True)
+
+    # metrics
+    sent = {a[MA.MESSAGING_DESTINATION_NAME]: v
+            for a, v in otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES)}
+    assert sent == {topic: 2, dlq: 1}
+    consumed = sum(v for a, v in otel.points(MM.MESSAGING_CLIENT_CONSUMED_MESSAGES)
+                   if a[MA.MESSAGING_DESTINATION_NAME] == topic)
+    assert consumed == 3  # order-1 once, order-2 twice (redelivered for its retry)
+    durations = otel.points(MM.MESSAGING_PROCESS_DURATION)
+    assert sorted((a.get(ERROR_TYPE), n) for a, n in durations) == [
+        (None, 1), ("RuntimeError", 2)]
+    assert sum(v for _, v in otel.points("kresilient.retries")) == 1
+    ((dattrs, dead_letters),) = otel.points("kresilient.dead_letters")
+    assert dead_letters == 1
+    assert dattrs["kresilient.dead_letter.topic"] == dlq
+
+
+def test_failed_delivery_carries_error_type(
+    kafka_cluster: KafkaCluster, topic_factory: Any, otel: Otel
+) -> None:
+    topic = topic_factory(config={"max.message.bytes": 1024})
+    producer = ResilientProducer(
+        {"bootstrap.servers": kafka_cluster.bootstrap_servers},
+        tracer_provider=otel.tracer_provider,
+        meter_provider=otel.meter_provider,
+        propagator=W3C,
+    )
+    try:
+        handle = producer.produce(topic, b"x" * 4096, key=b"big")
+        with pytest.raises(ProduceError):
+            handle.result(60)
+    finally:
+        with contextlib.suppress(DeliveryError):  # close() reports the same failure again
+            producer.close()
+
+    (span,) = [s for s in otel.spans() if s.name == f"send {topic}"]
+    a = _attrs(span)
+    assert span.kind is SpanKind.PRODUCER
+    assert span.status.status_code is StatusCode.ERROR
+    assert a[ERROR_TYPE] == ck.KafkaError(ck.KafkaError.MSG_SIZE_TOO_LARGE).name()
+    assert a["kresilient.error.category"] == "config"
+    assert a[MA.MESSAGING_DESTINATION_PARTITION_ID] == "0"
+    assert MA.MESSAGING_KAFKA_OFFSET not in a
+    sent = otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES)
+    assert [(x.get(ERROR_TYPE), v) for x, v in sent] == [("MSG_SIZE_TOO_LARGE", 1)]
