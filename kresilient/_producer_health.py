@@ -29,7 +29,8 @@ def broker_stats(stats: Mapping[str, Any]) -> BrokerStats:
 class ProducerHealth:
     """A point-in-time view of a :class:`~kresilient.ResilientProducer` for health checks.
 
-    ``brokers_up``/``brokers_total`` are ``None`` until the first statistics arrive
+    ``in_flight`` is librdkafka's queue length: messages queued, in flight or awaiting their
+    delivery report, plus callbacks not served yet. ``brokers_up``/``brokers_total`` are ``None`` until the first statistics arrive
     (``statistics.interval.ms``). ``leadership`` maps ``"topic[partition]"`` to the
     :class:`~kresilient.LeadershipState` name. ``healthy`` is False when the producer is
     closed, hit a fatal error, sees no broker up, or a partition is in sustained churn.
