@@ -171,10 +171,12 @@ def test_produce_after_close_is_refused(make: Any) -> None:
 
 
 def test_context_manager_does_not_mask_the_original_exception(offline: dict[str, Any]) -> None:
-    with pytest.raises(ValueError) as info:
-        with ResilientProducer({**offline, "message.timeout.ms": 300}) as producer:
-            producer.produce("t", b"x")
-            raise ValueError("app failure")
+    with (
+        pytest.raises(ValueError) as info,
+        ResilientProducer({**offline, "message.timeout.ms": 300}) as producer,
+    ):
+        producer.produce("t", b"x")
+        raise ValueError("app failure")
     assert any("while closing the producer" in note for note in info.value.__notes__)
 
 
