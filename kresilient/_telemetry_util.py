@@ -105,27 +105,32 @@ class _LocalCounter:
 
     The SDK's synchronous ``Counter.add`` costs several microseconds per call (attribute
     validation and hashing); per-message counts instead cost one dict lookup and an increment
-    under a lock (~0.2 us) and the SDK reads the totals at collection time. *attrs* dicts must be
-    long-lived (they are: :class:`Telemetry` caches them), because they are keyed by identity.
+    under a lock (~0.2 us) and the SDK reads the totals at collection time. Series are keyed by
+    attribute *content*; each attrs dict seen is also remembered by identity (and kept alive, so
+    its id cannot be reused), which makes the per-message lookup an id() hit. Shared by every
+    client on the same meter provider.
     """
 
-    __slots__ = ("_lock", "_records")
+    __slots__ = ("_by_id", "_lock", "_series")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._records: dict[int, list[Any]] = {}
+        self._series: dict[frozenset[tuple[str, Any]], list[Any]] = {}
+        self._by_id: dict[int, tuple[dict[str, Any], list[Any]]] = {}
 
     def add(self, attrs: dict[str, Any]) -> None:
         with self._lock:
-            rec = self._records.get(id(attrs))
-            if rec is None:
-                self._records[id(attrs)] = [attrs, 1]
+            hit = self._by_id.get(id(attrs))
+            if hit is None:
+                rec = self._series.setdefault(frozenset(attrs.items()), [attrs, 0])
+                self._by_id[id(attrs)] = (attrs, rec)
             else:
-                rec[1] += 1
+                rec = hit[1]
+            rec[1] += 1
 
     def observe(self, _options: otel_metrics.CallbackOptions) -> Iterable[otel_metrics.Observation]:
         with self._lock:
-            snapshot = [(n, attrs) for attrs, n in self._records.values()]
+            snapshot = [(n, attrs) for attrs, n in self._series.values()]
         return [otel_metrics.Observation(n, attrs) for n, attrs in snapshot]
 
 
@@ -178,13 +183,26 @@ def _make_tracer(provider: trace.TracerProvider) -> trace.Tracer | None:
     return None if isinstance(tracer, trace.NoOpTracer) else tracer
 
 
+_INSTRUMENTS: dict[int, tuple[otel_metrics.MeterProvider, _Instruments | None]] = {}
+_INSTRUMENTS_LOCK = threading.Lock()
+
+
 def _make_instruments(provider: otel_metrics.MeterProvider) -> _Instruments | None:
+    """The instruments on *provider*, created once per provider and shared by every client.
+
+    Creating an instrument twice under one name makes the SDK warn and, for observable
+    counters, keep only the first instrument's callback: so clients must share them.
+    """
     if _is_noop_meter_provider(provider):
         return None
-    meter = provider.get_meter(N.INSTRUMENTATION_NAME, _version(), schema_url=N.SCHEMA_URL)
-    if isinstance(meter, otel_metrics.NoOpMeter):
-        return None
-    return _Instruments(meter)
+    with _INSTRUMENTS_LOCK:
+        hit = _INSTRUMENTS.get(id(provider))
+        if hit is not None and hit[0] is provider:
+            return hit[1]
+        meter = provider.get_meter(N.INSTRUMENTATION_NAME, _version(), schema_url=N.SCHEMA_URL)
+        instr = None if isinstance(meter, otel_metrics.NoOpMeter) else _Instruments(meter)
+        _INSTRUMENTS[id(provider)] = (provider, instr)
+        return instr
 
 
 def _mark_error(span: Span, err: object, error_type: str, category: str | None) -> None:

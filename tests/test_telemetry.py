@@ -277,6 +277,17 @@ def test_send_metrics_count_and_time_each_delivery(otel: Otel, tel: Telemetry) -
     assert dattrs == attrs
 
 
+def test_clients_sharing_a_meter_provider_all_count(otel: Otel, tel: Telemetry) -> None:
+    other = Telemetry(meter_provider=otel.meter_provider, tracer_provider=otel.tracer_provider)
+    send_and_deliver(tel)
+    send_and_deliver(other)  # same attributes, another client: one series
+    out, token = other.producer_send("payments", None, 1, None, None)
+    other.producer_delivered(token, None, message(out, topic="payments"))
+    sent = {a[MA.MESSAGING_DESTINATION_NAME]: v
+            for a, v in otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES)}
+    assert sent == {"orders": 2, "payments": 1}
+
+
 # --- consumer ------------------------------------------------------------------------------
 
 

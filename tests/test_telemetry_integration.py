@@ -126,8 +126,7 @@ def test_one_trace_from_producer_through_consumer_to_dead_letter_topic(
     try:
         # the DLQ producer's send span ends at the DLQ acknowledgement
         _wait_for(lambda: any(s.name == f"send {dlq}" for s in otel.spans()), 90, "DLQ write")
-        _wait_for(lambda: any(s.name == f"commit {topic}" for s in otel.spans()), 30, "commit")
-    finally:
+    finally:  # stop() commits what was processed or dead-lettered (a commit span)
         consumer.stop()
         worker.join(60)
     assert not worker.is_alive()
@@ -215,8 +214,8 @@ def test_one_trace_from_producer_through_consumer_to_dead_letter_topic(
                    if a[MA.MESSAGING_DESTINATION_NAME] == topic)
     assert consumed == 3  # order-1 once, order-2 twice (redelivered for its retry)
     durations = otel.points(MM.MESSAGING_PROCESS_DURATION)
-    assert sorted((a.get(ERROR_TYPE), n) for a, n in durations) == [
-        (None, 1), ("RuntimeError", 2)]
+    assert sorted((a.get(ERROR_TYPE, ""), n) for a, n in durations) == [
+        ("", 1), ("RuntimeError", 2)]
     assert sum(v for _, v in otel.points("kresilient.retries")) == 1
     ((dattrs, dead_letters),) = otel.points("kresilient.dead_letters")
     assert dead_letters == 1
