@@ -30,6 +30,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from kresilient._spark_options import ColumnLayout, SinkOptions
 from kresilient.config import producer_config
+from kresilient.deadletter import dead_letter_headers
 from kresilient.errors import (
     Action,
     Classification,
@@ -61,12 +62,19 @@ FORCED: Mapping[str, str] = {"acks": "all", "enable.idempotence": "true"}
 
 #: Errors that condemn one row, not the task (beyond what ``classify`` marks DEAD_LETTER): a
 #: ``partition`` column naming a partition the topic does not have is bad data in that row.
+VALUE_DROPPED_HEADER = "kresilient.value.dropped.bytes"
+"""On a dead letter whose value the dead-letter topic refused as too large: the value's size."""
+
 _ROW_ERROR_NAMES = frozenset({"_UNKNOWN_PARTITION"})
 
 #: Size errors: the dead letter carries no value (it would not fit there either).
 _SIZE_ERROR_NAMES = frozenset({"MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE", "RECORD_LIST_TOO_LARGE"})
 
-_POLL_EVERY = 4096
+_ASIDE: Mapping[str, Any] = {
+    "batch.num.messages": 1,
+    "linger.ms": 0,
+    "message.max.bytes": 16 * 1024 * 1024,
+}
 _MAX_CACHED = 4
 
 
@@ -97,6 +105,7 @@ class _Failure:
     timestamp: int
     error: KafkaError
     classification: Classification
+    local: bool = False  # refused by the client before sending (not a delivery report)
 
 
 class _Collector:
@@ -136,8 +145,10 @@ def _failure_from_report(
 
 @dataclass
 class _Entry:
+    config: Mapping[str, Any]
     producer: Producer
     collector: _Collector
+    single: tuple[Producer, _Collector] | None = None
 
 
 _PRODUCERS: dict[tuple[tuple[str, str], ...], _Entry] = {}
@@ -177,14 +188,28 @@ def _acquire(cfg: Mapping[str, Any]) -> tuple[tuple[tuple[str, str], ...], _Entr
     if entry is None:
         while len(_PRODUCERS) >= _MAX_CACHED:
             _discard(next(iter(_PRODUCERS)))
-        collector = _Collector()
-        conf = dict(cfg)
-        conf["on_delivery"] = collector.on_delivery
-        conf["error_cb"] = collector.on_error
-        entry = _Entry(Producer(conf), collector)
+        producer, collector = _new_producer(cfg)
+        entry = _Entry(cfg, producer, collector)
         _PRODUCERS[key] = entry
     entry.collector.reset()
     return key, entry
+
+
+def _new_producer(cfg: Mapping[str, Any]) -> tuple[Producer, _Collector]:
+    collector = _Collector()
+    conf = dict(cfg)
+    conf["on_delivery"] = collector.on_delivery
+    conf["error_cb"] = collector.on_error
+    return Producer(conf), collector
+
+
+def _aside_producer(entry: _Entry) -> tuple[Producer, _Collector]:
+    """The producer for rows set aside: one record per batch (``_TaskWriter.retry_alone``)
+    and room for large dead letters (the dead-letter topic decides what it accepts)."""
+    if entry.single is None:
+        entry.single = _new_producer({**entry.config, **_ASIDE})
+    entry.single[1].reset()
+    return entry.single
 
 
 def _discard(key: tuple[tuple[str, str], ...]) -> None:
@@ -192,11 +217,14 @@ def _discard(key: tuple[tuple[str, str], ...]) -> None:
     entry = _PRODUCERS.pop(key, None)
     if entry is None:
         return
-    try:
-        entry.producer.purge(in_queue=True, in_flight=False, blocking=False)
-        entry.producer.flush(2.0)
-    except Exception:  # best effort: the object is being thrown away
-        _log.debug("spark_producer_discard_failed", exc_info=True)
+    for producer in (entry.producer, entry.single[0] if entry.single else None):
+        if producer is None:
+            continue
+        try:
+            producer.purge(in_queue=True, in_flight=False, blocking=False)
+            producer.flush(2.0)
+        except Exception:  # best effort: the object is being thrown away
+            _log.debug("spark_producer_discard_failed", exc_info=True)
 
 
 def discard_producers() -> None:
@@ -204,6 +232,8 @@ def discard_producers() -> None:
     for key in list(_PRODUCERS):
         entry = _PRODUCERS.pop(key)
         entry.producer.flush(10.0)
+        if entry.single is not None:
+            entry.single[0].flush(10.0)
 
 
 atexit.register(discard_producers)
@@ -215,6 +245,7 @@ class _TaskWriter:
     def __init__(self, options: SinkOptions, layout: ColumnLayout, entry: _Entry) -> None:
         self.options = options
         self.layout = layout
+        self.entry = entry
         self.producer = entry.producer
         self.collector = entry.collector
         self.rows = 0
@@ -303,7 +334,7 @@ class _TaskWriter:
                 if not _is_row_error(c):
                     raise translate(exc, topic=topic, operation="produce") from exc
                 self.local_failures.append(
-                    _Failure(topic, partition, key, value, headers, timestamp, err, c)
+                    _Failure(topic, partition, key, value, headers, timestamp, err, c, local=True)
                 )
                 return
 
@@ -319,71 +350,147 @@ class _TaskWriter:
         err = KafkaError(KafkaError._INVALID_ARG, f"invalid row: {reason}")
         c = classify(err)
         self.local_failures.append(
-            _Failure(None, partition, key, value, headers, timestamp, err, _as_poison(c))
+            _Failure(None, partition, key, value, headers, timestamp, err, _as_poison(c), True)
         )
 
     # -- check ----------------------------------------------------------------------------
     def flush_and_check(self) -> list[_Failure]:
         """Wait for every delivery report; return the rows to dead-letter, raise for the rest."""
-        self.producer.flush()
-        if len(self.producer):  # flush() without timeout returns only when the queue is empty
-            raise DeliveryError(f"{len(self.producer)} message(s) still queued after flush()")
-        fatal = self.collector.fatal
-        if fatal is not None:
-            raise FatalProducerError(
-                f"fatal producer error: {fatal.str()}",
-                code=fatal.code(),
-                name=fatal.name(),
-                classification=classify(fatal),
-            )
-        failures = self.local_failures + self.collector.failures
+        failures = self.local_failures + _flushed_failures(self.producer, self.collector)
         self.local_failures = []
-        self.collector.reset()
-        fatal_rows = [f for f in failures if not _is_row_error(f.classification)]
-        if fatal_rows:
-            raise DeliveryError(
-                failures=[_delivery_failure(f, i) for i, f in enumerate(fatal_rows)]
-            )
+        # The broker refuses a whole batch when the batch exceeds the topic's
+        # max.message.bytes: rows batched with an oversized one failed only by company.
+        batched = [
+            f for f in failures if not f.local and f.classification.name in _SIZE_ERROR_NAMES
+        ]
+        if batched:
+            if len(batched) > 100:
+                _log.warning(
+                    "spark_batches_refused_as_too_large",
+                    rows=len(batched),
+                    hint="the topic's max.message.bytes is below the producer's batch.size: "
+                    "set kafka.batch.size lower; these rows are re-sent one per request",
+                )
+            alone = {id(f) for f in batched}
+            failures = [f for f in failures if id(f) not in alone] + self.retry_alone(batched)
         return failures
 
-    def dead_letter(self, failures: list[_Failure], attempt: int) -> dict[str, int]:
-        """Write ``failures`` to their dead-letter topics; raise unless all are acknowledged."""
-        topics: dict[str, int] = {}
+    def retry_alone(self, failures: list[_Failure]) -> list[_Failure]:
+        """Send each row again in a batch of its own; return the rows that still fail."""
+        producer, collector = _aside_producer(self.entry)
         for f in failures:
-            dlq = self.options.dead_letter_topic_for(f.topic)
-            if dlq is None:
-                raise DeliveryError(
-                    f"a row could not be produced ({f.classification.name}: "
-                    f"{f.classification.remedy}) and dead letters are disabled "
-                    "(set the 'deadLetterTopic' option)",
-                    failures=[_delivery_failure(f, 0)],
-                )
-            value = None if f.classification.name in _SIZE_ERROR_NAMES else f.value
-            headers = _dead_letter_headers(f, attempt, value_dropped=value is None)
             while True:
                 try:
-                    self.producer.produce(dlq, value, f.key, headers=headers)  # type: ignore[arg-type]
+                    producer.produce(
+                        f.topic,  # type: ignore[arg-type]
+                        f.value,
+                        f.key,
+                        partition=f.partition,
+                        timestamp=f.timestamp,
+                        headers=f.headers,  # type: ignore[arg-type]
+                    )
                     break
                 except BufferError:
-                    self.producer.poll(0.05)
-                except KafkaException as exc:
-                    raise DeadLetterError(
-                        f"could not write a dead letter to {dlq!r}: {exc.args[0].str()}",
-                        topic=dlq,
-                        classification=classify(exc.args[0]),
-                    ) from exc
-            topics[dlq] = topics.get(dlq, 0) + 1
-        self.producer.flush()
-        if self.collector.failures or self.collector.fatal is not None:
-            first = self.collector.failures[0] if self.collector.failures else None
-            c = first.classification if first else classify(self.collector.fatal)
+                    producer.poll(0.05)
+        return _flushed_failures(producer, collector)
+
+    def dead_letter(self, failures: list[_Failure], attempt: int) -> dict[str, int]:
+        """Write ``failures`` to their dead-letter topics; raise unless all are acknowledged.
+
+        The dead letter keeps the row's key, value and headers plus kresilient's error headers
+        (:func:`kresilient.deadletter.dead_letter_headers`). A value the dead-letter topic
+        refuses as too large is dropped on a second try, its size kept in the
+        ``kresilient.value.dropped.bytes`` header, so an oversized row never fails the job.
+        """
+        producer, _ = _aside_producer(self.entry)
+        reports = [self._send_dead_letter(producer, f, attempt, keep_value=True) for f in failures]
+        producer.flush()
+        retry = [r for r in reports if r.error is not None and _too_large(r) and r.kept_value]
+        failed = [r for r in reports if r.error is not None and r not in retry]
+        if retry:
+            again = [
+                self._send_dead_letter(producer, r.failure, attempt, keep_value=False)
+                for r in retry
+            ]
+            producer.flush()
+            failed += [r for r in again if r.error is not None]
+        if failed or len(producer):
+            err = failed[0].error if failed else None
+            c = classify(err) if err is not None else classify(KafkaError(KafkaError._TIMED_OUT))
             raise DeadLetterError(
-                f"{len(self.collector.failures)} dead letter(s) not acknowledged by Kafka "
-                f"({c.name}: {c.remedy})",
-                topic=first.topic if first else None,
+                f"{len(failed)} dead letter(s) to {failed[0].topic if failed else '?'!r} not "
+                f"acknowledged by Kafka ({c.name}: {c.remedy})",
+                topic=failed[0].topic if failed else None,
                 classification=c,
             )
+        topics: dict[str, int] = {}
+        for r in reports:
+            topics[r.topic] = topics.get(r.topic, 0) + 1
         return topics
+
+    def _send_dead_letter(
+        self, producer: Producer, f: _Failure, attempt: int, *, keep_value: bool
+    ) -> _DeadLetterReport:
+        dlq = self.options.dead_letter_topic_for(f.topic)
+        if dlq is None:
+            raise DeliveryError(
+                f"a row could not be produced ({f.classification.name}: "
+                f"{f.classification.remedy}) and dead letters are disabled "
+                "(set the 'deadLetterTopic' option)",
+                failures=[_delivery_failure(f, 0)],
+            )
+        report = _DeadLetterReport(f, dlq, keep_value)
+        value = f.value if keep_value else None
+        headers = _dead_letter_headers(f, attempt, value_dropped=not keep_value)
+        while True:
+            try:
+                producer.produce(dlq, value, f.key, headers=headers, on_delivery=report)  # type: ignore[arg-type]
+                return report
+            except BufferError:
+                producer.poll(0.05)
+            except KafkaException as exc:
+                report.error = exc.args[0]
+                return report
+
+
+class _DeadLetterReport:
+    """The outcome of one dead-letter record (its delivery callback)."""
+
+    __slots__ = ("error", "failure", "kept_value", "topic")
+
+    def __init__(self, failure: _Failure, topic: str, kept_value: bool) -> None:
+        self.failure = failure
+        self.topic = topic
+        self.kept_value = kept_value
+        self.error: KafkaError | None = None
+
+    def __call__(self, err: KafkaError | None, _msg: Any) -> None:
+        self.error = err
+
+
+def _too_large(report: _DeadLetterReport) -> bool:
+    return report.error is not None and report.error.name() in _SIZE_ERROR_NAMES
+
+
+def _flushed_failures(producer: Producer, collector: _Collector) -> list[_Failure]:
+    """Flush; return the row failures reported, raise for any other failure."""
+    producer.flush()
+    if len(producer):  # flush() without timeout returns only when the queue is empty
+        raise DeliveryError(f"{len(producer)} message(s) still queued after flush()")
+    fatal = collector.fatal
+    if fatal is not None:
+        raise FatalProducerError(
+            f"fatal producer error: {fatal.str()}",
+            code=fatal.code(),
+            name=fatal.name(),
+            classification=classify(fatal),
+        )
+    failures = collector.failures
+    collector.reset()
+    task_errors = [f for f in failures if not _is_row_error(f.classification)]
+    if task_errors:
+        raise DeliveryError(failures=[_delivery_failure(f, i) for i, f in enumerate(task_errors)])
+    return failures
 
 
 class _HeaderedReport:
@@ -430,34 +537,21 @@ def _delivery_failure(f: _Failure, index: int) -> DeliveryFailure:
 def _dead_letter_headers(
     f: _Failure, attempt: int, *, value_dropped: bool
 ) -> list[tuple[str, bytes | None]]:
-    exc = translate(f.error, topic=f.topic, operation="produce")
-    headers: list[tuple[str, bytes | None]]
-    try:
-        from kresilient.deadletter import dead_letter_headers
-    except ImportError:  # pragma: no cover - deadletter.py is written concurrently
-        headers = [
-            *(f.headers or []),
-            ("kresilient.original.topic", (f.topic or "").encode()),
-            ("kresilient.error.name", f.classification.name.encode()),
-            ("kresilient.error.category", f.classification.category.name.encode()),
-            ("kresilient.error.message", str(exc).encode()[:1000]),
-        ]
-    else:
-        headers = list(
-            dead_letter_headers(
-                f.topic or "",
-                f.partition if f.partition >= 0 else None,
-                None,
-                f.timestamp or None,
-                None,
-                exc,
-                f.classification,
-                attempt + 1,
-                original_headers=f.headers,
-            )
+    headers = list(
+        dead_letter_headers(
+            f.topic or "",
+            f.partition if f.partition >= 0 else None,
+            None,
+            f.timestamp or None,
+            None,
+            translate(f.error, topic=f.topic, operation="produce"),
+            f.classification,
+            attempt + 1,
+            original_headers=f.headers,
         )
+    )
     if value_dropped and f.value is not None:
-        headers.append(("kresilient.value.dropped.bytes", str(len(f.value)).encode()))
+        headers.append((VALUE_DROPPED_HEADER, str(len(f.value)).encode()))
     return headers
 
 

@@ -1,0 +1,403 @@
+"""The ``kresilient`` Spark sink against the real 3-node cluster (issue 8, tests 4a-4e).
+
+One ``local[2,3]`` SparkSession (2 cores, up to 3 attempts per task) serves the module. Every
+test reads the topic back with a confluent-kafka consumer and checks every id: ids are 8-byte
+big-endian keys, so a million of them become one numpy array.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+np = pytest.importorskip("numpy")
+
+from confluent_kafka import Consumer, TopicPartition  # noqa: E402
+
+from kresilient.testing import KafkaCluster  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+TopicFactory = Any
+
+
+@pytest.fixture(scope="module", name="spark")
+def _spark() -> Iterator[Any]:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from kresilient.spark import register
+
+    spark = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("kresilient-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    yield spark
+    spark.stop()
+
+
+def _frame(spark: Any, rows: int, *, size: int = 100, partitions: int = 2) -> Any:
+    from pyspark.sql import functions as F
+
+    return spark.range(rows, numPartitions=partitions).select(
+        F.expr("unhex(lpad(hex(id), 16, '0'))").alias("key"),
+        F.expr(f"repeat('v', {size})").cast("binary").alias("value"),
+    )
+
+
+def _writer(df: Any, cluster: KafkaCluster, topic: str) -> Any:
+    return (
+        df.write.format("kresilient")
+        .option("kafka.bootstrap.servers", cluster.bootstrap_servers)
+        .option("topic", topic)
+        .option("kafka.linger.ms", "5")
+        .mode("append")
+    )
+
+
+def _high_watermarks(cluster: KafkaCluster, topic: str) -> int:
+    c = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": "kr-spark-hwm"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
+    finally:
+        c.close()
+
+
+def _read_ids(cluster: KafkaCluster, topic: str) -> Any:
+    """Every record's key of ``topic`` as an int64 array (one entry per record)."""
+    c = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "group.id": f"kr-spark-read-{topic}",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 16 * 1024 * 1024,
+        }
+    )
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        chunks: list[bytes] = []
+        remaining = {p for p, end in ends.items() if end > 0}
+        deadline = time.monotonic() + 300
+        while remaining and time.monotonic() < deadline:
+            msgs = c.consume(num_messages=10000, timeout=1.0)
+            keys = []
+            for m in msgs:
+                if m.error() is not None:
+                    continue
+                keys.append(m.key())
+                if m.offset() >= ends[m.partition()] - 1:
+                    remaining.discard(m.partition())
+            chunks.append(b"".join(keys))
+        assert not remaining, f"could not read {topic} to its end"
+        return np.frombuffer(b"".join(chunks), dtype=">i8").astype(np.int64)
+    finally:
+        c.close()
+
+
+def _assert_all_present(ids: Any, rows: int, *, exclude: frozenset[int] = frozenset()) -> None:
+    expected = np.setdiff1d(np.arange(rows, dtype=np.int64), np.fromiter(exclude, np.int64))
+    missing = np.setdiff1d(expected, ids)
+    assert missing.size == 0, f"{missing.size} ids lost, e.g. {missing[:10].tolist()}"
+    assert np.isin(ids, expected).all(), "records that were never written appeared"
+
+
+def _last_summary() -> Any:
+    from kresilient.spark import last_write_summary
+
+    return last_write_summary()
+
+
+# --------------------------------------------------------------------------- 4a
+def test_batch_million_rows_all_present_no_duplicates(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    rows = 1_000_000
+    topic = topic_factory(partitions=2)
+    _writer(_frame(spark, rows), kafka_cluster, topic).save()
+
+    summary = _last_summary()
+    assert summary.topic == topic
+    assert (summary.rows, summary.written, summary.dead_lettered) == (rows, rows, 0)
+    assert summary.retried_tasks == 0  # so duplicates would be a defect, not a retry
+    ids = _read_ids(kafka_cluster, topic)
+    _assert_all_present(ids, rows)
+    assert ids.size == rows, f"{ids.size - rows} duplicates without any task retry"
+
+
+# --------------------------------------------------------------------------- 4b
+def test_task_attempt_failing_mid_write_loses_nothing(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
+) -> None:
+    rows = 300_000
+    topic = topic_factory(partitions=2)
+    marker = tmp_path / "attempt0-failed"
+    bootstrap = kafka_cluster.bootstrap_servers
+    fail_at = 250_000  # in partition 1 (ids 150000..299999), after ~10 Arrow batches
+
+    def fail_first_attempt(batches: Iterator[Any]) -> Iterator[Any]:
+        # Runs in a Python worker: only names importable there (no helpers of this module).
+        import time
+
+        from confluent_kafka import Consumer, TopicPartition
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        for batch in batches:
+            if ctx.attemptNumber() == 0 and fail_at in batch.column(0).to_pylist():
+                # Fail only once rows of this attempt are in Kafka: a failure *mid-write*.
+                c = Consumer({"bootstrap.servers": bootstrap, "group.id": "kr-spark-wait"})
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    tps = [TopicPartition(topic, p) for p in (0, 1)]
+                    if sum(c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps) > 0:
+                        break
+                    time.sleep(0.05)
+                c.close()
+                marker.write_text("failed")
+                raise RuntimeError("injected failure of task attempt 0")
+            yield batch
+
+    from pyspark.sql import functions as F
+
+    df = (
+        spark.range(rows, numPartitions=2)
+        .mapInArrow(fail_first_attempt, "id long")
+        .select(
+            F.expr("unhex(lpad(hex(id), 16, '0'))").alias("key"),
+            F.expr("repeat('v', 100)").cast("binary").alias("value"),
+        )
+    )
+    _writer(df, kafka_cluster, topic).save()
+
+    assert marker.exists(), "the injected failure did not happen"
+    summary = _last_summary()
+    assert summary.retried_tasks == 1
+    assert summary.rows == rows
+    ids = _read_ids(kafka_cluster, topic)
+    _assert_all_present(ids, rows)
+    assert ids.size > rows, "the failed attempt wrote nothing: the failure was not mid-write"
+
+
+def _wait_for_records(bootstrap: str, topic: str, *, minimum: int, timeout: float = 60) -> None:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "kr-spark-wait"})
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+            total = sum(c.get_watermark_offsets(TopicPartition(topic, p))[1] for p in parts)
+            if total >= minimum:
+                return
+            time.sleep(0.05)
+    finally:
+        c.close()
+
+
+# --------------------------------------------------------------------------- 4c
+@pytest.mark.chaos
+def test_leader_sigkill_during_write_job_succeeds_no_loss(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    rows = 600_000
+    topic = topic_factory(partitions=2)
+    outcome: dict[str, BaseException | None] = {}
+
+    def run() -> None:
+        try:
+            _writer(_frame(spark, rows), kafka_cluster, topic).save()
+            outcome["error"] = None
+        except BaseException as exc:  # reported by the assertion below
+            outcome["error"] = exc
+
+    writer = threading.Thread(target=run, daemon=True)
+    writer.start()
+    _wait_for_records(kafka_cluster.bootstrap_servers, topic, minimum=20_000, timeout=300)
+    victim = kafka_cluster.leader(topic, 0)
+    at_kill = _high_watermarks(kafka_cluster, topic)
+    kafka_cluster.kill(victim)
+    killed_mid_write = writer.is_alive()
+    try:
+        writer.join(timeout=600)
+        assert not writer.is_alive(), "the write did not finish"
+        assert outcome["error"] is None, f"the job failed: {outcome['error']}"
+        assert killed_mid_write and at_kill < rows, "the leader died after the write"
+    finally:
+        kafka_cluster.start(victim)
+        for p in (0, 1):
+            kafka_cluster.wait_for_isr(topic, p, size=3, timeout=120)
+    ids = _read_ids(kafka_cluster, topic)
+    _assert_all_present(ids, rows)
+
+
+# --------------------------------------------------------------------------- 4d
+def test_oversized_rows_dead_lettered_job_succeeds_counts_reported(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    from pyspark.sql import functions as F
+
+    rows = 100_000
+    # The topic takes at most 64 KiB: 100 KiB rows fail at the broker (delivery report);
+    # 2 MB rows exceed the producer's message.max.bytes and fail before they are sent.
+    topic = topic_factory(partitions=2, config={"max.message.bytes": 65536})
+    dlq = topic_factory(partitions=1)
+    broker_rejects = frozenset({11, 50_000, 99_999})
+    client_rejects = frozenset({7, 77_777})
+    size = (
+        F.when(F.col("id").isin(*broker_rejects), 100 * 1024)
+        .when(F.col("id").isin(*client_rejects), 2_000_000)
+        .otherwise(100)
+    )
+    df = spark.range(rows, numPartitions=2).select(
+        F.expr("unhex(lpad(hex(id), 16, '0'))").alias("key"),
+        F.expr("repeat('v', 1)").alias("v"),
+        size.alias("size"),
+    )
+    df = df.select("key", F.expr("repeat(v, size)").cast("binary").alias("value"))
+    # batch.size below the topic's limit: only the oversized rows are refused by the broker.
+    (
+        _writer(df, kafka_cluster, topic)
+        .option("deadLetterTopic", dlq)
+        .option("kafka.batch.size", "16384")
+        .save()
+    )
+
+    summary = _last_summary()
+    bad = broker_rejects | client_rejects
+    assert summary.dead_lettered == len(bad)
+    assert summary.written == rows - len(bad)
+    assert dict(summary.dead_letter_reasons) == {"MSG_SIZE_TOO_LARGE": len(bad)}
+    assert summary.dead_letter_topics == (dlq,)
+    ids = _read_ids(kafka_cluster, topic)
+    _assert_all_present(ids, rows, exclude=bad)
+    assert ids.size == rows - len(bad)
+    dead = _read_records(kafka_cluster, dlq)
+    assert sorted(int.from_bytes(k, "big") for k, _, _ in dead) == sorted(bad)
+    for key, value, headers in dead:
+        row = int.from_bytes(key, "big")
+        found = dict(headers)
+        assert found["kresilient.original.topic"] == topic.encode()
+        assert b"MSG_SIZE_TOO_LARGE" in found["kresilient.exception.message"]
+        if row in broker_rejects:  # fits the dead-letter topic: kept byte for byte
+            assert value == b"v" * (100 * 1024)
+        else:  # 2 MB: refused by the dead-letter topic too, so dropped and its size recorded
+            assert value is None
+            assert found["kresilient.value.dropped.bytes"] == b"2000000"
+
+
+def test_rows_refused_only_for_an_oversized_neighbour_are_not_dead_lettered(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    from pyspark.sql import functions as F
+
+    rows = 3_000
+    # Default batch.size (1 MB) > the topic's 16 KiB limit: the broker refuses whole batches
+    # of small rows. Only the row that is too large by itself may be dead-lettered.
+    topic = topic_factory(partitions=1, config={"max.message.bytes": 16384})
+    dlq = topic_factory(partitions=1)
+    oversized = 1_500
+    size = F.when(F.col("id") == oversized, 20_000).otherwise(100)
+    df = spark.range(rows, numPartitions=1).select(
+        F.expr("unhex(lpad(hex(id), 16, '0'))").alias("key"),
+        F.expr("repeat('v', 1)").alias("v"),
+        size.alias("size"),
+    )
+    df = df.select("key", F.expr("repeat(v, size)").cast("binary").alias("value"))
+    _writer(df, kafka_cluster, topic).option("deadLetterTopic", dlq).save()
+
+    summary = _last_summary()
+    assert (summary.written, summary.dead_lettered) == (rows - 1, 1)
+    ids = _read_ids(kafka_cluster, topic)
+    _assert_all_present(ids, rows, exclude=frozenset({oversized}))
+    dead = _read_records(kafka_cluster, dlq)
+    assert [int.from_bytes(k, "big") for k, _, _ in dead] == [oversized]
+
+
+def _read_records(cluster: KafkaCluster, topic: str) -> list[tuple[bytes, Any, list[Any]]]:
+    c = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": f"r-{topic}"})
+    try:
+        end = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+        c.assign([TopicPartition(topic, 0, 0)])
+        out: list[tuple[bytes, Any, list[Any]]] = []
+        deadline = time.monotonic() + 60
+        while len(out) < end and time.monotonic() < deadline:
+            for m in c.consume(num_messages=100, timeout=1.0):
+                if m.error() is None:
+                    out.append((m.key(), m.value(), m.headers() or []))
+        return out
+    finally:
+        c.close()
+
+
+# --------------------------------------------------------------------------- 4e
+def test_streaming_restart_from_checkpoint_loses_nothing(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
+) -> None:
+    files, per_file = 12, 5_000
+    source = tmp_path / "in"
+    source.mkdir()
+    for f in range(files):
+        ids = range(f * per_file, (f + 1) * per_file)
+        (source / f"part-{f:03d}.csv").write_text("".join(f"{i}\n" for i in ids))
+    topic = topic_factory(partitions=2)
+    checkpoint = tmp_path / "checkpoint"
+
+    def start() -> Any:
+        from pyspark.sql import functions as F
+
+        stream = (
+            spark.readStream.schema("id LONG")
+            .option("maxFilesPerTrigger", 1)
+            .csv(str(source))
+            .select(
+                F.expr("unhex(lpad(hex(id), 16, '0'))").alias("key"),
+                F.expr("repeat('v', 100)").cast("binary").alias("value"),
+            )
+        )
+        return (
+            stream.writeStream.format("kresilient")
+            .option("kafka.bootstrap.servers", kafka_cluster.bootstrap_servers)
+            .option("topic", topic)
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+
+    first = start()
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            progress = first.lastProgress
+            if progress is not None and progress["batchId"] >= 2:
+                break
+            time.sleep(0.2)
+    finally:
+        first.stop()  # may interrupt a micro-batch: its replay is what the restart must do
+    written_before = _high_watermarks(kafka_cluster, topic)
+    assert 0 < written_before < files * per_file, "the first run wrote nothing or everything"
+    assert (checkpoint / "offsets").is_dir()
+
+    second = start()
+    try:
+        second.processAllAvailable()
+    finally:
+        second.stop()
+    summary = _last_summary()
+    assert summary.mode == "streaming" and summary.batch_id is not None
+    ids = _read_ids(kafka_cluster, topic)
+    _assert_all_present(ids, files * per_file)
