@@ -3,13 +3,77 @@
 The public API is re-exported here; submodules hold the details:
 
 - :mod:`kresilient.errors`: error classification and the exception tree.
+- :mod:`kresilient.retry`: tenacity predicates driven by the classification.
+- :mod:`kresilient.leadership`: leadership burst vs sustained churn, metadata age.
 - :mod:`kresilient.testing`: a real 3-node KRaft Kafka cluster for tests and demos.
 """
 
 from __future__ import annotations
 
+from kresilient.errors import (
+    Action,
+    CircuitBreakerOpenError,
+    Classification,
+    CommitError,
+    ConfigError,
+    ConsumeError,
+    DeadLetterError,
+    DeliveryError,
+    DeliveryFailure,
+    ErrorCategory,
+    FatalProducerError,
+    KafkaClientError,
+    KResilientError,
+    MessageTooLargeError,
+    ProduceError,
+    UnsafeConfigError,
+    classify,
+    translate,
+)
+from kresilient.leadership import ChurnPolicy, LeadershipChange, LeadershipMonitor, LeadershipState
+from kresilient.retry import (
+    retry_if_action,
+    retry_if_category,
+    retry_if_classification,
+    retry_if_kafka_code,
+    retry_if_kafka_retriable,
+    retry_if_possibly_persisted,
+    retry_if_refresh_metadata,
+    retry_unless_possibly_persisted,
+)
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "Action",
+    "ChurnPolicy",
+    "CircuitBreakerOpenError",
+    "Classification",
+    "CommitError",
+    "ConfigError",
+    "ConsumeError",
+    "DeadLetterError",
+    "DeliveryError",
+    "DeliveryFailure",
+    "ErrorCategory",
+    "FatalProducerError",
+    "KResilientError",
+    "KafkaClientError",
+    "LeadershipChange",
+    "LeadershipMonitor",
+    "LeadershipState",
+    "MessageTooLargeError",
+    "ProduceError",
+    "UnsafeConfigError",
     "__version__",
+    "classify",
+    "retry_if_action",
+    "retry_if_category",
+    "retry_if_classification",
+    "retry_if_kafka_code",
+    "retry_if_kafka_retriable",
+    "retry_if_possibly_persisted",
+    "retry_if_refresh_metadata",
+    "retry_unless_possibly_persisted",
+    "translate",
 ]

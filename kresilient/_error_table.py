@@ -455,4 +455,18 @@ ROWS: tuple[Row, ...] = (
     Row(133, "SHARE_SESSION_LIMIT_REACHED", "BACKPRESSURE", "ShareSessionLimitReachedException",
         "Broker share-session limit reached: back off and retry"),
 )
+
+#: Rows that replace ROWS inside a delivery report (``classify(err, context="delivery")``).
+#: librdkafka retries leadership errors internally until message.timeout.ms, so a code that
+#: reaches a delivery report means something more specific than on the wire. Seen on a real
+#: Kafka 4.1 cluster (tests/test_classification_cluster.py, 6e): producing to a missing topic
+#: (broker auto.create.topics.enable=false) fails with UNKNOWN_TOPIC_OR_PART once
+#: topic.metadata.propagation.max.ms (30 s) has passed, or with _MSG_TIMED_OUT when
+#: message.timeout.ms is shorter than that.
+DELIVERY_ROWS: tuple[Row, ...] = (
+    Row(3, "UNKNOWN_TOPIC_OR_PART", "CONFIG", "UnknownTopicOrPartitionException",
+        "The topic (or partition) does not exist: librdkafka waited "
+        "topic.metadata.propagation.max.ms for it; create the topic (broker "
+        "auto.create.topics.enable is off) or fix the topic name"),
+)
 # fmt: on

@@ -51,7 +51,7 @@ from typing import Any, Final, Literal, TypeAlias
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.serialization import SerializationError
 
-from kresilient._error_table import ROWS
+from kresilient._error_table import DELIVERY_ROWS, ROWS, Row
 
 __all__ = [
     "Action",
@@ -60,6 +60,7 @@ __all__ = [
     "CommitError",
     "ConfigError",
     "ConsumeError",
+    "Context",
     "DeadLetterError",
     "DeliveryError",
     "DeliveryFailure",
@@ -155,9 +156,9 @@ _CATEGORY_DEFAULTS: Final[Mapping[ErrorCategory, _Defaults]] = {
 }
 
 
-def _build_table() -> dict[int, Classification]:
+def _build_table(rows: tuple[Row, ...]) -> dict[int, Classification]:
     table: dict[int, Classification] = {}
-    for row in ROWS:
+    for row in rows:
         category = ErrorCategory[row.category]
         d = _CATEGORY_DEFAULTS[category]
         java = row.java
@@ -178,7 +179,14 @@ def _build_table() -> dict[int, Classification]:
 
 
 #: code -> Classification, built once at import from the data table.
-_BY_CODE: Final[dict[int, Classification]] = _build_table()
+_BY_CODE: Final[dict[int, Classification]] = _build_table(ROWS)
+
+Context = Literal["delivery"]
+"""Where an error was seen, when that changes its meaning (see ``DELIVERY_ROWS``)."""
+
+_BY_CONTEXT: Final[Mapping[Context, dict[int, Classification]]] = {
+    "delivery": _build_table(DELIVERY_ROWS),
+}
 
 #: librdkafka error descriptions (``KafkaError(code).str()``) -> code, to unwrap ``_FATAL``
 #: texts of the form "Fatal error: <description>: <reason>".
@@ -251,7 +259,11 @@ def _retriable_variant(base: Classification) -> Classification:
     return hit
 
 
-def _by_code(code: int) -> Classification:
+def _by_code(code: int, context: Context | None = None) -> Classification:
+    if context is not None:
+        hit = _BY_CONTEXT[context].get(code)
+        if hit is not None:
+            return hit
     hit = _BY_CODE.get(code)
     return hit if hit is not None else _unknown_code(code)
 
@@ -267,11 +279,11 @@ def _unwrap_fatal(err: KafkaError) -> Classification:
     return _BY_CODE[KafkaError._FATAL]
 
 
-def _classify_kafka_error(err: KafkaError) -> Classification:
+def _classify_kafka_error(err: KafkaError, context: Context | None) -> Classification:
     code = err.code()
     if code == KafkaError._FATAL:
         return _unwrap_fatal(err)
-    base = _by_code(code)
+    base = _by_code(code, context)
     if err.fatal():
         return _fatal_variant(base)
     if err.txn_requires_abort():
@@ -321,26 +333,30 @@ _UNKNOWN_EXCEPTION: Final = _synthetic(
 )
 
 
-def classify(err: object) -> Classification:
+def classify(err: object, *, context: Context | None = None) -> Classification:
     """Classify a Kafka error, exception or code. Cheap (dict lookups); safe on hot paths.
 
     Accepts ``KafkaError``, ``KafkaException`` (its ``args[0]``), an int code, ``BufferError``
     (librdkafka's ``_QUEUE_FULL``), confluent-kafka serialization errors (``POISON``), a
     :class:`KResilientError`, or any other exception (``UNKNOWN``, not retriable).
 
+    Pass ``context="delivery"`` for a delivery report's error: librdkafka has then already
+    retried what it could, so e.g. ``UNKNOWN_TOPIC_OR_PART`` means a missing topic (CONFIG),
+    not a leader move.
+
     >>> classify(KafkaError.NOT_LEADER_FOR_PARTITION).category
     <ErrorCategory.LEADERSHIP: 'leadership'>
     """
     if isinstance(err, KafkaError):
-        return _classify_kafka_error(err)
+        return _classify_kafka_error(err, context)
     if isinstance(err, int) and not isinstance(err, bool):
-        return _by_code(err)
+        return _by_code(err, context)
     if isinstance(err, KResilientError):
         return err.classification
     if isinstance(err, KafkaException):
         inner = err.args[0] if err.args else None
         if isinstance(inner, KafkaError):
-            return _classify_kafka_error(inner)
+            return _classify_kafka_error(inner, context)
         if isinstance(err, SerializationError):
             return _SERIALIZATION
         return _UNKNOWN_EXCEPTION
@@ -527,7 +543,7 @@ class DeliveryFailure:
             key=msg.key(),
             value_size=len(value) if value is not None else 0,
             headers=msg.headers(),
-            classification=classify(err),
+            classification=classify(err, context="delivery"),
             error=err,
             message_id=message_id,
         )
@@ -635,21 +651,23 @@ def translate(
     topic: str | None = None,
     partition: int | None = None,
     operation: Operation | None = None,
+    context: Context | None = None,
 ) -> KResilientError:
     """Turn a lower-layer error into a kresilient exception (the one place this happens).
 
     ``operation`` says what was being done ("produce", "consume", "commit" or "configure");
     without it the code decides when it only arises on one side, else the result is a plain
-    :class:`KafkaClientError`. Fatal errors become :class:`FatalProducerError` (producer
-    side), size errors :class:`MessageTooLargeError`. A kresilient exception is returned
-    unchanged. Raise the result ``from exc``::
+    :class:`KafkaClientError`. ``context`` is passed to :func:`classify` (use
+    ``"delivery"`` for a delivery report's error). Fatal errors become
+    :class:`FatalProducerError` (producer side), size errors :class:`MessageTooLargeError`.
+    A kresilient exception is returned unchanged. Raise the result ``from exc``::
 
         except KafkaException as exc:
             raise translate(exc, topic=topic, operation="produce") from exc
     """
     if isinstance(exc, KResilientError):
         return exc
-    classification = classify(exc)
+    classification = classify(exc, context=context)
     kerr = exc if isinstance(exc, KafkaError) else _kafka_error_of(exc)
     if kerr is not None:
         message = _scrub(kerr.str() or "")
