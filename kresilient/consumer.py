@@ -362,6 +362,7 @@ class ResilientConsumer(FailureMixin):
         watchdog = self._watchdog
         tel = self._tel
         size = self._max_batch
+        recheck = 0.0
         while not self._stop_requested:
             if self._fatal is not None:
                 raise self._fatal
@@ -379,8 +380,10 @@ class ResilientConsumer(FailureMixin):
                 raise translate(exc, operation="consume") from exc
             if not msgs:
                 continue
-            self._traced = tel.enabled
-            watchdog.started = time.monotonic()
+            watchdog.started = now = time.monotonic()
+            if now >= recheck:  # a tracer provider may be installed after start
+                self._traced = tel.enabled
+                recheck = now + 1.0
             process(msgs)
             watchdog.started = 0.0
 
