@@ -369,12 +369,30 @@ def java_client_kinds(name: str) -> tuple[str, ...]:
     return tuple(k for k in kinds if name in _kafka_keys(k))
 
 
-def suggest(name: str, *, among: Iterable[str] | None = None, n: int = 3) -> list[str]:
+def suggest(
+    name: str,
+    *,
+    among: Iterable[str] | None = None,
+    kind: KafkaKind | Literal["client"] = "client",
+    n: int = 3,
+) -> list[str]:
     """Close matches for a misspelled ``name`` ("did you mean"), best first.
 
-    ``among`` defaults to every client property; pass broker or topic keys to suggest those.
+    Candidates are the client properties, or the Kafka keys of ``kind`` (``broker``,
+    ``topic`` ...), or ``among`` when given. Results for catalog pools are cached.
     """
-    candidates = list(among) if among is not None else list(_properties())
+    if among is not None:
+        return _close(name, tuple(among), n)
+    return list(_suggest_cached(name, kind, n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _suggest_cached(name: str, kind: str, n: int) -> tuple[str, ...]:
+    pool = tuple(_properties()) if kind == "client" else tuple(_kafka_keys(kind))
+    return tuple(_close(name, pool, n))
+
+
+def _close(name: str, candidates: tuple[str, ...], n: int) -> list[str]:
     lowered = name.lower().replace("_", ".").replace("-", ".")
     exact = [c for c in candidates if c.lower() == lowered and c != name]
     close = difflib.get_close_matches(lowered, candidates, n=n, cutoff=0.75)

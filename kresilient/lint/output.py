@@ -146,3 +146,74 @@ FORMATS: dict[str, Callable[[Sequence[Finding], str], str]] = {
 def render(findings: Sequence[Finding], fmt: str, tool: str = "lint") -> str:
     """Render ``findings`` in one of :data:`FORMATS`."""
     return FORMATS[fmt](findings, tool)
+
+
+_DOC_HEADER = """\
+# kresilient lint and audit rules
+
+<!-- Generated from the rule registry: do not edit by hand. Regenerate with
+     python -c "from kresilient.lint.output import rules_markdown as m; print(m(), end='')" \\
+       > docs/lint-rules.md
+     (tests/test_lint_docs.py fails when this page and the registry differ.) -->
+
+`kresilient lint PATH...` checks Java `.properties`, YAML, JSON, TOML, `.env` (`KAFKA_*`)
+files and Python sources (configs passed to confluent-kafka and kresilient clients).
+`kresilient audit --bootstrap-servers HOSTS` checks a live cluster through the Admin API.
+`kresilient lint --explain ID` prints one rule; `--list-rules` lists them all.
+
+- Output: `--format text` (`path:line:col: ID [severity] message`), `json`, `sarif`
+  (SARIF 2.1.0 for code scanning), `github` (workflow annotations); `-o FILE`.
+- Exit code: 0 clean, 1 a finding at or above `--fail-on` (default `error`), 2 a usage error,
+  a file that cannot be parsed (KR000) or a cluster that cannot be reached (KR065).
+- Settings in `pyproject.toml` (found by walking up from the current directory or the linted
+  paths):
+
+  ```toml
+  [tool.kresilient.lint]
+  select = ["KR0"]            # id prefixes to run (default: all)
+  ignore = ["KR026", "KR030"] # id prefixes to skip
+  fail-on = "warning"
+  exclude = ["tests/fixtures/*"]
+  lag-threshold = 1000        # audit: KR064
+  [tool.kresilient.lint.severity]
+  KR021 = "error"
+  ```
+- Inline suppressions need a reason, or they are not applied and reported as KR099:
+  `acks: 1  # kresilient: ignore[KR007] reason: metrics, loss acceptable` on the line (or
+  alone on the line above; `.properties` files have no end-of-line comments), or
+  `# kresilient: ignore-file[KR030] reason: ...` for the whole file.
+- Secrets (passwords, private keys, tokens, JAAS configs) are never printed.
+- Kinds: producer, consumer, admin, client (role unknown), broker, topic; detected from the
+  keys or a section name (`producer:`, `topics:` ...), or forced with `--kind`.
+"""
+
+
+def rules_markdown() -> str:
+    """The docs/lint-rules.md page: a summary table, then every rule's why and fix."""
+    from kresilient import _catalog as catalog
+
+    rules = list(iter_rules())
+    lines = [
+        _DOC_HEADER,
+        f"Property catalog: librdkafka {catalog.librdkafka_version()}, Apache Kafka "
+        f"{catalog.kafka_version()} broker/topic configs. {len(rules)} rules.\n",
+        "| ID | Name | Severity | Family | Applies to |",
+        "|----|------|----------|--------|------------|",
+    ]
+    for r in rules:
+        kinds = ", ".join(sorted(r.kinds))
+        lines.append(
+            f"| [{r.id}](#{r.id.lower()}) | {r.name} | {r.severity.label} | {r.family} | {kinds} |"
+        )
+    for r in rules:
+        lines += [
+            "",
+            f"## {r.id}",
+            "",
+            f"**{r.name}** ({r.severity.label}, {r.family}). {r.summary}",
+            "",
+            f"*Why:* {r.why}",
+            "",
+            f"*Fix:* {r.fix}",
+        ]
+    return "\n".join(lines) + "\n"

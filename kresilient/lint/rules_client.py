@@ -172,8 +172,7 @@ def _unknown(unit: ConfigUnit) -> Iterator[Hit]:
         elif unit.kind == "topic":
             if catalog.topic_config(key) is not None or key in TOPIC_SPEC_KEYS:
                 continue
-            names = [k.name for k in catalog.all_kafka_configs("topic")]
-            hint = catalog.suggest(key, among=names)
+            hint = catalog.suggest(key, kind="topic")
             if hint:
                 yield f"unknown topic config {key!r} (did you mean {hint[0]!r}?)", entry
             elif catalog.broker_config(key) is not None:
@@ -190,7 +189,7 @@ def _unknown(unit: ConfigUnit) -> Iterator[Hit]:
                     entry,
                 )
                 continue
-            hint = catalog.suggest(key, among=[k.name for k in catalog.all_kafka_configs("broker")])
+            hint = catalog.suggest(key, kind="broker")
             if hint:
                 yield f"unknown broker config {key!r} (did you mean {hint[0]!r}?)", entry
 
