@@ -184,3 +184,32 @@ def test_kind_flag_overrides_detection() -> None:
 
     findings = lint_text("linger.ms=5\nacks=all\n", "x.properties", Settings(kind="consumer"))
     assert {f.rule for f in findings} >= {"KR032"}
+
+
+def test_catalog_like_json_with_section_names_is_not_a_config() -> None:
+    text = '{"broker": [{"name": "x", "type": "int", "default": "1", "description": "d"}]}'
+    assert _units(text, "catalog.json", "json") == []
+
+
+def test_python_partially_resolved_config_skips_default_based_rules() -> None:
+    text = textwrap.dedent(
+        """\
+        from confluent_kafka import Producer, Consumer
+
+        def make(extra):
+            Producer({**extra, "acks": 0})
+            Consumer({"group.id": "g", "bootstrap.servers": "a,b"})
+        """
+    )
+    rules = {(f.rule, f.line) for f in lint_text(text, "app.py")}
+    assert ("KR006", 4) in rules  # explicit values are still checked
+    assert not {r for r, line in rules if line == 4} & {"KR008", "KR013", "KR014", "KR038"}
+    assert {"KR014", "KR021"} <= {r for r, line in rules if line == 5}
+
+
+def test_python_suppression_text_inside_a_string_is_not_a_suppression() -> None:
+    text = (
+        "from confluent_kafka import Producer\n"
+        "Producer({'acks': 0, 'client.id': '# kresilient: ignore[KR006] reason: a string'})\n"
+    )
+    assert "KR006" in {f.rule for f in lint_text(text, "app.py")}

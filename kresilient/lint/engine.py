@@ -161,7 +161,8 @@ def lint_text(
         findings.extend(_unit_findings(unit, settings))
         if units_out is not None:
             units_out.append(unit)
-    return _apply_suppressions(findings, parse_suppressions(text), path, settings)
+    sup = parse_suppressions(text, python=fmt == "python")
+    return _apply_suppressions(findings, sup, path, settings)
 
 
 def _apply_suppressions(
@@ -202,7 +203,9 @@ def lint_paths(paths: Sequence[str], settings: Settings | None = None) -> list[F
             findings.append(_parse_error(display, line, col, "not valid UTF-8"))
             continue
         findings.extend(lint_text(text, display, settings, units_out=units))
-        suppressions[display] = parse_suppressions(text)
+        suppressions[display] = parse_suppressions(
+            text, python=detect_format(display, text) == "python"
+        )
     for found in iter_rules(scope="project"):
         if found.project_check is None or not settings.enabled(found.id):
             continue

@@ -155,6 +155,7 @@ class _Resolver:
 
     def __init__(self, visitor: _Visitor) -> None:
         self.v = visitor
+        self.partial = False  # set when part of a config could not be resolved statically
 
     def entries(
         self, expr: ast.AST, line: int, scope: tuple[ast.AST, ...], depth: int = 0
@@ -168,6 +169,8 @@ class _Resolver:
                     out.update(self.entries(value, line, scope, depth + 1))
                 elif isinstance(key, ast.Constant) and isinstance(key.value, str):
                     out[key.value] = self._entry(key.value, value, key)
+                else:
+                    self.partial = True
         elif isinstance(expr, ast.Name):
             out.update(self._name(expr.id, line, scope, depth))
         elif isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.BitOr):
@@ -185,6 +188,8 @@ class _Resolver:
                     out.update(self.entries(kw.value, line, scope, depth + 1))
                 elif expr.func.id == "dict":
                     out[kw.arg] = self._entry(kw.arg, kw.value, kw)
+        else:
+            self.partial = True
         return out
 
     @staticmethod
@@ -210,6 +215,7 @@ class _Resolver:
             ):
                 best = candidate
         if best is None:
+            self.partial = True
             return {}
         out = self.entries(best[2], best[0], best[1], depth + 1)
         for mline, mscope, node in self.v.mutations.get(name, []):
@@ -241,6 +247,7 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
             if kw.arg in _CONFIG_KWARGS and config_expr is None:
                 config_expr = kw.value
         entries: dict[str, Entry] = {}
+        resolver.partial = False
         if config_expr is not None:
             entries.update(resolver.entries(config_expr, call.lineno, scope))
         if sink.kwargs_are_config:
@@ -261,9 +268,7 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
             context={
                 "constructor": sink_name,
                 "resilient": sink.resilient,
-                "config_known": config_expr is None
-                or bool(entries)
-                or isinstance(config_expr, ast.Dict),
+                "config_known": not resolver.partial,
                 "methods": frozenset(visitor.methods),
             },
         )

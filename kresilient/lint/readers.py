@@ -112,7 +112,8 @@ def looks_like_kafka(entries: dict[str, Entry], hinted: bool) -> bool:
     if not entries:
         return False
     if hinted:
-        return any(is_known_key(k) for k in entries)
+        known = sum(1 for k in entries if is_known_key(k) and k != "name")
+        return known >= 1 and known * 3 >= len(entries)
     known = sum(1 for k in entries if is_known_key(k) and k not in TOPIC_SPEC_KEYS)
     return (known >= 2 and known * 2 >= len(entries)) or (known >= 1 and len(entries) == known)
 

@@ -20,8 +20,10 @@ no end-of-line comments, so use the line above there)::
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import re
+import tokenize
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -203,15 +205,28 @@ class Suppressions:
         return finding.rule in self.file or finding.rule in self.lines.get(finding.line, ())
 
 
-def parse_suppressions(text: str) -> Suppressions:
-    """Collect ``kresilient: ignore[...] reason: ...`` comments from a file's text."""
+def _python_comment_lines(text: str) -> set[int] | None:
+    """Lines holding a real ``#`` comment in Python source (None if it does not tokenize)."""
+    try:
+        tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+        return {t.start[0] for t in tokens if t.type == tokenize.COMMENT}
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        return None
+
+
+def parse_suppressions(text: str, *, python: bool = False) -> Suppressions:
+    """Collect ``kresilient: ignore[...] reason: ...`` comments from a file's text.
+
+    In Python source only real comments count (not strings that look like one).
+    """
     out = Suppressions()
     if "kresilient:" not in text:
         return out
     lines = text.splitlines()
+    comment_lines = _python_comment_lines(text) if python else None
     for number, line in enumerate(lines, start=1):
         match = _SUPPRESS.search(line)
-        if not match:
+        if not match or (comment_lines is not None and number not in comment_lines):
             continue
         col = match.start() + 1
         ids = {i.strip() for i in match.group("ids").split(",") if i.strip()}
