@@ -624,6 +624,29 @@ def test_global_providers_set_after_construction_are_picked_up(fresh_globals: No
         otel.shutdown()
 
 
+def test_an_explicit_proxy_provider_means_the_global_one(fresh_globals: None) -> None:
+    tel = Telemetry(tracer_provider=trace.get_tracer_provider(), propagator=W3C)
+    assert not tel.tracing_enabled
+    otel = Otel()
+    try:
+        trace.set_tracer_provider(otel.tracer_provider)
+        send_and_deliver(tel)
+        assert otel.span("send orders").kind is SpanKind.PRODUCER
+    finally:
+        otel.shutdown()
+
+
+def test_otel_sdk_disabled_turns_telemetry_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    otel = Otel()
+    try:
+        tel = Telemetry(tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
+        assert not tel.enabled
+        assert tel.producer_send("orders", None, 1, None, None) == (None, None)
+    finally:
+        otel.shutdown()
+
+
 def test_metrics_only_still_counts_without_tracing(otel: Otel) -> None:
     tel = Telemetry(tracer_provider=trace.NoOpTracerProvider(), meter_provider=otel.meter_provider)
     out, token = tel.producer_send("orders", None, 1, [("a", b"1")], None)

@@ -250,3 +250,43 @@ def test_failed_delivery_carries_error_type(
     assert MA.MESSAGING_KAFKA_OFFSET not in a
     sent = otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES)
     assert [(x.get(ERROR_TYPE), v) for x, v in sent] == [("MSG_SIZE_TOO_LARGE", 1)]
+
+
+def test_link_mode_links_the_process_span_to_the_producer(
+    kafka_cluster: KafkaCluster, topic: str, otel: Otel
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    providers = {
+        "tracer_provider": otel.tracer_provider,
+        "meter_provider": otel.meter_provider,
+        "propagator": W3C,
+    }
+    with ResilientProducer({"bootstrap.servers": bootstrap}, **providers) as producer:
+        producer.produce(topic, b"v", key=b"k").result(60)
+    handled = threading.Event()
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"g-{topic}"},
+        [topic],
+        lambda msg: handled.set(),
+        dead_letter=None,
+        install_signal_handlers=False,
+        poll_timeout=0.2,
+        link_mode="link",
+        **providers,
+    )
+    worker = threading.Thread(target=consumer.run, daemon=True)
+    worker.start()
+    try:
+        assert handled.wait(60)
+        _wait_for(lambda: any(s.name == f"process {topic}" for s in otel.spans()), 30, "span")
+    finally:
+        consumer.stop()
+        worker.join(60)
+    (send,) = [s for s in otel.spans() if s.name == f"send {topic}"]
+    (proc,) = [s for s in otel.spans() if s.name == f"process {topic}"]
+    assert proc.kind is SpanKind.CONSUMER
+    assert proc.parent is None
+    assert proc.context.trace_id != send.context.trace_id
+    (link,) = proc.links
+    assert (link.context.trace_id, link.context.span_id) == (
+        send.context.trace_id, send.context.span_id)
