@@ -74,10 +74,10 @@ def _sdk(ratio: float | None, *, traces: bool = True) -> tuple[Telemetry, Callab
 
 
 def _send_arm(tel: Telemetry) -> Callable[[int], tuple[float, float]]:
-    delivered = ck.Message(topic=TOPIC, partition=0, offset=1, key=KEY, value=VALUE)
+    delivered: Any = ck.Message(topic=TOPIC, partition=0, offset=1, key=KEY, value=VALUE)
     send, done = tel.producer_send, tel.producer_delivered
 
-    def run(n: int) -> float:
+    def run(n: int) -> tuple[float, float]:
         t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for _ in range(n):
             _headers, token = send(TOPIC, KEY, 100, None, None)
@@ -90,16 +90,17 @@ def _send_arm(tel: Telemetry) -> Callable[[int], tuple[float, float]]:
 def _process_arm(tel: Telemetry) -> Callable[[int], tuple[float, float]]:
     # Messages whose headers this arm's own producer side wrote, so the sampling decision a
     # consumer sees is the producer's (ParentBased), as in a real pipeline.
-    msgs = []
+    msgs: list[Any] = []
     for i in range(1024):
         headers, token = tel.producer_send(TOPIC, KEY, 100, None, None)
+        carried: Any = headers if headers is not None else PARENT
         msgs.append(ck.Message(topic=TOPIC, partition=0, offset=i, key=KEY, value=VALUE,
-                               headers=headers if headers is not None else PARENT))
+                               headers=carried))
         if token is not None and token.span is not None:
             token.span.end()
     scope = tel.process_span
 
-    def run(n: int) -> float:
+    def run(n: int) -> tuple[float, float]:
         pool = (msgs * (n // len(msgs) + 1))[:n]
         t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for msg in pool:
@@ -119,7 +120,7 @@ def _loop_arm() -> Callable[[int], tuple[float, float]]:
 
     delivered = ck.Message(topic=TOPIC, partition=0, offset=1, key=KEY, value=VALUE)
 
-    def run(n: int) -> float:
+    def run(n: int) -> tuple[float, float]:
         t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for _ in range(n):
             _headers, token = send(TOPIC, KEY, 100, None, None)
@@ -141,7 +142,7 @@ def _raw_produce_arm() -> tuple[Callable[[int], tuple[float, float]], Callable[[
     def cb(err: Any, msg: Any) -> None:
         return None
 
-    def run(n: int) -> float:
+    def run(n: int) -> tuple[float, float]:
         t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for i in range(n):
             producer.produce(TOPIC, VALUE, KEY, on_delivery=cb)
@@ -152,7 +153,10 @@ def _raw_produce_arm() -> tuple[Callable[[int], tuple[float, float]], Callable[[
         producer.poll(0)
         return elapsed
 
-    return run, lambda: producer.flush(0)
+    def close() -> None:
+        producer.flush(0)
+
+    return run, close
 
 
 def _per_msg(t0: int, c0: int, n: int) -> tuple[float, float]:

@@ -47,8 +47,12 @@ def setup_otel() -> tuple[InMemorySpanExporter, InMemoryMetricReader]:
     reader = InMemoryMetricReader()
     readers: list[Any] = [reader]
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[import-not-found, unused-ignore]
+            OTLPMetricExporter,
+        )
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found, unused-ignore]
+            OTLPSpanExporter,
+        )
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -127,8 +131,10 @@ def main() -> None:
     for rm in data.resource_metrics if data is not None else []:
         for sm in rm.scope_metrics:
             for m in sm.metrics:
-                total = sum(getattr(dp, "value", None) or getattr(dp, "count", 0)
-                            for dp in m.data.data_points)
+                total = 0.0
+                for dp in m.data.data_points:
+                    value: Any = getattr(dp, "value", None)
+                    total += value if value is not None else getattr(dp, "count", 0)
                 print(f"{m.name}: {total}")
 
 

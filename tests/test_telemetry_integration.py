@@ -82,7 +82,7 @@ def test_one_trace_from_producer_through_consumer_to_dead_letter_topic(
 ) -> None:
     bootstrap = kafka_cluster.bootstrap_servers
     dlq = kafka_cluster.create_topic(f"{topic}.dlq", 1, 3, {"min.insync.replicas": 2})
-    providers = {
+    providers: dict[str, Any] = {
         "tracer_provider": otel.tracer_provider,
         "meter_provider": otel.meter_provider,
         "propagator": W3C,
@@ -256,7 +256,7 @@ def test_link_mode_links_the_process_span_to_the_producer(
     kafka_cluster: KafkaCluster, topic: str, otel: Otel
 ) -> None:
     bootstrap = kafka_cluster.bootstrap_servers
-    providers = {
+    providers: dict[str, Any] = {
         "tracer_provider": otel.tracer_provider,
         "meter_provider": otel.meter_provider,
         "propagator": W3C,
