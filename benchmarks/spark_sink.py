@@ -122,13 +122,15 @@ def _spark(jars: list[str], cores: int) -> Any:
 def _frame(spark: Any, rows: int, size: int, partitions: int) -> Any:
     from pyspark.sql import functions as F
 
-    # Values: hex digests repeated to `size` bytes (compressible like typical payloads).
+    # Values: `size` bytes of distinct hex digests (sha256 of "<id>-<i>"): no repeats, so lz4
+    # gains little and both producers move the same bytes (the Java client sizes batches
+    # after compression, librdkafka before: highly compressible data would favour Java's).
     reps = size // 64 + 1
+    digests = f"transform(sequence(0, {reps - 1}), i -> sha2(concat(cast(id AS STRING), '-', "
+    digests += "cast(i AS STRING)), 256))"
     df = spark.range(rows, numPartitions=partitions).select(
         F.expr("unhex(lpad(hex(id), 16, '0'))").alias("key"),
-        F.expr(f"substring(repeat(sha2(cast(id AS STRING), 256), {reps}), 1, {size})")
-        .cast("binary")
-        .alias("value"),
+        F.expr(f"substring(concat_ws('', {digests}), 1, {size})").cast("binary").alias("value"),
     )
     df = df.cache()
     df.count()

@@ -1,0 +1,175 @@
+"""Pure parts of the ``kresilient`` Spark sink: options, input schema, summaries (no cluster)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from kresilient._spark_options import SchemaError, column_layout, parse_options
+from kresilient._spark_summary import WriteSummary, latest_summary, store_summary, summarize
+from kresilient.errors import ConfigError, UnsafeConfigError
+
+BS = {"kafka.bootstrap.servers": "127.0.0.1:9092"}
+
+
+def test_options_mirror_the_builtin_sink() -> None:
+    o = parse_options({**BS, "Topic": "orders", "kafka.linger.ms": "20", "includeHeaders": "true"})
+    assert o.topic == "orders"
+    assert dict(o.producer) == {"bootstrap.servers": "127.0.0.1:9092", "linger.ms": "20"}
+    assert o.dead_letter_topic_for("orders") == "orders.dlq"
+    assert o.guarantee == "at_least_once"
+
+
+def test_bootstrap_servers_required() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_options({"topic": "t"})
+    assert info.value.key == "kafka.bootstrap.servers"
+
+
+@pytest.mark.parametrize(
+    ("key", "fragment"),
+    [
+        ("kafka.key.serializer", "serialize in the DataFrame"),
+        ("kafka.transactional.id", "transactions are not offered"),
+        ("kafka.max.request.size", "kafka.message.max.bytes"),
+        ("linger.ms", "'kafka.' prefix"),
+    ],
+)
+def test_refused_options_name_the_key(key: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_options({**BS, key: "x"})
+    assert info.value.key == key
+    assert fragment in str(info.value)
+
+
+def test_exactly_once_is_refused_not_weakened() -> None:
+    with pytest.raises(ConfigError, match="exactly-once is not offered"):
+        parse_options({**BS, "topic": "t", "guarantee": "exactly_once"})
+
+
+def test_dead_letters_explicit_or_disabled() -> None:
+    assert parse_options({**BS, "deadLetterTopic": "bad"}).dead_letter_topic_for("t") == "bad"
+    assert parse_options({**BS, "deadLetterTopic": "none"}).dead_letter_topic_for("t") is None
+    assert parse_options(BS).dead_letter_topic_for(None) is None  # null topic, no DLQ option
+
+
+def test_repr_hides_producer_values() -> None:
+    o = parse_options({**BS, "kafka.sasl.password": "hunter2", "topic": "t"})
+    assert "hunter2" not in repr(o)
+    assert "sasl.password" in repr(o)
+
+
+def test_layout_locates_columns_and_ignores_others() -> None:
+    lay = column_layout(
+        [
+            ("id", "bigint"),
+            ("key", "binary"),
+            ("value", "string"),
+            ("topic", "string"),
+            ("partition", "int"),
+            ("headers", "array<struct<key:string,value:binary>>"),
+            ("timestamp", "timestamp"),
+        ],
+        topic_option=None,
+    )
+    assert (lay.key, lay.value, lay.topic, lay.partition, lay.headers, lay.timestamp) == (
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "column"),
+    [
+        ([("key", "binary")], "value"),
+        ([("value", "int")], "value"),
+        ([("value", "binary"), ("key", "bigint")], "key"),
+        ([("value", "binary"), ("partition", "string")], "partition"),
+        ([("value", "binary"), ("headers", "map<string,binary>")], "headers"),
+    ],
+)
+def test_bad_schema_names_the_column(fields: list[tuple[str, str]], column: str) -> None:
+    with pytest.raises(SchemaError) as info:
+        column_layout(fields, topic_option="t")
+    assert info.value.key == column
+    assert repr(column) in str(info.value)
+
+
+def test_topic_needed_from_option_or_column() -> None:
+    with pytest.raises(SchemaError) as info:
+        column_layout([("value", "binary")], topic_option=None)
+    assert info.value.key == "topic"
+    assert column_layout([("value", "binary"), ("topic", "string")], topic_option=None).topic == 1
+
+
+def _report(**kw: object) -> SimpleNamespace:
+    base: dict[str, object] = {
+        "rows": 10,
+        "written": 10,
+        "dead_lettered": 0,
+        "attempt": 0,
+        "dead_letter_reasons": {},
+        "dead_letter_topics": [],
+    }
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_summary_adds_up_tasks_and_round_trips(tmp_path: object) -> None:
+    reports = [
+        _report(),
+        None,  # a task that failed (abort() sees these)
+        _report(
+            rows=5,
+            written=3,
+            dead_lettered=2,
+            attempt=1,
+            dead_letter_reasons={"MSG_SIZE_TOO_LARGE": 2},
+            dead_letter_topics=["t.dlq"],
+        ),
+    ]
+    s = summarize(reports, mode="batch", batch_id=None, topic="t", guarantee="at_least_once")
+    assert (s.tasks, s.rows, s.written, s.dead_lettered, s.retried_tasks) == (2, 15, 13, 2, 1)
+    assert dict(s.dead_letter_reasons) == {"MSG_SIZE_TOO_LARGE": 2}
+    assert s.dead_letter_topics == ("t.dlq",)
+    assert WriteSummary.from_json(s.to_json()) == s
+    directory = str(tmp_path)
+    assert latest_summary(directory) is None
+    store_summary(directory, s)
+    later = summarize([_report()], mode="streaming", batch_id=7, topic="t", guarantee="x")
+    store_summary(directory, later)
+    assert latest_summary(directory) == later
+
+
+def test_forced_settings_refused_when_weakened() -> None:
+    pytest.importorskip("pyspark")
+    from kresilient._spark_write import sink_producer_config
+
+    cfg = sink_producer_config(parse_options({**BS, "kafka.acks": "-1"}))
+    assert cfg["acks"] == "all" and cfg["enable.idempotence"] == "true"
+    for key, value in (("kafka.acks", "1"), ("kafka.enable.idempotence", "false")):
+        with pytest.raises(UnsafeConfigError) as info:
+            sink_producer_config(parse_options({**BS, key: value}))
+        assert info.value.key == key
+
+
+def test_unknown_producer_key_refused_on_the_driver() -> None:
+    pytest.importorskip("pyspark")
+    from kresilient._spark_write import sink_producer_config
+
+    with pytest.raises(ConfigError) as info:
+        sink_producer_config(parse_options({**BS, "kafka.lingr.ms": "5"}))
+    assert "lingr.ms" in str(info.value)
+
+
+def test_import_kresilient_does_not_import_pyspark() -> None:
+    code = "import sys, kresilient; print('pyspark' in sys.modules, 'pyarrow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
