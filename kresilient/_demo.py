@@ -9,9 +9,12 @@ missing and duplicated messages (both must be 0).
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
+import structlog
 from confluent_kafka import Consumer, KafkaError
 
 from kresilient.testing import KafkaCluster
@@ -45,9 +48,29 @@ def _read_back(bootstrap: str, expected: int) -> list[int]:
     return seen
 
 
+def _quiet_librdkafka(
+    _logger: Any, _name: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    # The demo is an application, so it may configure structlog: show kresilient's own
+    # state changes, not librdkafka's connection chatter while a broker is down.
+    if event.get("event") == "librdkafka_log":
+        raise structlog.DropEvent
+    return event
+
+
 def main(messages: int = 200_000) -> int:
     """Run the demo; returns 0 when every message was acknowledged exactly once."""
-    from kresilient import DeliveryError, ResilientProducer
+    structlog.configure(
+        processors=[
+            _quiet_librdkafka,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S"),
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+    )
+    from kresilient.errors import DeliveryError
+    from kresilient.producer import ResilientProducer
 
     print("Starting a local 3-node Apache Kafka (KRaft) cluster ...", flush=True)
     with KafkaCluster() as cluster:

@@ -47,16 +47,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from kresilient._broker_jars import KAFKA_VERSION, kafka_libs
-
-try:
-    from kresilient.errors import KResilientError
-except ImportError:  # TEMP until errors.py lands
-    KResilientError = Exception  # type: ignore[misc,assignment]
+from kresilient.errors import KResilientError
 
 __all__ = [
     "BOOTSTRAP_ENV",
@@ -70,6 +66,7 @@ BOOTSTRAP_ENV = "KRESILIENT_BOOTSTRAP_SERVERS"
 """Environment variable naming an existing cluster to use instead of starting one."""
 
 _PROBE_TOPIC = "__kresilient_probe"
+_PROPAGATION_S = 15.0
 _T = TypeVar("_T")
 
 
@@ -482,6 +479,30 @@ class KafkaCluster:
             self.create_topic(_PROBE_TOPIC, partitions=1, replication_factor=rf, timeout=timeout)
         else:
             self.wait_for_isr(_PROBE_TOPIC, 0, size=rf, timeout=timeout)
+        self._warm_up_idempotence(timeout)
+
+    def _warm_up_idempotence(self, timeout: float) -> None:
+        # A fresh cluster answers the first InitProducerId with COORDINATOR_LOAD_IN_PROGRESS
+        # for a while; "ready" means an idempotent acks=all write is acknowledged.
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "message.timeout.ms": int(timeout * 1000),
+            "logger": _QUIET,
+            "error_cb": _ignore_error,
+        }
+        producer = Producer(conf)
+        outcome: list[KafkaError | None] = []
+        producer.produce(_PROBE_TOPIC, b"ready", on_delivery=lambda err, _msg: outcome.append(err))
+        self._poll_until(
+            "an idempotent write to be acknowledged",
+            lambda: bool(producer.poll(0.2) or outcome) or None,
+            timeout,
+        )
+        producer.flush(timeout)
+        if outcome and outcome[0] is not None:
+            raise ClusterError(f"the readiness write to {_PROBE_TOPIC} failed: {outcome[0]}")
 
     # ------------------------------------------------------------------ topics
     def create_topic(
@@ -519,6 +540,7 @@ class KafkaCluster:
         futures[name].result(timeout=timeout)
 
     def _partition(self, topic: str, partition: int) -> Any:
+        """Metadata of one partition, read once (raises _NotYet while it is unknown)."""
         md = self._admin_client().list_topics(topic=topic, timeout=10)
         t = md.topics.get(topic)
         if t is None or t.error is not None:
@@ -529,17 +551,29 @@ class KafkaCluster:
             raise _NotYet(f"topic {topic!r} has no partition {partition}")
         return p
 
+    def _partition_settled(self, topic: str, partition: int) -> Any:
+        # Each broker learns of a new topic from the metadata log on its own schedule, and
+        # a metadata request may reach any of them: give propagation a few seconds.
+        deadline = time.monotonic() + _PROPAGATION_S
+        while True:
+            try:
+                return self._partition(topic, partition)
+            except _NotYet as exc:
+                if time.monotonic() >= deadline:
+                    raise ClusterError(str(exc)) from None
+                time.sleep(0.1)
+
     def leader(self, topic: str, partition: int = 0) -> int:
         """Node id of the partition's current leader (-1 while there is none)."""
-        return int(self._partition(topic, partition).leader)
+        return int(self._partition_settled(topic, partition).leader)
 
     def replicas(self, topic: str, partition: int = 0) -> list[int]:
         """Assigned replicas of the partition, preferred leader first."""
-        return [int(r) for r in self._partition(topic, partition).replicas]
+        return [int(r) for r in self._partition_settled(topic, partition).replicas]
 
     def isr(self, topic: str, partition: int = 0) -> list[int]:
         """The partition's in-sync replicas."""
-        return [int(r) for r in self._partition(topic, partition).isrs]
+        return [int(r) for r in self._partition_settled(topic, partition).isrs]
 
     def wait_for_isr(
         self, topic: str, partition: int = 0, size: int | None = None, timeout: float = 60.0
