@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from kresilient.cli import main
 from kresilient.testing import KafkaCluster
@@ -109,7 +109,16 @@ def test_consumer_group_lag(
     group = f"audit-lag-{topic}"
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
-        consumer.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+        # The group coordinator may still be loading on a busy machine: retry, bounded.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                consumer.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+                break
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
     finally:
         consumer.close()
     base = ("-b", bootstrap, "--topic", topic, "--group", group)
