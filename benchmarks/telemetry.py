@@ -11,9 +11,19 @@ Arms, interleaved in every round (order shuffled), each timed over ``--messages`
 - ``send/metrics-only``: SDK metrics, no tracer provider.
 - ``process/...``: ``with process_span(msg)`` for a message carrying a ``traceparent``.
 
-Reports, per arm, the median over rounds of wall-clock µs per message, its IQR, the median of
-this thread's CPU µs per message (less disturbed by other processes on a shared machine; the
-span exporter thread's CPU is not in it), and the cost each adds over ``loop``.
+With ``--broker`` (a local 3-node cluster, or ``KRESILIENT_BOOTSTRAP_SERVERS``): end to end,
+``--messages`` 100-byte messages per arm and round, arms interleaved and shuffled, round 0
+discarded. Producer arms: raw confluent-kafka (same config, counting ``on_delivery``,
+``BufferError`` handled) and ``ResilientProducer`` with telemetry off / SDK 1% / SDK 100%;
+consumer arms: ``ResilientConsumer`` off / 1% / 100% reading a pre-produced 3-partition topic.
+Reports the median rate, process CPU µs per message and the paired per-round ratio.
+
+    .venv/bin/python benchmarks/telemetry.py --broker --messages 50000 --rounds 3
+
+Without ``--broker``: reports, per arm, the median over rounds of wall-clock µs per message,
+its IQR, the median of this thread's CPU µs per message (less disturbed by other processes on
+a shared machine; the span exporter thread's CPU is not in it), and the cost each adds over
+``loop``.
 
     .venv/bin/python benchmarks/telemetry.py [--messages 20000] [--rounds 9] [--json]
 """
@@ -22,11 +32,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -171,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--broker", action="store_true", help="end to end on a real cluster")
     args = ap.parse_args(argv)
+    if args.broker:
+        return broker_main(args)
 
     closers: list[Callable[[], None]] = []
     arms: dict[str, Callable[[int], tuple[float, float]]] = {"loop": _loop_arm()}
@@ -233,6 +248,175 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['arm']:<22}{r['us_per_msg']:>9.3f}{r['added_us']:>9.3f}{r['iqr_us']:>9.3f}"
             f"{r['cpu_us_per_msg']:>9.3f}{r['cpu_added_us']:>9.3f}"
         )
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# --broker: end to end through a real cluster (ResilientProducer / ResilientConsumer)
+# --------------------------------------------------------------------------------------------
+
+
+def _providers(mode: str) -> tuple[dict[str, Any], Callable[[], None]]:
+    """Per-client tracer/meter providers for *mode*: "off", "sdk-1%" or "sdk-100%"."""
+    from opentelemetry import metrics as api_metrics
+    from opentelemetry import trace as api_trace
+
+    if mode == "off":
+        return {
+            "tracer_provider": api_trace.NoOpTracerProvider(),
+            "meter_provider": api_metrics.NoOpMeterProvider(),
+        }, lambda: None
+    tel_ratio = 0.01 if mode == "sdk-1%" else None
+    sampler = None if tel_ratio is None else ParentBased(TraceIdRatioBased(tel_ratio))
+    tp = TracerProvider(sampler=sampler) if sampler else TracerProvider()
+    tp.add_span_processor(BatchSpanProcessor(_DropExporter(), max_queue_size=8192))
+    mp = MeterProvider(metric_readers=[InMemoryMetricReader()])
+
+    def close() -> None:
+        tp.shutdown()
+        mp.shutdown()
+
+    return {"tracer_provider": tp, "meter_provider": mp, "propagator": W3C}, close
+
+
+def _produce_raw(config: dict[str, Any], topic: str, n: int) -> tuple[float, float]:
+    producer = ck.Producer(config)
+    delivered = [0]
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is None:
+            delivered[0] += 1
+
+    producer.produce(topic, VALUE, KEY, on_delivery=on_delivery)  # metadata + connections
+    producer.flush(30)
+    delivered[0] = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    for i in range(n):
+        while True:
+            try:
+                producer.produce(topic, VALUE, KEY, on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if not i & 1023:
+            producer.poll(0)
+    producer.flush(120)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    assert delivered[0] == n, f"raw: {delivered[0]} of {n} delivered"
+    return wall, cpu
+
+
+def _produce_resilient(
+    config: dict[str, Any], topic: str, n: int, mode: str
+) -> tuple[float, float]:
+    from kresilient.producer import ResilientProducer
+
+    providers, close = _providers(mode)
+    producer = ResilientProducer(config, logger=_QUIET, **providers)
+    try:
+        producer.produce(topic, VALUE, key=KEY)
+        producer.flush(30)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(n):
+            producer.produce(topic, VALUE, key=KEY)
+        producer.flush(120)
+        return time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        producer.close()
+        close()
+
+
+def _consume_resilient(bootstrap: str, topic: str, n: int, mode: str) -> tuple[float, float]:
+    from kresilient.consumer import ResilientConsumer
+
+    providers, close = _providers(mode)
+    seen = [0]
+    marks: list[tuple[float, float]] = []
+
+    def handle(msg: Any) -> None:
+        if seen[0] == 0:
+            marks.append((time.perf_counter(), time.process_time()))
+        seen[0] += 1
+        if seen[0] == n:
+            marks.append((time.perf_counter(), time.process_time()))
+            consumer.stop()
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}"},
+        [topic], handle, dead_letter=None, install_signal_handlers=False, logger=_QUIET,
+        **providers,
+    )
+    try:
+        consumer.run()
+    finally:
+        close()
+    (w0, c0), (w1, c1) = marks
+    return w1 - w0, c1 - c0
+
+
+class _Quiet:
+    """A logger that drops everything (the benchmark measures the clients, not logging)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return self._noop
+
+    def _noop(self, *args: Any, **kwargs: Any) -> Any:
+        return self
+
+    def bind(self, **kwargs: Any) -> _Quiet:
+        return self
+
+
+_QUIET = _Quiet()
+
+
+def broker_main(args: argparse.Namespace) -> int:
+    from kresilient.config import producer_config
+    from kresilient.testing import KafkaCluster
+
+    n = args.messages
+    with KafkaCluster() as cluster:
+        bootstrap = cluster.bootstrap_servers
+        config = producer_config({"bootstrap.servers": bootstrap})
+        pmodes = ["raw", "off", "sdk-1%", "sdk-100%"]
+        cmodes = ["off", "sdk-1%", "sdk-100%"]
+        prod: dict[str, list[tuple[float, float]]] = {m: [] for m in pmodes}
+        cons: dict[str, list[tuple[float, float]]] = {m: [] for m in cmodes}
+        source = cluster.create_topic(f"bench-src-{uuid.uuid4().hex[:6]}", 3, 3,
+                                      {"min.insync.replicas": 2})
+        _produce_raw(config, source, n)  # the consumer arms' input (no trace headers)
+        load = [os.getloadavg()[0]]
+        for r in range(args.rounds + 1):  # round 0: warm-up, discarded
+            random.shuffle(pmodes)
+            for m in pmodes:
+                topic = cluster.create_topic(f"bench-{uuid.uuid4().hex[:8]}", 3, 3,
+                                             {"min.insync.replicas": 2})
+                res = (_produce_raw(config, topic, n) if m == "raw"
+                       else _produce_resilient(config, topic, n, m))
+                if r:
+                    prod[m].append(res)
+            random.shuffle(cmodes)
+            for m in cmodes:
+                res = _consume_resilient(bootstrap, source, n, m)
+                if r:
+                    cons[m].append(res)
+        load.append(os.getloadavg()[0])
+
+    def row(label: str, samples: list[tuple[float, float]],
+            base: list[tuple[float, float]]) -> str:
+        rate = statistics.median(n / w for w, _ in samples)
+        cpu_us = statistics.median(c / n * 1e6 for _, c in samples)
+        ratio = statistics.median(b[0] / s[0] for s, b in zip(samples, base, strict=True))
+        return f"{label:<22}{rate:>12,.0f}{cpu_us:>10.2f}{ratio:>10.2f}"
+
+    contended = " CONTENDED" if max(load) > (os.cpu_count() or 1) else ""
+    print(f"messages={n} rounds={args.rounds} loadavg={load[0]:.1f}->{load[1]:.1f}{contended}")
+    print(f"{'producer arm':<22}{'msg/s':>12}{'cpu us':>10}{'x raw':>10}")
+    for m in ("raw", "off", "sdk-1%", "sdk-100%"):
+        print(row(m, prod[m], prod["raw"]))
+    print(f"{'consumer arm':<22}{'msg/s':>12}{'cpu us':>10}{'x off':>10}")
+    for m in ("off", "sdk-1%", "sdk-100%"):
+        print(row(m, cons[m], cons["off"]))
     return 0
 
 
