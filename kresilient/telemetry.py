@@ -511,18 +511,19 @@ class Telemetry:
                 if write_error:
                     m[N.ERROR_TYPE] = write_error
                 instr.dead_letters.add(1, m)
-            self._log.warning(
-                N.LOG_DEAD_LETTERED,
-                topic=src_topic,
-                partition=src_partition,
-                offset=src_offset,
-                dead_letter_topic=dlq_topic,
-                reason=reason_type,
-                category=category,
-                attempts=attempts,
-                write_error=write_error,
-                **fields,
-            )
+            event: dict[str, Any] = {
+                "topic": src_topic,
+                "partition": src_partition,
+                "offset": src_offset,
+                "dead_letter_topic": dlq_topic,
+                "reason": reason_type,
+                "category": category,
+                "attempts": attempts,
+                "write_error": write_error,
+            }
+            event.update(fields)
+            log = self._log.error if write_error else self._log.warning
+            log(N.LOG_DEAD_LETTERED, **{k: v for k, v in event.items() if v is not None})
 
     def record_commit(
         self,

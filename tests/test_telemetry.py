@@ -513,11 +513,14 @@ def test_failed_dead_letter_write_carries_error_type(otel: Otel, tel: Telemetry)
     msg = send_and_deliver(tel)
     err = ck.KafkaException(ck.KafkaError(ck.KafkaError.TOPIC_AUTHORIZATION_FAILED))
     with (
+        capture_logs() as logs,
         pytest.raises(ck.KafkaException),
         tel.process_span(msg),
         tel.dead_letter_span("orders-dlq", source=msg, reason=ValueError("x")),
     ):
         raise err
+    (log,) = [e for e in logs if e["event"] == "kafka_message_dead_lettered"]
+    assert (log["log_level"], log["write_error"]) == ("error", "TOPIC_AUTHORIZATION_FAILED")
     dlq = otel.span("dead_letter orders-dlq")
     assert dict(dlq.attributes or {})[ERROR_TYPE] == "TOPIC_AUTHORIZATION_FAILED"
     assert dlq.status.status_code is StatusCode.ERROR
