@@ -84,11 +84,12 @@ def _is_proxy_tracer_provider(p: object) -> bool:
     return isinstance(p, trace.ProxyTracerProvider)
 
 
+def _is_proxy_meter_provider(p: object) -> bool:
+    return type(p).__name__ == "_ProxyMeterProvider"
+
+
 def _is_noop_meter_provider(p: object) -> bool:
-    return (
-        isinstance(p, otel_metrics.NoOpMeterProvider)
-        or type(p).__name__ == "_ProxyMeterProvider"
-    )
+    return isinstance(p, otel_metrics.NoOpMeterProvider) or _is_proxy_meter_provider(p)
 
 
 def _version() -> str:

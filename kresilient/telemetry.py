@@ -60,6 +60,7 @@ from kresilient._telemetry_util import (
     _global_meter_provider_is_set,
     _global_tracer_provider_is_set,
     _Instruments,
+    _is_proxy_meter_provider,
     _is_proxy_tracer_provider,
     _key_text,
     _make_instruments,
@@ -136,25 +137,18 @@ class Telemetry:
         log = logger if logger is not None else structlog.get_logger("kresilient")
         self._log = log.bind(client_id=client_id) if client_id else log
 
-        self._tracer: trace.Tracer | None = None
-        self._tracer_pending = False
+        # None (or the API's proxy) means the global provider. get_*_provider() also loads one
+        # named by OTEL_PYTHON_TRACER_PROVIDER / OTEL_PYTHON_METER_PROVIDER. While the global is
+        # still the proxy, each call re-checks it cheaply (a provider may be set later).
         if tracer_provider is None or _is_proxy_tracer_provider(tracer_provider):
-            if _global_tracer_provider_is_set():
-                self._tracer = _make_tracer(trace.get_tracer_provider())
-            else:
-                self._tracer_pending = True
-        else:
-            self._tracer = _make_tracer(tracer_provider)
+            tracer_provider = trace.get_tracer_provider()
+        self._tracer_pending = _is_proxy_tracer_provider(tracer_provider)
+        self._tracer = None if self._tracer_pending else _make_tracer(tracer_provider)
 
-        self._instr: _Instruments | None = None
-        self._instr_pending = False
-        if meter_provider is None or type(meter_provider).__name__ == "_ProxyMeterProvider":
-            if _global_meter_provider_is_set():
-                self._instr = _make_instruments(otel_metrics.get_meter_provider())
-            else:
-                self._instr_pending = True
-        else:
-            self._instr = _make_instruments(meter_provider)
+        if meter_provider is None or _is_proxy_meter_provider(meter_provider):
+            meter_provider = otel_metrics.get_meter_provider()
+        self._instr_pending = _is_proxy_meter_provider(meter_provider)
+        self._instr = None if self._instr_pending else _make_instruments(meter_provider)
 
     @classmethod
     def for_client(cls, config: Mapping[str, Any], **kwargs: Any) -> Telemetry:

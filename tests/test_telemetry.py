@@ -639,6 +639,15 @@ def test_an_explicit_proxy_provider_means_the_global_one(fresh_globals: None) ->
         otel.shutdown()
 
 
+def test_a_provider_named_by_environment_is_loaded(
+    fresh_globals: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "sdk_tracer_provider")
+    tel = Telemetry()
+    assert tel.tracing_enabled
+    assert not tel.metrics_enabled
+
+
 def test_otel_sdk_disabled_turns_telemetry_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     otel = Otel()
