@@ -375,7 +375,13 @@ class ResilientConsumer(FailureMixin):
                 self._next_commit = time.monotonic() + self._commit_interval
                 self._offsets.commit_async()
             try:
-                msgs = consume(size, timeout)
+                # consume(n, t) blocks until n messages or t: take what is there, else wait
+                # for ONE message (returns at once when it arrives), then whatever followed
+                msgs = consume(size, 0)
+                if not msgs:
+                    msgs = consume(1, timeout)
+                    if msgs and size > 1:
+                        msgs.extend(consume(size - 1, 0))
             except KafkaException as exc:
                 raise translate(exc, operation="consume") from exc
             if not msgs:

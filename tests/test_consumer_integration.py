@@ -1,0 +1,675 @@
+"""ResilientConsumer on the real 3-node cluster (issue 5, tests 7b, 7c, 7e, 7f, 7g and more).
+
+7a (consumer SIGKILL) and 7d (leader SIGKILL) are in tests/test_consumer_chaos.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+import tenacity
+from _producer_helpers import read_back
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+
+from kresilient.consumer import BatchItemError, ResilientConsumer, RetryPolicy
+from kresilient.deadletter import (
+    CircuitBreakerPolicy,
+    DeadLetterPolicy,
+    parse_dead_letter_headers,
+)
+from kresilient.deadletter_cli import main_inspect, main_replay
+from kresilient.errors import CircuitBreakerOpenError, ConfigError
+from kresilient.producer import ResilientProducer
+from kresilient.testing import KafkaCluster
+
+pytestmark = pytest.mark.integration
+
+TopicFactory = Callable[..., str]
+Item = tuple[bytes | None, bytes, list[tuple[str, bytes | None]] | None, int | None]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def produce(bootstrap: str, topic: str, items: Iterable[Item]) -> list[tuple[int, int]]:
+    """Produce ``(key, value, headers, partition)`` items; return each one's (partition, offset)."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20}
+    )
+    items = list(items)
+    where: list[tuple[int, int]] = [(-1, -1)] * len(items)
+
+    def report(i: int) -> Callable[[Any, Message], None]:
+        def done(err: Any, msg: Message) -> None:
+            assert err is None, err
+            where[i] = (msg.partition(), msg.offset())  # type: ignore[assignment]
+
+        return done
+
+    for i, (key, value, headers, partition) in enumerate(items):
+        kwargs: dict[str, Any] = {"key": key, "headers": headers, "on_delivery": report(i)}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                producer.produce(topic, value, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if not i % 2000:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    assert all(p >= 0 for p, _ in where)
+    return where
+
+
+def ends(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ends-" + uuid.uuid4().hex})
+    try:
+        parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in parts
+        }
+    finally:
+        consumer.close()
+
+
+def committed(bootstrap: str, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        got = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=30)
+        return {tp.partition: tp.offset for tp in got}
+    finally:
+        consumer.close()
+
+
+class Runner:
+    """Run a ResilientConsumer in a thread; keep what run() raised."""
+
+    def __init__(self, consumer: ResilientConsumer) -> None:
+        self.consumer = consumer
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.consumer.run()
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self, timeout: float = 60) -> None:
+        self.consumer.stop()
+        self.join(timeout)
+
+    def join(self, timeout: float = 60) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "consumer did not stop"
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def config(cluster: KafkaCluster, group: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": cluster.bootstrap_servers,
+        "group.id": group or f"g-{uuid.uuid4().hex[:10]}",
+        **extra,
+    }
+
+
+def with_dlq(topic_factory: TopicFactory, partitions: int = 1) -> tuple[str, str]:
+    topic = topic_factory(partitions=partitions)
+    return topic, topic_factory(partitions=partitions, name=topic + ".dlq")
+
+
+FAST_RETRY = RetryPolicy(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(0.05))
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def test_processes_everything_and_commits_it_on_close(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, _ = with_dlq(topic_factory, partitions=3)
+    produce(
+        kafka_cluster.bootstrap_servers,
+        topic,
+        [(b"%d" % i, b"%d" % i, None, None) for i in range(3000)],
+    )
+    seen: list[int] = []
+    cfg = config(kafka_cluster, **{"enable.auto.commit": False})  # commits: ours only
+    consumer: ResilientConsumer
+
+    def handle(msg: Message) -> None:
+        seen.append(int(msg.value() or b""))
+        if len(seen) == 3000:
+            consumer.stop()
+
+    consumer = ResilientConsumer(cfg, [topic], handle, install_signal_handlers=False)
+    Runner(consumer).join(120)
+    assert sorted(seen) == list(range(3000))
+    high = ends(kafka_cluster.bootstrap_servers, topic)
+    assert committed(kafka_cluster.bootstrap_servers, cfg["group.id"], topic, high) == high
+    assert consumer.health()["processed"] == 3000
+
+
+def test_missing_dead_letter_topic_fails_fast(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic = topic_factory()
+    consumer = ResilientConsumer(
+        config(kafka_cluster), [topic], print, install_signal_handlers=False
+    )
+    with pytest.raises(ConfigError, match=r"\.dlq"):
+        consumer.run()
+
+
+# --------------------------------------------------------------------------- 7b poison
+
+
+def test_7b_one_percent_poison_goes_to_the_dlq_byte_for_byte(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Every poison message in the DLQ with identical key, value and headers plus the
+    kresilient headers; all others processed; no offset committed ahead of its handling."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory, partitions=3)
+    n = 10_000
+    items: list[Item] = []
+    for i in range(n):
+        headers: list[tuple[str, bytes | None]] = [
+            ("id", b"%d" % i),
+            ("bin", bytes([i % 256, 0, 255])),
+            ("empty", None),
+        ]
+        if i % 100 == 42:
+            items.append((b"\x00key%d" % i, b"\xff\xfepoison%d" % i, headers, None))
+        else:
+            items.append((b"key%d" % i, json.dumps({"i": i}).encode(), headers, None))
+    where = produce(bootstrap, topic, items)
+    poison = {where[i]: items[i] for i in range(n) if i % 100 == 42}
+    good = {where[i] for i in range(n) if i % 100 != 42}
+
+    events: list[tuple[str, Any]] = []  # one thread appends: the consumer's
+    group = f"g-{uuid.uuid4().hex[:10]}"
+
+    where_of_value = {item[1]: at for at, item in poison.items()}
+
+    def acked(err: Any, msg: Message) -> None:  # delivery reports carry no headers
+        assert err is None
+        events.append(("dlq-acked", where_of_value[msg.value()]))
+
+    def on_commit(err: Any, partitions: list[TopicPartition]) -> None:
+        if err is None:
+            events.append(
+                ("commit", [(p.partition, p.offset) for p in partitions if p.offset >= 0])
+            )
+
+    handled: set[tuple[int, int]] = set()
+    consumer: ResilientConsumer
+
+    def handle(msg: Message) -> None:
+        value = json.loads(msg.value() or b"")  # poison: ValueError, not retried
+        assert isinstance(value, dict)
+        handled.add((msg.partition(), msg.offset()))  # type: ignore[arg-type]
+        events.append(("handled", (msg.partition(), msg.offset())))
+        if len(handled) == len(good):
+            consumer.stop()
+
+    dlq_producer = ResilientProducer({"bootstrap.servers": bootstrap, "on_delivery": acked})
+    consumer = ResilientConsumer(
+        config(kafka_cluster, group, on_commit=on_commit, **{"auto.commit.interval.ms": 200}),
+        [topic],
+        handle,
+        dead_letter_producer=dlq_producer,
+        install_signal_handlers=False,
+    )
+    Runner(consumer).join(180)
+    dlq_producer.close()
+
+    assert handled == good
+    records = read_back(bootstrap, dlq)
+    assert len(records) == len(poison) == 100
+    for record in records:
+        info = parse_dead_letter_headers(record.headers())
+        key, value, headers, _ = poison[(info.original_partition, info.original_offset)]  # type: ignore[index]
+        assert record.key() == key and record.value() == value
+        assert list(info.original_headers) == headers
+        assert record.headers()[: len(headers or [])] == headers
+        assert info.original_topic == topic and info.consumer_group == group
+        # json.loads(b"\xff\xfe...") guesses UTF-16 from the BOM; either way a ValueError
+        assert info.exception_type in ("UnicodeDecodeError", "json.decoder.JSONDecodeError")
+        assert info.error_category == "poison" and info.attempts == 1
+        assert info.original_timestamp is not None and info.failed_at is not None
+    # no offset committed ahead of its handling
+    done: set[tuple[int, int]] = set()
+    commits = 0
+    for kind, data in events:
+        if kind in ("handled", "dlq-acked"):
+            done.add(data)
+        else:
+            commits += 1
+            for partition, offset in data:
+                below = {(partition, o) for o in range(offset)}
+                assert below <= done, f"committed {partition}@{offset} ahead of its handling"
+    assert commits > 0
+    high = ends(bootstrap, topic)
+    assert committed(bootstrap, group, topic, high) == high
+    assert consumer.health()["dead_lettered"] == 100
+
+
+def test_java_header_sets_and_trace_context_on_the_real_record(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    topic, dlq = with_dlq(topic_factory)
+    original_tp = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    produce(
+        kafka_cluster.bootstrap_servers,
+        topic,
+        [(b"k", b"not json", [("traceparent", original_tp)], None), (b"k", b"{}", None, None)],
+    )
+    consumer: ResilientConsumer
+
+    def handle(msg: Message) -> None:
+        if msg.offset() == 1:
+            consumer.stop()
+        json.loads(msg.value() or b"")
+
+    consumer = ResilientConsumer(
+        config(kafka_cluster),
+        [topic],
+        handle,
+        install_signal_handlers=False,
+        dead_letter=DeadLetterPolicy(compat=("spring", "streams")),
+        tracer_provider=provider,
+    )
+    Runner(consumer).join(60)
+    (record,) = read_back(kafka_cluster.bootstrap_servers, dlq)
+    headers = record.headers() or []
+    assert headers[0] == ("traceparent", original_tp)  # the original parent, untouched
+    names = [k for k, _ in headers]
+    assert names.count("traceparent") == 1
+    assert {
+        "kafka_dlt-original-topic",
+        "kafka_dlt-exception-fqcn",
+        "__streams.errors.topic",
+        "__streams.errors.offset",
+        "kresilient.traceparent",
+    } <= set(names)
+    info = parse_dead_letter_headers(headers)
+    process = [s for s in exporter.get_finished_spans() if s.name == f"process {topic}"]
+    assert f"{process[0].context.trace_id:032x}" in info.trace_context["traceparent"]
+    spring = parse_dead_letter_headers([h for h in headers if h[0].startswith("kafka_dlt-")])
+    assert (spring.original_topic, spring.original_partition, spring.original_offset) == (
+        topic,
+        0,
+        0,
+    )
+
+
+# --------------------------------------------------------------------------- 7c slow failure
+
+
+def test_7c_failing_longer_than_max_poll_interval_causes_no_rebalance(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Partition 0's message 10 fails for 14 s (max.poll.interval.ms=10 s), then succeeds:
+    no rebalance, partition 1 keeps flowing meanwhile, partition 0's order is kept."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _ = with_dlq(topic_factory, partitions=2)
+    produce(bootstrap, topic, [(None, b"p0-%d" % i, None, 0) for i in range(50)])
+    produce(bootstrap, topic, [(None, b"p1-%d" % i, None, 1) for i in range(10)])
+    events: list[tuple[int, int, bytes]] = []
+    rebalances: list[str] = []
+    failing_since: list[float] = []
+    hold_started = threading.Event()
+    consumer: ResilientConsumer
+
+    def handle(msg: Message) -> None:
+        p, o = msg.partition(), msg.offset()
+        if p == 0 and o == 10:
+            if not failing_since:
+                failing_since.append(time.monotonic())
+                hold_started.set()
+            if time.monotonic() - failing_since[0] < 14.0:
+                raise ConnectionError("downstream unavailable")
+        events.append((p, o, msg.value() or b""))  # type: ignore[arg-type]
+        if len(events) == 50 + 10 + 20:
+            consumer.stop()
+
+    consumer = ResilientConsumer(
+        config(kafka_cluster, **{"max.poll.interval.ms": 10000, "session.timeout.ms": 6000}),
+        [topic],
+        handle,
+        retry=RetryPolicy(stop=tenacity.stop_after_delay(120), wait=tenacity.wait_fixed(0.5)),
+        on_assign=lambda ps: rebalances.append("assign"),
+        on_revoke=lambda ps: rebalances.append("revoke"),
+        on_lost=lambda ps: rebalances.append("lost"),
+        install_signal_handlers=False,
+    )
+    runner = Runner(consumer)
+    assert hold_started.wait(60)
+    # partition 1 gets new messages while partition 0 is held
+    produce(bootstrap, topic, [(None, b"p1-late-%d" % i, None, 1) for i in range(20)])
+    runner.join(120)
+    assert runner.error is None
+    assert rebalances == ["assign", "revoke"]  # the one join and the final leave
+    p0 = [o for p, o, _ in events if p == 0]
+    assert p0 == list(range(50))  # order kept, nothing skipped
+    held_done = events.index((0, 10, b"p0-10"))
+    late = [i for i, (p, _, v) in enumerate(events) if p == 1 and v.startswith(b"p1-late")]
+    assert len(late) == 20 and max(late) < held_done  # partition 1 flowed during the hold
+    assert consumer.health()["retries"] >= 10
+
+
+# --------------------------------------------------------------------------- 7e join/leave
+
+
+def test_7e_second_consumer_joins_and_leaves(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _ = with_dlq(topic_factory, partitions=4)
+    n = 20_000
+    produce(bootstrap, topic, [(b"%d" % i, b"%d" % i, None, None) for i in range(n)])
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    seen_a: list[int] = []
+    seen_b: list[int] = []
+    all_done = threading.Event()
+
+    def handler(seen: list[int]) -> Callable[[Message], None]:
+        def handle(msg: Message) -> None:
+            time.sleep(0.0002)  # slow enough for the rebalances to happen mid-stream
+            seen.append(int(msg.value() or b""))
+            if len(set(seen_a) | set(seen_b)) == n:
+                all_done.set()
+
+        return handle
+
+    a = ResilientConsumer(
+        config(kafka_cluster, group), [topic], handler(seen_a), install_signal_handlers=False
+    )
+    run_a = Runner(a)
+    wait_for(lambda: len(seen_a) >= 2000, 60, "consumer A to start")
+    b = ResilientConsumer(
+        config(kafka_cluster, group), [topic], handler(seen_b), install_signal_handlers=False
+    )
+    run_b = Runner(b)
+    wait_for(lambda: len(seen_b) >= 1000, 60, "consumer B to get partitions")
+    assert a.health()["rebalances"]["revoked"] >= 1  # A gave partitions to B (cooperatively)
+    run_b.stop()  # B leaves: A gets its partitions back
+    assert run_b.error is None
+    assert all_done.wait(120)
+    run_a.stop()
+    assert run_a.error is None
+    total = seen_a + seen_b
+    assert set(total) == set(range(n))  # nothing lost
+    duplicates = len(total) - n
+    failures = a.health()["commit_failures"] + b.health()["commit_failures"]
+    # Offsets are stored at the end of every batch and committed synchronously on revoke:
+    # work in flight at a cooperative revoke is nil unless that commit failed.
+    assert duplicates == 0 or failures > 0, (duplicates, failures)
+    assert duplicates <= 2 * 500 * 4
+    high = ends(bootstrap, topic)
+    assert committed(bootstrap, group, topic, high) == high
+
+
+# --------------------------------------------------------------------------- 7f breaker
+
+
+@pytest.mark.parametrize(
+    ("policy", "dead_lettered"),
+    [
+        (CircuitBreakerPolicy(max_consecutive=20), 20),
+        # 50 good, then every message poison: the 49th dead letter makes 50/100 > 0.2
+        (
+            CircuitBreakerPolicy(max_consecutive=None, max_ratio=0.2, window=600, min_messages=100),
+            49,
+        ),
+    ],
+    ids=["consecutive", "ratio"],
+)
+def test_7f_circuit_breaker_trips_on_a_poison_flood(
+    kafka_cluster: KafkaCluster,
+    topic_factory: TopicFactory,
+    policy: CircuitBreakerPolicy,
+    dead_lettered: int,
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    values = [b"{}"] * 50 + [b"poison"] * 300 + [b"{}"] * 50
+    produce(bootstrap, topic, [(None, v, None, None) for v in values])
+    handled: list[int] = []
+
+    def handle(msg: Message) -> None:
+        json.loads(msg.value() or b"")
+        handled.append(msg.offset())  # type: ignore[arg-type]
+
+    cfg = config(kafka_cluster)
+    consumer = ResilientConsumer(
+        cfg, [topic], handle, circuit_breaker=policy, install_signal_handlers=False
+    )
+    with pytest.raises(CircuitBreakerOpenError) as info:
+        consumer.run()
+    assert "circuit breaker open" in str(info.value)
+    assert handled == list(range(50))
+    records = read_back(bootstrap, dlq)
+    assert [parse_dead_letter_headers(r.headers()).original_offset for r in records] == list(
+        range(50, 50 + dead_lettered)
+    )
+    # the message that tripped the breaker was neither dead-lettered nor committed
+    assert committed(bootstrap, cfg["group.id"], topic, [0]) == {0: 50 + dead_lettered}
+    assert consumer.health()["circuit_breaker"]["open"] is True
+
+
+# --------------------------------------------------------------------------- 7g replay
+
+
+class _Args:
+    def __init__(self, **kw: Any) -> None:
+        defaults = {
+            "bootstrap_servers": None,
+            "command_config": None,
+            "property": None,
+            "group": None,
+            "timeout": 30.0,
+            "limit": 50,
+            "brief": False,
+            "json": False,
+            "filters": [],
+            "dry_run": False,
+            "keep_timestamp": False,
+            "target": None,
+        }
+        defaults.update(kw)
+        self.__dict__.update(defaults)
+
+
+def test_7g_dlq_inspect_and_replay_bring_records_back(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    items: list[Item] = []
+    for i in range(200):
+        if i % 20 == 3:
+            items.append((b"k%d" % i, b"bad-json-%d" % i, [("id", b"%d" % i)], None))
+        elif i % 20 == 13:
+            items.append((b"k%d" % i, b"flaky-%d" % i, [("id", b"%d" % i)], None))
+        else:
+            items.append((b"k%d" % i, b"%d" % i, [("id", b"%d" % i)], None))
+    produce(bootstrap, topic, items)
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    handled: list[bytes] = []
+
+    def strict(msg: Message) -> None:
+        value = msg.value() or b""
+        if value.startswith(b"flaky"):
+            raise RuntimeError("downstream says no")
+        int(value)  # bad-json-*: ValueError, dead-lettered at once
+        handled.append(value)
+        if len(handled) == 180:
+            consumer.stop()
+
+    consumer = ResilientConsumer(
+        config(kafka_cluster, group),
+        [topic],
+        strict,
+        retry=FAST_RETRY,
+        install_signal_handlers=False,
+    )
+    Runner(consumer).join(120)
+    assert len(read_back(bootstrap, dlq)) == 20
+
+    assert main_inspect(_Args(topic=dlq, bootstrap_servers=bootstrap, limit=3)) == 0
+    text = capsys.readouterr().out
+    assert f"{dlq}: 20 records" in text
+    assert "   10  poison            ValueError" in text
+    assert "   10  unknown           RuntimeError" in text
+    assert "kresilient.exception.message = downstream says no" in text
+    assert main_inspect(_Args(topic=dlq, bootstrap_servers=bootstrap, json=True)) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert lines[-1]["summary"]["records"] == 20
+
+    # replay only the poison ones (the handler was fixed for them), then the rest
+    replayed: list[Message] = []
+
+    def fixed(msg: Message) -> None:
+        replayed.append(msg)
+        if len(replayed) == want:
+            consumer.stop()
+
+    want = 10
+    for flt in ("category=poison", "exception~runtime"):
+        args = _Args(source=dlq, target=topic, bootstrap_servers=bootstrap, filters=[flt])
+        assert main_replay(args) == 0
+        assert f"replayed 10 of 20 records from {dlq}" in capsys.readouterr().out
+        replayed.clear()
+        consumer = ResilientConsumer(
+            config(kafka_cluster, group), [topic], fixed, install_signal_handlers=False
+        )
+        Runner(consumer).join(120)
+        prefix = b"bad-json" if flt.startswith("category") else b"flaky"
+        assert sorted(m.value() for m in replayed) == sorted(  # type: ignore[type-var]
+            v for _, v, _, _ in items if v.startswith(prefix)
+        )
+        for m in replayed:  # original key and headers, no dead-letter headers
+            assert m.key() == b"k" + (m.value() or b"").split(b"-")[-1]
+            assert m.headers() == [("id", (m.value() or b"").split(b"-")[-1])]
+    assert (
+        main_replay(
+            _Args(source=dlq, target=topic, bootstrap_servers=bootstrap, filters=["bogus=1"])
+        )
+        == 2
+    )
+
+
+# --------------------------------------------------------------------------- variants
+
+
+def test_batch_handler_item_failure_dead_letters_that_item_only(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory, partitions=2)
+    produce(
+        bootstrap,
+        topic,
+        [(None, b"bad" if i % 50 == 7 else b"%d" % i, None, None) for i in range(1000)],
+    )
+    handled: list[bytes] = []
+    calls: list[int] = []
+    consumer: ResilientConsumer
+
+    def handle_batch(msgs: list[Message]) -> None:
+        calls.append(len({m.partition() for m in msgs}))
+        for i, msg in enumerate(msgs):
+            try:
+                int(msg.value() or b"")
+            except ValueError as exc:
+                raise BatchItemError(index=i) from exc
+            handled.append(msg.value() or b"")
+        if len(handled) == 980:
+            consumer.stop()
+
+    consumer = ResilientConsumer(
+        config(kafka_cluster), [topic], batch_handler=handle_batch, install_signal_handlers=False
+    )
+    Runner(consumer).join(120)
+    assert sorted(int(v) for v in handled) == [i for i in range(1000) if i % 50 != 7]
+    assert set(calls) == {1}  # one partition per call
+    assert len(read_back(bootstrap, dlq)) == 20
+
+
+def test_deserializer_failures_go_to_the_dlq_with_raw_bytes(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    produce(
+        bootstrap,
+        topic,
+        [(b"k", b"\xc3\x28 not utf-8", None, None), (b"k", b'{"ok": 1}', None, None)],
+    )
+    got: list[Any] = []
+    consumer: ResilientConsumer
+
+    def handle(msg: Message) -> None:
+        got.append(msg.value())
+        consumer.stop()
+
+    consumer = ResilientConsumer(
+        config(kafka_cluster),
+        [topic],
+        handle,
+        install_signal_handlers=False,
+        value_deserializer=lambda data, _ctx: json.loads((data or b"").decode("utf-8")),
+    )
+    Runner(consumer).join(60)
+    assert got == [{"ok": 1}]
+    (record,) = read_back(bootstrap, dlq)
+    assert record.value() == b"\xc3\x28 not utf-8"
+    info = parse_dead_letter_headers(record.headers())
+    assert info.exception_type == "confluent_kafka.error.ValueDeserializationError"
+    assert info.error_category == "poison" and info.attempts == 1
+
+
+def test_without_dead_letter_topic_exhausted_retries_stop_the_consumer(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = topic_factory()
+    produce(bootstrap, topic, [(None, b"%d" % i, None, None) for i in range(10)])
+    cfg = config(kafka_cluster)
+
+    def handle(msg: Message) -> None:
+        if msg.offset() == 4:
+            raise RuntimeError("always")
+
+    consumer = ResilientConsumer(
+        cfg, [topic], handle, dead_letter=None, retry=FAST_RETRY, install_signal_handlers=False
+    )
+    with pytest.raises(RuntimeError, match="always"):
+        consumer.run()
+    assert committed(bootstrap, cfg["group.id"], topic, [0]) == {0: 4}
