@@ -10,7 +10,14 @@ from confluent_kafka import KafkaError, KafkaException
 
 from .errors import DeliveryError, DeliveryFailure
 
-__all__ = ["LogBridge", "category_counts", "compose_delivery_error", "fatal_cause", "scrubber"]
+__all__ = [
+    "LogBridge",
+    "category_counts",
+    "compose_delivery_error",
+    "fatal_cause",
+    "lost_fatal",
+    "scrubber",
+]
 
 #: librdkafka syslog levels as the binding maps them to ``logging`` levels -> structlog method.
 _LEVEL_METHOD: Final = {
@@ -39,6 +46,22 @@ def fatal_cause(exc: BaseException | None) -> KafkaException | None:
                 return exc
         exc = exc.__cause__ or exc.__context__
         seen += 1
+    return None
+
+
+def lost_fatal(exc: BaseException | None, fatal_line: str | None) -> KafkaException | None:
+    """A fatal error whose exception the binding lost, rebuilt from librdkafka's FATAL log.
+
+    When a Python callback swallows the pending fatal exception, ``poll()``/``flush()`` end
+    with ``SystemError: ... returned NULL without setting an exception`` (the binding still
+    marked the call as crashed). librdkafka logged the reason under the ``FATAL`` facility.
+    """
+    if (
+        isinstance(exc, SystemError)
+        and fatal_line is not None
+        and "without setting an exception" in str(exc)
+    ):
+        return KafkaException(KafkaError(KafkaError._FATAL, fatal_line, fatal=True))
     return None
 
 
@@ -76,8 +99,16 @@ class LogBridge:
         self._user = user_logger
         self._on_failure = on_failure
 
+    #: The last ``FATAL`` line librdkafka logged (``rd_kafka_set_fatal_error`` always logs
+    #: one): the reason of a fatal error whose exception the binding lost.
+    fatal_line: str | None = None
+
     def log(self, level: int, fmt: str, *args: Any) -> None:
         """``logging.Logger.log``-compatible entry point used by confluent-kafka."""
+        # Only plain subscripts, comparisons and stores before the try: while a fatal error's
+        # exception is pending, the first C call in here fails (see fatal_cause).
+        if args and args[0] == "FATAL" and args[2:3]:
+            self.fatal_line = args[2]
         try:
             facility = str(args[0]) if args else ""
             text = self._scrub(str(args[2]) if len(args) > 2 else fmt % args)

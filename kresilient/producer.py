@@ -31,7 +31,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import json
 import threading
@@ -51,6 +50,7 @@ from ._producer_support import (
     category_counts,
     compose_delivery_error,
     fatal_cause,
+    lost_fatal,
     scrubber,
 )
 from .config import SECRET_KEYS, producer_config, redact
@@ -190,7 +190,6 @@ class ResilientProducer:
         self._callback_errors = 0
         self._backpressure_waits = 0
         self._recreations = 0
-        self._draining = False
         self._pending_fatal: KafkaException | None = None
         self._fatal: FatalProducerError | None = None
         self._closed = False
@@ -420,10 +419,6 @@ class ResilientProducer:
 
     def _delivery_failed(self, handle: DeliveryHandle, err: KafkaError, msg: Any) -> None:
         classification = classify(err)
-        if self._draining and not classification.possibly_persisted:
-            # Purged from a producer being replaced after a fatal error: we cannot tell
-            # whether a request carrying it reached a broker, so say it may be written.
-            classification = dataclasses.replace(classification, possibly_persisted=True)
         partition = msg.partition()
         offset = msg.offset()
         value = msg.value()
@@ -527,7 +522,7 @@ class ResilientProducer:
         fatal = fatal_cause(exc)
         pending, self._pending_fatal = self._pending_fatal, None
         if fatal is None:
-            fatal = pending
+            fatal = pending or lost_fatal(exc, self._log_bridge.fatal_line)
         if fatal is not None:
             self._handle_fatal(fatal)
             return
@@ -562,14 +557,13 @@ class ResilientProducer:
 
     def _recreate(self, cause: FatalProducerError) -> None:
         """Replace the underlying producer; account for every message the old one held."""
-        self._process_reported()  # failures reported before the fatal keep their verdict
+        # librdkafka already failed what was queued (_PURGE_QUEUE: never sent); purge what is
+        # left: in flight (_PURGE_INFLIGHT: possibly persisted) or queued meanwhile.
         old = self._producer
-        self._draining = True
         try:
             lost = _drain(old)
             self._process_reported()
         finally:
-            self._draining = False
             self._pending_fatal = None  # the old instance's fatal event, already handled
         if lost:
             self._unaccounted += lost
