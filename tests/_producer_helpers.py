@@ -1,0 +1,55 @@
+"""Shared helpers of the producer tests: read a topic back completely."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+
+def read_back(bootstrap: str, topic: str, *, timeout: float = 120.0) -> list[Message]:
+    """Every record of ``topic`` from offset 0 to each partition's high watermark, in order."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-back-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=30)
+        parts = sorted(meta.topics[topic].partitions)
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+            for p in parts
+        }
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        out: list[Message] = []
+        done = {p for p, end in ends.items() if end == 0}
+        deadline = time.monotonic() + timeout
+        while len(done) < len(parts):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"read_back({topic}) timed out with {len(out)} records")
+            for msg in consumer.consume(5000, timeout=0.5):
+                err = msg.error()
+                if err is None:
+                    out.append(msg)
+                    if msg.offset() + 1 >= ends[msg.partition()]:
+                        done.add(msg.partition())
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    if msg.offset() >= ends[msg.partition()]:
+                        done.add(msg.partition())
+                else:
+                    raise AssertionError(f"consume error: {err}")
+        return out
+    finally:
+        consumer.close()
+
+
+def header_dict(msg: Any) -> dict[str, bytes | None]:
+    """A record's headers as a dict (last value wins)."""
+    return dict(msg.headers() or [])
