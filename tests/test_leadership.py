@@ -83,7 +83,7 @@ def test_policy_is_frozen_keyword_only_and_validated() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         p.window_s = 1  # type: ignore[misc]
     with pytest.raises(TypeError):
-        ChurnPolicy(60.0)  # type: ignore[misc]
+        ChurnPolicy(60.0)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="window_s"):
         ChurnPolicy(window_s=0)
     with pytest.raises(ValueError, match="churn_bursts"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import tenacity
 from confluent_kafka import KafkaError, KafkaException
@@ -19,7 +21,7 @@ from kresilient.retry import (
 )
 
 
-def _failing(codes: list[int]) -> tuple[list[int], object]:
+def _failing(codes: list[int]) -> tuple[list[int], Callable[[], str]]:
     """A callable raising KafkaException for each code in turn, then returning 'ok'."""
     calls: list[int] = []
 
@@ -38,7 +40,7 @@ def _run(retry: tenacity.retry_base, codes: list[int]) -> tuple[int, object]:
         retry=retry, stop=tenacity.stop_after_attempt(5), wait=tenacity.wait_none(), reraise=True
     )
     try:
-        result: object = r(fn)  # type: ignore[call-overload]
+        result: object = r(fn)
     except KafkaException as exc:
         result = exc
     return len(calls), result
