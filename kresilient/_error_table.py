@@ -469,4 +469,17 @@ DELIVERY_ROWS: tuple[Row, ...] = (
         "topic.metadata.propagation.max.ms for it; create the topic (broker "
         "auto.create.topics.enable is off) or fix the topic name"),
 )
+
+#: Codes that only arise on one side of a client: translate() picks ProduceError or
+#: ConsumeError from these when the caller does not say which operation failed.
+PRODUCE_ONLY: tuple[str, ...] = (
+    "MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE", "_MSG_TIMED_OUT", "_QUEUE_FULL",
+    "_PURGE_QUEUE", "_PURGE_INFLIGHT", "NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+    "_KEY_SERIALIZATION", "_VALUE_SERIALIZATION", "INVALID_TIMESTAMP", "INVALID_RECORD",
+    "_INVALID_DIFFERENT_RECORD",
+)
+CONSUME_ONLY: tuple[str, ...] = (
+    "_PARTITION_EOF", "OFFSET_OUT_OF_RANGE", "_AUTO_OFFSET_RESET", "_LOG_TRUNCATION",
+    "_KEY_DESERIALIZATION", "_VALUE_DESERIALIZATION", "_MAX_POLL_EXCEEDED", "_ASSIGNMENT_LOST",
+)
 # fmt: on

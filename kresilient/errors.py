@@ -51,7 +51,7 @@ from typing import Any, Final, Literal, TypeAlias
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.serialization import SerializationError
 
-from kresilient._error_table import DELIVERY_ROWS, ROWS, Row
+from kresilient._error_table import CONSUME_ONLY, DELIVERY_ROWS, PRODUCE_ONLY, ROWS, Row
 
 __all__ = [
     "Action",
@@ -601,39 +601,11 @@ _OPERATION_CLASS: Final[Mapping[Operation | None, type[KafkaClientError]]] = {
     None: KafkaClientError,
 }
 
-#: Codes that only arise on one side: used when the caller does not say which operation.
+_CODE_OF_NAME: Final[Mapping[str, int]] = {row.name: row.code for row in ROWS}
+#: Codes that only arise on one side (from the table): used when the caller does not say.
 _CODE_SIDE: Final[Mapping[int, Operation]] = {
-    **dict.fromkeys(
-        (
-            KafkaError.MSG_SIZE_TOO_LARGE,
-            KafkaError.RECORD_LIST_TOO_LARGE,
-            KafkaError._MSG_TIMED_OUT,
-            KafkaError._QUEUE_FULL,
-            KafkaError._PURGE_QUEUE,
-            KafkaError._PURGE_INFLIGHT,
-            KafkaError.NOT_ENOUGH_REPLICAS,
-            KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-            KafkaError._KEY_SERIALIZATION,
-            KafkaError._VALUE_SERIALIZATION,
-            KafkaError.INVALID_TIMESTAMP,
-            KafkaError.INVALID_RECORD,
-            KafkaError._INVALID_DIFFERENT_RECORD,
-        ),
-        "produce",
-    ),
-    **dict.fromkeys(
-        (
-            KafkaError._PARTITION_EOF,
-            KafkaError.OFFSET_OUT_OF_RANGE,
-            KafkaError._AUTO_OFFSET_RESET,
-            KafkaError._LOG_TRUNCATION,
-            KafkaError._KEY_DESERIALIZATION,
-            KafkaError._VALUE_DESERIALIZATION,
-            KafkaError._MAX_POLL_EXCEEDED,
-            KafkaError._ASSIGNMENT_LOST,
-        ),
-        "consume",
-    ),
+    **{_CODE_OF_NAME[n]: "produce" for n in PRODUCE_ONLY},
+    **{_CODE_OF_NAME[n]: "consume" for n in CONSUME_ONLY},
 }
 
 _TOO_LARGE: Final = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
