@@ -217,31 +217,36 @@ def test_leader_sigkill_during_write_job_succeeds_no_loss(
 ) -> None:
     rows = 600_000
     topic = topic_factory(partitions=2)
-    outcome: dict[str, BaseException | None] = {}
+    killed: dict[str, int] = {}
+    write_done = threading.Event()
 
-    def run() -> None:
-        try:
-            _writer(_frame(spark, rows), kafka_cluster, topic).save()
-            outcome["error"] = None
-        except BaseException as exc:  # reported by the assertion below
-            outcome["error"] = exc
+    def kill_leader_mid_write() -> None:
+        # save() stays on the test's thread (the data source is registered on its session).
+        _wait_for_records(kafka_cluster.bootstrap_servers, topic, minimum=20_000, timeout=300)
+        if write_done.is_set():
+            return
+        victim = kafka_cluster.leader(topic, 0)
+        killed["at"] = _high_watermarks(kafka_cluster, topic)
+        kafka_cluster.kill(victim)
+        killed["node"] = victim
 
-    writer = threading.Thread(target=run, daemon=True)
-    writer.start()
-    _wait_for_records(kafka_cluster.bootstrap_servers, topic, minimum=20_000, timeout=300)
-    victim = kafka_cluster.leader(topic, 0)
-    at_kill = _high_watermarks(kafka_cluster, topic)
-    kafka_cluster.kill(victim)
-    killed_mid_write = writer.is_alive()
+    killer = threading.Thread(target=kill_leader_mid_write, daemon=True)
+    killer.start()
     try:
-        writer.join(timeout=600)
-        assert not writer.is_alive(), "the write did not finish"
-        assert outcome["error"] is None, f"the job failed: {outcome['error']}"
-        assert killed_mid_write and at_kill < rows, "the leader died after the write"
+        _writer(_frame(spark, rows), kafka_cluster, topic).save()  # raises if the job fails
+        write_done.set()
+        killer.join(timeout=300)
+        assert "node" in killed, "the leader was not killed during the write"
+        assert killed["at"] < rows, "the leader died after every row was written"
     finally:
-        kafka_cluster.start(victim)
+        write_done.set()
+        killer.join(timeout=300)
+        if "node" in killed:
+            kafka_cluster.start(killed["node"])
         for p in (0, 1):
             kafka_cluster.wait_for_isr(topic, p, size=3, timeout=120)
+    summary = _last_summary()
+    assert (summary.rows, summary.written) == (rows, rows)
     ids = _read_ids(kafka_cluster, topic)
     _assert_all_present(ids, rows)
 
