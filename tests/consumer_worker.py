@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
 from kresilient.consumer import ResilientConsumer
@@ -25,11 +26,16 @@ def main() -> int:
     parser.add_argument("--group", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--commit-interval-ms", type=int, default=1000)
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds of work per message")
     args = parser.parse_args()
 
     fd = os.open(args.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
+    pause = args.sleep
+
     def handle(msg: Any) -> None:
+        if pause:
+            time.sleep(pause)
         os.write(fd, b"%d %d %s\n" % (msg.partition(), msg.offset(), msg.value()))
 
     consumer = ResilientConsumer(
