@@ -26,7 +26,6 @@ Starts a local 3-node cluster unless ``KRESILIENT_BOOTSTRAP_SERVERS`` is set.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -35,7 +34,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka as ck
@@ -43,20 +42,9 @@ from confluent_kafka import Consumer, Producer
 
 from kresilient import __version__
 from kresilient.consumer import ResilientConsumer
-from kresilient.testing import BOOTSTRAP_ENV, KafkaCluster
+from kresilient.testing import KafkaCluster
 
 VALUE = b"x" * 100
-
-
-@contextlib.contextmanager
-def _cluster() -> Iterator[KafkaCluster]:
-    cluster = KafkaCluster()
-    try:
-        if not os.environ.get(BOOTSTRAP_ENV):
-            cluster.start_cluster()
-        yield cluster
-    finally:
-        cluster.close()
 
 
 def _produce(bootstrap: str, topic: str, n: int) -> None:
@@ -169,7 +157,7 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings+
     cores = os.cpu_count() or 1
     load_before = os.getloadavg()
-    with _cluster() as cluster:
+    with KafkaCluster() as cluster:  # or the one named by $KRESILIENT_BOOTSTRAP_SERVERS
         topic = f"bench-consumer-{uuid.uuid4().hex[:6]}"
         cluster.create_topic(topic, args.partitions, 3, {"min.insync.replicas": 2})
         cluster.create_topic(topic + ".dlq", args.partitions, 3, {"min.insync.replicas": 2})
