@@ -33,16 +33,17 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Final, Literal, cast
 
 import structlog
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from opentelemetry.propagators.composite import CompositePropagator
 
+from kresilient._consumer_batch import BatchMixin
+from kresilient._consumer_events import EventsMixin
 from kresilient._consumer_failures import FailureMixin
 from kresilient._consumer_holds import TP, Hold, Verdict
 from kresilient._consumer_offsets import OffsetKeeper
@@ -93,10 +94,6 @@ _DEFAULT_BREAKER: Final = CircuitBreakerPolicy()
 #: The dead-letter producer must not replace the original ``traceparent`` header: the record's
 #: trace context goes to ``kresilient.traceparent`` instead (see kresilient.deadletter).
 _NO_PROPAGATION: Final = CompositePropagator([])
-_NO_OFFSET: Final = KafkaError._NO_OFFSET
-_PARTITION_EOF: Final = KafkaError._PARTITION_EOF
-#: Identical consumer/global errors are logged at most once per this many seconds.
-_ERROR_LOG_INTERVAL: Final = 5.0
 
 
 class _Handled(Exception):
@@ -111,7 +108,7 @@ class _Handled(Exception):
         self.stop = stop
 
 
-class ResilientConsumer(FailureMixin):
+class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
     """A consumer loop that commits only what was processed or durably dead-lettered.
 
     Args:
@@ -431,8 +428,12 @@ class ResilientConsumer(FailureMixin):
                     break
             else:
                 msg = None
-        finally:
-            self._finish(msgs, msg)
+        except BaseException:
+            # stopping with an exception (breaker open, KeyboardInterrupt in the handler ...):
+            # the message in hand is not done, whatever happened to it
+            self._finish(msgs, msg, done=False)
+            raise
+        self._finish(msgs, msg)
 
     def _traced_call(self, msg: Message) -> None:
         """``call`` inside a process span; failures are handled inside the span."""
@@ -490,9 +491,13 @@ class ResilientConsumer(FailureMixin):
                 held_s=round(time.monotonic() - hold.first_failure, 3),
             )
 
-    def _finish(self, msgs: list[Message], last_seen: Message | None) -> None:
-        """Store the offsets of what this batch processed; give back the rest on overrun."""
-        n = len(msgs) if last_seen is None else msgs.index(last_seen) + 1
+    def _finish(self, msgs: list[Message], last_seen: Message | None, *, done: bool = True) -> None:
+        """Store the offsets of what this batch processed; give back the rest on overrun.
+
+        ``last_seen``: the message the loop stopped at (``None``: all were seen); ``done``:
+        whether that message was dealt with (handled, dead-lettered or held).
+        """
+        n = len(msgs) if last_seen is None else msgs.index(last_seen) + int(done)
         seq = msgs if n == len(msgs) else msgs[:n]
         if self._batch_errors:
             last = {(m.topic(), m.partition()): m for m in seq if m.error() is None}
@@ -515,172 +520,11 @@ class ResilientConsumer(FailureMixin):
             self._overrun = False
             self._interrupt = self._stop_requested
 
-    # ------------------------------------------------------------------ batch-handler path
-
-    def _process_batches(self, msgs: list[Message]) -> None:
-        """Batch mode: one handler call per partition's run of messages in this batch."""
-        groups: dict[TP, list[Message]] = {}
-        for m in msgs:
-            if m.error() is not None:
-                self._consume_error(m)
-                continue
-            tp = (m.topic(), m.partition())
-            group = groups.get(tp)  # type: ignore[arg-type]
-            if group is None:
-                groups[tp] = [m]  # type: ignore[index]
-            else:
-                group.append(m)
-        pending = list(groups.values())
-        for i, group in enumerate(pending):
-            if self._interrupt:
-                if self._overrun:
-                    self._give_back([g[0] for g in pending[i:]])
-                    self._overrun = False
-                    self._interrupt = self._stop_requested
-                break
-            self._handle_group(group)
-
-    def _handle_group(self, group: list[Message]) -> None:
-        first = group[0]
-        tp: TP = (first.topic(), first.partition())  # type: ignore[assignment]
-        hold = self._holds.get(tp)
-        if hold is not None:
-            verdict = hold.verdict(first.offset())  # type: ignore[arg-type]
-            if verdict is Verdict.SKIP:
-                return
-            if verdict is Verdict.RELEASE:
-                del self._holds[tp]
-                hold = None
-        try:
-            self._call(group)
-        except BatchItemError as exc:
-            index = exc.index
-            if not 0 <= index < len(group):
-                self._on_failure(first, exc, batch=group)
-                return
-            if index:
-                self._credit(index)
-            failed = group[index]
-            self._on_failure(failed, exc.failure())
-            if tp not in self._holds and index + 1 < len(group):
-                # dead-lettered: the items after it were not handled, fetch them again
-                self._give_back(group[index + 1 :], log=False)
-        except Exception as exc:
-            self._on_failure(first, exc, batch=group)
-        else:
-            last = group[-1].offset()
-            assert last is not None
-            self._offsets.store(tp, last + 1, group[-1].leader_epoch())
-            self._credit(len(group))
-            if hold is not None:
-                del self._holds[tp]
-        finally:
-            self._excluded.clear()
-
     def _release_dead_letters(self) -> None:
         """Serve the dead-letter producer; store past acknowledged writes (raises on failed)."""
         if self._dlq_producer is not None:
             self._dlq_producer.poll(0)
         self._offsets.release()
-
-    def _credit(self, count: int) -> None:
-        self._processed += count
-        if self._breaker is not None:
-            self._breaker.record_successes(count)
-
-    # ------------------------------------------------------------------ callbacks
-
-    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        self._offsets.on_commit(err, partitions)
-        user = self._user_cb["on_commit"]
-        if user is not None:
-            user(err, partitions)
-
-    def _on_error(self, err: KafkaError) -> None:
-        self._monitor.on_error(err)
-        c = classify(err)
-        if err.fatal():
-            self._fatal = translate(err, operation="consume")
-            self._interrupt = True
-            self._tel.fatal_error(self._fatal, c)
-        else:
-            self._log_throttled(
-                err.code(), "kafka_error", error=c.name, category=c.category.value, detail=err.str()
-            )
-        user = self._user_cb["error_cb"]
-        if user is not None:
-            user(err)
-
-    def _on_stats(self, stats_json: str) -> None:
-        self._monitor.on_stats(stats_json)
-        user = self._user_cb["stats_cb"]
-        if user is not None:
-            user(stats_json)
-
-    def _consume_error(self, msg: Message) -> None:
-        err = msg.error()
-        assert err is not None
-        if err.code() == _PARTITION_EOF:
-            return
-        self._monitor.on_error(err, msg.topic(), msg.partition())
-        if err.fatal():
-            raise translate(err, topic=msg.topic(), partition=msg.partition(), operation="consume")
-        c = classify(err)
-        self._log_throttled(
-            err.code(),
-            "consume_error",
-            topic=msg.topic(),
-            partition=msg.partition(),
-            error=c.name,
-            category=c.category.value,
-            remedy=c.remedy,
-        )
-
-    def _log_throttled(self, code: int, event: str, **fields: Any) -> None:
-        now = time.monotonic()
-        if now - self._error_logged.get(code, -_ERROR_LOG_INTERVAL) >= _ERROR_LOG_INTERVAL:
-            self._error_logged[code] = now
-            self._log.warning(event, **fields)
-
-    def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
-        self._rebalances["assigned"] += 1
-        self._log.info("partitions_assigned", partitions=_names(partitions))
-        listener = self._listeners["assign"]
-        if listener is not None:
-            listener(partitions)
-
-    def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
-        self._rebalances["revoked"] += 1
-        revoked = {(p.topic, p.partition) for p in partitions}
-        if self._dlq_producer is not None and self._offsets.pending:
-            try:  # their offsets must not be committed past an unacknowledged dead letter
-                self._offsets.wait(self._dlq_producer, revoked, self._shutdown_timeout)
-            except Exception as exc:  # never let a callback break consume()
-                self._log.warning("dead_letter_wait_failed", error=repr(exc))
-        for tp in [tp for tp in self._holds if tp in revoked]:
-            del self._holds[tp]
-            with contextlib.suppress(KafkaException):
-                self._consumer.resume([TopicPartition(tp[0], tp[1])])
-        self._offsets.commit_sync("revoke")
-        self._log.info("partitions_revoked", partitions=_names(partitions))
-        listener = self._listeners["revoke"]
-        if listener is not None:
-            listener(partitions)
-
-    def _on_lost(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
-        self._rebalances["lost"] += 1
-        lost = [(p.topic, p.partition) for p in partitions]
-        for tp in lost:
-            self._holds.pop(tp, None)
-        self._offsets.drop(lost)
-        self._log.warning(
-            "partitions_lost",
-            partitions=_names(partitions),
-            note="not committed: their new owner starts from the last commit",
-        )
-        listener = self._listeners["lost"]
-        if listener is not None:
-            listener(partitions)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -775,7 +619,3 @@ class ResilientConsumer(FailureMixin):
             f"<ResilientConsumer group={self.group_id!r} topics={self._topics!r} "
             f"processed={self._processed} dead_lettered={self._offsets.dead_lettered}>"
         )
-
-
-def _names(partitions: list[TopicPartition]) -> list[str]:
-    return [f"{p.topic}[{p.partition}]" for p in partitions]

@@ -673,3 +673,36 @@ def test_without_dead_letter_topic_exhausted_retries_stop_the_consumer(
     with pytest.raises(RuntimeError, match="always"):
         consumer.run()
     assert committed(bootstrap, cfg["group.id"], topic, [0]) == {0: 4}
+
+
+def test_stop_finishes_the_message_in_hand_and_commits_exactly_what_was_processed(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _ = with_dlq(topic_factory)
+    produce(bootstrap, topic, [(None, b"%d" % i, None, None) for i in range(100)])
+    cfg = config(kafka_cluster)
+    handled: list[int] = []
+    consumer: ResilientConsumer
+
+    def handle(msg: Message) -> None:
+        handled.append(msg.offset())  # type: ignore[arg-type]
+        if msg.offset() == 41:
+            consumer.stop()  # e.g. SIGTERM arriving while this message is handled
+            time.sleep(0.2)  # the message in hand is finished
+
+    consumer = ResilientConsumer(cfg, [topic], handle, install_signal_handlers=False)
+    consumer.run()
+    assert handled == list(range(42))  # the rest of the fetched batch was not handed out
+    assert committed(bootstrap, cfg["group.id"], topic, [0]) == {0: 42}
+
+    # an exception that escapes the handler (not an Exception: KeyboardInterrupt) stops the
+    # consumer too, and that message is NOT committed
+    def interrupted(msg: Message) -> None:
+        if msg.offset() == 50:
+            raise KeyboardInterrupt
+
+    consumer = ResilientConsumer(cfg, [topic], interrupted, install_signal_handlers=False)
+    with pytest.raises(KeyboardInterrupt):
+        consumer.run()
+    assert committed(bootstrap, cfg["group.id"], topic, [0]) == {0: 50}
