@@ -3,6 +3,8 @@
 The public API is re-exported here; submodules hold the details:
 
 - :mod:`kresilient.errors`: error classification and the exception tree.
+- :mod:`kresilient.consumer`: ResilientConsumer (commit after processing, retries, DLQ).
+- :mod:`kresilient.deadletter`: the dead-letter record format and the circuit breaker.
 - :mod:`kresilient.retry`: tenacity predicates driven by the classification.
 - :mod:`kresilient.leadership`: leadership burst vs sustained churn, metadata age.
 - :mod:`kresilient.testing`: a real 3-node KRaft Kafka cluster for tests and demos.
@@ -10,6 +12,14 @@ The public API is re-exported here; submodules hold the details:
 
 from __future__ import annotations
 
+from kresilient.consumer import BatchItemError, ResilientConsumer, RetryPolicy
+from kresilient.deadletter import (
+    CircuitBreakerPolicy,
+    DeadLetterInfo,
+    DeadLetterPolicy,
+    dead_letter_headers,
+    parse_dead_letter_headers,
+)
 from kresilient.errors import (
     Action,
     CircuitBreakerOpenError,
@@ -46,13 +56,17 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Action",
+    "BatchItemError",
     "ChurnPolicy",
     "CircuitBreakerOpenError",
+    "CircuitBreakerPolicy",
     "Classification",
     "CommitError",
     "ConfigError",
     "ConsumeError",
     "DeadLetterError",
+    "DeadLetterInfo",
+    "DeadLetterPolicy",
     "DeliveryError",
     "DeliveryFailure",
     "ErrorCategory",
@@ -64,9 +78,13 @@ __all__ = [
     "LeadershipState",
     "MessageTooLargeError",
     "ProduceError",
+    "ResilientConsumer",
+    "RetryPolicy",
     "UnsafeConfigError",
     "__version__",
     "classify",
+    "dead_letter_headers",
+    "parse_dead_letter_headers",
     "retry_if_action",
     "retry_if_category",
     "retry_if_classification",
