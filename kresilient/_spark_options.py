@@ -10,14 +10,15 @@ The sink accepts what Spark's built-in Kafka sink accepts, so switching a job is
   (string), ``partition`` (int), ``headers`` (``array<struct<key:string,value:binary>>``) and
   ``timestamp`` (timestamp). Other columns are ignored, as the built-in sink ignores them.
 
-kresilient's own options have no ``kafka.`` prefix: ``deadLetterTopic``, ``allowUnsafe`` and
-``guarantee``. Spark lower-cases option names; matching here is case-insensitive too.
+kresilient's own options have no ``kafka.`` prefix: ``deadLetterTopic``, ``guarantee``
+(``at_least_once`` or, for streaming, ``exactly_once``) and ``transactionalIdPrefix``. Spark
+lower-cases option names; matching here is case-insensitive too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from kresilient.errors import ConfigError
@@ -37,8 +38,8 @@ _REFUSED_KAFKA_KEYS: Mapping[str, str] = MappingProxyType(
     {
         "key.serializer": "the sink writes the key column's bytes; serialize in the DataFrame",
         "value.serializer": "the sink writes the value column's bytes; serialize in the DataFrame",
-        "transactional.id": "transactions are not offered by this sink (see docs/spark.md); "
-        "it is at-least-once with an idempotent producer",
+        "transactional.id": "the sink manages transactional ids itself: use the option "
+        "guarantee=exactly_once (streaming) and, if needed, transactionalIdPrefix",
         "on_delivery": "delivery reports are handled by the sink",
         "error_cb": "errors are handled by the sink",
     }
@@ -57,13 +58,13 @@ _JAVA_ONLY_HINTS: Mapping[str, str] = MappingProxyType(
 
 #: The sink's own options (lower-cased, as Spark hands them over).
 _OWN_OPTIONS = frozenset(
-    {"topic", "includeheaders", "deadlettertopic", "allowunsafe", "guarantee", "path"}
+    {"topic", "includeheaders", "deadlettertopic", "guarantee", "transactionalidprefix", "path"}
 )
 
 #: Options Spark itself adds to a streaming query's options.
 _SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname"})
 
-GUARANTEES = ("at_least_once",)
+GUARANTEES = ("at_least_once", "exactly_once")
 
 
 class SchemaError(ConfigError):
@@ -83,9 +84,8 @@ class SinkOptions:
     topic: str | None = None
     dead_letter_topic: str | None = None
     dead_letter_enabled: bool = True
-    allow_unsafe: tuple[str, ...] = ()
     guarantee: str = "at_least_once"
-    extra: Mapping[str, str] = field(default_factory=dict)
+    transactional_id_prefix: str | None = None
 
     def dead_letter_topic_for(self, topic: str | None) -> str | None:
         """The dead-letter topic of a row aimed at ``topic`` (``None``: dead letters disabled).
@@ -140,7 +140,7 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         raise ConfigError(
             f"unknown option {unknown!r} for the kresilient sink: producer settings take the "
             f"'kafka.' prefix (e.g. 'kafka.{unknown}'); the sink's own options are "
-            "topic, deadLetterTopic, allowUnsafe, guarantee",
+            "topic, deadLetterTopic, guarantee, transactionalIdPrefix",
             key=unknown,
         )
     if not producer.get("bootstrap.servers"):
@@ -150,9 +150,14 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     guarantee = lowered.get("guarantee", "at_least_once").strip().lower().replace("-", "_")
     if guarantee not in GUARANTEES:
         raise ConfigError(
-            f"option 'guarantee' must be one of {', '.join(GUARANTEES)}, not {guarantee!r} "
-            "(exactly-once is not offered: see docs/spark.md)",
+            f"option 'guarantee' must be one of {', '.join(GUARANTEES)}, not {guarantee!r}",
             key="guarantee",
+        )
+    if guarantee == "exactly_once" and not lowered.get("topic"):
+        raise ConfigError(
+            "guarantee=exactly_once needs the 'topic' option (one target topic: it also holds "
+            "the batch markers' offsets)",
+            key="topic",
         )
     dlq_raw = lowered.get("deadlettertopic")
     dlq_enabled = dlq_raw is None or dlq_raw.strip().lower() not in ("", "none", "false")
@@ -161,13 +166,9 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         topic=lowered.get("topic") or None,
         dead_letter_topic=dlq_raw.strip() if dlq_enabled and dlq_raw else None,
         dead_letter_enabled=dlq_enabled,
-        allow_unsafe=_split_list(lowered.get("allowunsafe", "")),
         guarantee=guarantee,
+        transactional_id_prefix=lowered.get("transactionalidprefix") or None,
     )
-
-
-def _split_list(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WriteSummary", "latest_summary", "store_summary", "summarize"]
+__all__ = ["WriteSummary", "all_summaries", "latest_summary", "store_summary", "summarize"]
 
 _KEEP = 200
 
@@ -41,6 +41,7 @@ class WriteSummary:
     dead_letter_reasons: Mapping[str, int] = field(default_factory=dict)
     dead_letter_topics: tuple[str, ...] = ()
     retried_tasks: int = 0
+    skipped_tasks: int = 0  #: exactly-once: partitions found already committed (replays)
     committed_at: float = 0.0
 
     def to_json(self) -> str:
@@ -66,7 +67,7 @@ def summarize(
     guarantee: str,
 ) -> WriteSummary:
     """Add up the tasks' commit messages (``TaskReport``; ``None`` entries are skipped)."""
-    tasks = rows = written = dead = retried = 0
+    tasks = rows = written = dead = retried = skipped = 0
     reasons: dict[str, int] = {}
     topics: set[str] = set()
     for r in reports:
@@ -77,6 +78,7 @@ def summarize(
         written += r.written
         dead += r.dead_lettered
         retried += 1 if r.attempt > 0 else 0
+        skipped += 1 if getattr(r, "skipped", False) else 0
         for name, n in r.dead_letter_reasons.items():
             reasons[name] = reasons.get(name, 0) + n
         topics.update(r.dead_letter_topics)
@@ -92,6 +94,7 @@ def summarize(
         dead_letter_reasons=reasons,
         dead_letter_topics=tuple(sorted(topics)),
         retried_tasks=retried,
+        skipped_tasks=skipped,
         committed_at=time.time(),
     )
 
@@ -117,3 +120,11 @@ def latest_summary(directory: str | None) -> WriteSummary | None:
     if not names:
         return None
     return WriteSummary.from_json((Path(directory) / names[-1]).read_text())
+
+
+def all_summaries(directory: str | None) -> list[WriteSummary]:
+    """Every summary kept in ``directory``, oldest first."""
+    if not directory or not os.path.isdir(directory):
+        return []
+    names = sorted(p for p in os.listdir(directory) if p.endswith(".json"))
+    return [WriteSummary.from_json((Path(directory) / n).read_text()) for n in names]

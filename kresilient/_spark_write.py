@@ -44,7 +44,14 @@ from kresilient.errors import (
     translate,
 )
 
-__all__ = ["TaskReport", "discard_producers", "sink_producer_config", "write_task"]
+__all__ = [
+    "TaskInfo",
+    "TaskReport",
+    "discard_producers",
+    "sink_producer_config",
+    "task_info",
+    "write_task",
+]
 
 _log = structlog.get_logger("kresilient.spark")
 _tracer = trace.get_tracer("kresilient.spark")
@@ -91,6 +98,7 @@ class TaskReport(WriterCommitMessage):
     dead_lettered: int = 0
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
     dead_letter_topics: list[str] = field(default_factory=list)
+    skipped: bool = False  #: exactly-once: this partition of the batch was already committed
     seconds: float = 0.0
 
 
@@ -559,14 +567,44 @@ def _dead_letter_headers(
     return headers
 
 
-def _task_context() -> tuple[int, int, int | None]:
+@dataclass(frozen=True, kw_only=True)
+class TaskInfo:
+    """Which Spark task is writing (from ``TaskContext``)."""
+
+    partition_id: int
+    attempt: int
+    batch_id: int | None = None  #: streaming micro-batch id (None: a batch job)
+    query_id: str | None = None  #: persistent streaming query id (survives restarts)
+
+
+def task_info() -> TaskInfo:
+    """The current task's identity; ``TaskInfo(partition_id=0, attempt=0)`` outside Spark."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
-    if ctx is None:  # called outside Spark (unit tests)
-        return 0, 0, None
+    if ctx is None:
+        return TaskInfo(partition_id=0, attempt=0)
     raw = ctx.getLocalProperty("streaming.sql.batchId")
-    return ctx.partitionId(), ctx.attemptNumber(), int(raw) if raw is not None else None
+    return TaskInfo(
+        partition_id=ctx.partitionId(),
+        attempt=ctx.attemptNumber(),
+        batch_id=int(raw) if raw is not None else None,
+        query_id=ctx.getLocalProperty("sql.streaming.queryId"),
+    )
+
+
+def task_span_attributes(options: SinkOptions, info: TaskInfo) -> dict[str, str | int]:
+    """Attributes of the ``kresilient.spark.write_task`` span."""
+    attrs: dict[str, str | int] = {
+        "messaging.system": "kafka",
+        "messaging.destination.name": options.topic or "(topic column)",
+        "spark.partition.id": info.partition_id,
+        "spark.task.attempt": info.attempt,
+        "kresilient.spark.guarantee": options.guarantee,
+    }
+    if info.batch_id is not None:
+        attrs["spark.streaming.batch.id"] = info.batch_id
+    return attrs
 
 
 def write_task(
@@ -575,55 +613,67 @@ def write_task(
     batches: Iterator[Any],
     *,
     config: Mapping[str, Any],
-    context: Callable[[], tuple[int, int, int | None]] = _task_context,
+    context: Callable[[], TaskInfo] = task_info,
 ) -> TaskReport:
     """Write one task's Arrow batches; return its report only once all rows are acknowledged."""
     started = time.monotonic()
-    partition_id, attempt, batch_id = context()
+    info = context()
     key, entry = _acquire(config)
-    attrs: dict[str, str | int] = {
-        "messaging.system": "kafka",
-        "messaging.destination.name": options.topic or "(topic column)",
-        "spark.partition.id": partition_id,
-        "spark.task.attempt": attempt,
-    }
-    if batch_id is not None:
-        attrs["spark.streaming.batch.id"] = batch_id
+    attrs = task_span_attributes(options, info)
     with _tracer.start_as_current_span("kresilient.spark.write_task", attributes=attrs) as span:
         writer = _TaskWriter(options, layout, entry)
         try:
             writer.write_batches(batches)
             failures = writer.flush_and_check()
-            topics = writer.dead_letter(failures, attempt) if failures else {}
+            topics = writer.dead_letter(failures, info.attempt) if failures else {}
         except BaseException:
             _discard(key)  # never hand a failed attempt's producer to the retry
             raise
-        report = TaskReport(
-            partition_id=partition_id,
-            attempt=attempt,
-            batch_id=batch_id,
-            rows=writer.rows,
-            written=writer.rows - len(failures),
-            dead_lettered=len(failures),
-            dead_letter_reasons=_reasons(failures),
-            dead_letter_topics=sorted(topics),
-            seconds=time.monotonic() - started,
-        )
+        report = make_report(info, writer.rows, failures, topics, started)
         span.set_attribute("kresilient.spark.rows", report.rows)
         span.set_attribute("kresilient.spark.dead_lettered", report.dead_lettered)
+    record_report(options, report)
+    return report
+
+
+def make_report(
+    info: TaskInfo,
+    rows: int,
+    failures: list[_Failure],
+    topics: Mapping[str, int],
+    started: float,
+    *,
+    skipped: bool = False,
+) -> TaskReport:
+    """The commit message of a finished task."""
+    return TaskReport(
+        partition_id=info.partition_id,
+        attempt=info.attempt,
+        batch_id=info.batch_id,
+        rows=rows,
+        written=0 if skipped else rows - len(failures),
+        dead_lettered=len(failures),
+        dead_letter_reasons=_reasons(failures),
+        dead_letter_topics=sorted(topics),
+        skipped=skipped,
+        seconds=time.monotonic() - started,
+    )
+
+
+def record_report(options: SinkOptions, report: TaskReport) -> None:
+    """Metrics and the executor log line of a finished task."""
     metric_attrs = {"messaging.destination.name": options.topic or "(topic column)"}
     _rows_written.add(report.written, metric_attrs)
     if report.dead_lettered:
         _rows_dead_lettered.add(report.dead_lettered, metric_attrs)
         _log.warning(
             "spark_rows_dead_lettered",
-            partition=partition_id,
-            attempt=attempt,
+            partition=report.partition_id,
+            attempt=report.attempt,
             count=report.dead_lettered,
             reasons=report.dead_letter_reasons,
             topics=report.dead_letter_topics,
         )
-    return report
 
 
 def _reasons(failures: list[_Failure]) -> dict[str, int]:

@@ -60,7 +60,13 @@ from kresilient._spark_options import (
     column_layout,
     parse_options,
 )
-from kresilient._spark_summary import WriteSummary, latest_summary, store_summary, summarize
+from kresilient._spark_summary import (
+    WriteSummary,
+    all_summaries,
+    latest_summary,
+    store_summary,
+    summarize,
+)
 from kresilient._spark_write import TaskReport, sink_producer_config, write_task
 from kresilient.errors import ConfigError
 
@@ -72,6 +78,7 @@ __all__ = [
     "WriteSummary",
     "last_write_summary",
     "register",
+    "write_summaries",
 ]
 
 FORMAT = "kresilient"
@@ -95,6 +102,10 @@ class _Plan:
         self.summary_dir = summary_dir
 
     def write(self, iterator: Iterator[Any]) -> TaskReport:
+        if self.options.guarantee == "exactly_once":
+            from kresilient._spark_eos import write_task_exactly_once
+
+            return write_task_exactly_once(self.options, self.layout, iterator, config=self.config)
         return write_task(self.options, self.layout, iterator, config=self.config)
 
     def commit(
@@ -136,7 +147,12 @@ class _Plan:
             topic=self.options.topic,
             tasks_succeeded=len(done),
             tasks=len(messages),
-            note="rows of succeeded tasks stay in Kafka; a rerun writes them again (at-least-once)",
+            note=(
+                "succeeded tasks committed their rows and batch markers: a replay skips them"
+                if self.options.guarantee == "exactly_once"
+                else "rows of succeeded tasks stay in Kafka; a rerun writes them again "
+                "(at-least-once)"
+            ),
         )
 
     def __repr__(self) -> str:
@@ -190,7 +206,14 @@ class KResilientDataSource(DataSource):
                 "use mode('append')",
                 key="mode",
             )
-        return _BatchWriter(_Plan(self.options, schema, self.summary_dir))
+        plan = _Plan(self.options, schema, self.summary_dir)
+        if plan.options.guarantee == "exactly_once":
+            raise ConfigError(
+                "guarantee=exactly_once is for streaming queries (it needs the micro-batch id "
+                "Spark replays after a failure); batch writes are at-least-once",
+                key="guarantee",
+            )
+        return _BatchWriter(plan)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> _StreamWriter:
         """The streaming writer (append, update or complete mode: every row is appended)."""
@@ -226,3 +249,8 @@ def last_write_summary() -> WriteSummary | None:
         (1000000, 2, {'MSG_SIZE_TOO_LARGE': 2})
     """
     return latest_summary(_summary_dir)
+
+
+def write_summaries() -> list[WriteSummary]:
+    """Every write summary of this driver program kept so far (the last 200), oldest first."""
+    return all_summaries(_summary_dir)

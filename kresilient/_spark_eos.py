@@ -1,0 +1,323 @@
+"""Exactly-once streaming writes: one Kafka transaction per task, committed with a batch marker.
+
+For micro-batch ``B`` and Spark partition ``P`` of query ``Q`` (persistent id, survives
+restarts), a task:
+
+1. builds a transactional producer with ``transactional.id = <prefix>-<P>`` (stable across
+   attempts, speculative copies and restarts) and calls ``init_transactions()``: the broker
+   fences every older producer of that id and aborts its open transaction;
+2. reads the marker: the committed offset of group ``<prefix>-<P>`` on ``(topic, 0)``, read with
+   ``isolation.level=read_committed`` (stable: the fencing above completed any transaction);
+3. if the marker says ``B`` is committed (offset ``B + 1``), writes nothing and reports
+   ``skipped`` (Spark replayed a batch whose partition had committed before a failure);
+4. otherwise begins a transaction, produces every row (dead letters inside it), commits the
+   marker ``B + 1`` with ``send_offsets_to_transaction`` and commits: rows and marker become
+   visible atomically, to ``read_committed`` consumers only.
+
+Tripwires: the marker records the query id and the row count; a replay with another row count
+(non-deterministic input) or a marker written by another query (a reused prefix) fails the task
+with an explanation instead of silently skipping or duplicating.
+
+To keep the transaction from ever becoming abortable over one bad row, the producer's
+``message.max.bytes`` (and so ``batch.size``) is capped at the topic's ``max.message.bytes``: a
+row too large for the topic is refused locally and dead-lettered (without its value) inside
+the transaction. A row the broker refuses for another reason aborts the transaction and fails
+the task (documented limit of this mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+
+from kresilient import _catalog as catalog
+from kresilient._spark_options import ColumnLayout, SinkOptions
+from kresilient._spark_write import (
+    TaskInfo,
+    TaskReport,
+    _Collector,
+    _dead_letter_headers,
+    _delivery_failure,
+    _Entry,
+    _Failure,
+    _flushed_failures,
+    _TaskWriter,
+    _tracer,
+    make_report,
+    record_report,
+    task_info,
+    task_span_attributes,
+)
+from kresilient.errors import (
+    DeadLetterError,
+    DeliveryError,
+    FatalProducerError,
+    KResilientError,
+    classify,
+)
+
+__all__ = ["ReplayMismatchError", "write_task_exactly_once"]
+
+_TIMEOUT = 60.0
+_MARKER_UNSET = -1001
+#: Room for the record batch header and per-record overhead under the topic's limit.
+_OVERHEAD = 1024
+_topic_limits: dict[tuple[str, str], int] = {}
+
+
+class ReplayMismatchError(KResilientError):
+    """A replayed micro-batch differs from the committed one, or the marker is another query's."""
+
+
+def transactional_prefix(options: SinkOptions, info: TaskInfo) -> str:
+    """``transactionalIdPrefix`` if given, else ``kresilient-<query id>``."""
+    if options.transactional_id_prefix:
+        return options.transactional_id_prefix
+    if info.query_id is None:
+        raise KResilientError("exactly_once needs a streaming query (no query id on this task)")
+    return f"kresilient-{info.query_id}"
+
+
+def _connection_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of a producer config that any client needs (bootstrap, security, ...)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        prop = catalog.lookup(key)
+        if prop is not None and prop.scope == "*" and not callable(value):
+            out[key] = value
+    out.pop("client.id", None)
+    out.pop("statistics.interval.ms", None)
+    return out
+
+
+def _topic_limit(config: Mapping[str, Any], topic: str) -> int:
+    """The topic's ``max.message.bytes`` (cached per process)."""
+    cache_key = (str(config.get("bootstrap.servers")), topic)
+    limit = _topic_limits.get(cache_key)
+    if limit is None:
+        admin = AdminClient(_connection_config(config))
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        described = admin.describe_configs([resource])[resource].result(timeout=_TIMEOUT)
+        limit = int(described["max.message.bytes"].value)
+        _topic_limits[cache_key] = limit
+    return limit
+
+
+def _read_marker(consumer: Consumer, topic: str) -> tuple[int, dict[str, Any]]:
+    (tp,) = consumer.committed([TopicPartition(topic, 0)], timeout=_TIMEOUT)
+    if tp.error is not None:
+        raise KafkaException(tp.error)
+    meta: dict[str, Any] = {}
+    if tp.metadata:
+        try:
+            meta = json.loads(tp.metadata)
+        except ValueError:
+            meta = {}
+    return tp.offset, meta
+
+
+def _check_marker(meta: Mapping[str, Any], info: TaskInfo, prefix: str) -> None:
+    query = meta.get("query")
+    if query is not None and info.query_id is not None and query != info.query_id:
+        raise ReplayMismatchError(
+            f"transactional id prefix {prefix!r} was used by streaming query {query}; this is "
+            f"query {info.query_id}. Give each query its own transactionalIdPrefix (a new "
+            "checkpoint is a new query)"
+        )
+
+
+def write_task_exactly_once(
+    options: SinkOptions,
+    layout: ColumnLayout,
+    batches: Iterator[Any],
+    *,
+    config: Mapping[str, Any],
+    context: Any = task_info,
+) -> TaskReport:
+    """Write one task's rows in one transaction, or skip them if this batch already committed."""
+    started = time.monotonic()
+    info: TaskInfo = context()
+    if info.batch_id is None:
+        raise KResilientError("guarantee=exactly_once is only for streaming queries")
+    topic = str(options.topic)
+    prefix = transactional_prefix(options, info)
+    name = f"{prefix}-{info.partition_id}"
+    attrs = task_span_attributes(options, info)
+    with _tracer.start_as_current_span("kresilient.spark.write_task", attributes=attrs) as span:
+        limit = min(
+            int(config.get("message.max.bytes", 1_000_000)), _topic_limit(config, topic) - _OVERHEAD
+        )
+        collector = _Collector()
+        conf = {k: v for k, v in config.items() if k != "delivery.report.only.error"}
+        conf.update(
+            {
+                "transactional.id": name,
+                "message.max.bytes": limit,
+                "batch.size": min(int(conf.get("batch.size", 1_000_000)), limit),
+                "delivery.report.only.error": True,
+                "on_delivery": collector.on_delivery,
+                "error_cb": collector.on_error,
+            }
+        )
+        # librdkafka requires message.timeout.ms <= transaction.timeout.ms.
+        if "transaction.timeout.ms" in options.producer:
+            txn_timeout = int(conf["transaction.timeout.ms"])
+            conf["message.timeout.ms"] = min(
+                int(conf.get("message.timeout.ms", 300000)), txn_timeout
+            )
+        else:
+            conf["transaction.timeout.ms"] = max(60000, int(conf.get("message.timeout.ms", 0)))
+        producer = Producer(conf)
+        consumer = Consumer(
+            {
+                **_connection_config(config),
+                "group.id": name,
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            producer.init_transactions(_TIMEOUT)  # fences older attempts, aborts their txn
+            marker, meta = _read_marker(consumer, topic)
+            _check_marker(meta, info, prefix)
+            if marker != _MARKER_UNSET and marker >= info.batch_id + 1:
+                rows = sum(b.num_rows for b in batches)
+                if marker == info.batch_id + 1 and meta.get("rows", rows) != rows:
+                    raise ReplayMismatchError(
+                        f"micro-batch {info.batch_id}, partition {info.partition_id} was "
+                        f"committed with {meta.get('rows')} rows but is replayed with {rows}: "
+                        "the input is not deterministic, exactly-once cannot hold"
+                    )
+                report = make_report(info, rows, [], {}, started, skipped=True)
+            else:
+                report = _write_transaction(
+                    producer, consumer, collector, options, layout, batches, info, topic
+                )
+                report.seconds = time.monotonic() - started
+        finally:
+            consumer.close()
+        span.set_attribute("kresilient.spark.rows", report.rows)
+        span.set_attribute("kresilient.spark.skipped", report.skipped)
+    record_report(options, report)
+    return report
+
+
+def _write_transaction(
+    producer: Producer,
+    consumer: Consumer,
+    collector: _Collector,
+    options: SinkOptions,
+    layout: ColumnLayout,
+    batches: Iterator[Any],
+    info: TaskInfo,
+    topic: str,
+) -> TaskReport:
+    started = time.monotonic()
+    producer.begin_transaction()
+    writer = _TaskWriter(options, layout, _Entry({}, producer, collector))
+    try:
+        writer.write_batches(batches)
+        local = writer.local_failures
+        writer.local_failures = []
+        reported = _flushed_failures(producer, collector)  # raises for non-row errors
+        if reported:
+            raise DeliveryError(
+                "the broker refused rows inside the transaction (it is aborted): "
+                + ", ".join(sorted({f.classification.name for f in reported})),
+                failures=[_delivery_failure(f, i) for i, f in enumerate(reported)],
+            )
+        topics = _dead_letter_in_transaction(producer, collector, options, local, info.attempt)
+        marker = TopicPartition(
+            topic,
+            0,
+            info.batch_id + 1 if info.batch_id is not None else 0,
+            metadata=json.dumps({"query": info.query_id, "rows": writer.rows}),
+        )
+        producer.send_offsets_to_transaction([marker], consumer.consumer_group_metadata(), _TIMEOUT)
+        _commit(producer)
+    except BaseException:
+        _abort_quietly(producer)
+        raise
+    return make_report(info, writer.rows, local, topics, started)
+
+
+def _dead_letter_in_transaction(
+    producer: Producer,
+    collector: _Collector,
+    options: SinkOptions,
+    failures: list[_Failure],
+    attempt: int,
+) -> dict[str, int]:
+    """Dead letters go into the same transaction; a size failure's value is left out."""
+    topics: dict[str, int] = {}
+    for f in failures:
+        dlq = options.dead_letter_topic_for(f.topic)
+        if dlq is None:
+            raise DeliveryError(
+                f"a row could not be produced ({f.classification.name}) and dead letters are "
+                "disabled (set the 'deadLetterTopic' option)",
+                failures=[_delivery_failure(f, 0)],
+            )
+        too_large = f.error.code() in (KafkaError.MSG_SIZE_TOO_LARGE,)
+        value = None if too_large else f.value
+        headers = _dead_letter_headers(f, attempt, value_dropped=too_large)
+        while True:
+            try:
+                producer.produce(dlq, value, f.key, headers=headers)  # type: ignore[arg-type]
+                break
+            except BufferError:
+                producer.poll(0.05)
+            except KafkaException as exc:
+                raise DeadLetterError(
+                    f"could not write a dead letter to {dlq!r}: {exc.args[0].str()}",
+                    topic=dlq,
+                    classification=classify(exc.args[0]),
+                ) from exc
+        topics[dlq] = topics.get(dlq, 0) + 1
+    if failures:
+        refused = _flushed_failures(producer, collector)
+        if refused:
+            raise DeadLetterError(
+                f"{len(refused)} dead letter(s) refused by Kafka "
+                f"({refused[0].classification.name})",
+                topic=refused[0].topic,
+                classification=refused[0].classification,
+            )
+    return topics
+
+
+def _commit(producer: Producer) -> None:
+    for _ in range(3):
+        try:
+            producer.commit_transaction(_TIMEOUT)
+            return
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.fatal():
+                raise FatalProducerError(
+                    f"transaction commit failed: {err.str()}",
+                    code=err.code(),
+                    name=err.name(),
+                    classification=classify(err),
+                ) from exc
+            if not err.retriable():
+                raise
+    producer.commit_transaction(_TIMEOUT)
+
+
+def _abort_quietly(producer: Producer) -> None:
+    # Fenced or fatal: the next init_transactions() of this transactional id aborts it anyway.
+    with contextlib.suppress(KafkaException):
+        producer.abort_transaction(_TIMEOUT)
