@@ -51,6 +51,7 @@ from kresilient.retry import (
     retry_if_refresh_metadata,
     retry_unless_possibly_persisted,
 )
+from kresilient.telemetry import Telemetry, add_trace_context
 
 __version__ = "0.1.0"
 
@@ -80,8 +81,10 @@ __all__ = [
     "ProduceError",
     "ResilientConsumer",
     "RetryPolicy",
+    "Telemetry",
     "UnsafeConfigError",
     "__version__",
+    "add_trace_context",
     "classify",
     "dead_letter_headers",
     "parse_dead_letter_headers",
