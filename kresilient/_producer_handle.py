@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from .errors import ProduceError
 
-__all__ = ["DeliveryHandle", "DeliveryResult"]
+__all__ = ["DeliveryHandle", "DeliveryResult", "handle_extras"]
 
 
 class _Owner(Protocol):
@@ -26,7 +26,7 @@ class _Owner(Protocol):
 
     def _process_reported(self) -> None: ...
 
-    def _delivered_traced(self, handle: DeliveryHandle, msg: Any) -> None: ...
+    def _delivered_traced(self, handle: _FullHandle, msg: Any) -> None: ...
 
     def _callback_raised(self, exc: Exception) -> None: ...
 
@@ -52,23 +52,15 @@ class DeliveryHandle:
     then ``flush()``, and look at handles only where the answer matters.
     """
 
-    __slots__ = ("_error", "_headers", "_id", "_msg", "_on_delivery", "_owner", "_token")
+    # The lean handle: produce() creates it without __init__ and sets _owner and _id only;
+    # _msg and _error stay unset until the report (read them with getattr). A message with
+    # headers, a callback or a span gets a _FullHandle.
+    __slots__ = ("_error", "_id", "_msg", "_owner")
 
-    def __init__(
-        self,
-        owner: _Owner,
-        message_id: int,
-        headers: Any,
-        on_delivery: Any,
-        token: Any,
-    ) -> None:
-        self._owner = owner
-        self._id = message_id
-        self._headers = headers
-        self._on_delivery = on_delivery
-        self._token = token
-        self._msg: Any = None
-        self._error: ProduceError | None = None
+    _owner: _Owner
+    _id: int
+    _msg: Any
+    _error: ProduceError | None
 
     # librdkafka's delivery report, called from poll()/flush() through confluent-kafka.
     # A failure is only queued here and classified after poll()/flush() returns: when a fatal
@@ -80,16 +72,6 @@ class DeliveryHandle:
         self._msg = msg
         if err is not None:
             self._owner._reported.append((self, err, msg))
-        elif self._token is not None:
-            try:
-                self._owner._delivered_traced(self, msg)
-            except Exception as exc:
-                self._owner._callback_raised(exc)
-        if self._on_delivery is not None:
-            try:
-                self._on_delivery(err, msg)
-            except Exception as exc:  # a user callback must not break delivery accounting
-                self._owner._callback_raised(exc)
 
     @property
     def message_id(self) -> int:
@@ -98,11 +80,12 @@ class DeliveryHandle:
 
     def done(self) -> bool:
         """True once the delivery report (success or failure) has been received."""
-        return self._msg is not None or self._error is not None
+        return getattr(self, "_msg", None) is not None or getattr(self, "_error", None) is not None
 
     def _settle(self) -> None:
         """Make sure a received failure report has been classified into ``_error``."""
-        if self._error is None and self._msg is not None and self._msg.error() is not None:
+        msg = getattr(self, "_msg", None)
+        if getattr(self, "_error", None) is None and msg is not None and msg.error() is not None:
             self._owner._process_reported()
 
     def _wait(self, timeout: float | None) -> None:
@@ -128,8 +111,9 @@ class DeliveryHandle:
         """
         self._wait(timeout)
         self._settle()
-        if self._error is not None:
-            raise self._error
+        error = getattr(self, "_error", None)
+        if error is not None:
+            raise error
         msg = self._msg
         return DeliveryResult(topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
 
@@ -137,13 +121,55 @@ class DeliveryHandle:
         """Wait for the delivery report; return the error if delivery failed, else ``None``."""
         self._wait(timeout)
         self._settle()
-        return self._error
+        error: ProduceError | None = getattr(self, "_error", None)
+        return error
 
     def __repr__(self) -> str:
-        if self._error is not None:
-            state = f"failed {self._error.classification.category.name}"
-        elif self._msg is not None:
-            state = f"delivered {self._msg.topic()}[{self._msg.partition()}]@{self._msg.offset()}"
+        error = getattr(self, "_error", None)
+        msg = getattr(self, "_msg", None)
+        if error is not None:
+            state = f"failed {error.classification.category.name}"
+        elif msg is not None and msg.error() is None:
+            state = f"delivered {msg.topic()}[{msg.partition()}]@{msg.offset()}"
+        elif msg is not None:
+            state = f"failed {msg.error().name()}"
         else:
             state = "pending"
         return f"<DeliveryHandle #{self._id} {state}>"
+
+
+class _FullHandle(DeliveryHandle):
+    """A handle that also carries headers, a user callback and/or a telemetry span token."""
+
+    __slots__ = ("_headers", "_on_delivery", "_token")
+
+    def __init__(self, owner: _Owner, message_id: int, headers: Any, on_delivery: Any, token: Any):
+        self._owner = owner
+        self._id = message_id
+        self._headers = headers
+        self._on_delivery = on_delivery
+        self._token = token
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        self._msg = msg
+        if err is not None:
+            self._owner._reported.append((self, err, msg))
+        elif self._token is not None:
+            try:
+                self._owner._delivered_traced(self, msg)
+            except Exception as exc:
+                self._owner._callback_raised(exc)
+        if self._on_delivery is not None:
+            try:
+                self._on_delivery(err, msg)
+            except Exception as exc:  # a user callback must not break delivery accounting
+                self._owner._callback_raised(exc)
+
+
+def handle_extras(handle: DeliveryHandle) -> tuple[Any, Any, Any]:
+    """(headers, on_delivery, token) of a handle; all ``None`` for a lean one."""
+    return (
+        getattr(handle, "_headers", None),
+        getattr(handle, "_on_delivery", None),
+        getattr(handle, "_token", None),
+    )

@@ -43,7 +43,7 @@ from typing import Any, Final
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from ._producer_handle import DeliveryHandle, DeliveryResult
+from ._producer_handle import DeliveryHandle, DeliveryResult, _FullHandle, handle_extras
 from ._producer_health import BrokerStats, ProducerHealth, broker_stats
 from ._producer_support import (
     LogBridge,
@@ -82,6 +82,9 @@ _DRAIN_TIMEOUT: Final = 10.0
 #: Identical global errors (error_cb) are logged at most once per this many seconds.
 _ERROR_LOG_INTERVAL: Final = 5.0
 _ERROR_LEVEL_CATEGORIES: Final = frozenset({ErrorCategory.AUTH, ErrorCategory.CONFIG})
+
+
+_new_handle = object.__new__
 
 
 def _closed_produce(*_args: Any, **_kwargs: Any) -> None:
@@ -180,6 +183,7 @@ class ResilientProducer:
         )
         self._monitor.add_listener(self._tel.leadership_listener())
         self._tracing = self._tel.enabled
+        self._lean = False  # set below, once the default callback is known
 
         self._lock = threading.Lock()  # the failures list
         self._recreate_lock = threading.Lock()
@@ -198,6 +202,7 @@ class ResilientProducer:
         self._logged_at: dict[object, float] = {}
         self._ids = itertools.count(1)
         self._default_cb = self._user_cb["on_delivery"]
+        self._lean = not self._tracing and self._default_cb is None
         self._dlq: Any = None  # a ResilientProducer for the dead-letter topic, made on first use
         self._log_bridge = LogBridge(
             self._log,
@@ -262,14 +267,13 @@ class ResilientProducer:
         classified :class:`~kresilient.ProduceError` the broker-independent checks raise.
         """
         n = next(self._ids)
-        token = None
-        if self._tracing:
-            headers, token = self._tel.producer_send(
-                topic, key, len(value) if value is not None else 0, headers, partition
-            )
-        handle = DeliveryHandle(
-            self, n, headers, self._default_cb if on_delivery is None else on_delivery, token
-        )
+        if headers is None and on_delivery is None and self._lean:
+            handle = _new_handle(DeliveryHandle)
+            handle._owner = self
+            handle._id = n
+        else:
+            handle = self._full_handle(n, topic, key, value, headers, partition, on_delivery)
+            headers = handle._headers
         part = -1 if partition is None else partition
         ts = 0 if timestamp is None else timestamp
         try:
@@ -282,11 +286,31 @@ class ResilientProducer:
             self._tick()
         return handle
 
+    def _full_handle(
+        self,
+        n: int,
+        topic: str,
+        key: Any,
+        value: Any,
+        headers: Any,
+        partition: int | None,
+        on_delivery: Any,
+    ) -> _FullHandle:
+        """A handle for a message with headers, a callback or a span (and the span started)."""
+        token = None
+        if self._tracing:
+            headers, token = self._tel.producer_send(
+                topic, key, len(value) if value is not None else 0, headers, partition
+            )
+        cb = self._default_cb if on_delivery is None else on_delivery
+        return _FullHandle(self, n, headers, cb, token)
+
     def _tick(self) -> None:
         """Every _POLL_MASK+1 messages: serve delivery reports, pick up a late tracer provider."""
         self.poll(0)
         if not self._tracing and not self._closed:
             self._tracing = self._tel.enabled
+            self._lean = not self._tracing and self._default_cb is None
 
     def _produce_blocked(
         self,
@@ -394,17 +418,17 @@ class ResilientProducer:
             headers=headers,
             partition=part if part >= 0 else None,
             timestamp=ts,
-            on_delivery=handle._on_delivery,
+            on_delivery=handle_extras(handle)[1],
         )
 
     def _end_span(self, handle: DeliveryHandle, err: Any, classification: Any) -> None:
-        if handle._token is not None:
+        if isinstance(handle, _FullHandle) and handle._token is not None:
             self._tel.producer_delivered(handle._token, err, None, classification)
             handle._token = None
 
     # ------------------------------------------------------------------ delivery reports
 
-    def _delivered_traced(self, handle: DeliveryHandle, msg: Any) -> None:
+    def _delivered_traced(self, handle: _FullHandle, msg: Any) -> None:
         self._tel.producer_delivered(handle._token, None, msg, None)
 
     def _process_reported(self) -> None:
@@ -429,7 +453,7 @@ class ResilientProducer:
             offset=offset if offset is not None and offset >= 0 else None,
             key=msg.key(),
             value_size=len(value) if value is not None else 0,
-            headers=handle._headers,
+            headers=handle_extras(handle)[0],
             classification=classification,
             error=err,
             message_id=handle._id,
@@ -447,7 +471,7 @@ class ResilientProducer:
             self._failures.append(failure)
             self._failed_total += 1
         self._monitor.on_error(err, topic, failure.partition)
-        if handle._token is not None:
+        if isinstance(handle, _FullHandle) and handle._token is not None:
             self._tel.producer_delivered(handle._token, err, msg, classification)
             handle._token = None
         self._log.debug(

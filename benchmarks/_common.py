@@ -1,0 +1,216 @@
+"""Shared helpers for kresilient's benchmarks: fair, interleaved, paired comparisons.
+
+How a comparison is run (performance-anchors B7):
+
+* every arm does the same work on the same inputs; a fresh topic per arm and round;
+* one warm-up round per arm is discarded (metadata, connections, JIT-free but cache-warm);
+* rounds are interleaved and the arm order is shuffled inside each round, so slow drifts of
+  a shared machine hit every arm alike;
+* the headline figure is the **paired per-round ratio** (arm / baseline of the same round),
+  reported as median and IQR, not a ratio of medians;
+* CPU cost is ``time.process_time()`` (all threads of this process, librdkafka's included)
+  per message; RSS is this process's peak;
+* the load average is sampled before and after: figures taken while it exceeded the core
+  count are labelled CONTENDED.
+
+Example::
+
+    samples = run_interleaved({"raw": run_raw, "kresilient": run_wrapped}, rounds=10)
+    print(markdown_table(samples, baseline="raw", title="100 B"))
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import resource
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Sample",
+    "Timer",
+    "contention",
+    "environment",
+    "iqr",
+    "markdown_table",
+    "median_iqr",
+    "paired_ratios",
+    "peak_rss_mib",
+    "run_interleaved",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    """One arm's run in one round."""
+
+    arm: str
+    round: int
+    messages: int
+    wall_s: float
+    cpu_s: float
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        """Messages per second (wall clock)."""
+        return self.messages / self.wall_s if self.wall_s > 0 else float("inf")
+
+    @property
+    def cpu_us_per_msg(self) -> float:
+        """CPU microseconds of this process per message."""
+        return self.cpu_s / self.messages * 1e6 if self.messages else float("nan")
+
+
+class Timer:
+    """Wall and process CPU time of a block: ``with Timer() as t: ...; t.wall_s, t.cpu_s``."""
+
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+
+    def __enter__(self) -> Timer:
+        self._wall = time.perf_counter()
+        self._cpu = time.process_time()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.wall_s = time.perf_counter() - self._wall
+        self.cpu_s = time.process_time() - self._cpu
+
+
+def median_iqr(values: Sequence[float]) -> tuple[float, float, float]:
+    """(median, first quartile, third quartile); quartiles equal the median for < 2 values."""
+    if not values:
+        return (float("nan"),) * 3
+    med = statistics.median(values)
+    if len(values) < 2:
+        return med, med, med
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return med, q1, q3
+
+
+def iqr(values: Sequence[float]) -> float:
+    """Interquartile range."""
+    _, q1, q3 = median_iqr(values)
+    return q3 - q1
+
+
+def paired_ratios(samples: Iterable[Sample], arm: str, baseline: str) -> list[float]:
+    """arm rate / baseline rate, for every round where both ran."""
+    by_round: dict[int, dict[str, Sample]] = {}
+    for s in samples:
+        by_round.setdefault(s.round, {})[s.arm] = s
+    return [
+        r[arm].rate / r[baseline].rate
+        for _, r in sorted(by_round.items())
+        if arm in r and baseline in r and r[baseline].rate > 0
+    ]
+
+
+def run_interleaved(
+    arms: Mapping[str, Callable[[int], Sample]],
+    *,
+    rounds: int,
+    warmup: int = 1,
+    seed: int | None = None,
+    on_sample: Callable[[Sample], None] | None = None,
+) -> list[Sample]:
+    """Run every arm ``warmup + rounds`` times, shuffled inside each round.
+
+    Each arm callable receives the round number (negative for warm-up rounds) and returns its
+    :class:`Sample`. Warm-up samples are dropped.
+    """
+    rng = random.Random(seed)
+    out: list[Sample] = []
+    for r in range(-warmup, rounds):
+        order = list(arms)
+        rng.shuffle(order)
+        for name in order:
+            sample = arms[name](r)
+            if on_sample is not None:
+                on_sample(sample)
+            if r >= 0:
+                out.append(sample)
+    return out
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process, MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def contention(load_before: float, load_after: float) -> str:
+    """``"quiet"`` or ``"CONTENDED (load ...)"`` against the number of cores."""
+    cores = os.cpu_count() or 1
+    worst = max(load_before, load_after)
+    if worst > cores:
+        return f"CONTENDED (1-min load {load_before:.1f} -> {load_after:.1f} on {cores} cores)"
+    return f"quiet (1-min load {load_before:.1f} -> {load_after:.1f} on {cores} cores)"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def environment(**extra: Any) -> dict[str, Any]:
+    """Versions and machine facts to print beside the figures."""
+    import confluent_kafka
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "confluent_kafka": confluent_kafka.version()[0],
+        "librdkafka": confluent_kafka.libversion()[0],
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+    try:
+        import kresilient
+
+        info["kresilient"] = kresilient.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    info.update(extra)
+    return info
+
+
+def markdown_table(
+    samples: Sequence[Sample], *, baseline: str, title: str = "", arms: Sequence[str] = ()
+) -> str:
+    """Per-arm msgs/s (median [IQR]), CPU µs/msg and the paired ratio to ``baseline``."""
+    names = list(arms) or sorted({s.arm for s in samples}, key=lambda a: (a != baseline, a))
+    lines = []
+    if title:
+        lines.append(f"**{title}**\n")
+    lines.append(
+        "| arm | rounds | msgs/s median [IQR] | CPU µs/msg median | ratio vs "
+        f"{baseline} (paired) median [IQR] |"
+    )
+    lines.append("|---|---:|---:|---:|---:|")
+    for name in names:
+        mine = [s for s in samples if s.arm == name]
+        if not mine:
+            continue
+        rate, r1, r3 = median_iqr([s.rate for s in mine])
+        cpu = statistics.median(s.cpu_us_per_msg for s in mine)
+        if name == baseline:
+            ratio = "1 (baseline)"
+        else:
+            m, q1, q3 = median_iqr(paired_ratios(samples, name, baseline))
+            ratio = f"{m:.3f} [{q1:.3f}-{q3:.3f}]"
+        lines.append(
+            f"| {name} | {len(mine)} | {rate:,.0f} [{r1:,.0f}-{r3:,.0f}] | {cpu:.2f} | {ratio} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,304 @@
+"""Producer throughput: raw confluent-kafka against ResilientProducer, same config, same work.
+
+Arms (each on a fresh topic per round: ``--partitions`` partitions, RF=3,
+``min.insync.replicas=2``, deleted afterwards):
+
+- ``raw``: ``confluent_kafka.Producer`` with exactly the configuration ResilientProducer
+  applies (acks=all, idempotence, 5 in flight, murmur2_random, statistics every 5 s with a
+  no-op ``stats_cb``, an ``error_cb``), a per-message delivery callback counting errors,
+  ``poll(0)`` every 1024 messages and on ``BufferError`` (then produce again): the cheapest
+  correct loop we know how to write by hand.
+- ``kresilient``: ``ResilientProducer`` with no OpenTelemetry SDK provider (the API's no-op).
+- ``kresilient_otel_1pct``: ``ResilientProducer`` with an SDK ``TracerProvider`` sampling 1%
+  of root spans (``ParentBased(TraceIdRatioBased(0.01))``) and a batch processor whose
+  exporter drops spans.
+
+The clock runs from the first ``produce`` to the return of ``flush()`` with every delivery
+report received and no failure. Rounds are interleaved with a shuffled order, one warm-up
+round discarded; the headline is the paired per-round ratio to ``raw`` (median and IQR);
+CPU is this process's ``process_time`` per message (librdkafka's threads included). Values are
+pre-built ``bytes`` (no key), 100 B and 1 KiB.
+
+    .venv/bin/python benchmarks/producer.py                       # 1M messages per arm, 10 rounds
+    .venv/bin/python benchmarks/producer.py --messages 200000 --rounds 3     # quick look
+    .venv/bin/python benchmarks/producer.py --micro               # enqueue cost, no broker
+
+Starts a local 3-node cluster (``kresilient.testing.KafkaCluster``) unless
+``KRESILIENT_BOOTSTRAP_SERVERS`` names one. Prints markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    Sample,
+    Timer,
+    contention,
+    environment,
+    markdown_table,
+    median_iqr,
+    peak_rss_mib,
+    run_interleaved,
+)
+from confluent_kafka import Producer
+
+from kresilient.config import producer_config
+from kresilient.producer import ResilientProducer
+from kresilient.testing import KafkaCluster
+
+ARMS = ("raw", "kresilient", "kresilient_otel_1pct")
+POLL_MASK = 1023
+
+
+def _quiet_structlog() -> None:
+    import logging
+
+    import structlog
+
+    # The application's choice in real life; here: nothing below WARNING is rendered.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def _noop(*_args: Any) -> None:
+    return None
+
+
+def run_raw(config: dict[str, Any], topic: str, value: bytes, n: int) -> tuple[float, float]:
+    """The hand-written loop; returns (wall_s, cpu_s)."""
+    errors = [0]
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors[0] += 1
+
+    producer = Producer({**config, "error_cb": _noop, "stats_cb": _noop})
+    produce, poll = producer.produce, producer.poll
+    with Timer() as t:
+        for i in range(n):
+            while True:
+                try:
+                    produce(topic, value, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    poll(0.05)
+            if not i & POLL_MASK:
+                poll(0)
+        remaining = producer.flush()
+    if remaining or errors[0]:
+        raise RuntimeError(f"raw: {remaining} left, {errors[0]} failed")
+    return t.wall_s, t.cpu_s
+
+
+def run_kresilient(
+    config: dict[str, Any], topic: str, value: bytes, n: int, tracer_provider: Any = None
+) -> tuple[float, float]:
+    producer = ResilientProducer(config, tracer_provider=tracer_provider)
+    produce = producer.produce
+    with Timer() as t:
+        for _ in range(n):
+            produce(topic, value)
+        producer.flush()  # raises DeliveryError on any failure
+    producer.close()
+    return t.wall_s, t.cpu_s
+
+
+def _otel_provider() -> Any:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    class DropExporter(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
+    provider.add_span_processor(BatchSpanProcessor(DropExporter()))
+    return provider
+
+
+def end_to_end(args: argparse.Namespace) -> None:
+    _quiet_structlog()
+    load_before = os.getloadavg()[0]
+    cluster = KafkaCluster()
+    cluster.start_cluster()
+    provider = _otel_provider()
+    out: dict[str, Any] = {"environment": environment(cluster=repr(cluster)), "sizes": {}}
+    try:
+        bootstrap = cluster.bootstrap_servers
+        # Both arms get the configuration ResilientProducer applies (defaults included).
+        user = {"bootstrap.servers": bootstrap}
+        config = producer_config(user)
+        for size in args.sizes:
+            value = os.urandom(size)
+
+            def arm(name: str, size: int = size, value: bytes = value) -> Callable[[int], Sample]:
+                def run(round_no: int) -> Sample:
+                    topic = f"bench-{name}-{size}-{round_no}-{uuid.uuid4().hex[:6]}"
+                    cluster.create_topic(topic, args.partitions, 3, {"min.insync.replicas": 2})
+                    n = args.messages if round_no >= 0 else min(args.messages, 100_000)
+                    gc.collect()
+                    try:
+                        if name == "raw":
+                            wall, cpu = run_raw(config, topic, value, n)
+                        elif name == "kresilient":
+                            wall, cpu = run_kresilient(user, topic, value, n)
+                        else:
+                            wall, cpu = run_kresilient(user, topic, value, n, provider)
+                    finally:
+                        cluster.delete_topic(topic)
+                    return Sample(arm=name, round=round_no, messages=n, wall_s=wall, cpu_s=cpu)
+
+                return run
+
+            def show(s: Sample, size: int = size) -> None:
+                tag = "warm-up" if s.round < 0 else f"round {s.round}"
+                print(
+                    f"  {size} B {tag:8s} {s.arm:22s} {s.rate:10,.0f} msg/s "
+                    f"{s.cpu_us_per_msg:6.2f} CPU µs/msg",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+            samples = run_interleaved(
+                {name: arm(name) for name in args.arms},
+                rounds=args.rounds,
+                seed=args.seed,
+                on_sample=show,
+            )
+            out["sizes"][size] = samples
+    finally:
+        cluster.close()
+    load_after = os.getloadavg()[0]
+    label = contention(load_before, load_after)
+    print(f"## Producer throughput, RF=3, acks=all ({label})\n")
+    print(
+        f"{args.messages:,} messages per arm and round, {args.rounds} rounds (+1 warm-up), "
+        f"{args.partitions} partitions, values without keys. Peak RSS of the benchmark "
+        f"process: {peak_rss_mib():.0f} MiB.\n"
+    )
+    for size, samples in out["sizes"].items():
+        print(markdown_table(samples, baseline="raw", title=f"{size} B values", arms=args.arms))
+        print()
+    env = out["environment"]
+    print("Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()))
+    if args.json:
+        dump = {
+            "environment": env,
+            "contention": label,
+            "samples": {
+                str(size): [s.__dict__ | {"rate": s.rate} for s in samples]
+                for size, samples in out["sizes"].items()
+            },
+        }
+        Path(args.json).write_text(json.dumps(dump, indent=2, default=str))
+
+
+# --------------------------------------------------------------------------- micro
+
+
+def micro(args: argparse.Namespace) -> None:
+    """Enqueue cost per produce() call with nothing listening (no delivery, no network)."""
+    _quiet_structlog()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    n = args.micro_messages
+    base = {
+        "bootstrap.servers": f"127.0.0.1:{port}",
+        "log_level": 0,
+        "queue.buffering.max.messages": n + 10,
+        "queue.buffering.max.kbytes": 2**21,
+    }
+    config = producer_config(base)
+    value = b"x" * 100
+    results: dict[str, list[float]] = {"raw": [], "kresilient": [], "kresilient_otel_1pct": []}
+    provider = _otel_provider()
+
+    def raw() -> float:
+        p = Producer({**config, "error_cb": _noop, "stats_cb": _noop})
+        produce, poll = p.produce, p.poll
+        errors = [0]
+
+        def cb(err: Any, _m: Any) -> None:
+            if err is not None:
+                errors[0] += 1
+
+        t0 = time.process_time()
+        for i in range(n):
+            produce("t", value, on_delivery=cb)
+            if not i & POLL_MASK:
+                poll(0)
+        dt = time.process_time() - t0
+        p.purge()
+        p.poll(0)
+        return dt
+
+    def wrapped(tracer_provider: Any = None) -> float:
+        p = ResilientProducer(base, tracer_provider=tracer_provider)
+        produce = p.produce
+        t0 = time.process_time()
+        for _ in range(n):
+            produce("t", value)
+        dt = time.process_time() - t0
+        p._producer.purge()
+        p._producer.poll(0)
+        p._closed = True
+        return dt
+
+    for _ in range(args.rounds):
+        results["raw"].append(raw() / n * 1e6)
+        results["kresilient"].append(wrapped() / n * 1e6)
+        results["kresilient_otel_1pct"].append(wrapped(provider) / n * 1e6)
+    print(f"## produce() enqueue cost, no broker ({n:,} calls x {args.rounds} rounds)\n")
+    print("| arm | CPU µs per call median [IQR] | added vs raw (median of paired diffs) |")
+    print("|---|---:|---:|")
+    for name, values in results.items():
+        m, q1, q3 = median_iqr(values)
+        diffs = [v - r for v, r in zip(values, results["raw"], strict=True)]
+        added = "-" if name == "raw" else f"{median_iqr(diffs)[0]:+.3f}"
+        print(f"| {name} | {m:.3f} [{q1:.3f}-{q3:.3f}] | {added} |")
+    print(f"\n1-min load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000, help="per arm and round")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1024]
+    )
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS))
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--json", help="also write every sample to this file")
+    parser.add_argument("--micro", action="store_true", help="enqueue cost only, no broker")
+    parser.add_argument("--micro-messages", type=int, default=100_000)
+    args = parser.parse_args()
+    unknown = set(args.arms) - set(ARMS)
+    if unknown:
+        parser.error(f"unknown arm(s) {sorted(unknown)}; choose from {', '.join(ARMS)}")
+    if args.micro:
+        micro(args)
+    else:
+        end_to_end(args)
+
+
+if __name__ == "__main__":
+    main()
