@@ -706,3 +706,36 @@ def test_stop_finishes_the_message_in_hand_and_commits_exactly_what_was_processe
     with pytest.raises(KeyboardInterrupt):
         consumer.run()
     assert committed(bootstrap, cfg["group.id"], topic, [0]) == {0: 50}
+
+
+def test_slow_handler_over_a_big_batch_does_not_exceed_max_poll_interval(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """500 messages fetched at once x 50 ms each would be 25 s without polling; with
+    max.poll.interval.ms=6000 the watchdog hands the rest of the batch back after 3 s and the
+    loop polls again: no rebalance, nothing lost, nothing handled twice."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _ = with_dlq(topic_factory)
+    produce(bootstrap, topic, [(None, b"%d" % i, None, None) for i in range(200)])
+    handled: list[int] = []
+    rebalances: list[str] = []
+    consumer: ResilientConsumer
+
+    def handle(msg: Message) -> None:
+        time.sleep(0.05)
+        handled.append(msg.offset())  # type: ignore[arg-type]
+        if len(handled) == 200:
+            consumer.stop()
+
+    consumer = ResilientConsumer(
+        config(kafka_cluster, **{"max.poll.interval.ms": 6000, "session.timeout.ms": 6000}),
+        [topic],
+        handle,
+        on_assign=lambda ps: rebalances.append("assign"),
+        on_lost=lambda ps: rebalances.append("lost"),
+        on_revoke=lambda ps: rebalances.append("revoke"),
+        install_signal_handlers=False,
+    )
+    Runner(consumer).join(120)
+    assert handled == list(range(200))
+    assert rebalances == ["assign", "revoke"]
