@@ -17,8 +17,8 @@ from kresilient._consumer_holds import TP, Hold, Verdict
 from kresilient._consumer_support import BatchItemError
 
 if TYPE_CHECKING:
+    from kresilient._consumer_breaker import CircuitBreaker
     from kresilient._consumer_offsets import OffsetKeeper
-    from kresilient.deadletter import CircuitBreaker
 
 __all__ = ["BatchMixin"]
 

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import tenacity
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
+from kresilient._consumer_breaker import CircuitBreaker
 from kresilient._consumer_holds import TP, Hold
-from kresilient.deadletter import CircuitBreaker, DeadLetterPolicy, build_dead_letter_record
+from kresilient.deadletter import DeadLetterPolicy, build_dead_letter_record
 from kresilient.errors import (
     Action,
     Classification,

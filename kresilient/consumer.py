@@ -43,6 +43,7 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from opentelemetry.propagators.composite import CompositePropagator
 
 from kresilient._consumer_batch import BatchMixin
+from kresilient._consumer_breaker import CircuitBreaker
 from kresilient._consumer_events import EventsMixin
 from kresilient._consumer_failures import FailureMixin
 from kresilient._consumer_holds import TP, Hold, Verdict
@@ -63,7 +64,6 @@ from kresilient._consumer_support import (
 )
 from kresilient.config import redact
 from kresilient.deadletter import (
-    CircuitBreaker,
     CircuitBreakerPolicy,
     DeadLetterPolicy,
 )

@@ -11,6 +11,7 @@ from confluent_kafka import Message
 from confluent_kafka.error import ValueDeserializationError
 
 from kresilient import deadletter as dl
+from kresilient._consumer_breaker import CircuitBreaker
 from kresilient.errors import CircuitBreakerOpenError, ErrorCategory, classify
 
 ORIGINAL = [
@@ -162,6 +163,7 @@ def test_kafka_exception_message_is_the_error_text() -> None:
         headers["kresilient.exception.type"] == b"confluent_kafka.error.ValueDeserializationError"
     )
     assert headers["kresilient.error.category"] == ErrorCategory.POISON.value.encode()
+    assert headers["kresilient.exception.message"] == b"not json"
 
 
 @pytest.mark.parametrize("compat", [(), ("spring",), ("streams",), ("spring", "streams")])
@@ -282,7 +284,7 @@ class _Clock:
 
 
 def test_breaker_consecutive_allows_exactly_the_limit() -> None:
-    breaker = dl.CircuitBreaker(dl.CircuitBreakerPolicy(max_consecutive=3))
+    breaker = CircuitBreaker(dl.CircuitBreakerPolicy(max_consecutive=3))
     for _ in range(3):
         breaker.check()
         breaker.record_dead_letter()
@@ -293,7 +295,7 @@ def test_breaker_consecutive_allows_exactly_the_limit() -> None:
 
 
 def test_breaker_consecutive_resets_on_success() -> None:
-    breaker = dl.CircuitBreaker(dl.CircuitBreakerPolicy(max_consecutive=2))
+    breaker = CircuitBreaker(dl.CircuitBreakerPolicy(max_consecutive=2))
     for _ in range(10):
         breaker.check()
         breaker.record_dead_letter()
@@ -306,7 +308,7 @@ def test_breaker_ratio_over_time_window() -> None:
     policy = dl.CircuitBreakerPolicy(
         max_consecutive=None, max_ratio=0.1, window=10.0, min_messages=50
     )
-    breaker = dl.CircuitBreaker(policy, clock=clock)
+    breaker = CircuitBreaker(policy, clock=clock)
     breaker.record_successes(90)
     for _ in range(10):  # 10 of 100 = 0.1: allowed
         breaker.check()
@@ -314,14 +316,14 @@ def test_breaker_ratio_over_time_window() -> None:
     with pytest.raises(CircuitBreakerOpenError, match="11 of 101"):
         breaker.check()
     clock.now += 11.0  # the window moved on: old counts expire
-    breaker = dl.CircuitBreaker(policy, clock=clock)
+    breaker = CircuitBreaker(policy, clock=clock)
     breaker.record_successes(10)
     breaker.check()  # 1 of 11, below min_messages: no verdict
 
 
 def test_breaker_window_expiry() -> None:
     clock = _Clock()
-    breaker = dl.CircuitBreaker(
+    breaker = CircuitBreaker(
         dl.CircuitBreakerPolicy(max_consecutive=None, max_ratio=0.7, window=10.0, min_messages=4),
         clock=clock,
     )
