@@ -3,6 +3,8 @@
 The public API is re-exported here; submodules hold the details:
 
 - :mod:`kresilient.errors`: error classification and the exception tree.
+- :mod:`kresilient.config`: safe producer/consumer defaults, validation, secret redaction.
+- :mod:`kresilient.producer`: ResilientProducer (no silent loss, classified flush failures).
 - :mod:`kresilient.consumer`: ResilientConsumer (commit after processing, retries, DLQ).
 - :mod:`kresilient.deadletter`: the dead-letter record format and the circuit breaker.
 - :mod:`kresilient.retry`: tenacity predicates driven by the classification.
@@ -12,6 +14,7 @@ The public API is re-exported here; submodules hold the details:
 
 from __future__ import annotations
 
+from kresilient.config import consumer_config, producer_config, redact
 from kresilient.consumer import BatchItemError, ResilientConsumer, RetryPolicy
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
@@ -41,6 +44,7 @@ from kresilient.errors import (
     translate,
 )
 from kresilient.leadership import ChurnPolicy, LeadershipChange, LeadershipMonitor, LeadershipState
+from kresilient.producer import DeliveryHandle, DeliveryResult, ProducerHealth, ResilientProducer
 from kresilient.retry import (
     retry_if_action,
     retry_if_category,
@@ -70,6 +74,8 @@ __all__ = [
     "DeadLetterPolicy",
     "DeliveryError",
     "DeliveryFailure",
+    "DeliveryHandle",
+    "DeliveryResult",
     "ErrorCategory",
     "FatalProducerError",
     "KResilientError",
@@ -79,15 +85,20 @@ __all__ = [
     "LeadershipState",
     "MessageTooLargeError",
     "ProduceError",
+    "ProducerHealth",
     "ResilientConsumer",
+    "ResilientProducer",
     "RetryPolicy",
     "Telemetry",
     "UnsafeConfigError",
     "__version__",
     "add_trace_context",
     "classify",
+    "consumer_config",
     "dead_letter_headers",
     "parse_dead_letter_headers",
+    "producer_config",
+    "redact",
     "retry_if_action",
     "retry_if_category",
     "retry_if_classification",

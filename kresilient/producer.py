@@ -30,7 +30,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import threading
@@ -43,6 +42,7 @@ from typing import Any, Final
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from . import _producer_paths as paths
 from ._producer_handle import DeliveryHandle, DeliveryResult, _FullHandle, handle_extras
 from ._producer_health import BrokerStats, ProducerHealth, broker_stats
 from ._producer_support import (
@@ -50,7 +50,6 @@ from ._producer_support import (
     category_counts,
     compose_delivery_error,
     fatal_cause,
-    lost_fatal,
     scrubber,
 )
 from .config import SECRET_KEYS, producer_config, redact
@@ -77,8 +76,6 @@ _POLL_MASK: Final = 1023
 _CHAINED_CALLBACKS: Final = ("error_cb", "stats_cb", "on_delivery", "logger")
 _TOO_LARGE: Final = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 _DEFAULT_MAX_BYTES: Final = 1_000_000
-#: How long recreate_on_fatal waits for purged messages' delivery reports from the old instance.
-_DRAIN_TIMEOUT: Final = 10.0
 #: Identical global errors (error_cb) are logged at most once per this many seconds.
 _ERROR_LOG_INTERVAL: Final = 5.0
 _ERROR_LEVEL_CATEGORIES: Final = frozenset({ErrorCategory.AUTH, ErrorCategory.CONFIG})
@@ -93,23 +90,6 @@ def _closed_produce(*_args: Any, **_kwargs: Any) -> None:
 
 def _no_poll(_timeout: float = 0) -> int:
     return 0
-
-
-def _drain(producer: Producer) -> int:
-    """Purge every queued and in-flight message and serve their delivery reports.
-
-    Returns how many messages are still unaccounted for after ``_DRAIN_TIMEOUT`` (normally 0:
-    a purge turns every message into a ``_PURGE_QUEUE``/``_PURGE_INFLIGHT`` report).
-    """
-    with contextlib.suppress(KafkaException):
-        producer.purge(in_queue=True, in_flight=True, blocking=True)
-    deadline = time.monotonic() + _DRAIN_TIMEOUT
-    while len(producer) > 0 and time.monotonic() < deadline:
-        try:
-            producer.poll(0.1)
-        except (KafkaException, SystemError):
-            continue  # a fatal event or a callback cut short: the reports were queued
-    return len(producer)
 
 
 class ResilientProducer:
@@ -279,9 +259,9 @@ class ResilientProducer:
         try:
             self._produce(topic, value, key, part, handle, None, ts, headers)
         except BufferError:
-            return self._produce_blocked(topic, value, key, part, handle, ts, headers)
+            return paths.produce_blocked(self, topic, value, key, part, handle, ts, headers)
         except KafkaException as exc:
-            return self._produce_failed(exc, topic, value, key, part, handle, ts, headers)
+            return paths.produce_failed(self, exc, topic, value, key, part, handle, ts, headers)
         if not n & _POLL_MASK:
             self._tick()
         return handle
@@ -312,119 +292,8 @@ class ResilientProducer:
             self._tracing = self._tel.enabled
             self._lean = not self._tracing and self._default_cb is None
 
-    def _produce_blocked(
-        self,
-        topic: str,
-        value: Any,
-        key: Any,
-        part: int,
-        handle: DeliveryHandle,
-        ts: int,
-        headers: Any,
-    ) -> DeliveryHandle:
-        """The local queue is full: serve delivery reports until there is room, or time out."""
-        self._backpressure_waits += 1
-        began = time.monotonic()
-        deadline = began + self._backpressure_timeout
-        while True:
-            self.poll(0.05)
-            try:
-                self._produce(topic, value, key, part, handle, None, ts, headers)
-            except BufferError as exc:
-                if time.monotonic() < deadline:
-                    continue
-                classification = classify(exc)
-                error = ProduceError(
-                    f"local producer queue stayed full for {self._backpressure_timeout:g} s "
-                    f"({len(self)} messages queued); the message was not queued",
-                    code=KafkaError._QUEUE_FULL,
-                    name="_QUEUE_FULL",
-                    topic=topic,
-                    partition=part if part >= 0 else None,
-                    classification=classification,
-                )
-                self._end_span(handle, exc, classification)
-                raise error from exc
-            except KafkaException as exc:
-                return self._produce_failed(exc, topic, value, key, part, handle, ts, headers)
-            break
-        self._log.debug("produce_backpressure", waited_s=round(time.monotonic() - began, 3))
-        return handle
-
-    def _produce_failed(
-        self,
-        exc: KafkaException,
-        topic: str,
-        value: Any,
-        key: Any,
-        part: int,
-        handle: DeliveryHandle,
-        ts: int,
-        headers: Any,
-    ) -> DeliveryHandle:
-        """produce() raised synchronously: too large, fatal, or a local error."""
-        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-        code = err.code() if err is not None else None
-        if code in _TOO_LARGE:
-            return self._too_large(exc, topic, value, key, part, handle, ts, headers)
-        if err is not None and (err.fatal() or code == KafkaError._FATAL):
-            try:
-                self._handle_fatal(exc)  # raises unless recreated
-            except FatalProducerError:
-                self._end_span(handle, exc, classify(exc))
-                raise
-            self._produce(topic, value, key, part, handle, None, ts, headers)
-            return handle
-        error = translate(
-            exc, topic=topic, partition=part if part >= 0 else None, operation="produce"
-        )
-        self._end_span(handle, exc, error.classification)
-        raise error from exc
-
-    def _too_large(
-        self,
-        exc: KafkaException,
-        topic: str,
-        value: Any,
-        key: Any,
-        part: int,
-        handle: DeliveryHandle,
-        ts: int,
-        headers: Any,
-    ) -> DeliveryHandle:
-        value_size = len(value) if value is not None else 0
-        key_size = len(key) if key is not None else 0
-        classification = classify(exc)
-        error = MessageTooLargeError(
-            f"value of {value_size} bytes (key {key_size} bytes, plus headers and record "
-            f"framing) exceeds the producer's message.max.bytes={self._max_bytes}",
-            size=value_size,
-            limit=self._max_bytes,
-            topic=topic,
-            partition=part if part >= 0 else None,
-            classification=classification,
-        )
-        self._end_span(handle, exc, classification)
-        if self._dead_letter_topic is None:
-            raise error from exc
-        from ._producer_dlq import dead_letter_oversized
-
-        return dead_letter_oversized(
-            self,
-            error,
-            topic=topic,
-            value=value,
-            key=key,
-            headers=headers,
-            partition=part if part >= 0 else None,
-            timestamp=ts,
-            on_delivery=handle_extras(handle)[1],
-        )
-
-    def _end_span(self, handle: DeliveryHandle, err: Any, classification: Any) -> None:
-        if isinstance(handle, _FullHandle) and handle._token is not None:
-            self._tel.producer_delivered(handle._token, err, None, classification)
-            handle._token = None
+    def _settle(self, exc: BaseException | None) -> None:
+        paths.settle(self, exc)
 
     # ------------------------------------------------------------------ delivery reports
 
@@ -538,69 +407,6 @@ class ResilientProducer:
         except Exception as exc:
             self._callback_raised(exc)
 
-    # ------------------------------------------------------------------ fatal errors
-
-    def _settle(self, exc: BaseException | None) -> None:
-        """After serving callbacks: classify queued failures, handle a fatal error, re-raise."""
-        self._process_reported()
-        fatal = fatal_cause(exc)
-        pending, self._pending_fatal = self._pending_fatal, None
-        if fatal is None:
-            fatal = pending or lost_fatal(exc, self._log_bridge.fatal_line)
-        if fatal is not None:
-            self._handle_fatal(fatal)
-            return
-        if isinstance(exc, KafkaException):
-            raise translate(exc, operation="produce") from exc
-        if exc is not None:
-            raise exc
-
-    def _handle_fatal(self, exc: KafkaException) -> None:
-        """A fatal error surfaced: recreate the producer (option) or raise FatalProducerError."""
-        if self._fatal is not None:
-            raise self._fatal
-        error = translate(exc, operation="produce")
-        fatal = (
-            error
-            if isinstance(error, FatalProducerError)
-            else FatalProducerError(error.message, classification=error.classification)
-        )
-        self._tel.fatal_error(fatal, fatal.classification, client_id=self.client_id)
-        self._log.error(
-            "producer_fatal_error",
-            error=fatal.name,
-            reason=self._scrub(fatal.message),
-            recreate=self._recreate_on_fatal,
-            in_flight=len(self),
-        )
-        if not self._recreate_on_fatal:
-            self._fatal = fatal
-            raise fatal from exc
-        with self._recreate_lock:
-            self._recreate(fatal)
-
-    def _recreate(self, cause: FatalProducerError) -> None:
-        """Replace the underlying producer; account for every message the old one held."""
-        # librdkafka already failed what was queued (_PURGE_QUEUE: never sent); purge what is
-        # left: in flight (_PURGE_INFLIGHT: possibly persisted) or queued meanwhile.
-        old = self._producer
-        try:
-            lost = _drain(old)
-            self._process_reported()
-        finally:
-            self._pending_fatal = None  # the old instance's fatal event, already handled
-        if lost:
-            self._unaccounted += lost
-            self._log.error("producer_recreate_unaccounted", messages=lost)
-        self._install(self._new_producer())
-        self._recreations += 1
-        self._log.warning(
-            "producer_recreated",
-            cause=cause.name,
-            recreations=self._recreations,
-            note="messages queued or in flight were reported failed (possibly persisted)",
-        )
-
     # ------------------------------------------------------------------ public API
 
     def poll(self, timeout: float = 0) -> int:
@@ -700,7 +506,7 @@ class ResilientProducer:
             pass  # raised to the caller before, or just now by flush; what it failed follows
         lost = 0
         if self._producer is not None and len(self._producer) > 0:
-            lost = _drain(self._producer)
+            lost = paths.drain(self._producer)
         failures.extend(self._take_failures())
         if self._dlq is not None:
             try:
