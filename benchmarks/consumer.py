@@ -11,14 +11,14 @@ counts, and the same commit rule:
 - ``kresilient``: ``ResilientConsumer(config, [topic], handler)`` with its defaults (retry
   policy, dead-letter topic, circuit breaker, telemetry API without an SDK).
 
-Rounds are interleaved (order shuffled inside each round, one warm-up round discarded). Each
-arm's rate is messages / seconds from its first to its last handled message (group join
-excluded). Reported: per-arm median rate and IQR, and the paired per-round ratio
-kresilient/raw: median and IQR (not a ratio of medians). The load average is printed before
-and after; figures taken while it exceeds the core count are labelled CONTENDED.
+Each sample is timed from the arm's first handled message to its last (group join excluded);
+CPU is the whole process (librdkafka's threads included). Rounds are interleaved with the arm
+order shuffled (benchmarks/_common.py); the headline is the paired per-round ratio
+kresilient/raw, median and IQR. Figures taken while the load average exceeds the core count
+are labelled CONTENDED.
 
-    .venv/bin/python benchmarks/consumer.py                      # 1M messages, 7 rounds
-    .venv/bin/python benchmarks/consumer.py --messages 100000 --rounds 3   # quick
+    .venv/bin/python benchmarks/consumer.py                                 # 1M messages
+    .venv/bin/python benchmarks/consumer.py --messages 100000 --rounds 3    # quick
 
 Starts a local 3-node cluster unless ``KRESILIENT_BOOTSTRAP_SERVERS`` is set.
 """
@@ -28,19 +28,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import random
-import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-import confluent_kafka as ck
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    Sample,
+    contention,
+    environment,
+    markdown_table,
+    median_iqr,
+    paired_ratios,
+    run_interleaved,
+)
 from confluent_kafka import Consumer, Producer
 
-from kresilient import __version__
 from kresilient.consumer import ResilientConsumer
 from kresilient.testing import KafkaCluster
 
@@ -64,10 +70,8 @@ def _produce(bootstrap: str, topic: str, n: int) -> None:
         raise RuntimeError("messages still queued after 120 s")
 
 
-Result = tuple[float, float]  # (msg/s wall, CPU µs per message of the whole process)
-
-
-def _raw(bootstrap: str, topic: str, n: int) -> Result:
+def run_raw(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
+    """The hand-written at-least-once loop; returns (wall_s, cpu_s) first to last message."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -99,13 +103,13 @@ def _raw(bootstrap: str, topic: str, n: int) -> Result:
             last = {(m.topic(), m.partition()): m for m in msgs if m.error() is None}
             for m in last.values():
                 store(message=m)
-        wall, cpu = time.perf_counter() - first, time.process_time() - cpu0
-        return n / wall, cpu / n * 1e6
+        return time.perf_counter() - first, time.process_time() - cpu0
     finally:
         consumer.close()
 
 
-def _kresilient(bootstrap: str, topic: str, n: int) -> Result:
+def run_kresilient(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
+    """ResilientConsumer with its defaults; returns (wall_s, cpu_s) first to last message."""
     count = 0
     first = last = cpu0 = cpu1 = 0.0
     consumer: ResilientConsumer
@@ -126,22 +130,8 @@ def _kresilient(bootstrap: str, topic: str, n: int) -> Result:
         install_signal_handlers=False,
     )
     consumer.run()
-    return (n - 1) / (last - first), (cpu1 - cpu0) / (n - 1) * 1e6
-
-
-ARMS: dict[str, Callable[[str, str, int], Result]] = {"raw": _raw, "kresilient": _kresilient}
-
-
-def _ck_version() -> str:
-    v: Any = ck.version()
-    return v if isinstance(v, str) else str(v[0])
-
-
-def _iqr(values: list[float]) -> tuple[float, float]:
-    if len(values) < 2:
-        return values[0], values[0]
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return q[0], q[2]
+    # timed from the first message: n - 1 intervals, scaled to n like the raw arm
+    return (last - first) * n / (n - 1), (cpu1 - cpu0) * n / (n - 1)
 
 
 def main() -> None:
@@ -149,90 +139,62 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--json", action="store_true", help="also print the raw figures")
+    parser.add_argument("--json", action="store_true", help="also print every sample")
     args = parser.parse_args()
+
+    import logging
 
     import structlog
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings+
-    cores = os.cpu_count() or 1
-    load_before = os.getloadavg()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    load_before = os.getloadavg()[0]
     with KafkaCluster() as cluster:  # or the one named by $KRESILIENT_BOOTSTRAP_SERVERS
+        bootstrap = cluster.bootstrap_servers
         topic = f"bench-consumer-{uuid.uuid4().hex[:6]}"
         cluster.create_topic(topic, args.partitions, 3, {"min.insync.replicas": 2})
         cluster.create_topic(topic + ".dlq", args.partitions, 3, {"min.insync.replicas": 2})
         t0 = time.monotonic()
-        _produce(cluster.bootstrap_servers, topic, args.messages)
-        print(f"produced {args.messages} x 100 B in {time.monotonic() - t0:.1f} s", flush=True)
-        rates: dict[str, list[float]] = {name: [] for name in ARMS}
-        cpus: dict[str, list[float]] = {name: [] for name in ARMS}
-        ratios: list[float] = []
-        cpu_ratios: list[float] = []
-        for rnd in range(args.rounds + 1):
-            order = list(ARMS)
-            random.shuffle(order)
-            got = {
-                name: ARMS[name](cluster.bootstrap_servers, topic, args.messages) for name in order
-            }
-            ratio = got["kresilient"][0] / got["raw"][0]
-            tag = "warm-up" if rnd == 0 else f"round {rnd}"
+        _produce(bootstrap, topic, args.messages)
+        print(f"produced {args.messages:,} x 100 B in {time.monotonic() - t0:.1f} s", flush=True)
+
+        def arm(name: str, run: Any) -> Any:
+            def sample(rnd: int) -> Sample:
+                wall, cpu = run(bootstrap, topic, args.messages)
+                return Sample(arm=name, round=rnd, messages=args.messages, wall_s=wall, cpu_s=cpu)
+
+            return sample
+
+        def show(s: Sample) -> None:
+            tag = "warm-up" if s.round < 0 else f"round {s.round + 1}"
             print(
-                f"{tag}: "
-                + ", ".join(
-                    f"{k} {v[0]:,.0f} msg/s ({v[1]:.2f} CPU µs/msg)" for k, v in got.items()
-                )
-                + f"  ratio {ratio:.3f}  load {os.getloadavg()[0]:.1f}",
+                f"{tag}: {s.arm} {s.rate:,.0f} msg/s, {s.cpu_us_per_msg:.2f} CPU µs/msg "
+                f"(load {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
-            if rnd == 0:
-                continue
-            for name, (rate, cpu) in got.items():
-                rates[name].append(rate)
-                cpus[name].append(cpu)
-            ratios.append(ratio)
-            cpu_ratios.append(got["raw"][1] / got["kresilient"][1])
-    load_after = os.getloadavg()
-    contended = max(load_before[0], load_after[0]) > cores
-    label = (
-        f"CONTENDED (load {load_before[0]:.1f}->{load_after[0]:.1f} on {cores} cores)"
-        if (contended)
-        else f"load {load_before[0]:.1f}->{load_after[0]:.1f} on {cores} cores"
-    )
-    print()
-    print(
-        f"consumer benchmark: {args.messages:,} x 100 B, {args.partitions} partitions, "
-        f"{args.rounds} rounds, kresilient {__version__}, confluent-kafka {_ck_version()}, "
-        f"librdkafka {ck.libversion()[0]}, Python {platform.python_version()}; {label}"
-    )
-    print("| arm | median msg/s | IQR | median CPU µs/msg (process) |")
-    print("|---|---:|---|---:|")
-    for name, values in rates.items():
-        lo, hi = _iqr(values)
-        print(
-            f"| {name} | {statistics.median(values):,.0f} | {lo:,.0f} - {hi:,.0f} "
-            f"| {statistics.median(cpus[name]):.2f} |"
+
+        samples = run_interleaved(
+            {"raw": arm("raw", run_raw), "kresilient": arm("kresilient", run_kresilient)},
+            rounds=args.rounds,
+            on_sample=show,
         )
-    lo, hi = _iqr(ratios)
-    clo, chi = _iqr(cpu_ratios)
-    verdict = "meets" if statistics.median(ratios) >= 0.90 else "MISSES"
+    load_after = os.getloadavg()[0]
+    env = environment(messages=args.messages, partitions=args.partitions, rounds=args.rounds)
+    print()
+    print(f"consumer, {contention(load_before, load_after)}: {json.dumps(env)}")
+    print(markdown_table(samples, baseline="raw", title="1 consumer, trivial handler, 100 B"))
+    ratio, q1, q3 = median_iqr(paired_ratios(samples, "kresilient", "raw"))
+    cpu = {
+        name: median_iqr([s.cpu_us_per_msg for s in samples if s.arm == name])[0]
+        for name in ("raw", "kresilient")
+    }
+    verdict = "meets" if ratio >= 0.90 else "MISSES"
     print(
-        f"| paired ratio kresilient/raw (throughput) | {statistics.median(ratios):.3f} "
-        f"| {lo:.3f} - {hi:.3f} | |\n"
-        f"| paired ratio raw/kresilient (CPU per message) | {statistics.median(cpu_ratios):.3f} "
-        f"| {clo:.3f} - {chi:.3f} | |\n\ntarget >= 0.90x (throughput): {verdict}"
+        f"\npaired throughput ratio kresilient/raw {ratio:.3f} [IQR {q1:.3f}-{q3:.3f}]: {verdict} "
+        f"the >= 0.90 target; CPU per message raw/kresilient "
+        f"{cpu['raw'] / cpu['kresilient']:.3f}"
     )
     if args.json:
-        json.dump(
-            {
-                "rates": rates,
-                "cpu_us": cpus,
-                "ratios": ratios,
-                "cpu_ratios": cpu_ratios,
-                "contended": contended,
-            },
-            sys.stdout,
-        )
-        print()
+        print(json.dumps([s.__dict__ | {"extra": dict(s.extra)} for s in samples]))
 
 
 if __name__ == "__main__":
