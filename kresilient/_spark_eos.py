@@ -44,21 +44,24 @@ from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[at
 
 from kresilient import _catalog as catalog
 from kresilient._spark_options import ColumnLayout, SinkOptions
-from kresilient._spark_write import (
+from kresilient._spark_task import (
     TaskInfo,
     TaskReport,
+    make_report,
+    record_report,
+    task_info,
+    task_span_attributes,
+    tracer,
+)
+from kresilient._spark_write import (
     _Collector,
     _dead_letter_headers,
     _delivery_failure,
     _Entry,
     _Failure,
     _flushed_failures,
+    _reasons,
     _TaskWriter,
-    _tracer,
-    make_report,
-    record_report,
-    task_info,
-    task_span_attributes,
 )
 from kresilient.errors import (
     DeadLetterError,
@@ -155,7 +158,7 @@ def write_task_exactly_once(
     prefix = transactional_prefix(options, info)
     name = f"{prefix}-{info.partition_id}"
     attrs = task_span_attributes(options, info)
-    with _tracer.start_as_current_span("kresilient.spark.write_task", attributes=attrs) as span:
+    with tracer.start_as_current_span("kresilient.spark.write_task", attributes=attrs) as span:
         limit = min(
             int(config.get("message.max.bytes", 1_000_000)), _topic_limit(config, topic) - _OVERHEAD
         )
@@ -200,7 +203,7 @@ def write_task_exactly_once(
                         f"committed with {meta.get('rows')} rows but is replayed with {rows}: "
                         "the input is not deterministic, exactly-once cannot hold"
                     )
-                report = make_report(info, rows, [], {}, started, skipped=True)
+                report = make_report(info, rows, {}, {}, started, skipped=True)
             else:
                 report = _write_transaction(
                     producer, consumer, collector, options, layout, batches, info, topic
@@ -250,7 +253,7 @@ def _write_transaction(
     except BaseException:
         _abort_quietly(producer)
         raise
-    return make_report(info, writer.rows, local, topics, started)
+    return make_report(info, writer.rows, _reasons(local), topics, started)
 
 
 def _dead_letter_in_transaction(

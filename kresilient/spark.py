@@ -18,13 +18,18 @@ with PySpark's Python Data Source API (Arrow-based writers) on librdkafka::
        .option("kafka.bootstrap.servers", "broker:9092").option("topic", "orders")
        .option("checkpointLocation", "/chk/orders").start())
 
-Guarantee: **at-least-once**. ``acks=all`` and idempotence are forced and unsafe settings
-refused; a task reports success only after Kafka acknowledged every row, so a job or
+Guarantee: **at-least-once** by default. ``acks=all`` and idempotence are forced and unsafe
+settings refused; a task reports success only after Kafka acknowledged every row, so a job or
 micro-batch that succeeded wrote every row at least once. A retried task re-sends its
 partition (as with the built-in sink), so duplicates are possible after task retries or a
 streaming restart. Rows that can never be produced (too large, invalid) go to a dead-letter
 topic (``deadLetterTopic``, default ``<topic>.dlq``) with kresilient's error headers instead of
-failing the job; retriable failures fail the task so Spark retries it. See docs/spark.md.
+failing the job; retriable failures fail the task so Spark retries it.
+
+``.option("guarantee", "exactly_once")`` (streaming only): one Kafka transaction per task with a
+batch marker committed in it, so a replayed micro-batch is skipped where it had committed; for
+``read_committed`` consumers, given deterministic replay. See docs/spark.md for the
+preconditions.
 
 Importing this module needs pyspark and pyarrow (``pip install kresilient[spark]``); ``import
 kresilient`` alone never imports them.
@@ -67,7 +72,8 @@ from kresilient._spark_summary import (
     store_summary,
     summarize,
 )
-from kresilient._spark_write import TaskReport, sink_producer_config, write_task
+from kresilient._spark_task import TaskReport
+from kresilient._spark_write import sink_producer_config, write_task
 from kresilient.errors import ConfigError
 
 __all__ = [

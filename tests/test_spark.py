@@ -33,7 +33,7 @@ def test_bootstrap_servers_required() -> None:
     ("key", "fragment"),
     [
         ("kafka.key.serializer", "serialize in the DataFrame"),
-        ("kafka.transactional.id", "transactions are not offered"),
+        ("kafka.transactional.id", "guarantee=exactly_once"),
         ("kafka.max.request.size", "kafka.message.max.bytes"),
         ("linger.ms", "'kafka.' prefix"),
     ],
@@ -45,9 +45,17 @@ def test_refused_options_name_the_key(key: str, fragment: str) -> None:
     assert fragment in str(info.value)
 
 
-def test_exactly_once_is_refused_not_weakened() -> None:
-    with pytest.raises(ConfigError, match="exactly-once is not offered"):
-        parse_options({**BS, "topic": "t", "guarantee": "exactly_once"})
+def test_exactly_once_needs_the_topic_option() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_options({**BS, "guarantee": "exactly_once"})
+    assert info.value.key == "topic"
+    o = parse_options(
+        {**BS, "topic": "t", "guarantee": "Exactly-Once", "transactionalIdPrefix": "orders-job"}
+    )
+    assert (o.guarantee, o.transactional_id_prefix) == ("exactly_once", "orders-job")
+    with pytest.raises(ConfigError) as info:
+        parse_options({**BS, "topic": "t", "guarantee": "at_most_once"})
+    assert info.value.key == "guarantee"
 
 
 def test_dead_letters_explicit_or_disabled() -> None:

@@ -497,7 +497,8 @@ def test_streaming_exactly_once_replay_after_failed_batch_no_loss_no_duplicates(
     from kresilient.spark import write_summaries
 
     replayed = [s for s in write_summaries() if s.topic == topic and s.batch_id == 1]
-    assert replayed and replayed[-1].skipped_tasks == 1, "partition 0 of batch 1 was rewritten"
     ids = _read_ids(kafka_cluster, topic, isolation="read_committed")
+    assert ids.size == np.unique(ids).size, f"{ids.size - np.unique(ids).size} duplicates"
+    assert replayed and replayed[-1].skipped_tasks == 1, "partition 0 of batch 1 was rewritten"
     _assert_all_present(ids, files * per_file)
     assert ids.size == files * per_file, f"{ids.size - files * per_file} duplicates"
