@@ -30,10 +30,12 @@ class ProducerHealth:
     """A point-in-time view of a :class:`~kresilient.ResilientProducer` for health checks.
 
     ``in_flight`` is librdkafka's queue length: messages queued, in flight or awaiting their
-    delivery report, plus callbacks not served yet. ``brokers_up``/``brokers_total`` are ``None`` until the first statistics arrive
-    (``statistics.interval.ms``). ``leadership`` maps ``"topic[partition]"`` to the
-    :class:`~kresilient.LeadershipState` name. ``healthy`` is False when the producer is
-    closed, hit a fatal error, sees no broker up, or a partition is in sustained churn.
+    delivery report, plus callbacks not served yet. ``brokers_up``/``brokers_total`` are
+    ``None`` until the first statistics arrive (``statistics.interval.ms``); librdkafka
+    connects on demand, so an idle broker may not count as up. ``leadership`` maps
+    ``"topic[partition]"`` to the :class:`~kresilient.LeadershipState` name. ``healthy`` is
+    False when the producer is closed, hit a fatal error, sees no broker up, or a partition
+    is in sustained churn.
     """
 
     client_id: str
