@@ -19,6 +19,12 @@ are labelled CONTENDED.
 
     .venv/bin/python benchmarks/consumer.py                                 # 1M messages
     .venv/bin/python benchmarks/consumer.py --messages 100000 --rounds 3    # quick
+    .venv/bin/python benchmarks/consumer.py --micro                         # no broker
+
+``--micro`` isolates the per-message cost of the loop itself (no broker, so no fetch and no
+machine-wide noise from broker JVMs): the same pre-built ``confluent_kafka.Message`` objects, in
+batches of 500 over 3 partitions, go through the raw loop body and through
+``ResilientConsumer``'s per-message path, with ``store_offsets`` stubbed out in both.
 
 Starts a local 3-node cluster unless ``KRESILIENT_BOOTSTRAP_SERVERS`` is set.
 """
@@ -38,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
     Sample,
+    Timer,
     contention,
     environment,
     markdown_table,
@@ -134,12 +141,73 @@ def run_kresilient(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
     return (last - first) * n / (n - 1), (cpu1 - cpu0) * n / (n - 1)
 
 
+class _StubConsumer:
+    """Stands in for confluent_kafka.Consumer in --micro mode (offsets go nowhere)."""
+
+    def store_offsets(self, message: Any = None, offsets: Any = None) -> None:
+        return None
+
+
+def micro(n: int, rounds: int) -> None:
+    """Per-message cost of the loops themselves, no broker."""
+    from confluent_kafka import Message
+
+    msgs = [Message(topic="t", partition=i % 3, offset=i // 3, value=VALUE) for i in range(n)]
+    batches = [msgs[i : i + 500] for i in range(0, n, 500)]
+    stub = _StubConsumer()
+
+    def handler(_msg: Any) -> None:
+        return None
+
+    def raw(rnd: int) -> Sample:
+        store = stub.store_offsets
+        with Timer() as t:
+            for batch in batches:
+                for msg in batch:
+                    if msg.error() is None:
+                        handler(msg)
+                last = {(m.topic(), m.partition()): m for m in batch if m.error() is None}
+                for m in last.values():
+                    store(message=m)
+        return Sample(arm="raw", round=rnd, messages=n, wall_s=t.wall_s, cpu_s=t.cpu_s)
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": "127.0.0.1:9", "group.id": "micro"},
+        ["t"],
+        handler,
+        install_signal_handlers=False,
+    )
+    consumer._offsets._consumer = stub  # type: ignore[assignment]
+
+    def kresilient(rnd: int) -> Sample:
+        process = consumer._process
+        with Timer() as t:
+            for batch in batches:
+                process(batch)
+        return Sample(arm="kresilient", round=rnd, messages=n, wall_s=t.wall_s, cpu_s=t.cpu_s)
+
+    load_before = os.getloadavg()[0]
+    samples = run_interleaved({"raw": raw, "kresilient": kresilient}, rounds=rounds)
+    consumer.close()
+    print(f"consumer loop, no broker, {contention(load_before, os.getloadavg()[0])}")
+    print(markdown_table(samples, baseline="raw", title=f"{n:,} messages in batches of 500"))
+    ns = {
+        name: median_iqr([s.wall_s / n * 1e9 for s in samples if s.arm == name])[0]
+        for name in ("raw", "kresilient")
+    }
+    print(
+        f"\nper message: raw {ns['raw']:.0f} ns, kresilient {ns['kresilient']:.0f} ns, "
+        f"added {ns['kresilient'] - ns['raw']:+.0f} ns"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", action="store_true", help="also print every sample")
+    parser.add_argument("--micro", action="store_true", help="the loops alone, no broker")
     args = parser.parse_args()
 
     import logging
@@ -147,6 +215,9 @@ def main() -> None:
     import structlog
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    if args.micro:
+        micro(min(args.messages, 500_000), max(args.rounds, 9))
+        return
     load_before = os.getloadavg()[0]
     with KafkaCluster() as cluster:  # or the one named by $KRESILIENT_BOOTSTRAP_SERVERS
         bootstrap = cluster.bootstrap_servers
