@@ -589,6 +589,14 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
 
     def health(self) -> dict[str, Any]:
         """A snapshot for health endpoints (safe to call from another thread)."""
+        for _ in range(10):  # the loop thread may change the dicts while we copy them
+            try:
+                return self._health()
+            except RuntimeError:
+                continue
+        return self._health()
+
+    def _health(self) -> dict[str, Any]:
         breaker, offsets = self._breaker, self._offsets
         return {
             "group_id": self.group_id,
