@@ -163,7 +163,6 @@ class ResilientProducer:
         )
         self._monitor.add_listener(self._tel.leadership_listener())
         self._tracing = self._tel.enabled
-        self._lean = False  # set below, once the default callback is known
 
         self._lock = threading.Lock()  # the failures list
         self._recreate_lock = threading.Lock()
@@ -240,11 +239,13 @@ class ResilientProducer:
     ) -> DeliveryHandle:
         """Queue one message; return its :class:`DeliveryHandle` (never blocks on the network).
 
-        ``on_delivery(err, msg)`` is called like confluent-kafka's, after kresilient recorded
-        the outcome. Raises :class:`~kresilient.MessageTooLargeError` (no dead-letter topic),
-        a BACKPRESSURE :class:`~kresilient.ProduceError` when the local queue stayed full for
+        ``on_delivery(err, msg)`` is called like confluent-kafka's (the handle is already
+        done inside it); an exception it raises is logged and counted, never propagated.
+
+        Raises :class:`~kresilient.MessageTooLargeError` (without a dead-letter topic), a
+        BACKPRESSURE :class:`~kresilient.ProduceError` when the local queue stayed full for
         ``backpressure_timeout``, :class:`~kresilient.FatalProducerError`, or another
-        classified :class:`~kresilient.ProduceError` the broker-independent checks raise.
+        classified :class:`~kresilient.ProduceError` from librdkafka's local checks.
         """
         n = next(self._ids)
         if headers is None and on_delivery is None and self._lean:
