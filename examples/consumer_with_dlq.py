@@ -73,7 +73,8 @@ def run(bootstrap: str, topic: str, group: str, handler: Any, expected: int) -> 
 
 
 def main() -> int:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    # INFO would show every retry (message_retry_scheduled) and rebalance
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     with KafkaCluster() as cluster:
         bootstrap = cluster.bootstrap_servers
         topic = f"orders-{uuid.uuid4().hex[:6]}"
