@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FailureMixin"]
 
+#: After a failed seek, how long a held partition waits before trying again.
+_SEEK_RETRY: Final = 0.5
 _POISON_REMEDY: Final = (
     "The handler rejected this record and the retry policy does not retry that exception "
     "(deserialization/validation): fix the record or the handler, then `kresilient dlq replay`"
@@ -274,10 +276,23 @@ class FailureMixin:
         except KafkaException as exc:  # seeked again before resume
             self._log.debug("seek_failed", topic=tp[0], partition=tp[1], error=str(exc))
 
-    def _resume(self, tp: TP, offset: int) -> None:
+    def _resume(self, tp: TP, offset: int) -> bool:
+        """Seek ``tp`` to ``offset`` and resume it; False (still paused) if the seek failed."""
         part = TopicPartition(tp[0], tp[1], offset)
-        self._consumer.seek(part)
+        try:
+            self._consumer.seek(part)
+        except KafkaException as exc:  # resuming without it could skip the held message
+            self._log.warning(
+                "seek_failed",
+                topic=tp[0],
+                partition=tp[1],
+                offset=offset,
+                error=str(exc),
+                note="the partition stays paused; retried shortly",
+            )
+            return False
         self._consumer.resume([part])
+        return True
 
     def _service_holds(self, timeout: float) -> float:
         """Resume partitions whose retry is due; return the poll timeout to use."""
@@ -286,8 +301,11 @@ class FailureMixin:
             if hold.resumed:
                 continue
             if hold.due <= now:
-                self._resume(tp, hold.offset)
-                hold.resumed = True
+                if self._resume(tp, hold.offset):
+                    hold.resumed = True
+                else:
+                    hold.due = now + _SEEK_RETRY
+                    timeout = min(timeout, _SEEK_RETRY)
             else:
                 timeout = min(timeout, hold.due - now)
         return max(timeout, 0.0)
