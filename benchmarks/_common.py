@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import random
@@ -62,18 +63,38 @@ class Sample:
         return self.messages / self.wall_s if self.wall_s > 0 else float("inf")
 
     @property
+    def gc_us_per_msg(self) -> float:
+        """Microseconds spent in garbage collection per message (``extra["gc_s"]``)."""
+        gc_s = float(self.extra.get("gc_s", float("nan")))
+        return gc_s / self.messages * 1e6 if self.messages else float("nan")
+
+    @property
     def cpu_us_per_msg(self) -> float:
         """CPU microseconds of this process per message."""
         return self.cpu_s / self.messages * 1e6 if self.messages else float("nan")
 
 
 class Timer:
-    """Wall and process CPU time of a block: ``with Timer() as t: ...; t.wall_s, t.cpu_s``."""
+    """Wall, process CPU and garbage-collector time of a block.
+
+    ``with Timer() as t: ...`` then ``t.wall_s``, ``t.cpu_s``, ``t.gc_s`` (time inside
+    ``gc`` collections, measured with ``gc.callbacks``) and ``t.gc_collections``.
+    """
 
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    gc_s: float = 0.0
+    gc_collections: int = 0
+
+    def _on_gc(self, phase: str, _info: Mapping[str, Any]) -> None:
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        else:
+            self.gc_s += time.perf_counter() - self._gc_began
+            self.gc_collections += 1
 
     def __enter__(self) -> Timer:
+        gc.callbacks.append(self._on_gc)
         self._wall = time.perf_counter()
         self._cpu = time.process_time()
         return self
@@ -81,6 +102,7 @@ class Timer:
     def __exit__(self, *_exc: object) -> None:
         self.wall_s = time.perf_counter() - self._wall
         self.cpu_s = time.process_time() - self._cpu
+        gc.callbacks.remove(self._on_gc)
 
 
 def median_iqr(values: Sequence[float]) -> tuple[float, float, float]:
@@ -164,14 +186,19 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _first(version: object) -> str:
+    # confluent_kafka.version() is a str in 2.16, a (str, int) tuple in older releases
+    return str(version[0] if isinstance(version, tuple) else version)
+
+
 def environment(**extra: Any) -> dict[str, Any]:
     """Versions and machine facts to print beside the figures."""
     import confluent_kafka
 
     info: dict[str, Any] = {
         "python": platform.python_version(),
-        "confluent_kafka": confluent_kafka.version()[0],
-        "librdkafka": confluent_kafka.libversion()[0],
+        "confluent_kafka": _first(confluent_kafka.version()),
+        "librdkafka": _first(confluent_kafka.libversion()),
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
         "platform": platform.platform(),
@@ -195,22 +222,24 @@ def markdown_table(
     if title:
         lines.append(f"**{title}**\n")
     lines.append(
-        "| arm | rounds | msgs/s median [IQR] | CPU µs/msg median | ratio vs "
-        f"{baseline} (paired) median [IQR] |"
+        "| arm | rounds | msgs/s median [IQR] | CPU µs/msg median | of which GC µs/msg | "
+        f"ratio vs {baseline} (paired) median [IQR] |"
     )
-    lines.append("|---|---:|---:|---:|---:|")
+    lines.append("|---|---:|---:|---:|---:|---:|")
     for name in names:
         mine = [s for s in samples if s.arm == name]
         if not mine:
             continue
         rate, r1, r3 = median_iqr([s.rate for s in mine])
         cpu = statistics.median(s.cpu_us_per_msg for s in mine)
+        gcs = statistics.median(s.gc_us_per_msg for s in mine)
         if name == baseline:
             ratio = "1 (baseline)"
         else:
             m, q1, q3 = median_iqr(paired_ratios(samples, name, baseline))
             ratio = f"{m:.3f} [{q1:.3f}-{q3:.3f}]"
         lines.append(
-            f"| {name} | {len(mine)} | {rate:,.0f} [{r1:,.0f}-{r3:,.0f}] | {cpu:.2f} | {ratio} |"
+            f"| {name} | {len(mine)} | {rate:,.0f} [{r1:,.0f}-{r3:,.0f}] | {cpu:.2f} | "
+            f"{gcs:.2f} | {ratio} |"
         )
     return "\n".join(lines)

@@ -68,16 +68,20 @@ def _quiet_structlog() -> None:
 
     import structlog
 
-    # The application's choice in real life; here: nothing below WARNING is rendered.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    # The application's choice in real life; here: nothing below WARNING, and on stderr so
+    # that stdout is only the markdown report.
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
 
 
 def _noop(*_args: Any) -> None:
     return None
 
 
-def run_raw(config: dict[str, Any], topic: str, value: bytes, n: int) -> tuple[float, float]:
-    """The hand-written loop; returns (wall_s, cpu_s)."""
+def run_raw(config: dict[str, Any], topic: str, value: bytes, n: int) -> Timer:
+    """The hand-written loop; returns its timer."""
     errors = [0]
 
     def on_delivery(err: Any, _msg: Any) -> None:
@@ -99,12 +103,12 @@ def run_raw(config: dict[str, Any], topic: str, value: bytes, n: int) -> tuple[f
         remaining = producer.flush()
     if remaining or errors[0]:
         raise RuntimeError(f"raw: {remaining} left, {errors[0]} failed")
-    return t.wall_s, t.cpu_s
+    return t
 
 
 def run_kresilient(
     config: dict[str, Any], topic: str, value: bytes, n: int, tracer_provider: Any = None
-) -> tuple[float, float]:
+) -> Timer:
     producer = ResilientProducer(config, tracer_provider=tracer_provider)
     produce = producer.produce
     with Timer() as t:
@@ -112,7 +116,7 @@ def run_kresilient(
             produce(topic, value)
         producer.flush()  # raises DeliveryError on any failure
     producer.close()
-    return t.wall_s, t.cpu_s
+    return t
 
 
 def _otel_provider() -> Any:
@@ -156,14 +160,21 @@ def end_to_end(args: argparse.Namespace) -> None:
                     gc.collect()
                     try:
                         if name == "raw":
-                            wall, cpu = run_raw(config, topic, value, n)
+                            t = run_raw(config, topic, value, n)
                         elif name == "kresilient":
-                            wall, cpu = run_kresilient(user, topic, value, n)
+                            t = run_kresilient(user, topic, value, n)
                         else:
-                            wall, cpu = run_kresilient(user, topic, value, n, provider)
+                            t = run_kresilient(user, topic, value, n, provider)
                     finally:
                         cluster.delete_topic(topic)
-                    return Sample(arm=name, round=round_no, messages=n, wall_s=wall, cpu_s=cpu)
+                    return Sample(
+                        arm=name,
+                        round=round_no,
+                        messages=n,
+                        wall_s=t.wall_s,
+                        cpu_s=t.cpu_s,
+                        extra={"gc_s": t.gc_s, "gc_collections": t.gc_collections},
+                    )
 
                 return run
 
@@ -171,7 +182,7 @@ def end_to_end(args: argparse.Namespace) -> None:
                 tag = "warm-up" if s.round < 0 else f"round {s.round}"
                 print(
                     f"  {size} B {tag:8s} {s.arm:22s} {s.rate:10,.0f} msg/s "
-                    f"{s.cpu_us_per_msg:6.2f} CPU µs/msg",
+                    f"{s.cpu_us_per_msg:6.2f} CPU µs/msg ({s.gc_us_per_msg:.2f} in GC)",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -72,6 +72,8 @@ __all__ = ["DeliveryHandle", "DeliveryResult", "ProducerHealth", "ResilientProdu
 #: poll(0) once every this many produce() calls (mask: a power of two minus one), so delivery
 #: reports are served even if the application never polls.
 _POLL_MASK: Final = 1023
+#: At most this many delivered, unreferenced handles are kept for reuse.
+_POOL_MAX: Final = 65536
 #: Callbacks kresilient installs itself; a user's own are chained after kresilient's.
 _CHAINED_CALLBACKS: Final = ("error_cb", "stats_cb", "on_delivery", "logger")
 _TOO_LARGE: Final = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
@@ -167,6 +169,7 @@ class ResilientProducer:
         self._lock = threading.Lock()  # the failures list
         self._recreate_lock = threading.Lock()
         self._reported: deque[tuple[DeliveryHandle, Any, Any]] = deque()
+        self._pool: deque[DeliveryHandle] = deque(maxlen=_POOL_MAX)
         self._failures: list[DeliveryFailure] = []
         self._failed_total = 0
         self._unaccounted = 0
@@ -249,8 +252,11 @@ class ResilientProducer:
         """
         n = next(self._ids)
         if headers is None and on_delivery is None and self._lean:
-            handle = _new_handle(DeliveryHandle)
-            handle._owner = self
+            try:
+                handle = self._pool.pop()  # a delivered handle nobody kept
+            except IndexError:
+                handle = _new_handle(DeliveryHandle)
+                handle._owner = self
             handle._id = n
         else:
             handle = self._full_handle(n, topic, key, value, headers, partition, on_delivery)

@@ -61,6 +61,33 @@ def test_every_handle_resolves_and_records_come_back_in_order(
     assert health.healthy
 
 
+def test_handles_the_application_keeps_are_never_reused(
+    kafka_cluster: KafkaCluster, topic_factory: Any
+) -> None:
+    # Delivered handles nobody references are recycled for later messages; the ones the
+    # application holds must keep their own outcome.
+    topic = topic_factory(partitions=3)
+    kept: dict[int, Any] = {}
+    with ResilientProducer(_config(kafka_cluster)) as producer:
+        for i in range(30_000):
+            handle = producer.produce(topic, b"m%05d" % i)
+            if i % 7 == 0:
+                kept[i] = handle
+            if i % 5000 == 0:
+                producer.poll(0.05)  # let reports (and recycling) happen mid-stream
+        producer.flush()
+        assert len(producer._pool) > 0  # recycling did happen
+    records = {
+        (m.partition(), m.offset()): m.value()
+        for m in read_back(kafka_cluster.bootstrap_servers, topic)
+    }
+    assert len(records) == 30_000
+    for i, handle in kept.items():
+        assert handle.message_id == i + 1
+        r = handle.result(timeout=0)
+        assert records[(r.partition, r.offset)] == b"m%05d" % i
+
+
 def test_trace_context_is_injected_and_the_span_ends_at_the_delivery_report(
     kafka_cluster: KafkaCluster, topic: str
 ) -> None:
