@@ -111,7 +111,7 @@ def _spark(jars: list[str], cores: int) -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.jars", ",".join(jars))
-        .config("spark.driver.memory", "2g")
+        .config("spark.driver.memory", "6g")
         .config("spark.sql.shuffle.partitions", str(cores))
         .getOrCreate()
     )
@@ -197,6 +197,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 warm = f"bench-warm-{arm}-{uuid.uuid4().hex[:6]}"
                 cluster.create_topic(warm, args.partitions, 3, {"min.insync.replicas": 2})
                 _write(df.limit(20000), arm, bs, warm, settings)
+                cluster.delete_topic(warm)
             for r in range(args.rounds):
                 order = ("builtin", "kresilient") if r % 2 == 0 else ("kresilient", "builtin")
                 for arm in order:
@@ -204,6 +205,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     cluster.create_topic(topic, args.partitions, 3, {"min.insync.replicas": 2})
                     seconds = _write(df, arm, bs, topic, settings)
                     got = _count(cluster, topic)
+                    cluster.delete_topic(topic)  # GBs per round: keep the disk free
                     if got < args.rows:
                         raise SystemExit(f"{arm} lost rows: {got} < {args.rows} in {topic}")
                     times[arm].append(seconds)

@@ -62,6 +62,7 @@ from kresilient._spark_write import (
     _flushed_failures,
     _reasons,
     _TaskWriter,
+    _wait_for_room,
 )
 from kresilient.errors import (
     DeadLetterError,
@@ -281,7 +282,7 @@ def _dead_letter_in_transaction(
                 producer.produce(dlq, value, f.key, headers=headers)  # type: ignore[arg-type]
                 break
             except BufferError:
-                producer.poll(0.05)
+                _wait_for_room(producer)
             except KafkaException as exc:
                 raise DeadLetterError(
                     f"could not write a dead letter to {dlq!r}: {exc.args[0].str()}",

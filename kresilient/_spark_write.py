@@ -81,6 +81,13 @@ _ASIDE: Mapping[str, Any] = {
 }
 _MAX_CACHED = 4
 
+#: A deeper local queue than librdkafka's 100k messages (bounded to 256 MiB), so a task rarely
+#: waits for room while earlier rows are still being acknowledged (user settings win).
+_QUEUE_DEFAULTS: Mapping[str, str] = {
+    "queue.buffering.max.messages": "1000000",
+    "queue.buffering.max.kbytes": "262144",
+}
+
 
 @dataclass
 class _Failure:
@@ -157,6 +164,9 @@ def sink_producer_config(options: SinkOptions) -> dict[str, Any]:
     cfg["delivery.report.only.error"] = True
     if "statistics.interval.ms" not in options.producer:
         cfg["statistics.interval.ms"] = "0"  # nobody reads statistics inside a Spark task
+    for key, value in _QUEUE_DEFAULTS.items():
+        if key not in options.producer:
+            cfg[key] = value
     return cfg
 
 
@@ -281,7 +291,9 @@ class _TaskWriter:
         if lay.timestamp is not None:
             import pyarrow as pa
 
-            col = batch.column(lay.timestamp).cast(pa.timestamp("ms")).cast(pa.int64())
+            # Spark sends microseconds; Kafka takes milliseconds (truncate, as Java does).
+            ms = batch.column(lay.timestamp).cast(pa.timestamp("ms"), safe=False)
+            col = ms.cast(pa.int64())
             stamps = col.to_pylist()
         for topic, value, key, part, hdrs, ts in zip(
             topics, values, keys, partitions, headers, stamps, strict=False
@@ -319,7 +331,7 @@ class _TaskWriter:
                 self.producer.produce(topic, value, key, **kwargs)
                 return
             except BufferError:
-                self.producer.poll(0.05)  # queue full: let deliveries drain, then retry
+                _wait_for_room(self.producer)
             except KafkaException as exc:
                 err = exc.args[0]
                 c = classify(err)
@@ -383,7 +395,7 @@ class _TaskWriter:
                     )
                     break
                 except BufferError:
-                    producer.poll(0.05)
+                    _wait_for_room(producer)
         return _flushed_failures(producer, collector)
 
     def dead_letter(self, failures: list[_Failure], attempt: int) -> dict[str, int]:
@@ -439,7 +451,7 @@ class _TaskWriter:
                 producer.produce(dlq, value, f.key, headers=headers, on_delivery=report)  # type: ignore[arg-type]
                 return report
             except BufferError:
-                producer.poll(0.05)
+                _wait_for_room(producer)
             except KafkaException as exc:
                 report.error = exc.args[0]
                 return report
@@ -462,6 +474,16 @@ class _DeadLetterReport:
 
 def _too_large(report: _DeadLetterReport) -> bool:
     return report.error is not None and report.error.name() in _SIZE_ERROR_NAMES
+
+
+def _wait_for_room(producer: Producer) -> None:
+    """The local queue is full: serve callbacks, then give the network threads a moment.
+
+    Not ``poll(timeout)``: with ``delivery.report.only.error`` successful deliveries raise no
+    event, so a blocking poll would sleep its whole timeout while the queue drains.
+    """
+    producer.poll(0)
+    time.sleep(0.001)
 
 
 def _flushed_failures(producer: Producer, collector: _Collector) -> list[_Failure]:

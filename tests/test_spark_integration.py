@@ -249,6 +249,66 @@ def test_leader_sigkill_during_write_job_succeeds_no_loss(
     _assert_all_present(ids, rows)
 
 
+# --------------------------------------------------------------------------- columns
+def test_builtin_sink_columns_topic_partition_headers_timestamp(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    from pyspark.sql import functions as F
+
+    rows = 1_000
+    even, odd = topic_factory(partitions=3), topic_factory(partitions=3)
+    dlq = topic_factory(partitions=1)
+    df = spark.range(rows, numPartitions=2).select(
+        F.expr("unhex(lpad(hex(id), 16, '0'))").alias("key"),
+        F.col("id").cast("string").alias("value"),  # a string value, as the built-in allows
+        F.when(F.col("id") % 2 == 0, F.lit(even)).otherwise(F.lit(odd)).alias("topic"),
+        # id 999 names partition 7 of a 3-partition topic: an invalid row, dead-lettered
+        F.when(F.col("id") == 999, 7).otherwise(F.col("id") % 3).cast("int").alias("partition"),
+        F.array(
+            F.struct(F.lit("source").alias("key"), F.lit(b"spark").alias("value")),
+            F.struct(F.lit("id").alias("key"), F.col("id").cast("string").cast("binary")),
+        ).alias("headers"),
+        F.timestamp_millis(F.lit(1_700_000_000_000) + F.col("id")).alias("timestamp"),
+    )
+    (
+        df.write.format("kresilient")
+        .option("kafka.bootstrap.servers", kafka_cluster.bootstrap_servers)
+        .option("deadLetterTopic", dlq)
+        .mode("append")
+        .save()
+    )
+    summary = _last_summary()
+    assert (summary.written, summary.dead_lettered) == (rows - 1, 1)
+    assert dict(summary.dead_letter_reasons) == {"_UNKNOWN_PARTITION": 1}
+    seen = 0
+    for topic, parity in ((even, 0), (odd, 1)):
+        c = Consumer(
+            {"bootstrap.servers": kafka_cluster.bootstrap_servers, "group.id": f"cols-{topic}"}
+        )
+        try:
+            for p in range(3):
+                end = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                c.assign([TopicPartition(topic, p, 0)])
+                got = []
+                while len(got) < end:
+                    got += [m for m in c.consume(num_messages=500, timeout=2.0) if not m.error()]
+                for m in got:
+                    row = int.from_bytes(m.key(), "big")
+                    assert row % 2 == parity and row % 3 == p
+                    assert m.value() == str(row).encode()
+                    assert m.headers() == [("source", b"spark"), ("id", str(row).encode())]
+                    assert m.timestamp()[1] == 1_700_000_000_000 + row
+                seen += len(got)
+        finally:
+            c.close()
+    assert seen == rows - 1
+    dead = _read_records(kafka_cluster, dlq)
+    assert [int.from_bytes(k, "big") for k, _, _ in dead] == [999]
+    found = dict(dead[0][2])
+    assert found["source"] == b"spark"  # the row's own headers are kept on the dead letter
+    assert found["kresilient.original.topic"] == odd.encode()
+
+
 # --------------------------------------------------------------------------- 4d
 def test_oversized_rows_dead_lettered_job_succeeds_counts_reported(
     spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
