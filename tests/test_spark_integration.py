@@ -266,7 +266,9 @@ def test_builtin_sink_columns_topic_partition_headers_timestamp(
         F.when(F.col("id") == 999, 7).otherwise(F.col("id") % 3).cast("int").alias("partition"),
         F.array(
             F.struct(F.lit("source").alias("key"), F.lit(b"spark").alias("value")),
-            F.struct(F.lit("id").alias("key"), F.col("id").cast("string").cast("binary")),
+            F.struct(
+                F.lit("id").alias("key"), F.col("id").cast("string").cast("binary").alias("value")
+            ),
         ).alias("headers"),
         F.timestamp_millis(F.lit(1_700_000_000_000) + F.col("id")).alias("timestamp"),
     )
