@@ -273,10 +273,15 @@ def micro(args: argparse.Namespace) -> None:
         p._closed = True
         return dt
 
+    runs: dict[str, Callable[[], float]] = {
+        "raw": raw,
+        "kresilient": wrapped,
+        "kresilient_otel_1pct": lambda: wrapped(provider),
+    }
+    results = {name: results[name] for name in ("raw", *args.arms) if name in runs}
     for _ in range(args.rounds):
-        results["raw"].append(raw() / n * 1e6)
-        results["kresilient"].append(wrapped() / n * 1e6)
-        results["kresilient_otel_1pct"].append(wrapped(provider) / n * 1e6)
+        for name in results:
+            results[name].append(runs[name]() / n * 1e6)
     print(f"## produce() enqueue cost, no broker ({n:,} calls x {args.rounds} rounds)\n")
     print("| arm | CPU µs per call median [IQR] | added vs raw (median of paired diffs) |")
     print("|---|---:|---:|")

@@ -86,6 +86,12 @@ _ERROR_LEVEL_CATEGORIES: Final = frozenset({ErrorCategory.AUTH, ErrorCategory.CO
 _new_handle = object.__new__
 
 
+def _lean_handle(owner: ResilientProducer) -> DeliveryHandle:
+    handle: DeliveryHandle = _new_handle(DeliveryHandle)
+    handle._owner = owner
+    return handle
+
+
 def _closed_produce(*_args: Any, **_kwargs: Any) -> None:
     raise KafkaException(KafkaError(KafkaError._STATE, "producer is closed"))
 
@@ -252,11 +258,14 @@ class ResilientProducer:
         """
         n = next(self._ids)
         if headers is None and on_delivery is None and self._lean:
-            try:
-                handle = self._pool.pop()  # a delivered handle nobody kept
-            except IndexError:
-                handle = _new_handle(DeliveryHandle)
-                handle._owner = self
+            pool = self._pool  # delivered handles nobody kept
+            if pool:
+                try:
+                    handle = pool.pop()
+                except IndexError:  # another thread took the last one
+                    handle = _lean_handle(self)
+            else:
+                handle = _lean_handle(self)
             handle._id = n
         else:
             handle = self._full_handle(n, topic, key, value, headers, partition, on_delivery)
