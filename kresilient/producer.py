@@ -556,6 +556,19 @@ class ResilientProducer:
         except DeliveryError as delivery:  # do not mask the exception already propagating
             exc.add_note(f"kresilient: while closing the producer: {delivery}")
 
+    def __del__(self) -> None:
+        # Dropped without close(): messages still queued would vanish with the client.
+        try:
+            left = len(self._producer) if self._producer is not None else 0
+            if left and not self._closed:
+                self._log.error(
+                    "producer_dropped_without_close",
+                    queued=left,
+                    note="call flush()/close() or use the context manager",
+                )
+        except Exception:  # interpreter shutdown: nothing left to report to
+            pass
+
     def __len__(self) -> int:
         """Messages queued, in flight, or awaiting their delivery report."""
         return len(self._producer) if self._producer is not None else 0
