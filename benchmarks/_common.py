@@ -232,7 +232,8 @@ def markdown_table(
             continue
         rate, r1, r3 = median_iqr([s.rate for s in mine])
         cpu = statistics.median(s.cpu_us_per_msg for s in mine)
-        gcs = statistics.median(s.gc_us_per_msg for s in mine)
+        gc_values = [s.gc_us_per_msg for s in mine if "gc_s" in s.extra]
+        gcs = f"{statistics.median(gc_values):.2f}" if gc_values else "-"
         if name == baseline:
             ratio = "1 (baseline)"
         else:
@@ -240,6 +241,6 @@ def markdown_table(
             ratio = f"{m:.3f} [{q1:.3f}-{q3:.3f}]"
         lines.append(
             f"| {name} | {len(mine)} | {rate:,.0f} [{r1:,.0f}-{r3:,.0f}] | {cpu:.2f} | "
-            f"{gcs:.2f} | {ratio} |"
+            f"{gcs} | {ratio} |"
         )
     return "\n".join(lines)
