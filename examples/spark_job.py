@@ -61,8 +61,9 @@ def main() -> int:
             F.when(F.col("id") == 42, F.expr("repeat('x', 2000000)"))
             .otherwise(F.to_json(F.struct("id")))
             .alias("value"),
-            F.array(F.struct(F.lit("source").alias("key"), F.lit(b"example").alias("value")))
-            .alias("headers"),
+            F.array(
+                F.struct(F.lit("source").alias("key"), F.lit(b"example").alias("value"))
+            ).alias("headers"),
         )
         (
             orders.write.format("kresilient")  # was: .format("kafka")

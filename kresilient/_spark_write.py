@@ -64,14 +64,14 @@ _log = structlog.get_logger("kresilient.spark")
 #: Settings the sink forces whatever the options say (the guarantee depends on them).
 FORCED: Mapping[str, str] = {"acks": "all", "enable.idempotence": "true"}
 
-#: Errors that condemn one row, not the task (beyond what ``classify`` marks DEAD_LETTER): a
-#: ``partition`` column naming a partition the topic does not have is bad data in that row.
 VALUE_DROPPED_HEADER = "kresilient.value.dropped.bytes"
 """On a dead letter whose value the dead-letter topic refused as too large: the value's size."""
 
+#: Errors that condemn one row, not the task (beyond what ``classify`` marks DEAD_LETTER): a
+#: ``partition`` column naming a partition the topic does not have is bad data in that row.
 _ROW_ERROR_NAMES = frozenset({"_UNKNOWN_PARTITION"})
 
-#: Size errors: the dead letter carries no value (it would not fit there either).
+#: Size errors. From the broker they may be the batch's fault, not the row's: re-sent alone.
 _SIZE_ERROR_NAMES = frozenset({"MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE", "RECORD_LIST_TOO_LARGE"})
 
 _ASIDE: Mapping[str, Any] = {
