@@ -56,14 +56,13 @@ def main() -> int:
 
         # Batch: the built-in sink's columns (key, value, headers, ...). One row is too large
         # for Kafka (2 MB > message.max.bytes): it goes to orders.dlq, the job succeeds.
+        header = F.struct(F.lit("source").alias("key"), F.lit(b"example").alias("value"))
         orders = spark.range(args.rows).select(
             F.col("id").cast("string").alias("key"),
             F.when(F.col("id") == 42, F.expr("repeat('x', 2000000)"))
             .otherwise(F.to_json(F.struct("id")))
             .alias("value"),
-            F.array(
-                F.struct(F.lit("source").alias("key"), F.lit(b"example").alias("value"))
-            ).alias("headers"),
+            F.array(header).alias("headers"),
         )
         (
             orders.write.format("kresilient")  # was: .format("kafka")
