@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -181,3 +182,37 @@ def test_import_kresilient_does_not_import_pyspark() -> None:
     code = "import sys, kresilient; print('pyspark' in sys.modules, 'pyarrow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_failed_task_discards_its_cached_producer_mock_cluster() -> None:
+    """A retry must never inherit the producer of a failed attempt (SPARK-27042)."""
+    pytest.importorskip("pyspark")
+    pa = pytest.importorskip("pyarrow")
+    from kresilient import _spark_write as sw
+
+    options = parse_options({**BS, "topic": "t", "kafka.test.mock.num.brokers": "1"})
+    layout = column_layout([("value", "binary")], topic_option="t")
+    cfg = sw.sink_producer_config(options)
+    batch = pa.record_batch([pa.array([b"v"] * 10, pa.binary())], names=["value"])
+
+    def info() -> sw.TaskInfo:
+        return sw.TaskInfo(partition_id=0, attempt=0)
+
+    def failing() -> Iterator[object]:
+        yield batch
+        raise RuntimeError("the input failed mid-task")
+
+    try:
+        report = sw.write_task(options, layout, iter([batch]), config=cfg, context=info)
+        assert (report.rows, report.written) == (10, 10)
+        (first,) = sw._PRODUCERS.values()
+        assert sw.write_task(options, layout, iter([batch]), config=cfg, context=info).written
+        assert list(sw._PRODUCERS.values()) == [first]  # reused across tasks
+        with pytest.raises(RuntimeError, match="mid-task"):
+            sw.write_task(options, layout, failing(), config=cfg, context=info)
+        assert not sw._PRODUCERS  # discarded with the failed attempt
+        sw.write_task(options, layout, iter([batch]), config=cfg, context=info)
+        (second,) = sw._PRODUCERS.values()
+        assert second.producer is not first.producer
+    finally:
+        sw.discard_producers()
