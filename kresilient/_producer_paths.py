@@ -147,7 +147,7 @@ def _too_large(
         topic=topic,
         value=value,
         key=key,
-        headers=headers,
+        headers=handle_extras(handle)[0] if isinstance(handle, _FullHandle) else headers,
         partition=part if part >= 0 else None,
         timestamp=ts,
         on_delivery=handle_extras(handle)[1],

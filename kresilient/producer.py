@@ -268,8 +268,9 @@ class ResilientProducer:
                 handle = _lean_handle(self)
             handle._id = n
         else:
-            handle = self._full_handle(n, topic, key, value, headers, partition, on_delivery)
-            headers = handle._headers
+            handle, headers = self._full_handle(
+                n, topic, key, value, headers, partition, on_delivery
+            )
         part = -1 if partition is None else partition
         ts = 0 if timestamp is None else timestamp
         try:
@@ -291,15 +292,20 @@ class ResilientProducer:
         headers: Any,
         partition: int | None,
         on_delivery: Any,
-    ) -> _FullHandle:
-        """A handle for a message with headers, a callback or a span (and the span started)."""
+    ) -> tuple[_FullHandle, Any]:
+        """A handle for a message with headers, a callback or a span, and the headers to send.
+
+        The handle keeps the caller's headers (what a failure report should show and a re-send
+        should use); the headers sent carry the trace context when a span was started.
+        """
         token = None
+        sent = headers
         if self._tracing:
-            headers, token = self._tel.producer_send(
+            sent, token = self._tel.producer_send(
                 topic, key, len(value) if value is not None else 0, headers, partition
             )
         cb = self._default_cb if on_delivery is None else on_delivery
-        return _FullHandle(self, n, headers, cb, token)
+        return _FullHandle(self, n, headers, cb, token), sent
 
     def _tick(self) -> None:
         """Every _POLL_MASK+1 messages: serve delivery reports, pick up a late tracer provider."""
