@@ -226,3 +226,36 @@ def test_secrets_never_reach_logs_repr_or_errors(
     created = next(e for e in logs if e["event"] == "producer_created")
     assert created["config"]["sasl.password"] == "[REDACTED]"
     assert created["config"]["sasl.username"] == "alice"
+
+
+def test_user_callbacks_in_the_config_are_chained_after_kresilients(
+    make: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    errors: list[Any] = []
+    stats: list[str] = []
+    delivered: list[Any] = []
+    rdkafka_logger = logging.getLogger("test.rdkafka")
+    caplog.set_level(logging.DEBUG, logger="test.rdkafka")
+    producer = make(
+        {
+            "error_cb": errors.append,
+            "stats_cb": stats.append,
+            "on_delivery": lambda err, msg: delivered.append(err),
+            "logger": rdkafka_logger,
+            "log_level": 6,
+            "statistics.interval.ms": 1000,
+            "message.timeout.ms": 1500,
+            "linger.ms": 0,
+        }
+    )
+    producer.produce("t", b"x")
+    with pytest.raises(DeliveryError):
+        producer.flush()
+    producer.poll(1.2)
+    assert any(e.name() in ("_TRANSPORT", "_ALL_BROKERS_DOWN") for e in errors)
+    assert stats and stats[0].startswith("{")
+    assert len(delivered) == 1 and delivered[0].name() == "_MSG_TIMED_OUT"
+    assert producer.health().last_error in ("_TRANSPORT", "_ALL_BROKERS_DOWN")
+    assert producer.health().brokers_up == 0
+    assert not producer.health().healthy
+    assert any(r.name == "test.rdkafka" for r in caplog.records)
