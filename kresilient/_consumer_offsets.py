@@ -185,12 +185,14 @@ class OffsetKeeper:
     def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """librdkafka's commit callback (background commits)."""
         if err is not None:
-            if err.code() != _NO_OFFSET:
+            if err.code() != _NO_OFFSET:  # nothing stored since the last commit: no commit
                 self.commit_failed(err, "auto")
+                self._tel.record_commit(partitions or [], err)
             return
         failed = [p for p in partitions if p.error is not None]
         if failed:
             self.commit_failed(failed[0].error, "auto", partitions=len(failed))
+        self._tel.record_commit(partitions)
 
     def commit_failed(self, err: Any, reason: str, *, partitions: int | None = None) -> None:
         """Classify and log one failed commit."""

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry.propagators.composite import CompositePropagator
+
 from .deadletter import dead_letter_headers
 from .errors import DeadLetterError, MessageTooLargeError
+
+_NO_PROPAGATION = CompositePropagator([])
 
 if TYPE_CHECKING:
     from ._producer_handle import DeliveryHandle
@@ -36,7 +40,9 @@ def _dead_letter_producer(owner: ResilientProducer) -> ResilientProducer:
             logger=owner._log,
             tracer_provider=owner._tel_args.get("tracer_provider"),
             meter_provider=owner._tel_args.get("meter_provider"),
-            propagator=owner._tel_args.get("propagator"),
+            # The record keeps the original headers byte for byte (a traceparent among them):
+            # the DLQ write's own context goes in kresilient.traceparent instead.
+            propagator=_NO_PROPAGATION,
             backpressure_timeout=owner._backpressure_timeout,
         )
     dlq: ResilientProducer = owner._dlq
@@ -72,6 +78,7 @@ def dead_letter_oversized(
         error.classification,
         1,
         original_headers=headers,
+        trace_context=owner._tel.trace_carrier(),
     )
     try:
         handle = producer.produce(

@@ -333,7 +333,9 @@ class ResilientProducer:
             self._delivery_failed(handle, err, msg)
 
     def _delivery_failed(self, handle: DeliveryHandle, err: KafkaError, msg: Any) -> None:
-        classification = classify(err)
+        # In a delivery report librdkafka has retried what it could: UNKNOWN_TOPIC_OR_PART
+        # there means a missing topic (CONFIG), not a leader move.
+        classification = classify(err, context="delivery")
         partition = msg.partition()
         offset = msg.offset()
         value = msg.value()

@@ -236,3 +236,32 @@ def test_secrets_are_absent_from_captured_logs_of_a_real_session(
         producer.close()
     assert len(logs) > 5
     assert "hunter2" not in repr(logs) + caplog.text + text
+
+
+def test_dead_lettered_record_keeps_the_callers_traceparent_byte_for_byte(
+    kafka_cluster: KafkaCluster, topic_factory: Any
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    topic = topic_factory()
+    dlq = topic_factory(config={"max.message.bytes": 4 * 1024 * 1024})
+    upstream = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    provider = TracerProvider()
+    tracer = provider.get_tracer("test")
+    with (
+        tracer.start_as_current_span("request"),
+        ResilientProducer(
+            _config(kafka_cluster, **{"message.max.bytes": 50_000}),
+            dead_letter_topic=dlq,
+            tracer_provider=provider,
+        ) as producer,
+    ):
+        handle = producer.produce(topic, b"x" * 100_000, headers=[("traceparent", upstream)])
+        producer.flush()
+    assert handle.result().topic == dlq
+    (record,) = read_back(kafka_cluster.bootstrap_servers, dlq)
+    raw = record.headers() or []
+    # The original header, first and unchanged; the DLQ write's own context is kept apart.
+    assert raw[0] == ("traceparent", upstream)
+    assert [k for k, _ in raw].count("traceparent") == 1
+    assert b"kresilient.traceparent" in {k.encode() for k, _ in raw}
