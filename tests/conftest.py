@@ -1,0 +1,29 @@
+"""Suite-wide checks. In CI (``KRESILIENT_NO_SKIPS=1``) a skipped test fails the run:
+every test here must really run there (pyspark, the SDK and the cluster are all installed)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("KRESILIENT_NO_SKIPS") == "1" and _skipped and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if os.environ.get("KRESILIENT_NO_SKIPS") == "1" and _skipped:
+        terminalreporter.write_line(
+            f"KRESILIENT_NO_SKIPS=1: {len(_skipped)} test(s) skipped, which fails this run: "
+            + ", ".join(_skipped[:10]),
+            red=True,
+        )
