@@ -10,7 +10,14 @@ from opentelemetry import propagate
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter, TextMapPropagator
 
-__all__ = ["HeaderValue", "Headers", "MessageLike", "extract_context", "inject_headers"]
+__all__ = [
+    "HeaderValue",
+    "Headers",
+    "MessageLike",
+    "extract_context",
+    "inject_headers",
+    "merge_carrier",
+]
 
 HeaderValue = bytes | str | None
 
@@ -90,6 +97,13 @@ def inject_headers(
     prop = propagator or propagate.get_global_textmap()
     carrier: dict[str, str] = {}
     prop.inject(carrier, context=context)
+    return merge_carrier(headers, carrier, prop)
+
+
+def merge_carrier(
+    headers: Headers, carrier: dict[str, str], prop: TextMapPropagator
+) -> list[tuple[str, HeaderValue]]:
+    """A new header list: *headers* without the fields *prop* owns, then *carrier* (as bytes)."""
     if not carrier and headers is None:
         return []
     owned = _fields(prop) | {k.lower() for k in carrier}

@@ -20,7 +20,10 @@ Consumer (one CONSUMER span per message, parented to / linked with the producer'
 Cost: with only ``opentelemetry-api`` installed (or no provider configured) every call returns
 after a couple of attribute loads, no span or attribute dict is built. A global provider set
 *after* the client was created is picked up on the next call. Sampling is respected: a sampled-out
-span is never recorded, but its context is still injected so downstream services agree.
+span is never recorded, but its context is still injected so downstream services agree. With a
+``TraceIdRatioBased`` or ``ParentBased(TraceIdRatioBased)`` sampler the producer takes the
+sampler's decision itself (same rule, same trace ids): a sampled-out message costs a random
+draw and a ``traceparent`` header, no SDK span (:mod:`kresilient._telemetry_sampling`).
 
 Attribute/metric names: :mod:`kresilient._telemetry_names` (checked against the
 ``opentelemetry-semantic-conventions`` package by the tests).
@@ -50,6 +53,7 @@ from kresilient._telemetry_propagation import (
     extract_context,
     inject_headers,
 )
+from kresilient._telemetry_sampling import FastSampler, fast_sampler_for
 from kresilient._telemetry_scope import _CURRENT, _NULL_SCOPE, _Bases, _ProcessScope, _SendToken
 from kresilient._telemetry_util import (
     _call,
@@ -144,6 +148,7 @@ class Telemetry:
             tracer_provider = trace.get_tracer_provider()
         self._tracer_pending = _is_proxy_tracer_provider(tracer_provider)
         self._tracer = None if self._tracer_pending else _make_tracer(tracer_provider)
+        self._fast: FastSampler | None = fast_sampler_for(self._tracer)
 
         if meter_provider is None or _is_proxy_meter_provider(meter_provider):
             meter_provider = otel_metrics.get_meter_provider()
@@ -163,8 +168,10 @@ class Telemetry:
         if not _global_tracer_provider_is_set():
             return None
         self._tracer_pending = False
-        self._tracer = _make_tracer(trace.get_tracer_provider())
-        return self._tracer
+        tracer = _make_tracer(trace.get_tracer_provider())
+        self._fast = fast_sampler_for(tracer)
+        self._tracer = tracer
+        return tracer
 
     def _poll_instr(self) -> _Instruments | None:
         if not _global_meter_provider_is_set():
@@ -250,14 +257,31 @@ class Telemetry:
         Returns ``(headers, token)``: pass *headers* to ``produce()`` (a new list when a context
         was injected; the caller's object is never modified) and *token* to
         :meth:`producer_delivered` from the delivery callback. When telemetry is off this is
-        ``(headers, None)`` at the cost of a few attribute loads.
+        ``(headers, None)`` at the cost of a few attribute loads; a message the ratio sampler
+        drops gets its ``traceparent`` (not sampled) and token ``None`` unless metrics are on.
         """
-        tracer, instr = self._active()
+        tracer = self._tracer  # self._active(), inlined: this runs once per message
+        if tracer is None and self._tracer_pending:
+            tracer = self._poll_tracer()
+        instr = self._instr
+        if instr is None and self._instr_pending and _global_meter_provider_is_set():
+            instr = self._poll_instr()
         if tracer is None:
             if instr is None:
                 return headers, None
             base = self._send_bases.get(topic) or self._send_base(topic)
             return headers, _SendToken(None, time.perf_counter(), base.metric)
+        fast = self._fast
+        root_id = None
+        if fast is not None:
+            # Sampled out: no span, only the traceparent the SDK would have injected.
+            routed = fast.route(headers, self._propagator)
+            if isinstance(routed, list):
+                if instr is None:
+                    return routed, None
+                base = self._send_bases.get(topic) or self._send_base(topic)
+                return routed, _SendToken(None, time.perf_counter(), base.metric)
+            root_id = routed
         base = self._send_bases.get(topic) or self._send_base(topic)
         attrs = base.span.copy()
         attrs[N.MESSAGING_MESSAGE_BODY_SIZE] = value_size
@@ -269,7 +293,10 @@ class Telemetry:
                 attrs[N.MESSAGING_KAFKA_MESSAGE_KEY] = text
         if tombstone:
             attrs[N.MESSAGING_KAFKA_MESSAGE_TOMBSTONE] = True
-        span = tracer.start_span(base.name, kind=SpanKind.PRODUCER, attributes=attrs)
+        if fast is None or root_id is None:
+            span = tracer.start_span(base.name, kind=SpanKind.PRODUCER, attributes=attrs)
+        else:  # a sampled root: the trace id the fast path drew
+            span = fast.start_root(root_id, base.name, SpanKind.PRODUCER, attrs)
         out = inject_headers(
             headers, context=trace.set_span_in_context(span), propagator=self._propagator
         )

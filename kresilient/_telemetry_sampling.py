@@ -1,0 +1,278 @@
+"""Sampled-out fast path for PRODUCER spans (part of :mod:`kresilient.telemetry`).
+
+The SDK's ``Tracer.start_span`` costs several microseconds even when its sampler drops the
+span, and the token that carries the span to the delivery report keeps objects alive while the
+message is in flight. When the provider's sampler is one whose decision is a pure function of
+the trace id and the parent's flags -- ``TraceIdRatioBased(rate)`` or
+``ParentBased(TraceIdRatioBased(rate))`` with the default delegates -- :class:`FastSampler`
+takes that decision itself, with the SDK's own rule:
+
+- root: draw a random 128-bit trace id; sampled iff ``trace_id & (2**64 - 1) < round(rate *
+  2**64)`` (``TraceIdRatioBased.bound``). Sampled: the span is started by a copy of the
+  provider's tracer whose id generator returns that trace id, so the sampler, span processors,
+  resource and limits are the provider's and the sampler itself confirms the decision.
+  Not sampled: nothing is built; the ``traceparent`` the SDK would have injected (same trace
+  id, a random span id, flags ``02`` = random-trace-id, not sampled) is written directly;
+- valid parent in the current context, sampled by the rule above (``ParentBased``: the
+  parent's sampled flag; plain ``TraceIdRatioBased``: the parent's trace id): the generic path;
+  not sampled: the header carries the parent's trace id and ``tracestate``, a new span id and
+  the flags the SDK would set.
+
+Anything else -- another sampler, id generator or tracer class, a propagator other than W3C
+trace context (alone, or in a composite with W3C baggage), a disabled tracer, the SDK's
+internal metrics on -- keeps the generic path (:meth:`FastSampler.route` returns ``None``).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import threading
+from binascii import b2a_hex as _hex
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
+
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context, get_current
+from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.trace import Span, SpanKind
+
+from kresilient._telemetry_propagation import Headers, HeaderValue, merge_carrier
+
+__all__ = ["FastSampler", "fast_sampler_for"]
+
+_MASK64 = (1 << 64) - 1
+_RANDOM_FLAG = 0x02  # W3C trace-context level 2 "random-trace-id"
+_SAMPLED_FLAG = 0x01
+_TRACEPARENT = "traceparent"
+_TRACESTATE = "tracestate"
+
+_bits = random.getrandbits
+_get_global_textmap = propagate.get_global_textmap
+_get_current_span = trace.get_current_span
+
+
+class _PresetIds:
+    """An id generator returning a preset trace id (set under :attr:`FastSampler._lock`)."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self.trace_id = 0
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id
+
+    def generate_span_id(self) -> int:
+        span_id: int = self._real.generate_span_id()
+        return span_id
+
+    def is_trace_id_random(self) -> bool:
+        return True
+
+
+def _is_static(sampler: object, sampled: bool) -> bool:
+    """True for the SDK's ALWAYS_ON (*sampled*) / ALWAYS_OFF sampler (or an equal one)."""
+    from opentelemetry.sdk.trace.sampling import Decision, StaticSampler
+
+    want = Decision.RECORD_AND_SAMPLE if sampled else Decision.DROP
+    return isinstance(sampler, StaticSampler) and getattr(sampler, "_decision", None) is want
+
+
+def _ratio_rule(sampler: object) -> tuple[int, bool] | None:
+    """``(bound, parent_based)`` when *sampler* is one the fast path reproduces exactly."""
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    if type(sampler) is TraceIdRatioBased:
+        return sampler.bound, False
+    if not isinstance(sampler, ParentBased) or type(sampler).should_sample is not (
+        ParentBased.should_sample
+    ):
+        return None
+    root = getattr(sampler, "_root", None)
+    if type(root) is not TraceIdRatioBased:
+        return None
+    delegates = (
+        (getattr(sampler, "_remote_parent_sampled", None), True),
+        (getattr(sampler, "_remote_parent_not_sampled", None), False),
+        (getattr(sampler, "_local_parent_sampled", None), True),
+        (getattr(sampler, "_local_parent_not_sampled", None), False),
+    )
+    if not all(_is_static(s, sampled) for s, sampled in delegates):
+        return None
+    return root.bound, True
+
+
+def fast_sampler_for(tracer: object) -> FastSampler | None:
+    """A :class:`FastSampler` for *tracer* (an SDK tracer), or ``None`` if it does not qualify."""
+    try:
+        from opentelemetry.sdk.trace import Tracer as SdkTracer
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    except ImportError:  # pragma: no cover - API only: no SDK tracer to speed up
+        return None
+    if type(tracer) is not SdkTracer or not hasattr(tracer, "__dict__"):
+        return None
+    if type(getattr(tracer, "id_generator", None)) is not RandomIdGenerator:
+        return None
+    config = getattr(tracer, "_tracer_config", None)
+    if not isinstance(getattr(config, "is_enabled", None), bool):
+        return None
+    # The SDK's own span metrics (OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED) count dropped spans.
+    if type(getattr(tracer, "_tracer_metrics", None)).__name__ != "NoOpTracerMetrics":
+        return None
+    rule = _ratio_rule(getattr(tracer, "sampler", None))
+    if rule is None:
+        return None
+    return FastSampler(tracer, rule[0], rule[1])
+
+
+def _current_context_getter() -> Callable[[], Context]:
+    """``opentelemetry.context.get_current``, or the ``ContextVar.get`` it ends in (the default
+    runtime context): two Python calls fewer per message."""
+    from opentelemetry import context as otel_context
+
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    var = getattr(runtime, "_current_context", None)
+    if type(runtime).__name__ == "ContextVarsRuntimeContext" and isinstance(var, ContextVar):
+        getter: Callable[[], Context] = var.get
+        return getter
+    return get_current
+
+
+def _propagation_kind(prop: TextMapPropagator) -> tuple[TextMapPropagator, ...] | None:
+    """The propagators besides W3C trace context that *prop* runs, or ``None`` if unsupported.
+
+    Supported: ``TraceContextTextMapPropagator`` alone, or a ``CompositePropagator`` holding
+    it (once) and otherwise only ``W3CBaggagePropagator`` (the SDK's default global).
+    """
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    if type(prop) is TraceContextTextMapPropagator:
+        return ()
+    if type(prop) is not CompositePropagator:
+        return None
+    members = list(getattr(prop, "_propagators", None) or ())
+    w3c = [p for p in members if type(p) is TraceContextTextMapPropagator]
+    others = [p for p in members if type(p) is W3CBaggagePropagator]
+    if len(w3c) != 1 or len(w3c) + len(others) != len(members):
+        return None
+    return tuple(others)
+
+
+class FastSampler:
+    """The sampling decision of a ratio sampler, taken without the SDK for dropped spans."""
+
+    __slots__ = (
+        "_current",
+        "_ids",
+        "_known",
+        "_lock",
+        "_parent_based",
+        "_private",
+        "_tracer",
+        "bound",
+    )
+
+    def __init__(self, tracer: Any, bound: int, parent_based: bool) -> None:
+        self._tracer = tracer
+        self.bound = bound
+        self._parent_based = parent_based
+        self._lock = threading.Lock()
+        self._ids = _PresetIds(tracer.id_generator)
+        self._private = copy.copy(tracer)
+        self._current = _current_context_getter()
+        # (propagator, the propagators besides W3C trace context it runs, or None: unsupported)
+        self._known: tuple[TextMapPropagator | None, tuple[TextMapPropagator, ...] | None] = (
+            None,
+            None,
+        )
+
+    def route(
+        self, headers: Headers, propagator: TextMapPropagator | None
+    ) -> list[tuple[str, HeaderValue]] | int | None:
+        """Decide one PRODUCER span in the current context.
+
+        Returns the headers to send (the span is sampled out: nothing to record), an ``int``
+        (a sampled root span: start it with :meth:`start_root` and this trace id), or ``None``
+        (use the generic path).
+        """
+        prop = propagator or _get_global_textmap()
+        known = self._known
+        if known[0] is not prop:
+            known = self._learn(prop)
+        others = known[1]
+        if others is None or not self._tracer._tracer_config.is_enabled:
+            return None
+        ctx = self._current()
+        if ctx:
+            return self._in_context(ctx, headers, prop, others)
+        ids = _bits(192)  # trace id (128 bits), then span id (64 bits)
+        trace_id = ids >> 64
+        if trace_id & _MASK64 < self.bound:
+            # sampled; an all-zero id (probability 2**-128) is left to the SDK to redraw
+            return trace_id or None
+        if not ids & _MASK64:  # pragma: no cover - probability 2**-64: span id 0 is invalid
+            ids |= 1
+        # flags 02: random-trace-id (RandomIdGenerator ids), not sampled -- as the SDK writes.
+        # b2a_hex with a separator every 16 bytes from the left: "<trace id>-<span id>".
+        value = b"00-%b-02" % _hex(ids.to_bytes(24, "big"), b"-", -16)
+        if headers is None:
+            return [(_TRACEPARENT, value)]
+        return merge_carrier(headers, {_TRACEPARENT: value.decode()}, prop)
+
+    def _in_context(
+        self,
+        ctx: Context,
+        headers: Headers,
+        prop: TextMapPropagator,
+        others: tuple[TextMapPropagator, ...],
+    ) -> list[tuple[str, HeaderValue]] | int | None:
+        """:meth:`route` when the current context is not empty (a parent span, baggage...)."""
+        parent = _get_current_span(ctx).get_span_context()
+        trace_state = None
+        if parent.is_valid:
+            trace_id = parent.trace_id
+            if self._parent_based:
+                if parent.trace_flags & _SAMPLED_FLAG:
+                    return None
+            elif trace_id & _MASK64 < self.bound:
+                return None
+            # the SDK keeps the parent's random-trace-id flag and trace state
+            flags = _RANDOM_FLAG if parent.trace_flags & _RANDOM_FLAG else 0
+            trace_state = parent.trace_state
+        else:
+            trace_id = _bits(128)
+            if trace_id & _MASK64 < self.bound:
+                return trace_id or None
+            flags = _RANDOM_FLAG
+        span_id = _bits(64)
+        while not span_id:  # pragma: no cover - probability 2**-64
+            span_id = _bits(64)
+        carrier = {_TRACEPARENT: f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"}
+        if trace_state:
+            carrier[_TRACESTATE] = trace_state.to_header()
+        for other in others:
+            other.inject(carrier, context=ctx)
+        return merge_carrier(headers, carrier, prop)
+
+    def _learn(
+        self, prop: TextMapPropagator
+    ) -> tuple[TextMapPropagator | None, tuple[TextMapPropagator, ...] | None]:
+        known = (prop, _propagation_kind(prop))
+        self._known = known  # one store: another thread sees the old pair or the new one
+        return known
+
+    def start_root(
+        self, trace_id: int, name: str, kind: SpanKind, attributes: dict[str, Any]
+    ) -> Span:
+        """Start a root span with *trace_id* through the provider's tracer (a copy of it)."""
+        with self._lock:
+            private = self._private
+            private.__dict__.update(self._tracer.__dict__)  # resource/config updates
+            private.id_generator = self._ids
+            self._ids.trace_id = trace_id
+            span: Span = private.start_span(
+name, kind=kind, attributes=attributes)
+            return span
