@@ -179,7 +179,7 @@ class FastSampler:
         self._tracer = tracer
         self.bound = bound
         self._parent_based = parent_based
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._ids = _PresetIds(tracer.id_generator)
         self._private = copy.copy(tracer)
         self._current = _current_context_getter()
@@ -267,12 +267,15 @@ class FastSampler:
     def start_root(
         self, trace_id: int, name: str, kind: SpanKind, attributes: dict[str, Any]
     ) -> Span:
-        """Start a root span with *trace_id* through the provider's tracer (a copy of it)."""
+        """Start a root span with *trace_id* through the provider's tracer (a copy of it).
+
+        Runs for the sampled fraction only. The lock is re-entrant (a span processor's
+        ``on_start`` may produce again): the SDK reads the preset id before calling it.
+        """
         with self._lock:
             private = self._private
             private.__dict__.update(self._tracer.__dict__)  # resource/config updates
             private.id_generator = self._ids
             self._ids.trace_id = trace_id
-            span: Span = private.start_span(
-name, kind=kind, attributes=attributes)
+            span: Span = private.start_span(name, kind=kind, attributes=attributes)
             return span

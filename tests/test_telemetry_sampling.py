@@ -462,3 +462,28 @@ def test_late_global_provider_gets_the_fast_path(monkeypatch: pytest.MonkeyPatch
     assert trace.get_current_span(extract_context(out, propagator=W3C)).get_span_context(
     ).is_valid
 
+
+
+def test_a_span_processor_producing_from_on_start_does_not_deadlock() -> None:
+    tp, exporter = provider(TraceIdRatioBased(1.0))
+    tel = telemetry(tp)
+    inner: list[Any] = []
+
+    class _Reentrant(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Context | None = None) -> None:
+            if not inner:
+                inner.append(None)
+                inner.append(tel.producer_send("audit", None, 1, None, None))
+
+    tp.add_span_processor(_Reentrant())
+    out, token = tel.producer_send("orders", None, 1, None, None)
+    inner_out, inner_token = inner[1]
+    for headers, tok in ((out, token), (inner_out, inner_token)):
+        assert tok is not None and tok.span is not None
+        tel.producer_delivered(tok, None, message(headers))
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"send orders", "send audit"}
+    for name, headers in (("send orders", out), ("send audit", inner_out)):
+        ctx = spans[name].context
+        assert header(headers) == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-03"
+    assert spans["send orders"].context.trace_id != spans["send audit"].context.trace_id
