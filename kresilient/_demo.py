@@ -95,7 +95,12 @@ def main(messages: int = 200_000) -> int:
         events: list[str] = []
         began = time.monotonic()
         with ResilientProducer(
-            {"bootstrap.servers": cluster.bootstrap_servers, "client.id": "kresilient-demo"}
+            {
+                "bootstrap.servers": cluster.bootstrap_servers,
+                "client.id": "kresilient-demo",
+                # A short demo: statistics every second so the leadership monitor sees the move.
+                "statistics.interval.ms": 1000,
+            }
         ) as producer:
             for i in range(messages):
                 producer.produce(TOPIC, str(i).encode(), on_delivery=on_delivery)
