@@ -50,7 +50,7 @@ def connector_jars(spark_version: str) -> list[str]:
 
     Only jars Spark does not already ship are returned (the rest are ``provided``).
     """
-    from kresilient._broker_jars import cache_root
+    from kresilient.testing._broker_jars import cache_root
 
     target = cache_root() / "spark-kafka" / spark_version
     marker = target / ".complete"

@@ -40,7 +40,7 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from kresilient import _demo
+    from kresilient.testing import _demo
 
     return _demo.main(messages=args.messages)
 

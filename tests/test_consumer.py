@@ -15,14 +15,14 @@ import tenacity
 from confluent_kafka import KafkaError, Message, TopicPartition
 from confluent_kafka.error import KeyDeserializationError, ValueDeserializationError
 
-from kresilient._consumer_holds import Hold, Verdict
-from kresilient._consumer_offsets import OffsetKeeper
-from kresilient._consumer_support import (
+from kresilient.consumer import NOT_RETRIED, ResilientConsumer, RetryPolicy
+from kresilient.consumer._holds import Hold, Verdict
+from kresilient.consumer._offsets import OffsetKeeper
+from kresilient.consumer._support import (
     BatchItemError,
     Deserializing,
     dead_letter_producer_config,
 )
-from kresilient.consumer import NOT_RETRIED, ResilientConsumer, RetryPolicy
 from kresilient.errors import CommitError, ConfigError, DeadLetterError, UnsafeConfigError
 from kresilient.telemetry import Telemetry
 

@@ -11,7 +11,7 @@ from confluent_kafka import Message
 from confluent_kafka.error import ValueDeserializationError
 
 from kresilient import deadletter as dl
-from kresilient._consumer_breaker import CircuitBreaker
+from kresilient.consumer._breaker import CircuitBreaker
 from kresilient.errors import CircuitBreakerOpenError, ErrorCategory, classify
 
 ORIGINAL = [

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from kresilient._spark_options import SchemaError, column_layout, parse_options
-from kresilient._spark_summary import WriteSummary, latest_summary, store_summary, summarize
 from kresilient.errors import ConfigError, UnsafeConfigError
+from kresilient.spark._options import SchemaError, column_layout, parse_options
+from kresilient.spark._summary import WriteSummary, latest_summary, store_summary, summarize
 
 BS = {"kafka.bootstrap.servers": "127.0.0.1:9092"}
 
@@ -159,7 +159,7 @@ def test_summary_adds_up_tasks_and_round_trips(tmp_path: object) -> None:
 
 def test_forced_settings_refused_when_weakened() -> None:
     pytest.importorskip("pyspark")
-    from kresilient._spark_write import sink_producer_config
+    from kresilient.spark._write import sink_producer_config
 
     cfg = sink_producer_config(parse_options({**BS, "kafka.acks": "-1"}))
     assert cfg["acks"] == "all" and cfg["enable.idempotence"] == "true"
@@ -171,7 +171,7 @@ def test_forced_settings_refused_when_weakened() -> None:
 
 def test_unknown_producer_key_refused_on_the_driver() -> None:
     pytest.importorskip("pyspark")
-    from kresilient._spark_write import sink_producer_config
+    from kresilient.spark._write import sink_producer_config
 
     with pytest.raises(ConfigError) as info:
         sink_producer_config(parse_options({**BS, "kafka.lingr.ms": "5"}))
@@ -188,7 +188,7 @@ def test_failed_task_discards_its_cached_producer_mock_cluster() -> None:
     """A retry must never inherit the producer of a failed attempt (SPARK-27042)."""
     pytest.importorskip("pyspark")
     pa = pytest.importorskip("pyarrow")
-    from kresilient import _spark_write as sw
+    from kresilient.spark import _write as sw
 
     options = parse_options({**BS, "topic": "t", "kafka.test.mock.num.brokers": "1"})
     layout = column_layout([("value", "binary")], topic_option="t")

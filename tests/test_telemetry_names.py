@@ -16,7 +16,7 @@ from opentelemetry.semconv.attributes import (
 )
 from opentelemetry.semconv.schemas import Schemas
 
-from kresilient import _telemetry_names as N
+from kresilient.telemetry import _names as N
 
 PAIRS = [
     (N.MESSAGING_SYSTEM, MA.MESSAGING_SYSTEM),

@@ -8,7 +8,7 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException
 
-from .errors import DeliveryError, DeliveryFailure
+from kresilient.errors import DeliveryError, DeliveryFailure
 
 __all__ = [
     "LogBridge",

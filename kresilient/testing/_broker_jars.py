@@ -91,7 +91,7 @@ def _resolve(version: str, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-if __name__ == "__main__":  # `python -m kresilient._broker_jars [VERSION]`: prefetch for CI
+if __name__ == "__main__":  # `python -m kresilient.testing._broker_jars [VERSION]`: prefetch for CI
     import sys
 
     print(kafka_libs(sys.argv[1] if len(sys.argv) > 1 else KAFKA_VERSION))

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from kresilient._consumer_holds import TP, PendingDeadLetters
+from kresilient.consumer._holds import TP, PendingDeadLetters
 from kresilient.errors import CommitError, DeadLetterError, translate
 from kresilient.telemetry import Telemetry
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
-    from .errors import ProduceError
+    from kresilient.errors import ProduceError
 
 __all__ = ["DeliveryHandle", "DeliveryResult", "handle_extras"]
 

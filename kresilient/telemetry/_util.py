@@ -11,7 +11,7 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from kresilient import _telemetry_names as N
+from kresilient.telemetry import _names as N
 
 
 def _error_name(err: object) -> str:

@@ -26,16 +26,6 @@ from typing import Any
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from kresilient._spark_options import ColumnLayout, SinkOptions
-from kresilient._spark_task import (
-    TaskInfo,
-    TaskReport,
-    make_report,
-    record_report,
-    task_info,
-    task_span_attributes,
-    tracer,
-)
 from kresilient.config import producer_config
 from kresilient.deadletter import dead_letter_headers
 from kresilient.errors import (
@@ -49,6 +39,16 @@ from kresilient.errors import (
     UnsafeConfigError,
     classify,
     translate,
+)
+from kresilient.spark._options import ColumnLayout, SinkOptions
+from kresilient.spark._task import (
+    TaskInfo,
+    TaskReport,
+    make_report,
+    record_report,
+    task_info,
+    task_span_attributes,
+    tracer,
 )
 
 __all__ = [

@@ -1,9 +1,9 @@
 """Failure handling of :class:`~kresilient.ResilientConsumer`: retry holds and dead letters.
 
 A failed message is either retried (its partition paused and seeked back to it, the consumer
-keeps polling; see :mod:`kresilient._consumer_holds`) or dead-lettered (written with its raw
+keeps polling; see :mod:`kresilient.consumer._holds`) or dead-lettered (written with its raw
 bytes and the ``kresilient.*`` headers; the partition continues at once but its stored offset
-waits for the acknowledgement, see :mod:`kresilient._consumer_offsets`).
+waits for the acknowledgement, see :mod:`kresilient.consumer._offsets`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Final, cast
 import tenacity
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
-from kresilient._consumer_breaker import CircuitBreaker
-from kresilient._consumer_holds import TP, Hold
+from kresilient.consumer._breaker import CircuitBreaker
+from kresilient.consumer._holds import TP, Hold
 from kresilient.deadletter import DeadLetterPolicy, build_dead_letter_record
 from kresilient.errors import (
     Action,
@@ -29,8 +29,8 @@ from kresilient.errors import (
 )
 
 if TYPE_CHECKING:
-    from kresilient._consumer_offsets import OffsetKeeper
-    from kresilient._consumer_support import Deserializing, Watchdog
+    from kresilient.consumer._offsets import OffsetKeeper
+    from kresilient.consumer._support import Deserializing, Watchdog
     from kresilient.producer import ResilientProducer
     from kresilient.telemetry import Telemetry
 

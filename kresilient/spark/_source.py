@@ -3,7 +3,7 @@
 A drop-in for Spark's built-in Kafka sink (same columns, same ``kafka.*`` options), written
 with PySpark's Python Data Source API (Arrow-based writers) on librdkafka::
 
-    from kresilient.spark import register, last_write_summary
+    from kresilient.spark._source import register, last_write_summary
 
     register(spark)
     (df.selectExpr("CAST(id AS STRING) AS key", "payload AS value")
@@ -58,23 +58,23 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 import structlog
 from opentelemetry import trace
 
-from kresilient._spark_options import (
+from kresilient.errors import ConfigError
+from kresilient.spark._options import (
     ColumnLayout,
     SchemaError,
     SinkOptions,
     column_layout,
     parse_options,
 )
-from kresilient._spark_summary import (
+from kresilient.spark._summary import (
     WriteSummary,
     all_summaries,
     latest_summary,
     store_summary,
     summarize,
 )
-from kresilient._spark_task import TaskReport
-from kresilient._spark_write import sink_producer_config, write_task
-from kresilient.errors import ConfigError
+from kresilient.spark._task import TaskReport
+from kresilient.spark._write import sink_producer_config, write_task
 
 __all__ = [
     "FORMAT",
@@ -109,7 +109,7 @@ class _Plan:
 
     def write(self, iterator: Iterator[Any]) -> TaskReport:
         if self.options.guarantee == "exactly_once":
-            from kresilient._spark_eos import write_task_exactly_once
+            from kresilient.spark._eos import write_task_exactly_once
 
             return write_task_exactly_once(self.options, self.layout, iterator, config=self.config)
         return write_task(self.options, self.layout, iterator, config=self.config)

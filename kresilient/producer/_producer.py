@@ -42,18 +42,8 @@ from typing import Any, Final
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from . import _producer_paths as paths
-from ._producer_handle import DeliveryHandle, DeliveryResult, _FullHandle, handle_extras
-from ._producer_health import BrokerStats, ProducerHealth, broker_stats
-from ._producer_support import (
-    LogBridge,
-    category_counts,
-    compose_delivery_error,
-    fatal_cause,
-    scrubber,
-)
-from .config import SECRET_KEYS, producer_config, redact
-from .errors import (
+from kresilient.config import SECRET_KEYS, producer_config, redact
+from kresilient.errors import (
     ConfigError,
     DeliveryError,
     DeliveryFailure,
@@ -64,8 +54,18 @@ from .errors import (
     classify,
     translate,
 )
-from .leadership import LeadershipMonitor, LeadershipState
-from .telemetry import Telemetry
+from kresilient.leadership import LeadershipMonitor, LeadershipState
+from kresilient.producer import _paths as paths
+from kresilient.producer._handle import DeliveryHandle, DeliveryResult, _FullHandle, handle_extras
+from kresilient.producer._health import BrokerStats, ProducerHealth, broker_stats
+from kresilient.producer._support import (
+    LogBridge,
+    category_counts,
+    compose_delivery_error,
+    fatal_cause,
+    scrubber,
+)
+from kresilient.telemetry import Telemetry
 
 __all__ = ["DeliveryHandle", "DeliveryResult", "ProducerHealth", "ResilientProducer"]
 

@@ -23,9 +23,9 @@ after a couple of attribute loads, no span or attribute dict is built. A global 
 span is never recorded, but its context is still injected so downstream services agree. With a
 ``TraceIdRatioBased`` or ``ParentBased(TraceIdRatioBased)`` sampler the producer takes the
 sampler's decision itself (same rule, same trace ids): a sampled-out message costs a random
-draw and a ``traceparent`` header, no SDK span (:mod:`kresilient._telemetry_sampling`).
+draw and a ``traceparent`` header, no SDK span (:mod:`kresilient.telemetry._sampling`).
 
-Attribute/metric names: :mod:`kresilient._telemetry_names` (checked against the
+Attribute/metric names: :mod:`kresilient.telemetry._names` (checked against the
 ``opentelemetry-semantic-conventions`` package by the tests).
 """
 
@@ -44,18 +44,18 @@ from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import Span, SpanKind
 
-from kresilient import _telemetry_names as N
-from kresilient._telemetry_log import add_trace_context, production_config, trace_fields
-from kresilient._telemetry_propagation import (
+from kresilient.telemetry import _names as N
+from kresilient.telemetry._log import add_trace_context, production_config, trace_fields
+from kresilient.telemetry._propagation import (
     Headers,
     HeaderValue,
     MessageLike,
     extract_context,
     inject_headers,
 )
-from kresilient._telemetry_sampling import FastSampler, fast_sampler_for
-from kresilient._telemetry_scope import _CURRENT, _NULL_SCOPE, _Bases, _ProcessScope, _SendToken
-from kresilient._telemetry_util import (
+from kresilient.telemetry._sampling import FastSampler, fast_sampler_for
+from kresilient.telemetry._scope import _CURRENT, _NULL_SCOPE, _Bases, _ProcessScope, _SendToken
+from kresilient.telemetry._util import (
     _call,
     _category,
     _config_error,

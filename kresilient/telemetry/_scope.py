@@ -12,9 +12,9 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind
 
-from kresilient import _telemetry_names as N
-from kresilient._telemetry_propagation import MessageLike
-from kresilient._telemetry_util import (
+from kresilient.telemetry import _names as N
+from kresilient.telemetry._propagation import MessageLike
+from kresilient.telemetry._util import (
     _call,
     _category,
     _error_name,
@@ -24,7 +24,7 @@ from kresilient._telemetry_util import (
 )
 
 if TYPE_CHECKING:
-    from kresilient.telemetry import Telemetry
+    from kresilient.telemetry._telemetry import Telemetry
 
 
 class _SendToken:

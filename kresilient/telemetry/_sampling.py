@@ -38,7 +38,7 @@ from opentelemetry.context import Context, get_current
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import Span, SpanKind
 
-from kresilient._telemetry_propagation import Headers, HeaderValue, merge_carrier
+from kresilient.telemetry._propagation import Headers, HeaderValue, merge_carrier
 
 __all__ = ["FastSampler", "fast_sampler_for"]
 

@@ -6,7 +6,7 @@ directories. The broker jars are resolved by Maven on first use and cached per v
 It has chaos controls (kill, graceful stop, restart, freeze/thaw, preferred election) so
 tests can prove behaviour across real leader elections::
 
-    from kresilient.testing import KafkaCluster
+    from kresilient.testing._cluster import KafkaCluster
 
     with KafkaCluster() as cluster:
         cluster.create_topic("orders", partitions=3)
@@ -51,8 +51,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from kresilient._broker_jars import KAFKA_VERSION, kafka_libs
 from kresilient.errors import KResilientError
+from kresilient.testing._broker_jars import KAFKA_VERSION, kafka_libs
 
 __all__ = [
     "BOOTSTRAP_ENV",

@@ -42,13 +42,14 @@ import structlog
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from opentelemetry.propagators.composite import CompositePropagator
 
-from kresilient._consumer_batch import BatchMixin
-from kresilient._consumer_breaker import CircuitBreaker
-from kresilient._consumer_events import EventsMixin
-from kresilient._consumer_failures import FailureMixin
-from kresilient._consumer_holds import TP, Hold, Verdict
-from kresilient._consumer_offsets import OffsetKeeper
-from kresilient._consumer_support import (
+from kresilient.config import redact
+from kresilient.consumer._batch import BatchMixin
+from kresilient.consumer._breaker import CircuitBreaker
+from kresilient.consumer._events import EventsMixin
+from kresilient.consumer._failures import FailureMixin
+from kresilient.consumer._holds import TP, Hold, Verdict
+from kresilient.consumer._offsets import OffsetKeeper
+from kresilient.consumer._support import (
     NOT_RETRIED,
     BatchItemError,
     Deserializer,
@@ -62,7 +63,6 @@ from kresilient._consumer_support import (
     literal_topics,
     max_poll_interval,
 )
-from kresilient.config import redact
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
     DeadLetterPolicy,

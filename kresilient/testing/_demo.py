@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 from confluent_kafka import Consumer, KafkaError
 
-from kresilient.testing import KafkaCluster
+from kresilient.testing._cluster import KafkaCluster
 
 TOPIC = "kresilient.demo"
 

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Message
 
-from kresilient._consumer_holds import TP, Hold, Verdict
-from kresilient._consumer_support import BatchItemError
+from kresilient.consumer._holds import TP, Hold, Verdict
+from kresilient.consumer._support import BatchItemError
 
 if TYPE_CHECKING:
-    from kresilient._consumer_breaker import CircuitBreaker
-    from kresilient._consumer_offsets import OffsetKeeper
+    from kresilient.consumer._breaker import CircuitBreaker
+    from kresilient.consumer._offsets import OffsetKeeper
 
 __all__ = ["BatchMixin"]
 

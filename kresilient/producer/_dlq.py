@@ -14,21 +14,21 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry.propagators.composite import CompositePropagator
 
-from .deadletter import dead_letter_headers
-from .errors import DeadLetterError, MessageTooLargeError
+from kresilient.deadletter import dead_letter_headers
+from kresilient.errors import DeadLetterError, MessageTooLargeError
 
 _NO_PROPAGATION = CompositePropagator([])
 
 if TYPE_CHECKING:
-    from ._producer_handle import DeliveryHandle
-    from .producer import ResilientProducer
+    from kresilient.producer._handle import DeliveryHandle
+    from kresilient.producer._producer import ResilientProducer
 
 __all__ = ["dead_letter_oversized"]
 
 
 def _dead_letter_producer(owner: ResilientProducer) -> ResilientProducer:
     if owner._dlq is None:
-        from .producer import ResilientProducer
+        from kresilient.producer._producer import ResilientProducer
 
         config = dict(owner._user_config)
         config["message.max.bytes"] = owner._dead_letter_max_bytes

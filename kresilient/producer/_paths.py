@@ -13,12 +13,18 @@ from typing import TYPE_CHECKING, Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from ._producer_handle import DeliveryHandle, _FullHandle, handle_extras
-from ._producer_support import fatal_cause, lost_fatal
-from .errors import FatalProducerError, MessageTooLargeError, ProduceError, classify, translate
+from kresilient.errors import (
+    FatalProducerError,
+    MessageTooLargeError,
+    ProduceError,
+    classify,
+    translate,
+)
+from kresilient.producer._handle import DeliveryHandle, _FullHandle, handle_extras
+from kresilient.producer._support import fatal_cause, lost_fatal
 
 if TYPE_CHECKING:
-    from .producer import ResilientProducer
+    from kresilient.producer._producer import ResilientProducer
 
 __all__ = ["drain", "end_span", "handle_fatal", "produce_blocked", "produce_failed", "settle"]
 
@@ -139,7 +145,7 @@ def _too_large(
     end_span(self, handle, exc, classification)
     if self._dead_letter_topic is None:
         raise error from exc
-    from ._producer_dlq import dead_letter_oversized
+    from kresilient.producer._dlq import dead_letter_oversized
 
     return dead_letter_oversized(
         self,

@@ -43,8 +43,15 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 
 from kresilient import _catalog as catalog
-from kresilient._spark_options import ColumnLayout, SinkOptions
-from kresilient._spark_task import (
+from kresilient.errors import (
+    DeadLetterError,
+    DeliveryError,
+    FatalProducerError,
+    KResilientError,
+    classify,
+)
+from kresilient.spark._options import ColumnLayout, SinkOptions
+from kresilient.spark._task import (
     TaskInfo,
     TaskReport,
     make_report,
@@ -53,7 +60,7 @@ from kresilient._spark_task import (
     task_span_attributes,
     tracer,
 )
-from kresilient._spark_write import (
+from kresilient.spark._write import (
     _Collector,
     _dead_letter_headers,
     _delivery_failure,
@@ -63,13 +70,6 @@ from kresilient._spark_write import (
     _reasons,
     _TaskWriter,
     _wait_for_room,
-)
-from kresilient.errors import (
-    DeadLetterError,
-    DeliveryError,
-    FatalProducerError,
-    KResilientError,
-    classify,
 )
 
 __all__ = ["ReplayMismatchError", "write_task_exactly_once"]

@@ -17,8 +17,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from kresilient.errors import KResilientError, classify, translate
 
 if TYPE_CHECKING:
-    from kresilient._consumer_holds import TP, Hold
-    from kresilient._consumer_offsets import OffsetKeeper
+    from kresilient.consumer._holds import TP, Hold
+    from kresilient.consumer._offsets import OffsetKeeper
     from kresilient.leadership import LeadershipMonitor
     from kresilient.producer import ResilientProducer
     from kresilient.telemetry import Telemetry

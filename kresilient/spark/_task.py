@@ -10,7 +10,7 @@ import structlog
 from opentelemetry import metrics, trace
 from pyspark.sql.datasource import WriterCommitMessage
 
-from kresilient._spark_options import SinkOptions
+from kresilient.spark._options import SinkOptions
 
 __all__ = [
     "TaskInfo",
