@@ -454,46 +454,64 @@ def _replay(
     predicates: Sequence[Callable[[DeadLetterInfo], bool]],
     out: TextIO,
 ) -> int:
-    from kresilient.producer import ResilientProducer
+    from kresilient.producer import DeliveryHandle, ResilientProducer
 
     producer = None if args.dry_run else ResilientProducer(dict(config))
     seen = selected = 0
-    skipped_no_topic = 0
+    skipped_no_topic = held_back = 0
     by_target: Counter[str] = Counter()
-    last_offsets: dict[int, int] = {}
+    # The group's commit may only pass records this run is done with: replayed (delivery
+    # acknowledged) or excluded by the filters. Per partition: the last offset read, the first
+    # offset left behind (cut by --limit, no original topic, or failed), and what was sent.
+    last_read: dict[int, int] = {}
+    left_at: dict[int, int] = {}
+    sent: list[tuple[int, int, DeliveryHandle]] = []
     failed = 0
     try:
         for record in _read(config, args.source, args.group, args.timeout):
             seen += 1
             info, msg = record.info, record.msg
-            last_offsets[msg.partition() or 0] = msg.offset() or 0
+            part, offset = msg.partition() or 0, msg.offset() or 0
+            last_read[part] = offset
             if not all(p(info) for p in predicates):
                 continue
             if args.limit is not None and selected >= args.limit:
+                left_at.setdefault(part, offset)
                 continue
             target = args.target or info.original_topic
             if not target:
                 skipped_no_topic += 1
+                left_at.setdefault(part, offset)
+                continue
+            if args.group is not None and part in left_at:
+                # The group's offset stays before the record left behind; sending the ones
+                # after it now would send them again on the next run.
+                held_back += 1
                 continue
             selected += 1
             by_target[target] += 1
             if producer is not None:
                 timestamp = info.original_timestamp if args.keep_timestamp else None
-                producer.produce(
+                handle = producer.produce(
                     target,
                     msg.value(),
                     key=msg.key(),
                     headers=list(info.original_headers),
                     timestamp=timestamp,
                 )
+                sent.append((part, offset, handle))
         if producer is not None:
             try:
                 producer.flush(args.timeout)
             except DeliveryError as exc:
-                failed = len(exc.failures) or selected
                 sys.stderr.write(f"kresilient dlq replay: {exc}\n")
-            if not failed and args.group is not None and last_offsets:
-                _commit(config, args.source, args.group, last_offsets, args.timeout)
+            for part, offset, handle in sent:
+                if not handle.done() or handle.exception(0) is not None:
+                    failed += 1
+                    left_at[part] = min(left_at.get(part, offset), offset)
+            if args.group is not None and last_read:
+                commit = {p: left_at.get(p, last + 1) for p, last in last_read.items()}
+                _commit(config, args.source, args.group, commit, args.timeout)
     finally:
         if producer is not None:
             with contextlib.suppress(DeliveryError):
@@ -502,12 +520,13 @@ def _replay(
     targets = ", ".join(f"{n} to {t}" for t, n in by_target.most_common()) or "nothing"
     out.write(
         f"{verb} {selected - failed} of {seen} records from {args.source} ({targets}); "
-        f"{seen - selected - skipped_no_topic} filtered out"
+        f"{seen - selected - skipped_no_topic - held_back} filtered out"
         + (
             f", {skipped_no_topic} without an original topic (pass --to)"
             if skipped_no_topic
             else ""
         )
+        + (f", {held_back} held back behind it (--group)" if held_back else "")
         + (f", {failed} FAILED" if failed else "")
         + "\n"
     )
@@ -515,14 +534,15 @@ def _replay(
 
 
 def _commit(
-    config: dict[str, str], topic: str, group: str, last: dict[int, int], timeout: float
+    config: dict[str, str], topic: str, group: str, positions: dict[int, int], timeout: float
 ) -> None:
+    """Commit ``positions`` (partition -> next offset to read) for ``group``."""
     conf: dict[str, Any] = dict(config)
     conf.update({"group.id": group, "enable.auto.commit": False})
     consumer = Consumer(conf)
     try:
         consumer.commit(
-            offsets=[TopicPartition(topic, p, o + 1) for p, o in sorted(last.items())],
+            offsets=[TopicPartition(topic, p, o) for p, o in sorted(positions.items())],
             asynchronous=False,
         )
     finally:

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 from _producer_helpers import read_back
-from confluent_kafka import Message
+from confluent_kafka import Message, Producer
 from test_consumer_integration import (
     FAST_RETRY,
     Item,
     Runner,
     TopicFactory,
+    committed,
     config,
     produce,
     with_dlq,
@@ -21,6 +22,7 @@ from test_consumer_integration import (
 
 from kresilient.cli import main as cli_main
 from kresilient.consumer import ResilientConsumer
+from kresilient.deadletter import dead_letter_headers
 from kresilient.deadletter_cli import main_inspect, main_replay
 from kresilient.testing import KafkaCluster
 
@@ -142,3 +144,67 @@ def test_7g_dlq_inspect_and_replay_bring_records_back(
         )
         == 2
     )
+
+
+def _dead_letters(bootstrap: str, dlq: str, source: str, values: list[bytes | None]) -> None:
+    """Write one dead letter per value (``None``: a record with no dead-letter headers)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i, value in enumerate(values):
+        if value is None:
+            producer.produce(dlq, value=b"stray-%d" % i, key=b"k%d" % i)
+            continue
+        headers = dead_letter_headers(
+            source,
+            0,
+            i,
+            None,
+            "g0",
+            ValueError("bad"),
+            None,
+            1,
+            original_headers=[("id", b"%d" % i)],
+        )
+        producer.produce(dlq, value=value, key=b"k%d" % i, headers=headers)
+    assert producer.flush(30) == 0
+
+
+@pytest.mark.integration
+def test_replay_with_group_and_limit_commits_only_what_it_replayed(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 11 defect 3: three runs of ``--limit 3`` over 10 dead letters replay 9."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    source, dlq = topic_factory(), topic_factory()
+    values = [b"v%d" % i for i in range(10)]
+    _dead_letters(bootstrap, dlq, source, list(values))
+    group = f"replay-{uuid.uuid4().hex[:10]}"
+    args = _Args(source=dlq, bootstrap_servers=bootstrap, group=group, limit=3)
+    for _ in range(3):
+        assert main_replay(args) == 0
+    capsys.readouterr()
+    assert [m.value() for m in read_back(bootstrap, source)] == values[:9]
+    assert committed(bootstrap, group, dlq, [0]) == {0: 9}
+    assert main_replay(args) == 0  # the tenth, then nothing is left
+    assert main_replay(args) == 0
+    assert [m.value() for m in read_back(bootstrap, source)] == values
+    assert committed(bootstrap, group, dlq, [0]) == {0: 10}
+
+
+@pytest.mark.integration
+def test_replay_with_group_stops_its_commit_at_a_record_without_original_topic(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record replay cannot send (no original topic, no ``--to``) holds the group there."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    source, dlq = topic_factory(), topic_factory()
+    _dead_letters(bootstrap, dlq, source, [b"a", b"b", None, b"d"])
+    group = f"replay-{uuid.uuid4().hex[:10]}"
+    assert main_replay(_Args(source=dlq, bootstrap_servers=bootstrap, group=group)) == 0
+    out = capsys.readouterr().out
+    assert "1 without an original topic" in out and "1 held back" in out
+    assert committed(bootstrap, group, dlq, [0]) == {0: 2}
+    assert (
+        main_replay(_Args(source=dlq, target=source, bootstrap_servers=bootstrap, group=group)) == 0
+    )
+    assert [m.value() for m in read_back(bootstrap, source)] == [b"a", b"b", b"stray-2", b"d"]
+    assert committed(bootstrap, group, dlq, [0]) == {0: 4}
