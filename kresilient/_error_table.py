@@ -46,7 +46,7 @@ _INTERNAL = "inter-broker/controller error, not expected by clients: report it t
 ROWS: tuple[Row, ...] = (
     # ---- librdkafka local errors (negative) ----
     Row(-199, "_BAD_MSG", "POISON", "CorruptRecordException",
-        "Message could not be parsed (corrupt or bad format): dead-letter it", persisted=True),
+        "Message could not be parsed (corrupt or bad format): dead-letter it"),
     Row(-198, "_BAD_COMPRESSION", "POISON", "CorruptRecordException",
         "Compressed data could not be decoded: dead-letter it; check compression.type support"),
     Row(-197, "_DESTROY", "TRANSIENT", "",
@@ -68,7 +68,8 @@ ROWS: tuple[Row, ...] = (
     Row(-191, "_PARTITION_EOF", "BENIGN", "",
         "Consumer reached the end of the partition (enable.partition.eof); nothing to do"),
     Row(-190, "_UNKNOWN_PARTITION", "CONFIG", "UnknownTopicOrPartitionException",
-        "Partition does not exist in the topic: check the partition number / partition count"),
+        "Partition does not exist in the topic: check the partition number / partition count; "
+        "a record sent to it can never be produced: dead-letter it", action="DEAD_LETTER"),
     Row(-189, "_FS", "CONFIG", "",
         "File or filesystem error (certificate, keytab or state file path): fix the path"),
     Row(-188, "_UNKNOWN_TOPIC", "CONFIG",
@@ -464,6 +465,13 @@ ROWS: tuple[Row, ...] = (
 #: topic.metadata.propagation.max.ms (30 s) has passed, or with _MSG_TIMED_OUT when
 #: message.timeout.ms is shorter than that.
 DELIVERY_ROWS: tuple[Row, ...] = (
+    # librdkafka reports _BAD_MSG to a producer when the produce RESPONSE could not be parsed
+    # (rd_kafka_handle_Produce_error: PERMANENT | MSG_POSSIBLY_PERSISTED): not the record's
+    # fault, and it may be written.
+    Row(-199, "_BAD_MSG", "UNKNOWN", "CorruptRecordException",
+        "The broker's produce response could not be parsed; the message may have been "
+        "written: re-send only with dedup; check client/broker versions",
+        persisted=True, action="FAIL"),
     Row(3, "UNKNOWN_TOPIC_OR_PART", "CONFIG", "UnknownTopicOrPartitionException",
         "The topic (or partition) does not exist: librdkafka waited "
         "topic.metadata.propagation.max.ms for it; create the topic (broker "

@@ -26,8 +26,8 @@ Example::
     ...
     kresilient.errors.UnsafeConfigError: acks=1 weakens a guarantee: ...
 
-:func:`redact` and :data:`SECRET_KEYS` are what every log line, ``repr`` and lint report uses
-to keep passwords and keys out of sight.
+:func:`redact` and :data:`SECRET_KEYS` keep passwords and keys out of sight; they delegate to
+:mod:`kresilient.redaction`, the one redaction mechanism (free text, exceptions, log lines).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import Any, Final, Literal
 import structlog
 
 from . import _catalog as catalog
+from . import redaction as _redaction
 from .errors import ConfigError, UnsafeConfigError
 
 __all__ = [
@@ -55,22 +56,11 @@ __all__ = [
 
 Role = Literal["producer", "consumer"]
 
-#: What a secret value is replaced with in logs, ``repr`` and error messages.
-REDACTED: Final = "[REDACTED]"
+#: What a secret value is replaced with (re-exported from :mod:`kresilient.redaction`).
+REDACTED: Final = _redaction.REDACTED
 
-# Keys that are secret but not librdkafka properties (Java clients, Schema Registry) so that
-# redact() also hides them when a user passes a mixed configuration around.
-_NON_LIBRDKAFKA_SECRETS: Final = (
-    "basic.auth.user.info",
-    "sasl.jaas.config",
-    "ssl.truststore.password",
-    "schema.registry.basic.auth.user.info",
-)
-
-#: Every configuration key whose value must never be printed.
-SECRET_KEYS: Final[frozenset[str]] = frozenset(
-    {p.name for p in catalog.all_properties() if p.is_secret} | set(_NON_LIBRDKAFKA_SECRETS)
-)
+#: Every configuration key whose value must never be printed (:mod:`kresilient.redaction`).
+SECRET_KEYS: Final[frozenset[str]] = _redaction.SECRET_KEYS
 
 #: Safe producer defaults, applied where the user set neither the key nor one of its aliases.
 #: ``retries`` is unlimited, bounded by ``message.timeout.ms`` (librdkafka retries leadership
@@ -113,17 +103,22 @@ _log = structlog.get_logger("kresilient.config")
 
 
 def is_secret(key: str) -> bool:
-    """True when the value under ``key`` must never be logged or shown."""
-    return key in SECRET_KEYS or catalog.is_secret_key(key)
+    """True when the value under ``key`` must never be logged or shown.
+
+    The same test as :func:`kresilient.redaction.is_secret_key` (the one definition).
+    """
+    return _redaction.is_secret_key(key)
 
 
 def redact(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``config`` with every secret value replaced by :data:`REDACTED`.
 
+    Delegates to :func:`kresilient.redaction.redact_config`.
+
     >>> redact({"sasl.username": "u", "sasl.password": "hunter2"})
     {'sasl.username': 'u', 'sasl.password': '[REDACTED]'}
     """
-    return {k: (REDACTED if is_secret(str(k)) else v) for k, v in config.items()}
+    return _redaction.redact_config(config)
 
 
 # --------------------------------------------------------------------------- parsed view

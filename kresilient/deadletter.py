@@ -49,7 +49,7 @@ from typing import Any, Final, Literal, TypeAlias
 
 from confluent_kafka import KafkaError, KafkaException
 
-from kresilient.errors import Classification, classify
+from kresilient.errors import Classification, classify, exception_type_name
 
 __all__ = [
     "ATTEMPTS",
@@ -164,13 +164,6 @@ _TIMESTAMP_TYPES: Final[Mapping[int, str]] = {
     1: "CreateTime",
     2: "LogAppendTime",
 }
-
-
-def exception_type_name(exc: BaseException | type[BaseException]) -> str:
-    """``module.QualName`` of an exception (builtins without a module: ``ValueError``)."""
-    cls = exc if isinstance(exc, type) else type(exc)
-    module = cls.__module__
-    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
 
 
 def _text(value: str, limit: int) -> bytes:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
@@ -52,8 +52,10 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.serialization import SerializationError
 
 from kresilient._error_table import CONSUME_ONLY, DELIVERY_ROWS, PRODUCE_ONLY, ROWS, Row
+from kresilient.redaction import REDACTED, is_secret_key, redact_text
 
 __all__ = [
+    "TOO_LARGE_CODES",
     "Action",
     "CircuitBreakerOpenError",
     "Classification",
@@ -73,6 +75,9 @@ __all__ = [
     "ProduceError",
     "UnsafeConfigError",
     "classify",
+    "exception_type_name",
+    "failure_from_report",
+    "is_unproducible",
     "translate",
 ]
 
@@ -143,7 +148,9 @@ _CATEGORY_DEFAULTS: Final[Mapping[ErrorCategory, _Defaults]] = {
     ErrorCategory.LEADERSHIP: _Defaults(True, True, False, False, Action.REFRESH_AND_RETRY),
     ErrorCategory.TRANSIENT: _Defaults(True, False, False, False, Action.BACKOFF_AND_RETRY),
     ErrorCategory.BACKPRESSURE: _Defaults(True, False, False, False, Action.BACKOFF_AND_RETRY),
-    ErrorCategory.DELIVERY_TIMEOUT: _Defaults(False, False, True, False, Action.DEAD_LETTER),
+    # A timed-out or purged message is the cluster's (or the caller's) doing, not the record's:
+    # it may even be written. It is surfaced (FAIL), never dead-lettered (is_unproducible).
+    ErrorCategory.DELIVERY_TIMEOUT: _Defaults(False, False, True, False, Action.FAIL),
     ErrorCategory.CONFIG: _Defaults(False, False, False, False, Action.FAIL),
     ErrorCategory.AUTH: _Defaults(False, False, False, False, Action.FAIL),
     ErrorCategory.FATAL_PRODUCER: _Defaults(False, False, False, True, Action.RECREATE_PRODUCER),
@@ -365,30 +372,55 @@ def classify(err: object, *, context: Context | None = None) -> Classification:
     return _UNKNOWN_EXCEPTION
 
 
-# --------------------------------------------------------------------------- exceptions
-
-_SECRET_HINTS: Final = ("password", "secret", "token", "jaas", "credential", "private", "key.pem")
-_INVALID_VALUE = re.compile(
-    r'Invalid value "(?P<v>[^"]*)" for configuration property "(?P<k>[^"]*)"'
+#: Kafka codes saying a record is too large to be produced (by the client's
+#: ``message.max.bytes``, the topic's ``max.message.bytes`` or the broker's segment size).
+TOO_LARGE_CODES: Final[frozenset[int]] = frozenset(
+    {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE}
 )
 
 
+def is_unproducible(failure: Classification | BaseException | KafkaError | int) -> bool:
+    """True when a record can never be produced as it is, whatever the retry: dead-letter it.
+
+    The one definition of "dead-letter-worthy" shared by the producer, the consumer and the
+    Spark sink: a value too large, an invalid or corrupt record, a bad timestamp, a partition
+    the topic lacks, a (de)serialization failure, or a handler failure the consumer classified
+    as poison. Anything retriable, possibly already written (``_MSG_TIMED_OUT``,
+    ``_PURGE_INFLIGHT``), purged (``_PURGE_QUEUE``), fatal, or caused by the cluster rather
+    than the record (``NOT_ENOUGH_REPLICAS``, leadership, a topic not created yet) is not:
+    such a record must be retried or its failure surfaced, never parked as a dead letter.
+
+    Equivalent to ``action is Action.DEAD_LETTER`` on a classification that is neither
+    retriable, possibly persisted nor fatal. A Kafka error, exception or code is classified
+    in delivery context first.
+
+    >>> is_unproducible(KafkaError.MSG_SIZE_TOO_LARGE), is_unproducible(KafkaError._MSG_TIMED_OUT)
+    (True, False)
+    """
+    c = failure if isinstance(failure, Classification) else classify(failure, context="delivery")
+    return (
+        c.action is Action.DEAD_LETTER
+        and not c.retriable
+        and not c.possibly_persisted
+        and not c.fatal
+    )
+
+
+def exception_type_name(exc: BaseException | type[BaseException]) -> str:
+    """``module.QualName`` of an exception (builtins without a module: ``ValueError``).
+
+    >>> import json
+    >>> exception_type_name(json.JSONDecodeError("x", "", 0))
+    'json.decoder.JSONDecodeError'
+    """
+    cls = exc if isinstance(exc, type) else type(exc)
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+# --------------------------------------------------------------------------- exceptions
+
 _PROPERTY = re.compile(r'(?:configuration )?property:? "(?P<k>[^"]+)"')
-
-
-def _looks_secret(key: str | None) -> bool:
-    return key is not None and any(h in key.lower() for h in _SECRET_HINTS)
-
-
-def _scrub(text: str) -> str:
-    """Remove a secret value that librdkafka may echo back in a config error."""
-
-    def repl(m: re.Match[str]) -> str:
-        if _looks_secret(m.group("k")):
-            return f'Invalid value "[REDACTED]" for configuration property "{m.group("k")}"'
-        return m.group(0)
-
-    return _INVALID_VALUE.sub(repl, text)
 
 
 def _rebuild(cls: type[KResilientError], message: str, state: dict[str, Any]) -> KResilientError:
@@ -402,6 +434,8 @@ class KResilientError(Exception):
     """Base of every kresilient exception."""
 
     def __init__(self, message: str = "", *, classification: Classification | None = None):
+        # Every exit of a message goes through redaction: librdkafka echoes config values.
+        message = redact_text(message)
         super().__init__(message)
         self.message = message
         self._classification = classification
@@ -430,7 +464,7 @@ class ConfigError(KResilientError):
         key: str | None = None,
         classification: Classification | None = None,
     ):
-        super().__init__(_scrub(message), classification=classification or _CONFIG)
+        super().__init__(message, classification=classification or _CONFIG)
         self.key = key
 
 
@@ -445,7 +479,7 @@ class UnsafeConfigError(ConfigError):
         self.value = value
 
     def __repr__(self) -> str:
-        shown = "[REDACTED]" if _looks_secret(self.key) else repr(self.value)
+        shown = REDACTED if self.key is not None and is_secret_key(self.key) else repr(self.value)
         return f"{type(self).__name__}({self.message!r}, key={self.key!r}, value={shown})"
 
 
@@ -532,21 +566,67 @@ class DeliveryFailure:
 
     @classmethod
     def from_report(cls, err: KafkaError, msg: Any, *, message_id: int = 0) -> DeliveryFailure:
-        """Build from a delivery report's ``(err, msg)`` pair."""
-        partition = msg.partition()
-        offset = msg.offset()
-        value = msg.value()
-        return cls(
-            topic=msg.topic(),
-            partition=partition if partition is not None and partition >= 0 else None,
-            offset=offset if offset is not None and offset >= 0 else None,
-            key=msg.key(),
-            value_size=len(value) if value is not None else 0,
-            headers=msg.headers(),
-            classification=classify(err, context="delivery"),
-            error=err,
-            message_id=message_id,
-        )
+        """Build from a delivery report's ``(err, msg)`` pair (see :func:`failure_from_report`)."""
+        return failure_from_report(err, msg, message_id=message_id)
+
+
+class _Unset(enum.Enum):
+    UNSET = enum.auto()
+
+
+_UNSET: Final = _Unset.UNSET
+
+
+def failure_from_report(
+    err: KafkaError,
+    msg: Any = None,
+    *,
+    topic: str | _Unset = _UNSET,
+    partition: int | _Unset | None = _UNSET,
+    offset: int | _Unset | None = _UNSET,
+    key: bytes | str | _Unset | None = _UNSET,
+    value: bytes | str | _Unset | None = _UNSET,
+    headers: HeadersLike | _Unset = _UNSET,
+    classification: Classification | None = None,
+    message_id: int = 0,
+) -> DeliveryFailure:
+    """The one builder of a :class:`DeliveryFailure` from a delivery report.
+
+    ``msg`` is the report's ``confluent_kafka.Message`` (or ``None``); each keyword given
+    replaces what the message says (delivery reports drop headers, so a caller that kept them
+    passes ``headers=``; a caller without a message passes the fields). A negative partition
+    or offset means "unknown" and becomes ``None``; a ``str`` key is UTF-8 encoded.
+    ``classification`` defaults to :func:`classify` of ``err`` in delivery context.
+    """
+    if topic is _UNSET:
+        topic = msg.topic() if msg is not None else ""
+    if partition is _UNSET:
+        partition = msg.partition() if msg is not None else None
+    if offset is _UNSET:
+        offset = msg.offset() if msg is not None else None
+    if key is _UNSET:
+        key = msg.key() if msg is not None else None
+    if value is _UNSET:
+        value = msg.value() if msg is not None else None
+    if headers is _UNSET:
+        headers = msg.headers() if msg is not None else None
+    if isinstance(value, str):
+        value_size = len(value.encode("utf-8", "replace"))
+    else:
+        value_size = len(value) if value is not None else 0
+    return DeliveryFailure(
+        topic=topic or "",
+        partition=partition if partition is not None and partition >= 0 else None,
+        offset=offset if offset is not None and offset >= 0 else None,
+        key=key.encode("utf-8", "replace") if isinstance(key, str) else key,
+        value_size=value_size,
+        headers=headers,
+        classification=(
+            classification if classification is not None else classify(err, context="delivery")
+        ),
+        error=err,
+        message_id=message_id,
+    )
 
 
 class DeliveryError(KResilientError):
@@ -608,8 +688,6 @@ _CODE_SIDE: Final[Mapping[int, Operation]] = {
     **{_CODE_OF_NAME[n]: "consume" for n in CONSUME_ONLY},
 }
 
-_TOO_LARGE: Final = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
-
 
 def _kafka_error_of(exc: BaseException) -> KafkaError | None:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
@@ -624,6 +702,7 @@ def translate(
     partition: int | None = None,
     operation: Operation | None = None,
     context: Context | None = None,
+    redactor: Callable[[str], str] | None = None,
 ) -> KResilientError:
     """Turn a lower-layer error into a kresilient exception (the one place this happens).
 
@@ -632,21 +711,24 @@ def translate(
     :class:`KafkaClientError`. ``context`` is passed to :func:`classify` (use
     ``"delivery"`` for a delivery report's error). Fatal errors become
     :class:`FatalProducerError` (producer side), size errors :class:`MessageTooLargeError`.
-    A kresilient exception is returned unchanged. Raise the result ``from exc``::
+    A kresilient exception is returned unchanged. The message is redacted: by pattern always,
+    and by value with ``redactor`` (a client's
+    :meth:`kresilient.redaction.Redactor.for_config`). Raise the result ``from exc``::
 
         except KafkaException as exc:
             raise translate(exc, topic=topic, operation="produce") from exc
     """
     if isinstance(exc, KResilientError):
         return exc
+    scrub = redactor if redactor is not None else redact_text
     classification = classify(exc, context=context)
     kerr = exc if isinstance(exc, KafkaError) else _kafka_error_of(exc)
     if kerr is not None:
-        message = _scrub(kerr.str() or "")
+        message = scrub(kerr.str() or "")
     elif isinstance(exc, BufferError):
         message = str(exc) or "Local: Queue full"
     else:
-        message = _scrub(str(exc)) or type(exc).__name__
+        message = scrub(str(exc)) or type(exc).__name__
 
     code = classification.code
     if operation == "configure":
@@ -665,7 +747,7 @@ def translate(
     cls: type[KafkaClientError]
     if classification.fatal and operation != "consume" and operation != "commit":
         cls = FatalProducerError
-    elif code in _TOO_LARGE and operation in (None, "produce"):
+    elif code in TOO_LARGE_CODES and operation in (None, "produce"):
         cls = MessageTooLargeError
     else:
         cls = _OPERATION_CLASS[operation]

@@ -505,3 +505,153 @@ def test_docs_table_is_generated_from_the_data_table() -> None:
     doc = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
     text = doc.read_text()
     assert errors._render_markdown() in text, "regenerate docs/errors.md (see its header)"
+
+
+# --------------------------------------------------------------------------- unproducible
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+        KafkaError.INVALID_TIMESTAMP,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._VALUE_SERIALIZATION,
+        KafkaError._KEY_SERIALIZATION,
+    ],
+)
+def test_records_that_can_never_be_produced_are_unproducible(code: int) -> None:
+    assert errors.is_unproducible(code)
+    assert errors.is_unproducible(classify(code, context="delivery"))
+    assert errors.is_unproducible(KafkaException(KafkaError(code)))
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        KafkaError._MSG_TIMED_OUT,  # may be written; the partition was unwritable, not the row
+        KafkaError._PURGE_QUEUE,
+        KafkaError._PURGE_INFLIGHT,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,  # in delivery context: topic not (yet) created
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._QUEUE_FULL,
+        KafkaError._BAD_MSG,  # in a delivery report: an unparsable RESPONSE, possibly written
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    ],
+)
+def test_retriable_or_possibly_written_failures_are_not_unproducible(code: int) -> None:
+    """Issue 11 defect 1: a timed-out row was dead-lettered (action DEAD_LETTER) and the
+    Spark task succeeded. Only the record's own fault makes a dead letter."""
+    assert not errors.is_unproducible(code)
+    c = classify(code, context="delivery")
+    assert c.action is not Action.DEAD_LETTER, c
+
+
+def test_dead_letter_action_means_unproducible_in_every_table() -> None:
+    """Whoever reads Action.DEAD_LETTER gets the same answer as is_unproducible()."""
+    for table in (errors._BY_CODE, *errors._BY_CONTEXT.values()):
+        for c in table.values():
+            assert (c.action is Action.DEAD_LETTER) == errors.is_unproducible(c), c.name
+    for variant in (errors._fatal_variant, errors._retriable_variant, errors._abort_variant):
+        assert not errors.is_unproducible(variant(classify(KafkaError.INVALID_RECORD)))
+
+
+def test_too_large_codes_are_public_and_unproducible() -> None:
+    assert {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+    } == errors.TOO_LARGE_CODES
+    assert all(errors.is_unproducible(code) for code in errors.TOO_LARGE_CODES)
+    exc = translate(KafkaError(KafkaError.RECORD_LIST_TOO_LARGE), operation="produce")
+    assert isinstance(exc, MessageTooLargeError)
+
+
+# --------------------------------------------------------------------------- failure_from_report
+
+
+class _Report:
+    """What a delivery report's Message exposes (pure logic: a fake is enough)."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.kw = kw
+
+    def topic(self) -> str:
+        return str(self.kw.get("topic", "orders"))
+
+    def partition(self) -> int:
+        return int(self.kw.get("partition", -1))
+
+    def offset(self) -> int:
+        return int(self.kw.get("offset", -1001))
+
+    def key(self) -> bytes | None:
+        return self.kw.get("key", b"k")  # type: ignore[no-any-return]
+
+    def value(self) -> bytes | None:
+        return self.kw.get("value", b"12345")  # type: ignore[no-any-return]
+
+    def headers(self) -> Any:
+        return self.kw.get("headers")
+
+
+def test_failure_from_report_reads_the_message() -> None:
+    err = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+    f = errors.failure_from_report(err, _Report(partition=2, offset=7), message_id=9)
+    assert (f.topic, f.partition, f.offset, f.key, f.value_size) == ("orders", 2, 7, b"k", 5)
+    assert f.message_id == 9 and f.error is err
+    # delivery context: a missing topic is CONFIG, not a leader move
+    assert f.classification.category is ErrorCategory.CONFIG
+    assert DeliveryFailure.from_report(err, _Report(partition=2, offset=7), message_id=9) == f
+
+
+def test_failure_from_report_unknown_partition_and_offset_become_none() -> None:
+    f = errors.failure_from_report(KafkaError(KafkaError._MSG_TIMED_OUT), _Report())
+    assert f.partition is None and f.offset is None
+
+
+def test_failure_from_report_keywords_replace_the_message() -> None:
+    """Reports drop headers: the producer passes the ones it kept; Spark passes fields."""
+    kept = [("traceparent", b"00-abc")]
+    f = errors.failure_from_report(KafkaError(KafkaError._MSG_TIMED_OUT), _Report(), headers=kept)
+    assert f.headers == kept
+    g = errors.failure_from_report(
+        KafkaError(KafkaError.MSG_SIZE_TOO_LARGE),
+        None,
+        topic="t",
+        partition=-1,
+        key="clé",
+        value="é",
+        headers=None,
+        message_id=3,
+    )
+    assert (g.topic, g.partition, g.offset, g.key, g.value_size) == (
+        "t",
+        None,
+        None,
+        "clé".encode(),
+        2,
+    )
+    custom = classify(KafkaError.INVALID_RECORD)
+    assert (
+        errors.failure_from_report(KafkaError(1), None, classification=custom).classification
+        is custom
+    )
+
+
+def test_exception_type_name_has_one_home() -> None:
+    import json
+
+    from kresilient import deadletter
+
+    assert errors.exception_type_name(ValueError()) == "ValueError"
+    assert errors.exception_type_name(json.JSONDecodeError) == "json.decoder.JSONDecodeError"
+    assert deadletter.exception_type_name is errors.exception_type_name
