@@ -17,7 +17,8 @@ Exception tree (one base; every class is keyword-constructible and carries
 
     KResilientError
     ├── ConfigError                  bad, unknown or conflicting configuration (.key)
-    │   └── UnsafeConfigError        the config weakens a guarantee; refused unless allowed
+    │   ├── UnsafeConfigError        the config weakens a guarantee; refused unless allowed
+    │   └── SchemaError              a DataFrame given to the Spark sink has a wrong column
     ├── KafkaClientError             a Kafka error (.code, .name, .topic, .partition)
     │   ├── ProduceError             one message could not be produced
     │   │   └── MessageTooLargeError value above a size limit (.size, .limit)
@@ -26,7 +27,11 @@ Exception tree (one base; every class is keyword-constructible and carries
     │   └── ConsumeError             consumer-side error surfaced by poll
     ├── DeliveryError                flush() found failed messages (.failures)
     ├── DeadLetterError              a dead-letter write failed or was not acknowledged
-    └── CircuitBreakerOpenError      too many dead letters within a window
+    ├── CircuitBreakerOpenError      too many dead letters within a window
+    ├── BatchItemError               raised by a batch handler: item .index failed (.cause)
+    ├── ReplayMismatchError          Spark exactly_once: a replayed micro-batch differs
+    └── ClusterError                 the local test cluster failed to start or to act
+        └── ChaosNotSupportedError   a chaos operation asked of an external cluster
 
 :func:`translate` is the one place lower-layer errors become kresilient exceptions.
 
@@ -57,8 +62,11 @@ from kresilient.redaction import REDACTED, is_secret_key, redact_text
 __all__ = [
     "TOO_LARGE_CODES",
     "Action",
+    "BatchItemError",
+    "ChaosNotSupportedError",
     "CircuitBreakerOpenError",
     "Classification",
+    "ClusterError",
     "CommitError",
     "ConfigError",
     "ConsumeError",
@@ -73,6 +81,8 @@ __all__ = [
     "MessageTooLargeError",
     "Operation",
     "ProduceError",
+    "ReplayMismatchError",
+    "SchemaError",
     "UnsafeConfigError",
     "classify",
     "exception_type_name",
@@ -668,6 +678,48 @@ class CircuitBreakerOpenError(KResilientError):
         super().__init__(message, classification=_CIRCUIT_OPEN)
         self.dead_letters = dead_letters
         self.window = window
+
+
+class BatchItemError(KResilientError):
+    """Raise from a batch handler: messages before ``index`` succeeded, ``index`` failed.
+
+    Example::
+
+        def handle_batch(messages):
+            for i, msg in enumerate(messages):
+                try:
+                    store(msg)
+                except Exception as exc:
+                    raise BatchItemError(index=i) from exc
+
+    Any other exception fails the whole batch (retried as one; dead-lettered message by
+    message once the retries are exhausted).
+    """
+
+    def __init__(self, message: str = "", *, index: int, cause: BaseException | None = None):
+        super().__init__(message or f"batch item {index} failed")
+        self.index = index
+        self.cause = cause
+
+    def failure(self) -> BaseException:
+        """The exception of the failed item (``cause``, else ``__cause__``, else self)."""
+        return self.cause or self.__cause__ or self
+
+
+class SchemaError(ConfigError):
+    """The DataFrame written to the sink has a column of the wrong type, or lacks ``value``."""
+
+
+class ReplayMismatchError(KResilientError):
+    """A replayed micro-batch differs from the committed one, or the marker is another query's."""
+
+
+class ClusterError(KResilientError):
+    """The local cluster failed to start, or an operation on it failed."""
+
+
+class ChaosNotSupportedError(ClusterError):
+    """A chaos operation was asked of an external cluster (``KRESILIENT_BOOTSTRAP_SERVERS``)."""
 
 
 # --------------------------------------------------------------------------- translate

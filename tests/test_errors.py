@@ -318,6 +318,11 @@ TREE: dict[type[BaseException], type[BaseException]] = {
     DeliveryError: KResilientError,
     DeadLetterError: KResilientError,
     CircuitBreakerOpenError: KResilientError,
+    errors.SchemaError: ConfigError,
+    errors.BatchItemError: KResilientError,
+    errors.ReplayMismatchError: KResilientError,
+    errors.ClusterError: KResilientError,
+    errors.ChaosNotSupportedError: errors.ClusterError,
 }
 
 
@@ -325,6 +330,30 @@ TREE: dict[type[BaseException], type[BaseException]] = {
 def test_exception_tree(cls: type[BaseException], parent: type[BaseException]) -> None:
     assert cls.__bases__ == (parent,)
     assert cls.__name__ in (errors.__doc__ or ""), "the module docstring draws every class"
+
+
+def test_every_exception_class_of_the_package_is_in_errors() -> None:
+    """Issue 12: no exception class outside the tree's module (names exported by errors)."""
+    import inspect
+
+    drawn = {
+        name
+        for name, obj in vars(errors).items()
+        if inspect.isclass(obj) and issubclass(obj, KResilientError)
+    }
+    assert set(TREE) | {KResilientError} == {getattr(errors, n) for n in drawn}
+    assert drawn <= set(errors.__all__)
+
+
+def test_batch_item_error_keeps_its_behaviour() -> None:
+    cause = ValueError("bad")
+    e = errors.BatchItemError(index=2, cause=cause)
+    assert str(e) == "batch item 2 failed" and e.index == 2 and e.failure() is cause
+    try:
+        raise errors.BatchItemError(index=0) from KeyError("k")
+    except errors.BatchItemError as caught:
+        assert isinstance(caught.failure(), KeyError)
+    assert isinstance(errors.BatchItemError(index=1).failure(), errors.BatchItemError)
 
 
 def test_one_base() -> None:
@@ -357,6 +386,11 @@ def test_exceptions_survive_pickling() -> None:
         UnsafeConfigError("unsafe", key="acks", value="0"),
         CircuitBreakerOpenError(dead_letters=5, window=60.0),
         DeadLetterError("dlq down", topic="t.dlq"),
+        errors.BatchItemError(index=3, cause=ValueError("bad item")),
+        errors.SchemaError("column 'value' has type int", key="value"),
+        errors.ReplayMismatchError("batch 7 differs"),
+        errors.ClusterError("broker 2 did not start"),
+        errors.ChaosNotSupportedError("external cluster"),
     ]
     for e in samples:
         back = pickle.loads(pickle.dumps(e))
