@@ -5,65 +5,368 @@ Subcommands are contributed by the modules that own them, each through a
 
 - ``kresilient lint`` / ``kresilient audit`` (:mod:`kresilient.lint.cli`)
 - ``kresilient dlq inspect`` / ``kresilient dlq replay`` (:mod:`kresilient.deadletter_cli`)
-- ``kresilient cluster`` (this module): run a local 3-node Kafka cluster until Ctrl-C.
+- ``kresilient topic create`` (this module, over :mod:`kresilient.admin`)
+- ``kresilient cluster`` (this module): run a local Kafka cluster until Ctrl-C or SIGTERM.
 - ``kresilient demo`` (this module): the README's demo on the local cluster.
 
-Exit codes: 0 success, 1 findings or a failed check, 2 usage or input error.
+Conventions: results on stdout (one line per result, for scripts), logs and progress on
+stderr. Exit codes: 0 success, 1 findings or a failed operation, 2 usage or input error or
+an unreachable cluster.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
+import logging
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import structlog
+from confluent_kafka import KafkaError
 
 from kresilient import __version__
+from kresilient.errors import ConfigError, KafkaClientError
 
 _CONTRIBUTORS = ("kresilient.lint.cli", "kresilient.deadletter_cli")
+_BOOTSTRAP_ENV = "KRESILIENT_BOOTSTRAP_SERVERS"
+_EXIT_CODES = (
+    "Exit codes: 0 success, 1 findings or a failed operation, 2 usage or input error or an "
+    "unreachable cluster."
+)
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+class _Terminated(Exception):
+    """SIGTERM or SIGHUP arrived: leave like Ctrl-C, so the cluster is removed."""
+
+
+@contextmanager
+def _terminate_like_ctrl_c() -> Iterator[None]:
+    # The default SIGTERM action kills the process without running `with`/atexit cleanup,
+    # which left the data directories (about 1 GB) behind. Raising lets close() run.
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        raise _Terminated(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
+    previous.update({sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)})
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextmanager
+def _ticker(what: str, every: float = 5.0) -> Iterator[None]:
+    """Print "<what> (Ns)" on stderr every few seconds until the block ends."""
+    done = threading.Event()
+    began = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every):
+            _err(f"  {what} ({time.monotonic() - began:.0f}s)")
+
+    thread = threading.Thread(target=tick, name="kresilient-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _ignore_stop_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    from kresilient.testing import KafkaCluster
+
+    kwargs: dict[str, Any] = {"nodes": args.nodes}
+    if args.port is not None:
+        accepted = inspect.signature(KafkaCluster).parameters
+        if "port" not in accepted:
+            raise ConfigError(
+                "--port needs a KafkaCluster with fixed-port support; this build has none",
+                key="port",
+            )
+        kwargs["port"] = args.port
+    return kwargs
 
 
 def _cmd_cluster(args: argparse.Namespace) -> int:
     from kresilient.testing import KafkaCluster
 
-    with KafkaCluster(nodes=args.nodes) as cluster:
-        print(f"bootstrap.servers={cluster.bootstrap_servers}", flush=True)
-        print(f"ready in {cluster.start_seconds:.1f}s; pids {cluster.pids()}", flush=True)
-        print("Ctrl-C stops the cluster and removes its data.", flush=True)
+    if args.nodes < 1:
+        _err(f"kresilient cluster: --nodes must be at least 1, got {args.nodes}")
+        return 2
+    if args.port is not None and not 1 <= args.port <= 65535 - 2 * args.nodes:
+        _err(f"kresilient cluster: --port {args.port} is not a usable port number")
+        return 2
+    try:
+        cluster = KafkaCluster(**_cluster_kwargs(args))
+    except (ConfigError, ValueError) as exc:
+        _err(f"kresilient cluster: {exc}")
+        return 2
+    where = f"port {args.port}" if args.port is not None else "free ports"
+    _err(
+        f"Starting {args.nodes} Kafka node(s) on 127.0.0.1, {where} (usually 15-40 s; "
+        "the first run also downloads the broker jars through Maven) ..."
+    )
+    with _terminate_like_ctrl_c():
         try:
+            with _ticker("still starting"):
+                cluster.start_cluster()
+            # The result, for people and scripts: the one line on stdout.
+            print(f"bootstrap.servers={cluster.bootstrap_servers}", flush=True)
+            _err(
+                f"Ready in {cluster.start_seconds or 0:.1f}s; node pids {cluster.pids()}. "
+                "Ctrl-C or SIGTERM stops the cluster and removes its data."
+            )
             while True:
                 time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+        except (KeyboardInterrupt, _Terminated):
+            _err("Stopping the cluster and removing its data ...")
+        except Exception as exc:
+            _err(f"kresilient cluster: {exc}")
+            return 1
+        finally:
+            _ignore_stop_signals()  # a second Ctrl-C must not cut the clean-up short
+            cluster.close()
     return 0
+
+
+# --------------------------------------------------------------------------- demo
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from kresilient.testing import _demo
 
-    return _demo.main(messages=args.messages)
+    if args.messages < 1:
+        _err(f"kresilient demo: --messages must be at least 1, got {args.messages}")
+        return 2
+    with _terminate_like_ctrl_c():
+        try:
+            return _demo.main(messages=args.messages)
+        except (KeyboardInterrupt, _Terminated):
+            _err("demo interrupted; the cluster was stopped")
+            return 1
+
+
+# --------------------------------------------------------------------------- topic
+
+
+def _cmd_topic_create(args: argparse.Namespace) -> int:
+    from kresilient.admin import create_topic, parse_config_items
+
+    if not args.bootstrap_servers:
+        _err(f"kresilient topic create: pass --bootstrap-servers HOSTS or set ${_BOOTSTRAP_ENV}")
+        return 2
+    try:
+        client = parse_config_items(args.property or ())
+        results = create_topic(
+            args.bootstrap_servers,
+            args.name,
+            partitions=args.partitions,
+            replication_factor=args.replication_factor,
+            config=parse_config_items(args.config or ()),
+            dead_letter=args.dlq,
+            if_not_exists=args.if_not_exists,
+            timeout=args.timeout,
+            client_config=client,
+        )
+    except ConfigError as exc:
+        _err(f"kresilient topic create: {exc.message}")
+        return 2
+    except KafkaClientError as exc:
+        _err(f"kresilient topic create: {exc.message}")
+        # Nothing answered: like a wrong --bootstrap-servers, an input error.
+        return 2 if exc.code in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT) else 1
+    for result in results:
+        settings = "".join(f", {k}={v}" for k, v in sorted(result.config.items()))
+        verb = "exists (unchanged)" if result.existed else "created"
+        print(
+            f"{verb} {result.name}: {result.partitions} partition(s), replication factor "
+            f"{result.replication_factor}{settings}",
+            flush=True,
+        )
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
+
+
+def _add_cluster(sub: Any) -> None:
+    cluster = sub.add_parser(
+        "cluster",
+        help="Run a local Apache Kafka (KRaft) cluster on 127.0.0.1 until stopped.",
+        description=(
+            "Run a local Apache Kafka (KRaft) cluster on 127.0.0.1 for development and demos. "
+            "Prints bootstrap.servers=HOSTS on stdout once the cluster accepts writes; "
+            "progress goes to stderr. Ctrl-C or SIGTERM stops every node and removes the "
+            "data directories. Needs Java 17+ and Maven on PATH."
+        ),
+    )
+    cluster.add_argument(
+        "--nodes",
+        type=int,
+        default=3,
+        help="Number of nodes, each a broker and a controller (default: 3).",
+    )
+    cluster.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=(
+            "Client port of the first node; node N listens on PORT+N-1 and the controllers "
+            "on the ports after those. Without it, free ports are picked at random."
+        ),
+    )
+    cluster.set_defaults(func=_cmd_cluster)
+
+
+def _add_demo(sub: Any) -> None:
+    demo = sub.add_parser(
+        "demo",
+        help="Produce through a leader crash on a local cluster and prove nothing was lost.",
+        description=(
+            "Start a local 3-node Kafka cluster, produce numbered messages with "
+            "ResilientProducer, kill the partition leader a third of the way in, restart "
+            "it, then read everything back and report missing and duplicated messages. "
+            "Exits 0 when every acknowledged message was read exactly once."
+        ),
+    )
+    demo.add_argument(
+        "--messages",
+        type=int,
+        default=200_000,
+        help="How many messages to produce (default: 200000).",
+    )
+    demo.set_defaults(func=_cmd_demo)
+
+
+def _add_topic(sub: Any) -> None:
+    topic = sub.add_parser(
+        "topic",
+        help="Create topics, with their dead-letter topic if asked.",
+        description="Topic administration on any Kafka cluster.",
+    )
+    topic.set_defaults(func=lambda _args: _usage(topic))
+    actions = topic.add_subparsers(dest="topic_command", metavar="ACTION")
+    create = actions.add_parser(
+        "create",
+        help="Create a topic and wait until every partition has a leader.",
+        description=(
+            "Create a topic and wait until every partition has a leader. "
+            "min.insync.replicas defaults to 2 (1 when the replication factor is 1). "
+            "Prints one line per topic created on stdout."
+        ),
+        epilog=_EXIT_CODES,
+    )
+    create.add_argument("name", metavar="NAME", help="Name of the topic to create.")
+    create.add_argument(
+        "--partitions", type=int, default=1, help="Number of partitions (default: 1)."
+    )
+    create.add_argument(
+        "--replication-factor",
+        type=int,
+        default=3,
+        help="Copies of each partition, at most the number of brokers (default: 3).",
+    )
+    create.add_argument(
+        "--dlq",
+        action="store_true",
+        help=(
+            "Also create NAME.dlq, the dead-letter topic, with the same partitions, "
+            "replication factor and min.insync.replicas, cleanup.policy=delete, and a "
+            "max.message.bytes large enough for any dead letter."
+        ),
+    )
+    create.add_argument(
+        "--config",
+        action="append",
+        metavar="KEY=VALUE",
+        help="A topic setting such as retention.ms=604800000; repeat for more.",
+    )
+    create.add_argument(
+        "--if-not-exists",
+        action="store_true",
+        help="Succeed without changes when a topic exists already.",
+    )
+    create.add_argument(
+        "--bootstrap-servers",
+        "-b",
+        default=os.environ.get(_BOOTSTRAP_ENV),
+        metavar="HOSTS",
+        help=f"Comma-separated host:port list of the cluster (default: ${_BOOTSTRAP_ENV}).",
+    )
+    create.add_argument(
+        "-X",
+        dest="property",
+        action="append",
+        metavar="KEY=VALUE",
+        help="A client property such as security.protocol=SSL; repeat for more.",
+    )
+    create.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=10.0,
+        metavar="SECONDS",
+        help="Give up after this many seconds, including reaching the cluster (default: 10).",
+    )
+    create.set_defaults(func=_cmd_topic_create)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, with every contributed subcommand."""
     parser = argparse.ArgumentParser(
         prog="kresilient",
-        description="Kafka clients that are hard to misuse: lint, audit, dead letters, demo.",
+        description=(
+            "Kafka clients that are hard to misuse: a local cluster, topic creation, "
+            "config lint, cluster audit, dead-letter inspection and replay, and a demo."
+        ),
+        epilog=_EXIT_CODES + " Results go to stdout, logs and progress to stderr.",
     )
     parser.add_argument("--version", action="version", version=f"kresilient {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    cluster = sub.add_parser("cluster", help="run a local 3-node KRaft Kafka cluster")
-    cluster.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
-    cluster.set_defaults(func=_cmd_cluster)
-
-    demo = sub.add_parser(
-        "demo", help="produce through a leader kill on a local cluster and report"
-    )
-    demo.add_argument("--messages", type=int, default=200_000, help="messages to produce")
-    demo.set_defaults(func=_cmd_demo)
-
+    _add_cluster(sub)
+    _add_demo(sub)
+    _add_topic(sub)
     for name in _CONTRIBUTORS:
         try:
             module = importlib.import_module(name)
@@ -73,6 +376,31 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module.register(sub)
     return parser
+
+
+@contextmanager
+def _logs_to_stderr() -> Iterator[None]:
+    # The CLI is an application, so it may configure structlog (a library must not): its
+    # logs go to stderr at INFO and up, keeping stdout for results. The previous
+    # configuration is restored for callers that run main() inside their own process.
+    was_configured = structlog.is_configured()
+    saved = structlog.get_config()
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S"),
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    try:
+        yield
+    finally:
+        structlog.reset_defaults()
+        if was_configured:
+            structlog.configure(**saved)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -86,7 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         parser.print_help(sys.stderr)
         return 2
-    result = func(args)
+    with _logs_to_stderr():
+        result = func(args)
     return int(result or 0)
 
 

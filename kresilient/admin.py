@@ -1,0 +1,395 @@
+"""Topic administration from Python and from ``kresilient topic create``.
+
+Auto-creation is off on a well-run cluster (and on :class:`kresilient.testing.KafkaCluster`),
+so a service needs its topics, and its dead-letter topic, created first::
+
+    from kresilient.admin import create_topic
+
+    create_topic("127.0.0.1:9092", "orders", partitions=3, replication_factor=3,
+                 dead_letter=True)          # also "orders.dlq", able to hold any dead letter
+
+:func:`create_topic` works against any cluster (pass security settings in ``client_config``).
+It gives up within ``timeout`` seconds. When no broker answers it raises
+:class:`~kresilient.errors.KafkaClientError` with one line naming each host and the reason
+(connection refused, name not resolved, timed out, TLS or authentication failure) instead
+of letting librdkafka print a line per reconnect.
+
+Safe defaults: ``min.insync.replicas`` is ``min(2, replication_factor)`` unless given, so
+``acks=all`` means "on two replicas" on a 3-node cluster. The dead-letter topic (``NAME.dlq``,
+the default of :class:`~kresilient.DeadLetterPolicy`) gets the settings a byte-for-byte dead
+letter needs; see :func:`dead_letter_topic_config`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+from kresilient.errors import ConfigError, KafkaClientError
+
+__all__ = [
+    "DEAD_LETTER_HEADER_ALLOWANCE",
+    "DEAD_LETTER_MIN_MAX_BYTES",
+    "DEAD_LETTER_SUFFIX",
+    "TopicResult",
+    "create_topic",
+    "dead_letter_topic_config",
+    "describe_unreachable",
+    "parse_config_items",
+]
+
+DEAD_LETTER_SUFFIX: Final = ".dlq"
+"""Suffix of the dead-letter topic, as in :class:`~kresilient.DeadLetterPolicy`'s default."""
+
+DEAD_LETTER_MIN_MAX_BYTES: Final = 16 * 1024 * 1024
+"""Smallest ``max.message.bytes`` of a dead-letter topic: the producer dead-letters values up
+to its ``dead_letter_max_bytes`` (16 MiB by default) that no ordinary topic accepts."""
+
+DEAD_LETTER_HEADER_ALLOWANCE: Final = 64 * 1024
+"""Room for the ``kresilient.*`` (and optional Spring / Kafka Streams) error headers that a
+dead letter carries on top of the original record."""
+
+_BROKER_DEFAULT_MAX_BYTES: Final = 1048588  # Kafka's message.max.bytes default
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+# librdkafka's connection errors look like
+# "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after 0ms ...)"
+_ERROR_HOST = re.compile(r"^(?:[A-Za-z]+://)?(?P<host>[^/\s]+)/[^:]+: (?P<text>.*)$")
+_REASONS: Final = (
+    ("Connection refused", "connection refused: nothing listens on that port"),
+    ("Failed to resolve", "DNS cannot resolve the name"),
+    ("Name or service not known", "DNS cannot resolve the name"),
+    ("timed out", "connection timed out: a firewall, a wrong port or a down host"),
+    ("SSL", "TLS handshake failed: check security.protocol and the CA"),
+    ("SASL", "authentication failed: check sasl.* settings"),
+    ("Disconnected", "the broker closed the connection: check security.protocol"),
+    ("No route to host", "no route to host"),
+    ("Network is unreachable", "network unreachable"),
+)
+
+# librdkafka would otherwise print every failed reconnect to stderr; the one line that
+# matters is built from error_cb instead.
+_QUIET = logging.getLogger("kresilient.admin.librdkafka")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopicResult:
+    """What :func:`create_topic` did for one topic."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, str] = field(default_factory=dict)
+    existed: bool = False
+    """True when the topic was already there (``if_not_exists=True``); nothing was changed."""
+
+
+def parse_config_items(items: Iterable[str]) -> dict[str, str]:
+    """``["k=v", ...]`` (as given to ``--config``) to a dict; a malformed item is a ConfigError."""
+    config: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--config expects key=value, got {item!r}", key=key or None)
+        config[key] = value.strip()
+    return config
+
+
+def describe_unreachable(servers: str, errors: Iterable[str]) -> str:
+    """One line naming each bootstrap host and why it could not be reached.
+
+    ``errors`` are librdkafka error strings as ``error_cb`` receives them; a host without an
+    error of its own is reported as "no answer".
+    """
+    reasons: dict[str, str] = {}
+    for text in errors:
+        match = _ERROR_HOST.match(text)
+        if match is None:
+            continue
+        host = match.group("host")
+        for needle, reason in _REASONS:
+            if needle in match.group("text"):
+                reasons[host] = reason
+                break
+    hosts = [h.strip() for h in servers.split(",") if h.strip()]
+    parts = [f"{host} ({reasons.get(host, 'no answer')})" for host in hosts]
+    return (
+        f"cannot reach Kafka at {', '.join(parts)}; "
+        "check --bootstrap-servers and that the brokers are running"
+    )
+
+
+def dead_letter_topic_config(
+    source_config: Mapping[str, str],
+    *,
+    replication_factor: int,
+    broker_max_message_bytes: int = _BROKER_DEFAULT_MAX_BYTES,
+) -> dict[str, str]:
+    """Topic settings for the dead-letter topic of a topic with ``source_config``.
+
+    - ``max.message.bytes``: at least the source's limit (or the broker default) and at least
+      :data:`DEAD_LETTER_MIN_MAX_BYTES`, plus :data:`DEAD_LETTER_HEADER_ALLOWANCE` for the
+      error headers, so any record of the source, byte for byte, fits.
+    - ``min.insync.replicas``: the source's (else ``min(2, replication_factor)``): a dead
+      letter is the only copy of a record the application gave up on.
+    - ``cleanup.policy=delete``: compaction would drop dead letters that share a key.
+    - ``retention.ms``: at least the source's, when the source sets one.
+    """
+    source_limit = int(source_config.get("max.message.bytes", broker_max_message_bytes))
+    limit = max(source_limit, DEAD_LETTER_MIN_MAX_BYTES) + DEAD_LETTER_HEADER_ALLOWANCE
+    config = {
+        "max.message.bytes": str(limit),
+        "min.insync.replicas": str(
+            source_config.get("min.insync.replicas", min(2, replication_factor))
+        ),
+        "cleanup.policy": "delete",
+    }
+    retention = source_config.get("retention.ms")
+    if retention is not None and int(retention) >= 0:
+        config["retention.ms"] = str(retention)
+    return config
+
+
+class _Admin:
+    """An AdminClient that collects connection errors instead of printing them."""
+
+    def __init__(self, bootstrap_servers: str, client_config: Mapping[str, Any] | None):
+        self.servers = bootstrap_servers
+        self.errors: list[str] = []
+        conf: dict[str, Any] = dict(client_config or {})
+        conf.update(
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "logger": _QUIET,
+                "error_cb": self._on_error,
+                "socket.connection.setup.timeout.ms": 5000,
+                "reconnect.backoff.max.ms": 1000,
+            }
+        )
+        self.client = AdminClient(conf)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if len(self.errors) < 1000:
+            self.errors.append(err.str())
+
+    def metadata(self, deadline: float, topic: str | None = None) -> Any:
+        try:
+            return self.client.list_topics(topic=topic, timeout=max(0.1, _left(deadline)))
+        except KafkaException as exc:
+            self.client.poll(0)  # serves error_cb: the per-host reasons
+            err: KafkaError = exc.args[0]
+            if err.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT):
+                raise KafkaClientError(
+                    describe_unreachable(self.servers, self.errors),
+                    code=err.code(),
+                    name=err.name(),
+                ) from None
+            raise KafkaClientError(err.str(), code=err.code(), name=err.name()) from None
+
+
+def _left(deadline: float) -> float:
+    return deadline - time.monotonic()
+
+
+def _check_input(
+    name: str, partitions: int, replication_factor: int, config: Mapping[str, str]
+) -> None:
+    if not _TOPIC_NAME.match(name) or name in (".", ".."):
+        raise ConfigError(
+            f"invalid topic name {name!r}: use 1-249 of the characters A-Z a-z 0-9 . _ -"
+        )
+    if partitions < 1:
+        raise ConfigError(f"partitions must be at least 1, got {partitions}")
+    if replication_factor < 1:
+        raise ConfigError(f"replication factor must be at least 1, got {replication_factor}")
+    min_isr = config.get("min.insync.replicas")
+    if min_isr is not None and (not min_isr.isdigit() or int(min_isr) > replication_factor):
+        raise ConfigError(
+            f"min.insync.replicas={min_isr} must be a number no larger than the replication "
+            f"factor {replication_factor}: acks=all writes would all fail",
+            key="min.insync.replicas",
+        )
+
+
+def _broker_max_bytes(admin: _Admin, broker_id: int, deadline: float) -> int:
+    resource = ConfigResource(ResourceType.BROKER, str(broker_id))
+    try:
+        futures = admin.client.describe_configs([resource], request_timeout=_left(deadline))
+        entries = futures[resource].result(timeout=max(0.1, _left(deadline)))
+        return int(entries["message.max.bytes"].value)
+    except (KafkaException, KeyError, ValueError, TypeError):
+        # Not allowed to describe the broker (ACLs): assume Kafka's default.
+        return _BROKER_DEFAULT_MAX_BYTES
+
+
+def _wait_for_leaders(admin: _Admin, name: str, partitions: int, deadline: float) -> None:
+    # Creation returns before every broker knows the topic; a producer started right after
+    # would otherwise see UNKNOWN_TOPIC_OR_PART for a moment.
+    while True:
+        md = admin.metadata(deadline, topic=name)
+        topic = md.topics.get(name)
+        if (
+            topic is not None
+            and topic.error is None
+            and len(topic.partitions) >= partitions
+            and all(p.leader >= 0 for p in topic.partitions.values())
+        ):
+            return
+        if _left(deadline) <= 0:
+            raise KafkaClientError(
+                f"topic {name!r} was created but not every partition has a leader yet",
+                code=KafkaError._TIMED_OUT,
+                topic=name,
+            )
+        time.sleep(0.1)
+
+
+def create_topic(
+    bootstrap_servers: str,
+    name: str,
+    *,
+    partitions: int = 1,
+    replication_factor: int = 3,
+    config: Mapping[str, str | int | bool] | None = None,
+    dead_letter: bool = False,
+    if_not_exists: bool = False,
+    timeout: float = 10.0,
+    client_config: Mapping[str, Any] | None = None,
+) -> list[TopicResult]:
+    """Create ``name`` (and with ``dead_letter=True`` also ``name + ".dlq"``) and wait until
+    every partition has a leader.
+
+    Args:
+        bootstrap_servers: ``host:port[,host:port...]`` of the cluster.
+        name: the topic.
+        partitions: partition count (the dead-letter topic gets the same, so keys keep
+            their order there too).
+        replication_factor: copies of each partition; at most the number of brokers.
+        config: topic settings (``retention.ms``, ``max.message.bytes``, ...);
+            ``min.insync.replicas`` defaults to ``min(2, replication_factor)``.
+        dead_letter: also create the dead-letter topic with :func:`dead_letter_topic_config`.
+        if_not_exists: a topic that exists already is left as it is and reported with
+            ``existed=True`` instead of raising.
+        timeout: seconds for the whole operation, including reaching the cluster.
+        client_config: extra client properties (security settings) for the admin client.
+
+    Returns:
+        One :class:`TopicResult` per topic, the source first.
+
+    Raises:
+        ConfigError: bad input (name, counts, settings), before anything is sent.
+        KafkaClientError: the cluster cannot be reached (one line naming each host and the
+            reason), refused the request (the broker's reason, e.g. ``TOPIC_ALREADY_EXISTS``
+            or a replication factor above the broker count), or did not answer in time.
+    """
+    deadline = time.monotonic() + timeout
+    source = {k: _setting(v) for k, v in (config or {}).items()}
+    source.setdefault("min.insync.replicas", str(min(2, replication_factor)))
+    _check_input(name, partitions, replication_factor, source)
+    dlq_name = name + DEAD_LETTER_SUFFIX
+    if dead_letter:
+        _check_input(dlq_name, partitions, replication_factor, {})
+
+    admin = _Admin(bootstrap_servers, client_config)
+    md = admin.metadata(deadline)
+    brokers = len(md.brokers)
+    if replication_factor > brokers:
+        raise ConfigError(
+            f"replication factor {replication_factor} needs {replication_factor} brokers; "
+            f"the cluster at {bootstrap_servers} has {brokers}"
+        )
+    wanted: list[tuple[str, dict[str, str]]] = [(name, source)]
+    if dead_letter:
+        limit = _broker_max_bytes(admin, min(md.brokers), deadline)
+        dlq = dead_letter_topic_config(
+            source, replication_factor=replication_factor, broker_max_message_bytes=limit
+        )
+        wanted.append((dlq_name, dlq))
+
+    results: list[TopicResult] = []
+    for topic, settings in wanted:
+        existed = topic in md.topics
+        if existed and not if_not_exists:
+            raise KafkaClientError(
+                f"topic {topic!r} already exists (pass --if-not-exists to accept that)",
+                code=KafkaError.TOPIC_ALREADY_EXISTS,
+                topic=topic,
+            )
+        if existed:
+            # Report what is there, not what was asked for: it was left unchanged.
+            current = md.topics[topic].partitions
+            replicas = len(current[min(current)].replicas) if current else 0
+            results.append(
+                TopicResult(
+                    name=topic, partitions=len(current), replication_factor=replicas, existed=True
+                )
+            )
+            continue
+        _create(admin, topic, partitions, replication_factor, settings, deadline)
+        results.append(
+            TopicResult(
+                name=topic,
+                partitions=partitions,
+                replication_factor=replication_factor,
+                config=settings,
+            )
+        )
+    for result in results:
+        if not result.existed:
+            _wait_for_leaders(admin, result.name, partitions, deadline)
+    return results
+
+
+def _create(
+    admin: _Admin,
+    topic: str,
+    partitions: int,
+    replication_factor: int,
+    settings: Mapping[str, str],
+    deadline: float,
+) -> None:
+    new = NewTopic(
+        topic,
+        num_partitions=partitions,
+        replication_factor=replication_factor,
+        config=dict(settings),
+    )
+    left = max(0.1, _left(deadline))
+    futures = admin.client.create_topics([new], operation_timeout=left, request_timeout=left)
+    try:
+        futures[topic].result(timeout=left + 1)
+    except KafkaException as exc:
+        err: KafkaError = exc.args[0]
+        raise KafkaClientError(
+            f"creating topic {topic!r} failed: {err.str()}",
+            code=err.code(),
+            name=err.name(),
+            topic=topic,
+        ) from None
+    except TimeoutError:
+        raise KafkaClientError(
+            f"creating topic {topic!r}: no answer from {admin.servers} in time",
+            code=KafkaError._TIMED_OUT,
+            topic=topic,
+        ) from None
+
+
+def _setting(value: str | int | bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
