@@ -84,8 +84,8 @@ def test_full_queue_waits_then_raises_backpressure_and_drops_nothing(make: Any) 
         producer.produce("t", b"fourth")
     assert info.value.classification.category is ErrorCategory.BACKPRESSURE
     assert info.value.name == "_QUEUE_FULL"
-    assert producer.health().backpressure_waits == 1
     assert len(producer) == 3
+    assert producer.health().backpressure_waits == 1
     with pytest.raises(DeliveryError) as closed:
         producer.close(timeout=0)
     ids = sorted(f.message_id for f in closed.value.failures)
@@ -107,7 +107,10 @@ def test_flush_with_messages_left_raises_instead_of_reporting_success(make: Any)
         handle.result(timeout=0.1)
 
 
-def test_message_timeout_is_reported_per_message_at_flush(make: Any) -> None:
+def test_message_timeout_is_reported_per_message_at_flush_and_not_possibly_persisted(
+    make: Any,
+) -> None:
+    # No broker ever answered: the messages were never assigned a partition, so never sent.
     producer = make({"message.timeout.ms": 1000, "linger.ms": 0})
     seen: list[Any] = []
     handles = [
@@ -126,7 +129,8 @@ def test_message_timeout_is_reported_per_message_at_flush(make: Any) -> None:
     assert [f.message_id for f in failures] == [h.message_id for h in handles]
     for f in failures:
         assert f.classification.category is ErrorCategory.DELIVERY_TIMEOUT
-        assert f.classification.possibly_persisted
+        assert not f.classification.possibly_persisted
+        assert "never left the client" in f.classification.remedy
         assert f.topic == "t" and f.key == b"k" and f.value_size == 2
         assert f.headers == [("h", b"1")]
     assert len(seen) == 5 and all(e is not None for e in seen)
@@ -189,14 +193,14 @@ def test_handle_is_the_delivery_callback_and_reports_pending(make: Any) -> None:
     assert "pending" in repr(handle)
 
 
-def test_health_before_any_statistics(make: Any) -> None:
+def test_health_before_any_statistics_asks_the_cluster_and_sees_no_broker(make: Any) -> None:
     producer = make()
     producer.produce("t", b"x")
     health = producer.health()
     assert health.produced == 1
     assert health.in_flight >= 1  # outq_len: messages plus callbacks not served yet
-    assert health.brokers_up is None
-    assert health.as_dict()["healthy"] is True
+    assert health.brokers_up == 0  # not None: nothing answered the metadata request
+    assert health.as_dict()["healthy"] is False
 
 
 SECRETS = {

@@ -30,19 +30,26 @@ Example::
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import dataclasses
+import functools
 import itertools
 import json
+import signal
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Final
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Producer
+from opentelemetry.propagators.composite import CompositePropagator
 
-from kresilient.config import SECRET_KEYS, producer_config, redact
+from kresilient.config import producer_config
 from kresilient.errors import (
     ConfigError,
     DeliveryError,
@@ -55,16 +62,20 @@ from kresilient.errors import (
     translate,
 )
 from kresilient.leadership import LeadershipMonitor, LeadershipState
-from kresilient.producer import _paths as paths
+from kresilient.producer._dlq import OversizedDeadLetters
 from kresilient.producer._handle import DeliveryHandle, DeliveryResult, _FullHandle, handle_extras
 from kresilient.producer._health import BrokerStats, ProducerHealth, broker_stats
 from kresilient.producer._support import (
     LogBridge,
+    Reachability,
     category_counts,
     compose_delivery_error,
+    drain,
     fatal_cause,
-    scrubber,
+    lost_fatal,
+    weak_callback,
 )
+from kresilient.redaction import Redactor, redact_config
 from kresilient.telemetry import Telemetry
 
 __all__ = ["DeliveryHandle", "DeliveryResult", "ProducerHealth", "ResilientProducer"]
@@ -80,13 +91,24 @@ _TOO_LARGE: Final = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_
 _DEFAULT_MAX_BYTES: Final = 1_000_000
 #: Identical global errors (error_cb) are logged at most once per this many seconds.
 _ERROR_LOG_INTERVAL: Final = 5.0
+#: "Cluster unreachable" warnings are repeated at most once per this many seconds.
+_UNREACHABLE_LOG_INTERVAL: Final = 60.0
 _ERROR_LEVEL_CATEGORIES: Final = frozenset({ErrorCategory.AUTH, ErrorCategory.CONFIG})
+#: error_cb codes that are connection failures: summarised by Reachability.
+_CONNECT_CODES: Final = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE})
+#: The dead-letter write keeps the original headers byte for byte (a traceparent among them):
+#: its own context goes in kresilient.traceparent instead.
+_NO_PROPAGATION: Final = CompositePropagator([])
+_CLOSED_REMEDY: Final = (
+    "the producer was closed (close() or the end of its `with` block); "
+    "create a new ResilientProducer to produce again"
+)
 
 
 _new_handle = object.__new__
 
 
-def _lean_handle(owner: ResilientProducer) -> DeliveryHandle:
+def _lean_handle(owner: Any) -> DeliveryHandle:
     handle: DeliveryHandle = _new_handle(DeliveryHandle)
     handle._owner = owner
     return handle
@@ -98,6 +120,63 @@ def _closed_produce(*_args: Any, **_kwargs: Any) -> None:
 
 def _no_poll(_timeout: float = 0) -> int:
     return 0
+
+
+# ---------------------------------------------------------------------- the exit safety net
+
+#: Every open producer, weakly: the exit hook must not keep a dropped producer alive.
+_LIVE: weakref.WeakSet[ResilientProducer] = weakref.WeakSet()
+_SIGTERM_LOCK = threading.Lock()
+_sigterm_installed = False
+
+
+def _finalize_all_at_exit() -> None:
+    """atexit: every producer the application did not close is flushed (bounded) and closed."""
+    for producer in list(_LIVE):
+        producer._finalize("interpreter_exit")
+
+
+# Registered at import, after `logging` (imported above through structlog/confluent_kafka):
+# atexit runs last-registered first, so this runs while logging still works.
+atexit.register(_finalize_all_at_exit)
+
+
+def _sigterm_exit(signum: int, _frame: FrameType | None) -> None:
+    # SIGTERM's default action kills the process without running atexit, which would lose
+    # every queued message silently. Turned into SystemExit, the stack unwinds (finally
+    # blocks and `with` blocks run) and the exit hook flushes what is left.
+    raise SystemExit(128 + signum)
+
+
+def _install_sigterm_handler() -> None:
+    """Install :func:`_sigterm_exit` once, only where the application has no handler."""
+    global _sigterm_installed
+    with _SIGTERM_LOCK:
+        if _sigterm_installed:
+            return
+        _sigterm_installed = True
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may set handlers
+        try:
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _sigterm_exit)
+        except (ValueError, OSError, AttributeError):  # no SIGTERM here, or embedded
+            pass
+
+
+def _make_dead_letter_producer(
+    config: Mapping[str, Any],
+    *,
+    max_bytes: int,
+    client_id: str,
+    options: Mapping[str, Any],
+) -> ResilientProducer:
+    conf = dict(config)
+    conf["message.max.bytes"] = max_bytes
+    conf["client.id"] = client_id
+    producer = ResilientProducer(conf, **options)
+    _LIVE.discard(producer)  # its owner flushes and closes it
+    return producer
 
 
 class ResilientProducer:
@@ -114,8 +193,16 @@ class ResilientProducer:
         logger: a structlog logger (default ``structlog.get_logger("kresilient.producer")``),
             bound to this client's ``client_id``.
         tracer_provider, meter_provider, propagator: OpenTelemetry; default: the global ones.
+        record_message_key: put the message key on spans (``messaging.kafka.message.key``).
+            Off by default: keys are often personal data (emails, user ids).
         backpressure_timeout: seconds produce() waits (polling) for room in a full local queue.
         dead_letter_max_bytes: ``message.max.bytes`` of the dead-letter producer.
+        exit_timeout: seconds the safety net waits for messages still queued when the
+            producer is garbage-collected or the interpreter exits without ``close()`` (it
+            then logs one ``producer_not_closed`` warning with the counts delivered, failed
+            and unaccounted). On the first producer, a SIGTERM handler that exits through
+            ``SystemExit(143)`` is installed if the application has none (see
+            docs/producer.md, "Forgetting close()").
     """
 
     def __init__(
@@ -129,55 +216,54 @@ class ResilientProducer:
         tracer_provider: Any = None,
         meter_provider: Any = None,
         propagator: Any = None,
+        record_message_key: bool = False,
         backpressure_timeout: float = 60.0,
         dead_letter_max_bytes: int = 16 * 1024 * 1024,
+        exit_timeout: float = 10.0,
     ) -> None:
         base_log = logger if logger is not None else structlog.get_logger("kresilient.producer")
         allow = tuple([allow_unsafe] if isinstance(allow_unsafe, str) else allow_unsafe)
         cfg = producer_config(config, allow_unsafe=allow, logger=base_log)
-        self._user_config = config
-        self._allow_unsafe = allow
         self._user_cb: dict[str, Any] = {name: cfg.pop(name, None) for name in _CHAINED_CALLBACKS}
         for name, cb in self._user_cb.items():
             if cb is not None and name != "logger" and not callable(cb):
                 raise ConfigError(f"{name} must be callable", key=name)
-        self._scrub = scrubber(
-            str(v) for k, v in cfg.items() if k in SECRET_KEYS and isinstance(v, str)
-        )
+        self._scrub: Callable[[str], str] = Redactor.for_config(cfg)
         self._rdk_config = cfg
         self.client_id: str = str(cfg.get("client.id", ""))
         self._log = base_log.bind(client_id=self.client_id, kafka_role="producer")
         self._max_bytes = int(cfg.get("message.max.bytes", _DEFAULT_MAX_BYTES))
         self._backpressure_timeout = float(backpressure_timeout)
         self._dead_letter_topic = dead_letter_topic
-        self._dead_letter_max_bytes = int(dead_letter_max_bytes)
         self._recreate_on_fatal = recreate_on_fatal
+        self._exit_timeout = float(exit_timeout)
+        # Everything librdkafka keeps (callbacks, the per-message handles) reaches this object
+        # only through this proxy: nothing but the application keeps a producer alive, so a
+        # dropped one is finalised at once (see _finalize).
+        self._proxy: Any = weakref.proxy(self)
 
         max_age = cfg.get("metadata.max.age.ms")
         self._monitor = LeadershipMonitor(
             metadata_max_age_ms=int(max_age) if max_age is not None else None, logger=self._log
         )
-        self._tel_args = {
-            "tracer_provider": tracer_provider,
-            "meter_provider": meter_provider,
-            "propagator": propagator,
-        }
         self._tel = Telemetry(
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
             propagator=propagator,
             client_id=self.client_id,
+            record_message_key=record_message_key,
             logger=self._log,
         )
         self._monitor.add_listener(self._tel.leadership_listener())
         self._tracing = self._tel.enabled
 
-        self._lock = threading.Lock()  # the failures list
-        self._recreate_lock = threading.Lock()
+        self._lock = threading.Lock()  # the failures list and the counters beside it
+        self._recreate_lock = threading.RLock()
         self._reported: deque[tuple[DeliveryHandle, Any, Any]] = deque()
         self._pool: deque[DeliveryHandle] = deque(maxlen=_POOL_MAX)
         self._failures: list[DeliveryFailure] = []
         self._failed_total = 0
+        self._refused = 0  # produce() calls that raised: never queued
         self._unaccounted = 0
         self._callback_errors = 0
         self._backpressure_waits = 0
@@ -185,28 +271,60 @@ class ResilientProducer:
         self._pending_fatal: KafkaException | None = None
         self._fatal: FatalProducerError | None = None
         self._closed = False
+        self._finalizing = False
         self._brokers: BrokerStats | None = None
         self._last_error: tuple[str, float] | None = None
         self._logged_at: dict[object, float] = {}
         self._ids = itertools.count(1)
+        # (produced, failed_total, refused) when the last flush() that left nothing queued
+        # began: what the application has been told about.
+        self._mark = (0, 0, 0)
         self._default_cb = self._user_cb["on_delivery"]
         self._lean = not self._tracing and self._default_cb is None
-        self._dlq: Any = None  # a ResilientProducer for the dead-letter topic, made on first use
+        self._dead_letters: OversizedDeadLetters | None = None
+        if dead_letter_topic is not None:
+            self._dead_letters = OversizedDeadLetters(
+                topic=dead_letter_topic,
+                max_bytes=int(dead_letter_max_bytes),
+                make_producer=functools.partial(
+                    _make_dead_letter_producer,
+                    config,
+                    max_bytes=int(dead_letter_max_bytes),
+                    client_id=f"{self.client_id}-dlq",
+                    options={
+                        "allow_unsafe": allow,
+                        "recreate_on_fatal": recreate_on_fatal,
+                        "logger": self._log,
+                        "tracer_provider": tracer_provider,
+                        "meter_provider": meter_provider,
+                        "propagator": _NO_PROPAGATION,
+                        "record_message_key": record_message_key,
+                        "backpressure_timeout": backpressure_timeout,
+                        "exit_timeout": exit_timeout,
+                    },
+                ),
+                log=self._log,
+                trace_carrier=self._tel.trace_carrier,
+            )
+        self._reach = Reachability(self._log, interval=_UNREACHABLE_LOG_INTERVAL)
         self._log_bridge = LogBridge(
             self._log,
             self._monitor.on_log,
             self._scrub,
             user_logger=self._user_cb["logger"],
-            on_failure=self._callback_raised,
+            on_failure=weak_callback(self._proxy, "_callback_raised"),
+            reachability=self._reach,
         )
 
         self._producer: Any = None
         self._produce: Callable[..., None] = _closed_produce
         self._poll: Callable[[float], int] = _no_poll
         self._install(self._new_producer())
+        _LIVE.add(self)
+        _install_sigterm_handler()
         self._log.info(
             "producer_created",
-            config=redact(self._rdk_config),
+            config=redact_config(self._rdk_config),
             tracing=self._tracing,
             dead_letter_topic=dead_letter_topic,
             recreate_on_fatal=recreate_on_fatal,
@@ -216,8 +334,8 @@ class ResilientProducer:
 
     def _new_producer(self) -> Producer:
         conf = dict(self._rdk_config)
-        conf["error_cb"] = self._on_error
-        conf["stats_cb"] = self._on_stats
+        conf["error_cb"] = weak_callback(self._proxy, "_on_error")
+        conf["stats_cb"] = weak_callback(self._proxy, "_on_stats")
         conf["logger"] = self._log_bridge
         try:
             return Producer(conf)
@@ -228,11 +346,18 @@ class ResilientProducer:
                 else exc,
                 operation="configure",
             ) from None
+        except (ValueError, TypeError) as exc:  # the binding's own checks quote the value
+            raise ConfigError(self._scrub(str(exc))) from None
 
     def _install(self, producer: Producer) -> None:
         self._producer = producer
         self._produce = producer.produce
         self._poll = producer.poll
+
+    @property
+    def _dlq(self) -> Any:
+        """The dead-letter producer, once made."""
+        return self._dead_letters.producer if self._dead_letters is not None else None
 
     # ------------------------------------------------------------------ hot path
 
@@ -253,8 +378,10 @@ class ResilientProducer:
 
         Raises :class:`~kresilient.MessageTooLargeError` (without a dead-letter topic), a
         BACKPRESSURE :class:`~kresilient.ProduceError` when the local queue stayed full for
-        ``backpressure_timeout``, :class:`~kresilient.FatalProducerError`, or another
-        classified :class:`~kresilient.ProduceError` from librdkafka's local checks.
+        ``backpressure_timeout``, :class:`~kresilient.FatalProducerError`, a
+        :class:`~kresilient.ProduceError` naming the closed producer after ``close()``, or
+        another classified :class:`~kresilient.ProduceError` from librdkafka's local checks.
+        ``TypeError`` for a key, value or headers of the wrong type (nothing was queued).
         """
         n = next(self._ids)
         if headers is None and on_delivery is None and self._lean:
@@ -263,9 +390,9 @@ class ResilientProducer:
                 try:
                     handle = pool.pop()
                 except IndexError:  # another thread took the last one
-                    handle = _lean_handle(self)
+                    handle = _lean_handle(self._proxy)
             else:
-                handle = _lean_handle(self)
+                handle = _lean_handle(self._proxy)
             handle._id = n
         else:
             handle, headers = self._full_handle(
@@ -276,9 +403,13 @@ class ResilientProducer:
         try:
             self._produce(topic, value, key, part, handle, None, ts, headers)
         except BufferError:
-            return paths.produce_blocked(self, topic, value, key, part, handle, ts, headers)
+            return self._produce_blocked(topic, value, key, part, handle, ts, headers)
         except KafkaException as exc:
-            return paths.produce_failed(self, exc, topic, value, key, part, handle, ts, headers)
+            return self._produce_failed(exc, topic, value, key, part, handle, ts, headers)
+        except BaseException as exc:  # TypeError for a bad key/headers: end the span too
+            self._refused += 1
+            self._end_span(handle, exc, None)
+            raise
         if not n & _POLL_MASK:
             self._tick()
         return handle
@@ -305,7 +436,7 @@ class ResilientProducer:
                 topic, key, len(value) if value is not None else 0, headers, partition
             )
         cb = self._default_cb if on_delivery is None else on_delivery
-        return _FullHandle(self, n, headers, cb, token), sent
+        return _FullHandle(self._proxy, n, headers, cb, token), sent
 
     def _tick(self) -> None:
         """Every _POLL_MASK+1 messages: serve delivery reports, pick up a late tracer provider."""
@@ -314,8 +445,220 @@ class ResilientProducer:
             self._tracing = self._tel.enabled
             self._lean = not self._tracing and self._default_cb is None
 
-    def _settle(self, exc: BaseException | None) -> None:
-        paths.settle(self, exc)
+    # ------------------------------------------------------------------ slow paths
+    # None of this runs per message unless something went wrong.
+
+    def _produce_blocked(
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        part: int,
+        handle: DeliveryHandle,
+        ts: int,
+        headers: Any,
+    ) -> DeliveryHandle:
+        """The local queue is full: serve delivery reports until there is room, or time out."""
+        self._backpressure_waits += 1
+        began = time.monotonic()
+        deadline = began + self._backpressure_timeout
+        while True:
+            try:
+                self.poll(0.05)
+                self._produce(topic, value, key, part, handle, None, ts, headers)
+            except BufferError as exc:
+                if time.monotonic() < deadline:
+                    continue
+                classification = classify(exc)
+                error = ProduceError(
+                    f"local producer queue stayed full for {self._backpressure_timeout:g} s "
+                    f"({len(self)} messages queued); the message was not queued",
+                    code=KafkaError._QUEUE_FULL,
+                    name="_QUEUE_FULL",
+                    topic=topic,
+                    partition=part if part >= 0 else None,
+                    classification=classification,
+                )
+                self._refused += 1
+                self._end_span(handle, exc, classification)
+                raise error from exc
+            except KafkaException as exc:
+                return self._produce_failed(exc, topic, value, key, part, handle, ts, headers)
+            except BaseException as exc:  # poll() raised (fatal error, signal): not queued
+                self._refused += 1
+                self._end_span(handle, exc, None)
+                raise
+            break
+        self._log.debug("produce_backpressure", waited_s=round(time.monotonic() - began, 3))
+        return handle
+
+    def _produce_failed(
+        self,
+        exc: KafkaException,
+        topic: str,
+        value: Any,
+        key: Any,
+        part: int,
+        handle: DeliveryHandle,
+        ts: int,
+        headers: Any,
+    ) -> DeliveryHandle:
+        """produce() raised synchronously: too large, fatal, closed, or a local error."""
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        code = err.code() if err is not None else None
+        if code in _TOO_LARGE:
+            return self._too_large(exc, topic, value, key, part, handle, ts, headers)
+        if self._closed:
+            self._refused += 1
+            self._end_span(handle, exc, None)
+            raise ProduceError(
+                "produce() after close(): the producer is closed; the message was not queued",
+                code=KafkaError._STATE,
+                name="_STATE",
+                topic=topic,
+                partition=part if part >= 0 else None,
+                classification=dataclasses.replace(classify(exc), remedy=_CLOSED_REMEDY),
+            ) from None
+        if err is not None and (err.fatal() or code == KafkaError._FATAL):
+            generation = self._recreations
+            try:
+                self._handle_fatal(exc, generation)  # raises unless recreated
+                self._produce(topic, value, key, part, handle, None, ts, headers)
+            except BaseException as again:
+                self._refused += 1
+                self._end_span(handle, again, getattr(again, "classification", None))
+                raise
+            return handle
+        self._refused += 1
+        error = translate(
+            exc, topic=topic, partition=part if part >= 0 else None, operation="produce"
+        )
+        self._end_span(handle, exc, error.classification)
+        raise error from exc
+
+    def _too_large(
+        self,
+        exc: KafkaException,
+        topic: str,
+        value: Any,
+        key: Any,
+        part: int,
+        handle: DeliveryHandle,
+        ts: int,
+        headers: Any,
+    ) -> DeliveryHandle:
+        value_size = len(value) if value is not None else 0
+        key_size = len(key) if key is not None else 0
+        classification = classify(exc)
+        error = MessageTooLargeError(
+            f"value of {value_size} bytes (key {key_size} bytes, plus headers and record "
+            f"framing) exceeds the producer's message.max.bytes={self._max_bytes}",
+            size=value_size,
+            limit=self._max_bytes,
+            topic=topic,
+            partition=part if part >= 0 else None,
+            classification=classification,
+        )
+        self._refused += 1  # not queued here; the dead-letter producer accounts for it
+        self._end_span(handle, exc, classification)
+        if self._dead_letters is None:
+            raise error from exc
+        result: DeliveryHandle = self._dead_letters.write(
+            error,
+            topic=topic,
+            value=value,
+            key=key,
+            headers=handle_extras(handle)[0] if isinstance(handle, _FullHandle) else headers,
+            partition=part if part >= 0 else None,
+            timestamp=ts,
+            on_delivery=handle_extras(handle)[1],
+        )
+        return result
+
+    def _end_span(self, handle: DeliveryHandle, err: Any, classification: Any) -> None:
+        if isinstance(handle, _FullHandle) and handle._token is not None:
+            token, handle._token = handle._token, None
+            try:
+                self._tel.producer_delivered(token, err, None, classification)
+            except Exception as exc:  # telemetry never changes what happens to a message
+                self._callback_raised(exc)
+
+    def _settle(self, exc: BaseException | None, generation: int) -> None:
+        """After serving callbacks: classify queued failures, handle a fatal error, re-raise.
+
+        ``generation``: the value of ``_recreations`` when the call that raised began.
+        """
+        self._process_reported()
+        fatal = fatal_cause(exc)
+        pending, self._pending_fatal = self._pending_fatal, None
+        if fatal is None:
+            fatal = pending or lost_fatal(exc, self._log_bridge.fatal_line)
+        if fatal is not None:
+            self._handle_fatal(fatal, generation)
+            return
+        if isinstance(exc, KafkaException):
+            raise translate(exc, operation="produce") from exc
+        if exc is not None:
+            raise exc
+
+    def _handle_fatal(self, exc: KafkaException, generation: int) -> None:
+        """A fatal error surfaced: recreate the producer (option) or raise FatalProducerError.
+
+        ``generation`` is ``_recreations`` as the caller saw it before the call that met the
+        error: several threads meeting one fatal error recreate once (the first one in); the
+        others return (their instance was already replaced) or raise the same error.
+        """
+        with self._recreate_lock:
+            if self._fatal is not None:
+                raise self._fatal
+            if self._recreations != generation:
+                return  # another thread already replaced the instance that failed
+            error = translate(exc, operation="produce")
+            fatal = (
+                error
+                if isinstance(error, FatalProducerError)
+                else FatalProducerError(
+                    self._scrub(error.message), classification=error.classification
+                )
+            )
+            try:
+                self._tel.fatal_error(fatal, fatal.classification, client_id=self.client_id)
+            except Exception as tel_exc:  # telemetry never changes what happens to a message
+                self._callback_raised(tel_exc)
+            self._log.error(
+                "producer_fatal_error",
+                error=fatal.name,
+                reason=self._scrub(fatal.message),
+                recreate=self._recreate_on_fatal,
+                in_flight=len(self),
+            )
+            if not self._recreate_on_fatal:
+                self._fatal = fatal
+                raise fatal from exc
+            self._recreate(fatal)
+
+    def _recreate(self, cause: FatalProducerError) -> None:
+        """Replace the underlying producer; account for every message the old one held."""
+        # librdkafka already failed what was queued (_PURGE_QUEUE: never sent); purge what is
+        # left: in flight (_PURGE_INFLIGHT: possibly persisted) or queued meanwhile.
+        old = self._producer
+        try:
+            lost = drain(old)
+            self._process_reported()
+        finally:
+            self._pending_fatal = None  # the old instance's fatal event, already handled
+        if lost:
+            with self._lock:
+                self._unaccounted += lost
+            self._log.error("producer_recreate_unaccounted", messages=lost)
+        self._install(self._new_producer())
+        self._recreations += 1
+        self._log.warning(
+            "producer_recreated",
+            cause=cause.name,
+            recreations=self._recreations,
+            note="messages queued or in flight were reported failed (possibly persisted)",
+        )
 
     # ------------------------------------------------------------------ delivery reports
 
@@ -337,6 +680,17 @@ class ResilientProducer:
         # there means a missing topic (CONFIG), not a leader move.
         classification = classify(err, context="delivery")
         partition = msg.partition()
+        if classification.possibly_persisted and (partition is None or partition < 0):
+            # Never assigned a partition (no metadata: no broker ever answered), so never
+            # sent: it cannot have been written.
+            classification = dataclasses.replace(
+                classification,
+                possibly_persisted=False,
+                remedy=(
+                    "the message never left the client (no broker was reachable to assign "
+                    "it a partition); it was not written. " + classification.remedy
+                ),
+            )
         offset = msg.offset()
         value = msg.value()
         topic = msg.topic()
@@ -363,10 +717,16 @@ class ResilientProducer:
         with self._lock:
             self._failures.append(failure)
             self._failed_total += 1
-        self._monitor.on_error(err, topic, failure.partition)
+        # Only leadership trouble feeds the monitor, judged in the delivery context: a
+        # deleted or missing topic is the application's problem, not a leader move.
+        if classification.category is ErrorCategory.LEADERSHIP:
+            self._monitor.on_error(err, topic, failure.partition)
         if isinstance(handle, _FullHandle) and handle._token is not None:
-            self._tel.producer_delivered(handle._token, err, msg, classification)
-            handle._token = None
+            token, handle._token = handle._token, None
+            try:
+                self._tel.producer_delivered(token, err, msg, classification)
+            except Exception as exc:  # telemetry never changes what happens to a message
+                self._callback_raised(exc)
         self._log.debug(
             "delivery_failed",
             topic=topic,
@@ -386,7 +746,9 @@ class ResilientProducer:
         self._callback_errors += 1
         if self._rate_ok(type(exc).__name__):
             self._log.error(
-                "callback_failed", error=repr(exc), errors=self._callback_errors, exc_info=exc
+                "callback_failed",
+                error=self._scrub(repr(exc)),
+                errors=self._callback_errors,
             )
 
     def _rate_ok(self, key: object) -> bool:
@@ -403,14 +765,20 @@ class ResilientProducer:
         try:
             self._last_error = (err.name(), time.time())
             self._monitor.on_error(err)
-            if self._rate_ok(err.code()):
+            code = err.code()
+            text = self._scrub(err.str())
+            if code == KafkaError._ALL_BROKERS_DOWN:
+                self._reach.all_down(text)
+            elif code in _CONNECT_CODES and self._reach.broker_failed(text):
+                pass  # summarised: one line per host at a slow rate
+            elif self._rate_ok(code):
                 c = classify(err)
                 level = "error" if c.category in _ERROR_LEVEL_CATEGORIES else "warning"
                 getattr(self._log, level)(
                     "kafka_client_error",
                     error=err.name(),
-                    code=err.code(),
-                    reason=self._scrub(err.str()),
+                    code=code,
+                    reason=text,
                     category=c.category.name,
                     remedy=c.remedy,
                 )
@@ -424,7 +792,8 @@ class ResilientProducer:
         try:
             doc = json.loads(stats_json)
             self._monitor.on_stats(doc)
-            self._brokers = broker_stats(doc)
+            self._brokers = brokers = broker_stats(doc)
+            self._reach.up(brokers.up)
             cb = self._user_cb["stats_cb"]
             if cb is not None:
                 cb(stats_json)
@@ -439,16 +808,18 @@ class ResilientProducer:
         Raises :class:`~kresilient.FatalProducerError` on a fatal error (unless
         ``recreate_on_fatal``).
         """
+        generation = self._recreations
         try:
             served = self._poll(timeout)
         except (KafkaException, SystemError) as exc:
             served = 0
-            self._settle(exc)
+            self._settle(exc, generation)
         else:
             if self._reported or self._pending_fatal is not None:
-                self._settle(None)
-        if self._dlq is not None:
-            served += self._dlq.poll(0)
+                self._settle(None, generation)
+        dlq = self._dlq
+        if dlq is not None:
+            served += dlq.poll(0)
         return served
 
     def _take_failures(self) -> list[DeliveryFailure]:
@@ -456,6 +827,15 @@ class ResilientProducer:
         with self._lock:
             failures, self._failures = self._failures, []
         return failures
+
+    def _give_back(self, failures: list[DeliveryFailure], unaccounted: int) -> None:
+        """Put failures taken for a report that could not be made back (the next one lists them)."""
+        with self._lock:
+            self._failures[:0] = failures
+            self._unaccounted += unaccounted
+
+    def _produced(self) -> int:
+        return int(self._ids.__reduce__()[1][0]) - 1
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued message is delivered or failed (``timeout``: seconds).
@@ -465,34 +845,49 @@ class ResilientProducer:
         or in flight at the timeout: success is never reported while messages remain.
         Raises :class:`~kresilient.FatalProducerError` when a fatal error surfaces (without
         ``recreate_on_fatal``); the messages it failed are listed by the next ``flush()`` or
-        ``close()``.
+        ``close()``. If anything else is raised (the dead-letter producer failing, a signal),
+        the failures collected so far are kept for the next ``flush()``/``close()``.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        began = (self._produced(), self._refused)
         remaining = 0
         while self._producer is not None:
             left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            recreations = self._recreations
+            generation = self._recreations
             try:
                 remaining = self._producer.flush(left)
             except (KafkaException, SystemError) as exc:
-                self._settle(exc)  # raises unless the producer was recreated
+                self._settle(exc, generation)  # raises unless the producer was recreated
                 continue
             if self._pending_fatal is not None:
-                self._settle(None)
-            if self._recreations == recreations:
+                self._settle(None, generation)
+            if self._recreations == generation:
                 break
         failures = self._take_failures()
-        if self._dlq is not None:
-            try:
-                self._dlq.flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            except DeliveryError as exc:
-                failures.extend(exc.failures)
-        unaccounted, self._unaccounted = self._unaccounted, 0
+        with self._lock:
+            unaccounted, self._unaccounted = self._unaccounted, 0
+        try:
+            failures.extend(self._flush_dead_letters(deadline))
+        except BaseException:
+            self._give_back(failures, unaccounted)
+            raise
+        if not remaining:
+            self._mark = (began[0], self._failed_total, began[1])
         if not failures and not remaining and not unaccounted:
             if self._fatal is not None:
                 raise self._fatal
             return
         raise self._delivery_error(failures, remaining, unaccounted, timeout)
+
+    def _flush_dead_letters(self, deadline: float | None) -> list[DeliveryFailure]:
+        dlq = self._dlq
+        if dlq is None:
+            return []
+        try:
+            dlq.flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except DeliveryError as exc:
+            return list(exc.failures)
+        return []
 
     def _delivery_error(
         self,
@@ -501,13 +896,14 @@ class ResilientProducer:
         unaccounted: int,
         timeout: float | None,
     ) -> DeliveryError:
-        self._log.warning(
-            "delivery_failures",
-            failed=len(failures),
-            by_category=category_counts(failures),
-            remaining=remaining,
-            unaccounted=unaccounted,
-        )
+        if not self._finalizing:  # the safety net logs its own single warning
+            self._log.warning(
+                "delivery_failures",
+                failed=len(failures),
+                by_category=category_counts(failures),
+                remaining=remaining,
+                unaccounted=unaccounted,
+            )
         error = compose_delivery_error(failures, remaining, unaccounted, timeout)
         if self._fatal is not None:
             error.__cause__ = self._fatal
@@ -517,35 +913,93 @@ class ResilientProducer:
         """Flush, then release the producer. Idempotent.
 
         Messages still queued when ``timeout`` expires are purged and reported in the
-        :class:`~kresilient.DeliveryError` (never dropped silently).
+        :class:`~kresilient.DeliveryError` (never dropped silently). If the dead-letter
+        producer fails to close, the producer is closed anyway and that error is raised
+        (chained to the :class:`~kresilient.DeliveryError` when messages failed too).
         """
         if self._closed:
             return
+        failures, lost, error = self._close(timeout)
+        if failures or lost:
+            delivery = self._delivery_error(failures, 0, lost, timeout)
+            if error is not None:
+                delivery.add_note(
+                    f"kresilient: while closing, the dead-letter path also failed: "
+                    f"{self._scrub(repr(error))}"
+                )
+                raise delivery from error
+            raise delivery
+        if error is not None:
+            raise error
+
+    def _close(self, timeout: float | None) -> tuple[list[DeliveryFailure], int, Exception | None]:
+        """Close; return (failures, messages unaccounted, an unexpected error met meanwhile)."""
         failures: list[DeliveryFailure] = []
+        error: Exception | None = None
         try:
             self.flush(timeout)
         except DeliveryError as exc:
             failures.extend(exc.failures)
         except FatalProducerError:
             pass  # raised to the caller before, or just now by flush; what it failed follows
+        except Exception as exc:  # flush kept its failures: they are taken below
+            error = exc
         lost = 0
         if self._producer is not None and len(self._producer) > 0:
-            lost = paths.drain(self._producer)
+            lost = drain(self._producer)
         failures.extend(self._take_failures())
-        if self._dlq is not None:
+        dlq = self._dlq
+        if dlq is not None:
             try:
-                self._dlq.close(timeout)
+                dlq.close(timeout)
             except DeliveryError as exc:
                 failures.extend(exc.failures)
-        lost += self._unaccounted
-        self._unaccounted = 0
+            except Exception as exc:
+                error = error or exc
+        with self._lock:
+            lost += self._unaccounted
+            self._unaccounted = 0
         self._closed = True
         self._produce = _closed_produce
         self._poll = _no_poll
         self._producer = None  # destroys the librdkafka instance (its queue is empty)
+        _LIVE.discard(self)
         self._log.info("producer_closed", failed=len(failures), unaccounted=lost)
-        if failures or lost:
-            raise self._delivery_error(failures, 0, lost, timeout)
+        return failures, lost, error
+
+    def _finalize(self, reason: str) -> None:
+        """The safety net: closed without close() (exit, garbage collection).
+
+        Flushes for up to ``exit_timeout`` and, if anything was produced since the last
+        ``flush()`` or failed unreported, logs ONE warning with the counts.
+        """
+        if self._closed or self._finalizing:
+            return
+        self._finalizing = True
+        with self._lock:
+            pending = len(self._failures) + len(self._reported) + self._unaccounted
+        produced_mark, failed_mark, refused_mark = self._mark
+        since = (self._produced() - produced_mark) - (self._refused - refused_mark)
+        if since <= 0 and not pending and not len(self):
+            self._close(0)
+            return
+        failures, lost, error = self._close(self._exit_timeout)
+        failed_here = self._failed_total - failed_mark
+        self._log.warning(
+            "producer_not_closed",
+            reason=reason,
+            produced=since,
+            delivered=max(0, since - failed_here - lost),
+            failed=len(failures),
+            unaccounted=lost,
+            by_category=category_counts(failures),
+            error=self._scrub(repr(error)) if error is not None else None,
+            note=(
+                "the producer was dropped without close(): kresilient flushed it (up to "
+                f"exit_timeout={self._exit_timeout:g} s). Call close() or use "
+                "`with ResilientProducer(...)` so failures reach your code"
+            ),
+        )
 
     def __enter__(self) -> ResilientProducer:
         return self
@@ -565,17 +1019,10 @@ class ResilientProducer:
             exc.add_note(f"kresilient: while closing the producer: {delivery}")
 
     def __del__(self) -> None:
-        # Dropped without close(): messages still queued would vanish with the client.
-        try:
-            left = len(self._producer) if self._producer is not None else 0
-            if left and not self._closed:
-                self._log.error(
-                    "producer_dropped_without_close",
-                    queued=left,
-                    note="call flush()/close() or use the context manager",
-                )
-        except Exception:  # interpreter shutdown: nothing left to report to
-            pass
+        # Dropped without close(): nothing else references the producer (librdkafka holds
+        # it weakly), so this runs as soon as the application lets go of it.
+        with contextlib.suppress(Exception):  # interpreter shutdown: nothing to report to
+            self._finalize("garbage_collected")
 
     def __len__(self) -> int:
         """Messages queued, in flight, or awaiting their delivery report."""
@@ -586,24 +1033,46 @@ class ResilientProducer:
         """The :class:`~kresilient.LeadershipMonitor` fed by this producer's statistics."""
         return self._monitor
 
+    def _metadata_brokers(self) -> int | None:
+        """Brokers in the cluster's metadata (a bounded request), ``None`` if none answered."""
+        producer = self._producer
+        if producer is None:
+            return None
+        try:
+            return len(producer.list_topics(timeout=1.0).brokers)
+        except Exception:  # unreachable: no answer within the bound
+            return None
+
     def health(self) -> ProducerHealth:
-        """A snapshot for health checks: brokers up, in flight, failures, leadership, metadata."""
+        """A snapshot for health checks: brokers up, in flight, failures, leadership, metadata.
+
+        Before the first statistics arrive it asks the cluster for its metadata (bounded at
+        one second) so ``brokers_up`` is never unknown while the producer is open.
+        """
         states = self._monitor.states()
         churn = tuple(
             f"{t}[{p}]" for (t, p), s in states.items() if s is LeadershipState.SUSTAINED_CHURN
         )
-        produced = int(self._ids.__reduce__()[1][0]) - 1
         snapshot = self._monitor.snapshot()
         brokers = self._brokers
+        if brokers is not None:
+            up: int | None = brokers.up
+            total: int | None = brokers.total
+        elif self._closed:
+            up = total = None
+        else:
+            # The metadata lists the brokers alive in the cluster; no answer: none reachable.
+            known = self._metadata_brokers()
+            up, total = (known, known) if known is not None else (0, None)
         last = self._last_error
         return ProducerHealth(
             client_id=self.client_id,
             closed=self._closed,
             fatal_error=self._fatal.name if self._fatal is not None else None,
-            brokers_up=brokers.up if brokers is not None else None,
-            brokers_total=brokers.total if brokers is not None else None,
+            brokers_up=up,
+            brokers_total=total,
             in_flight=len(self),
-            produced=produced,
+            produced=self._produced(),
             failed_total=self._failed_total,
             failed_since_flush=len(self._failures),
             backpressure_waits=self._backpressure_waits,
@@ -625,6 +1094,6 @@ class ResilientProducer:
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("fatal" if self._fatal else "open")
         return (
-            f"<ResilientProducer client_id={self.client_id!r} {state} in_flight={len(self)} "
-            f"failed_since_flush={len(self._failures)}>"
+            f"<ResilientProducer client_id={self._scrub(self.client_id)!r} {state} "
+            f"in_flight={len(self)} failed_since_flush={len(self._failures)}>"
         )

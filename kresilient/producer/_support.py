@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -11,13 +15,19 @@ from confluent_kafka import KafkaError, KafkaException
 from kresilient.errors import DeliveryError, DeliveryFailure
 
 __all__ = [
+    "DRAIN_TIMEOUT",
     "LogBridge",
+    "Reachability",
     "category_counts",
     "compose_delivery_error",
+    "drain",
     "fatal_cause",
     "lost_fatal",
-    "scrubber",
+    "weak_callback",
 ]
+
+#: How long a purge waits for the purged messages' delivery reports.
+DRAIN_TIMEOUT: Final = 10.0
 
 #: librdkafka syslog levels as the binding maps them to ``logging`` levels -> structlog method.
 _LEVEL_METHOD: Final = {
@@ -65,16 +75,151 @@ def lost_fatal(exc: BaseException | None, fatal_line: str | None) -> KafkaExcept
     return None
 
 
-def scrubber(secret_values: Iterable[str]) -> Callable[[str], str]:
-    """A function replacing every secret value of the configuration in a text."""
-    secrets = tuple(sorted({s for s in secret_values if s}, key=len, reverse=True))
+def drain(producer: Any) -> int:
+    """Purge every queued and in-flight message of a ``confluent_kafka.Producer`` and serve
+    their delivery reports.
 
-    def scrub(text: str) -> str:
-        for secret in secrets:
-            text = text.replace(secret, "[REDACTED]")
-        return text
+    Returns how many messages are still unaccounted for after ``DRAIN_TIMEOUT`` (normally 0:
+    a purge turns every message into a ``_PURGE_QUEUE``/``_PURGE_INFLIGHT`` report).
+    """
+    with contextlib.suppress(KafkaException):
+        producer.purge(in_queue=True, in_flight=True, blocking=True)
+    deadline = time.monotonic() + DRAIN_TIMEOUT
+    while len(producer) > 0 and time.monotonic() < deadline:
+        try:
+            producer.poll(0.1)
+        except (KafkaException, SystemError):
+            continue  # a fatal event or a callback cut short: the reports were queued
+    return len(producer)
 
-    return scrub
+
+def weak_callback(target: Any, name: str) -> Callable[..., None]:
+    """``target.<name>(*args)`` through a weak reference (``target`` is a ``weakref.proxy``).
+
+    librdkafka keeps its callbacks for the life of the client; a bound method there would
+    keep the producer alive (and its ``__del__`` safety net from ever running) as long as
+    the C client lives. Once the producer is gone the call does nothing.
+    """
+
+    def call(*args: Any) -> None:
+        try:
+            method = getattr(target, name)
+        except ReferenceError:
+            return
+        method(*args)
+
+    return call
+
+
+# "<host>:<port>/<id or bootstrap>: <reason text>" as librdkafka writes FAIL lines and
+# _TRANSPORT / _RESOLVE error strings.
+_BROKER_LINE: Final = re.compile(r"^(?P<host>[^\s/]+:\d+)/(?:bootstrap|\d+): (?P<text>.*)$", re.S)
+_REASONS: Final = (
+    ("DNS", re.compile(r"resolve|getaddrinfo|Name or service not known|nodename", re.I)),
+    ("TLS", re.compile(r"SSL|TLS|certificate|handshake", re.I)),
+    ("refused", re.compile(r"Connection refused|ECONNREFUSED", re.I)),
+    ("timeout", re.compile(r"timed out|timeout", re.I)),
+    ("auth", re.compile(r"SASL|authentication", re.I)),
+    ("disconnected", re.compile(r"Disconnected|Receive failed|Send failed|reset", re.I)),
+)
+
+
+def connect_failure(text: str) -> tuple[str, str] | None:
+    """``(host:port, reason)`` of a librdkafka connection failure line, else ``None``.
+
+    ``reason`` is one of DNS, TLS, refused, timeout, auth, disconnected, other.
+    """
+    m = _BROKER_LINE.match(text)
+    if m is None:
+        return None
+    detail = m.group("text")
+    for reason, pattern in _REASONS:
+        if pattern.search(detail):
+            return m.group("host"), reason
+    return m.group("host"), "other"
+
+
+class Reachability:
+    """Turns librdkafka's stream of connection failures into a few warnings that name hosts.
+
+    librdkafka reports every failed connection attempt (a FAIL log line, then a ``_TRANSPORT``
+    error), several per second while a cluster is unreachable. Instead: when every broker is
+    down, ONE warning ``kafka_unreachable`` naming each host and why (refused, DNS, TLS,
+    timeout, auth), repeated at most once per ``interval`` seconds; a single broker failing
+    while others work gives ``broker_unreachable`` for that host at the same slow rate.
+    """
+
+    def __init__(self, log: Any, *, interval: float = 60.0) -> None:
+        self._log = log
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._hosts: dict[str, str] = {}
+        self._logged: dict[str, float] = {}
+        #: True once any broker connection was up (statistics), reset never.
+        self.ever_connected = False
+
+    def _due(self, key: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            last = self._logged.get(key)
+            if last is not None and now - last < self._interval:
+                return False
+            self._logged[key] = now
+            return True
+
+    def failed(self, text: str) -> bool:
+        """Record one connection failure line; False if ``text`` is not one."""
+        parsed = connect_failure(text)
+        if parsed is None:
+            return False
+        host, reason = parsed
+        with self._lock:
+            self._hosts[host] = reason
+        return True
+
+    def broker_failed(self, text: str) -> bool:
+        """A ``_TRANSPORT``/``_RESOLVE`` error: record it; one warning per host per interval
+        once a connection had worked (before that, ``all_down`` speaks for every host)."""
+        parsed = connect_failure(text)
+        if parsed is None:
+            return False
+        host, reason = parsed
+        with self._lock:
+            self._hosts[host] = reason
+        if self.ever_connected and self._due(host):
+            self._log.warning(
+                "broker_unreachable",
+                host=host,
+                reason=reason,
+                detail=text,
+                note="the client reconnects by itself; other brokers take over its partitions",
+            )
+        return True
+
+    def all_down(self, detail: str) -> None:
+        """Every broker is down: one warning naming each host and the reason, rate-limited."""
+        if not self._due("*"):
+            return
+        with self._lock:
+            hosts = dict(sorted(self._hosts.items()))
+        self._log.warning(
+            "kafka_unreachable",
+            hosts=hosts,
+            detail=detail,
+            note=(
+                "no broker can be reached; messages wait in the local queue until "
+                "message.timeout.ms. Check bootstrap.servers, that the brokers run and listen "
+                "on these addresses, DNS, firewalls, and security.protocol/TLS settings"
+            ),
+        )
+
+    def up(self, up_brokers: int) -> None:
+        """Statistics saw ``up_brokers`` connections up."""
+        if up_brokers > 0:
+            self.ever_connected = True
+            with self._lock:
+                self._hosts.clear()
+                self._logged.pop("*", None)
 
 
 class LogBridge:
@@ -92,12 +237,14 @@ class LogBridge:
         scrub: Callable[[str], str],
         user_logger: Any = None,
         on_failure: Callable[[Exception], None] | None = None,
+        reachability: Reachability | None = None,
     ) -> None:
         self._log = log
         self._on_line = on_line
         self._scrub = scrub
         self._user = user_logger
         self._on_failure = on_failure
+        self._reach = reachability
 
     #: The last ``FATAL`` line librdkafka logged (``rd_kafka_set_fatal_error`` always logs
     #: one): the reason of a fatal error whose exception the binding lost.
@@ -113,8 +260,10 @@ class LogBridge:
             facility = str(args[0]) if args else ""
             text = self._scrub(str(args[2]) if len(args) > 2 else fmt % args)
             self._on_line(text)
-            method = _LEVEL_METHOD.get(level, "info")
-            getattr(self._log, method)("librdkafka_log", facility=facility, message=text)
+            # Connection failures are summarised (Reachability), not logged line by line.
+            if not (facility == "FAIL" and self._reach is not None and self._reach.failed(text)):
+                method = _LEVEL_METHOD.get(level, "info")
+                getattr(self._log, method)("librdkafka_log", facility=facility, message=text)
             if self._user is not None:
                 self._user.log(level, fmt, *args)
         except Exception as exc:  # logging must never break the client
