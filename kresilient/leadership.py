@@ -31,6 +31,12 @@ entering a burst or churn, INFO on the return to STABLE) and calls the listeners
 injectable ``clock`` (``time.monotonic`` by default) so tests are deterministic; states are
 re-evaluated on every stats tick and on every query.
 
+Scale: a tick costs time linear in the partitions the statistics document lists (plus the few
+partitions not STABLE); quiet partitions are not walked. A partition absent from the statistics
+(its topic deleted, no longer produced to or subscribed) and without any signal for
+``forget_after_s`` (default 600 s) while STABLE is forgotten, so a client rotating through many
+topics keeps state only for the partitions it currently knows.
+
 Example::
 
     monitor = LeadershipMonitor(metadata_max_age_ms=900_000)
@@ -42,20 +48,21 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import json
 import re
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import structlog
+from confluent_kafka import KafkaError
 
-from kresilient.errors import _BY_CODE, _BY_DESCRIPTION, Classification, ErrorCategory, classify
+from kresilient.errors import Classification, Context, ErrorCategory, classify
 
 __all__ = [
     "ChurnPolicy",
@@ -148,22 +155,37 @@ class LeadershipChange:
 
 @dataclass(slots=True)
 class _Partition:
+    # Lists, not deques: an empty deque costs ~600 bytes and these hold a handful of times at
+    # most (one per leader move / burst / error within the window), pruned from the front.
     state: LeadershipState = LeadershipState.STABLE
     since: float = 0.0
+    seen: float = 0.0
+    """Last time the partition was in a statistics document or had a signal."""
     leader: int | None = None
     leaderless: bool = False
     last_signal: float | None = None
-    moves: deque[float] = dataclasses.field(default_factory=deque)
-    bursts: deque[float] = dataclasses.field(default_factory=deque)
-    errors: deque[float] = dataclasses.field(default_factory=deque)
+    moves: list[float] = dataclasses.field(default_factory=list)
+    bursts: list[float] = dataclasses.field(default_factory=list)
+    errors: list[float] = dataclasses.field(default_factory=list)
     last_error: Classification | None = None
     last_reason: str = ""
+
+
+def _prune(part: _Partition, horizon: float) -> None:
+    """Drop the moves, bursts and errors older than *horizon* (the window's start)."""
+    for q in (part.moves, part.bursts, part.errors):
+        if q and q[0] < horizon:
+            i = 1
+            while i < len(q) and q[i] < horizon:
+                i += 1
+            del q[:i]
 
 
 @dataclass(slots=True)
 class _Topic:
     metadata_age_ms: float | None = None
     stale: bool = False
+    seen: float = 0.0
 
 
 Listener = Callable[[LeadershipChange], None]
@@ -188,6 +210,9 @@ class LeadershipMonitor:
         logger: a structlog logger (bound once per client); default
             ``structlog.get_logger("kresilient.leadership")``.
         clock: monotonic seconds; inject a fake one in tests.
+        forget_after_s: a STABLE partition (or topic) absent from the statistics and without
+            any signal for this long is forgotten (default 600; it must exceed the policy's
+            ``quiet_period_s``, or a partition could be forgotten before it settles).
     """
 
     def __init__(
@@ -197,8 +222,15 @@ class LeadershipMonitor:
         metadata_max_age_ms: int | None = None,
         logger: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        forget_after_s: float = 600.0,
     ) -> None:
         self.policy = policy if policy is not None else ChurnPolicy()
+        if not forget_after_s > self.policy.quiet_period_s:
+            raise ValueError(
+                f"forget_after_s must be > policy.quiet_period_s "
+                f"({self.policy.quiet_period_s:g}), got {forget_after_s!r}"
+            )
+        self.forget_after_s = float(forget_after_s)
         self.metadata_max_age_ms = (
             metadata_max_age_ms
             if metadata_max_age_ms is not None
@@ -208,7 +240,11 @@ class LeadershipMonitor:
         self._clock = clock
         self._lock = threading.Lock()
         self._parts: dict[tuple[str, int], _Partition] = {}
+        # partitions not STABLE: the only ones a tick or a query must re-evaluate
+        self._unsettled: dict[tuple[str, int], _Partition] = {}
         self._topics: dict[str, _Topic] = {}
+        self._next_sweep = clock() + self.forget_after_s / 2
+        self._forgotten = 0
         self._listeners: list[Listener] = []
         self._unattributed = 0
         self._ticks = 0
@@ -230,19 +266,23 @@ class LeadershipMonitor:
     def on_stats(self, stats: str | bytes | Mapping[str, Any]) -> None:
         """Feed one librdkafka statistics document (use as ``stats_cb``).
 
-        Tolerates missing fields, partitions without a leader (-1) and malformed JSON (the
-        tick is ignored, counted in :meth:`snapshot`). Never raises.
+        Tolerates missing fields, partitions without a leader (-1) and malformed input (the
+        tick is ignored, counted in :meth:`snapshot` as ``unparsable_stats``): invalid or deeply
+        nested JSON, odd types. Never raises (it runs inside librdkafka's callback).
         """
-        now = self._clock()
         try:
-            doc = json.loads(stats) if isinstance(stats, str | bytes) else stats
-        except ValueError:
-            doc = None
-        if not isinstance(doc, Mapping):
+            self._on_stats(stats)
+        except Exception as exc:  # RecursionError from json, a Mapping that raises ...
             with self._lock:
                 self._bad_stats += 1
-            self._log.debug("kafka_stats_unparsable")
-            return
+            with contextlib.suppress(Exception):  # a logger that raises: nothing left to do
+                self._log.debug("kafka_stats_unparsable", error=type(exc).__name__)
+
+    def _on_stats(self, stats: str | bytes | Mapping[str, Any]) -> None:
+        now = self._clock()
+        doc = json.loads(stats) if isinstance(stats, str | bytes) else stats
+        if not isinstance(doc, Mapping):
+            raise TypeError("a statistics document is a JSON object")
         changes: list[LeadershipChange] = []
         stale_changes: list[tuple[str, bool, float]] = []
         with self._lock:
@@ -255,14 +295,28 @@ class LeadershipMonitor:
             self._evaluate_all(now, changes)
         self._emit(changes, stale_changes)
 
-    def on_error(self, err: object, topic: str | None = None, partition: int | None = None) -> None:
+    def on_error(
+        self,
+        err: object,
+        topic: str | None = None,
+        partition: int | None = None,
+        *,
+        classification: Classification | None = None,
+        context: Context | None = None,
+    ) -> None:
         """Feed an error (``KafkaError``, exception or code) seen for ``topic``/``partition``.
 
         Only leadership-class errors count. Without a partition (or -1) the error counts for
         every known partition of the topic; without a topic it is only counted in
         :meth:`snapshot` (``unattributed_errors``). Usable as ``error_cb``.
+
+        The monitor classifies *err* itself with ``classify(err, context=context)``; a caller
+        that already classified it passes *classification*, which wins. A delivery report's
+        ``UNKNOWN_TOPIC_OR_PART`` is a missing topic (CONFIG), not a leader move: pass
+        ``context="delivery"`` (or the delivery-context classification) so that deleting a
+        topic is not reported as leadership trouble. :meth:`on_delivery` does this itself.
         """
-        c = classify(err)
+        c = classification if classification is not None else classify(err, context=context)
         if c.category is not ErrorCategory.LEADERSHIP:
             return
         now = self._clock()
@@ -283,17 +337,22 @@ class LeadershipMonitor:
                 part.last_error = c
                 part.errors.append(now)
                 self._signal(key, part, now, c.name, changes)
+            self._maybe_sweep(now)
         self._emit(changes, [])
 
     def on_delivery(self, err: object, msg: Any) -> None:
-        """Feed a delivery report (``on_delivery(err, msg)``); successes are ignored."""
+        """Feed a delivery report (``on_delivery(err, msg)``); successes are ignored.
+
+        The error is classified in delivery context (``UNKNOWN_TOPIC_OR_PART`` after
+        librdkafka's own retries is a missing topic, not leadership trouble).
+        """
         if err is None:
             return
         try:
             topic, partition = msg.topic(), msg.partition()
         except AttributeError:
             topic, partition = None, None
-        self.on_error(err, topic, partition)
+        self.on_error(err, topic, partition, context="delivery")
 
     def on_log(self, message: str) -> None:
         """Feed one librdkafka log line; counted when it names a leadership error.
@@ -317,14 +376,14 @@ class LeadershipMonitor:
         return self._query(lambda: self._state_of(topic, partition))
 
     def states(self) -> dict[tuple[str, int], LeadershipState]:
-        """Current state of every partition seen so far."""
+        """Current state of every partition known (seen and not forgotten)."""
         return self._query(lambda: {k: p.state for k, p in self._parts.items()})
 
     def worst_state(self) -> LeadershipState:
         """The most severe state over all partitions (for a one-word health check)."""
         return self._query(
             lambda: max(
-                (p.state for p in self._parts.values()),
+                (p.state for p in self._unsettled.values()),
                 key=_SEVERITY.__getitem__,
                 default=LeadershipState.STABLE,
             )
@@ -352,6 +411,9 @@ class LeadershipMonitor:
 
         def build() -> dict[str, Any]:
             now = self._clock()
+            horizon = now - self.policy.window_s
+            for p in self._parts.values():
+                _prune(p, horizon)
             parts = {
                 f"{topic}[{partition}]": {
                     "topic": topic,
@@ -367,7 +429,7 @@ class LeadershipMonitor:
                 for (topic, partition), p in sorted(self._parts.items())
             }
             worst = max(
-                (p.state for p in self._parts.values()),
+                (p.state for p in self._unsettled.values()),
                 key=_SEVERITY.__getitem__,
                 default=LeadershipState.STABLE,
             )
@@ -382,6 +444,7 @@ class LeadershipMonitor:
                 "unattributed_errors": self._unattributed,
                 "stats_ticks": self._ticks,
                 "unparsable_stats": self._bad_stats,
+                "forgotten_partitions": self._forgotten,
                 "policy": dataclasses.asdict(self.policy),
             }
 
@@ -397,6 +460,7 @@ class LeadershipMonitor:
         changes: list[LeadershipChange] = []
         with self._lock:
             self._evaluate_all(now, changes)
+            self._maybe_sweep(now)
             result = read()
         self._emit(changes, [])
         return result
@@ -408,8 +472,29 @@ class LeadershipMonitor:
     def _part(self, key: tuple[str, int], now: float) -> _Partition:
         part = self._parts.get(key)
         if part is None:
-            part = self._parts[key] = _Partition(since=now)
+            part = self._parts[key] = _Partition(since=now, seen=now)
         return part
+
+    def _maybe_sweep(self, now: float) -> None:
+        """Forget STABLE partitions and topics unseen for ``forget_after_s`` (under the lock).
+
+        Runs at most every ``forget_after_s / 2``, so its walk over every known partition is
+        amortised over many ticks and the tick stays linear in the live partitions.
+        """
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + self.forget_after_s / 2
+        cutoff = now - self.forget_after_s
+        gone = [
+            key
+            for key, p in self._parts.items()
+            if p.seen < cutoff and p.state is LeadershipState.STABLE
+        ]
+        for key in gone:
+            del self._parts[key]
+        self._forgotten += len(gone)
+        for name in [n for n, t in self._topics.items() if t.seen < cutoff]:
+            del self._topics[name]
 
     def _stats_topic(
         self,
@@ -421,7 +506,10 @@ class LeadershipMonitor:
     ) -> None:
         age = tdoc.get("metadata_age")
         if isinstance(age, int | float) and not isinstance(age, bool):
-            t = self._topics.setdefault(name, _Topic())
+            t = self._topics.get(name)
+            if t is None:
+                t = self._topics[name] = _Topic()
+            t.seen = now
             t.metadata_age_ms = float(age)
             stale = age > self.metadata_max_age_ms
             if stale != t.stale:
@@ -446,6 +534,7 @@ class LeadershipMonitor:
         self, key: tuple[str, int], leader: int, now: float, changes: list[LeadershipChange]
     ) -> None:
         part = self._part(key, now)
+        part.seen = now
         if leader < 0:
             if not part.leaderless and part.leader is not None:
                 part.leaderless = True
@@ -472,11 +561,14 @@ class LeadershipMonitor:
         if part.last_signal is None or now - part.last_signal > self.policy.burst_gap_s:
             part.bursts.append(now)
         part.last_signal = now
+        part.seen = now
         part.last_reason = reason
         self._evaluate(key, part, now, changes)
 
     def _evaluate_all(self, now: float, changes: list[LeadershipChange]) -> None:
-        for key, part in self._parts.items():
+        # Only partitions out of STABLE can change without a new signal (their quiet period
+        # ends); a STABLE one changes only through _signal, which evaluates it.
+        for key, part in list(self._unsettled.items()):
             self._evaluate(key, part, now, changes)
 
     def _evaluate(
@@ -487,10 +579,7 @@ class LeadershipMonitor:
         changes: list[LeadershipChange],
     ) -> None:
         policy = self.policy
-        horizon = now - policy.window_s
-        for q in (part.moves, part.bursts, part.errors):
-            while q and q[0] < horizon:
-                q.popleft()
+        _prune(part, now - policy.window_s)
         quiet = part.last_signal is None or now - part.last_signal >= policy.quiet_period_s
         churn = (
             len(part.moves) >= policy.churn_leader_changes
@@ -531,6 +620,10 @@ class LeadershipMonitor:
         )
         part.state = new
         part.since = now
+        if new is LeadershipState.STABLE:
+            self._unsettled.pop(key, None)
+        else:
+            self._unsettled[key] = part
 
     def _emit(
         self, changes: list[LeadershipChange], stale_changes: list[tuple[str, bool, float]]
@@ -570,13 +663,24 @@ class LeadershipMonitor:
                     self._log.warning("leadership_listener_failed", exc_info=True)
 
 
+# Every Kafka error code kresilient classifies as LEADERSHIP, from the public API only: the
+# codes confluent-kafka names, their names and librdkafka's description text.
+_LEADERSHIP_CODES: Final[tuple[int, ...]] = tuple(
+    sorted(
+        {
+            code
+            for code in vars(KafkaError).values()
+            if isinstance(code, int)
+            and not isinstance(code, bool)
+            and classify(code).category is ErrorCategory.LEADERSHIP
+        }
+    )
+)
 _LEADERSHIP_NAMES: Final[Mapping[str, int]] = {
-    c.name: code for code, c in _BY_CODE.items() if c.category is ErrorCategory.LEADERSHIP
+    classify(code).name: code for code in _LEADERSHIP_CODES
 }
 _LEADERSHIP_DESCRIPTIONS: Final[tuple[tuple[str, int], ...]] = tuple(
-    (desc, code)
-    for desc, code in _BY_DESCRIPTION.items()
-    if code in _BY_CODE and _BY_CODE[code].category is ErrorCategory.LEADERSHIP
+    (KafkaError(code).str(), code) for code in _LEADERSHIP_CODES
 )
 
 
