@@ -39,6 +39,7 @@ import json
 import signal
 import threading
 import time
+import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -73,6 +74,8 @@ from kresilient.producer._support import (
     drain,
     fatal_cause,
     lost_fatal,
+    scrub_error,
+    scrub_exception,
     weak_callback,
 )
 from kresilient.redaction import Redactor, redact_config
@@ -340,12 +343,7 @@ class ResilientProducer:
         try:
             return Producer(conf)
         except KafkaException as exc:
-            raise translate(
-                KafkaException(KafkaError(exc.args[0].code(), self._scrub(exc.args[0].str())))
-                if exc.args and isinstance(exc.args[0], KafkaError)
-                else exc,
-                operation="configure",
-            ) from None
+            raise translate(scrub_exception(exc, self._scrub), operation="configure") from None
         except (ValueError, TypeError) as exc:  # the binding's own checks quote the value
             raise ConfigError(self._scrub(str(exc))) from None
 
@@ -531,7 +529,10 @@ class ResilientProducer:
             return handle
         self._refused += 1
         error = translate(
-            exc, topic=topic, partition=part if part >= 0 else None, operation="produce"
+            scrub_exception(exc, self._scrub),
+            topic=topic,
+            partition=part if part >= 0 else None,
+            operation="produce",
         )
         self._end_span(handle, exc, error.classification)
         raise error from exc
@@ -597,7 +598,7 @@ class ResilientProducer:
             self._handle_fatal(fatal, generation)
             return
         if isinstance(exc, KafkaException):
-            raise translate(exc, operation="produce") from exc
+            raise translate(scrub_exception(exc, self._scrub), operation="produce") from None
         if exc is not None:
             raise exc
 
@@ -613,6 +614,7 @@ class ResilientProducer:
                 raise self._fatal
             if self._recreations != generation:
                 return  # another thread already replaced the instance that failed
+            exc = scrub_exception(exc, self._scrub)
             error = translate(exc, operation="produce")
             fatal = (
                 error
@@ -702,7 +704,7 @@ class ResilientProducer:
             value_size=len(value) if value is not None else 0,
             headers=handle_extras(handle)[0],
             classification=classification,
-            error=err,
+            error=scrub_error(err, self._scrub),
             message_id=handle._id,
         )
         cls = MessageTooLargeError if err.code() in _TOO_LARGE else ProduceError
@@ -749,6 +751,7 @@ class ResilientProducer:
                 "callback_failed",
                 error=self._scrub(repr(exc)),
                 errors=self._callback_errors,
+                traceback=self._scrub("".join(traceback.format_exception(exc))),
             )
 
     def _rate_ok(self, key: object) -> bool:
@@ -980,7 +983,7 @@ class ResilientProducer:
             pending = len(self._failures) + len(self._reported) + self._unaccounted
         produced_mark, failed_mark, refused_mark = self._mark
         since = (self._produced() - produced_mark) - (self._refused - refused_mark)
-        if since <= 0 and not pending and not len(self):
+        if since <= 0 and not pending:
             self._close(0)
             return
         failures, lost, error = self._close(self._exit_timeout)

@@ -23,6 +23,8 @@ __all__ = [
     "drain",
     "fatal_cause",
     "lost_fatal",
+    "scrub_error",
+    "scrub_exception",
     "weak_callback",
 ]
 
@@ -73,6 +75,32 @@ def lost_fatal(exc: BaseException | None, fatal_line: str | None) -> KafkaExcept
     ):
         return KafkaException(KafkaError(KafkaError._FATAL, fatal_line, fatal=True))
     return None
+
+
+def scrub_error(err: KafkaError, scrub: Callable[[str], str]) -> KafkaError:
+    """``err`` with its text redacted (the same object when there was nothing to redact)."""
+    text = err.str()
+    clean = scrub(text)
+    if clean == text:
+        return err
+    return KafkaError(
+        err.code(),
+        clean,
+        fatal=err.fatal(),
+        retriable=err.retriable(),
+        txn_requires_abort=err.txn_requires_abort(),
+    )
+
+
+def scrub_exception(exc: KafkaException, scrub: Callable[[str], str]) -> KafkaException:
+    """``exc`` with its ``KafkaError`` text redacted, before it becomes a kresilient error."""
+    if not exc.args or not isinstance(exc.args[0], KafkaError):
+        text = str(exc)
+        clean = scrub(text)
+        return exc if clean == text else KafkaException(clean)
+    err = exc.args[0]
+    clean_err = scrub_error(err, scrub)
+    return exc if clean_err is err else KafkaException(clean_err)
 
 
 def drain(producer: Any) -> int:
@@ -264,8 +292,10 @@ class LogBridge:
             if not (facility == "FAIL" and self._reach is not None and self._reach.failed(text)):
                 method = _LEVEL_METHOD.get(level, "info")
                 getattr(self._log, method)("librdkafka_log", facility=facility, message=text)
-            if self._user is not None:
-                self._user.log(level, fmt, *args)
+            if self._user is not None:  # the application's logger gets the redacted line too
+                self._user.log(
+                    level, "%s [%s] %s", facility, args[1] if len(args) > 1 else "", text
+                )
         except Exception as exc:  # logging must never break the client
             if self._on_failure is not None:
                 self._on_failure(exc)
