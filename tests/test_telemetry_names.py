@@ -14,9 +14,25 @@ from opentelemetry.semconv.attributes import (
     exception_attributes,
     server_attributes,
 )
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.semconv.schemas import Schemas
 
-from kresilient.telemetry import _names as N
+from kresilient.telemetry import names as N
+
+
+def _sdk_exception_event_name() -> str:
+    """The event name the SDK's own ``Span.record_exception`` writes (no semconv constant)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    span = provider.get_tracer("names").start_span("s")
+    span.record_exception(ValueError("x"))
+    span.end()
+    (finished,) = exporter.get_finished_spans()
+    return finished.events[0].name
+
 
 PAIRS = [
     (N.MESSAGING_SYSTEM, MA.MESSAGING_SYSTEM),
@@ -38,6 +54,8 @@ PAIRS = [
     (N.SERVER_PORT, server_attributes.SERVER_PORT),
     (N.EXCEPTION_TYPE, exception_attributes.EXCEPTION_TYPE),
     (N.EXCEPTION_MESSAGE, exception_attributes.EXCEPTION_MESSAGE),
+    (N.EXCEPTION_STACKTRACE, exception_attributes.EXCEPTION_STACKTRACE),
+    (N.EVENT_EXCEPTION, _sdk_exception_event_name()),
     (N.OP_TYPE_SEND, MA.MessagingOperationTypeValues.SEND.value),
     (N.OP_TYPE_PROCESS, MA.MessagingOperationTypeValues.PROCESS.value),
     (N.OP_TYPE_SETTLE, MA.MessagingOperationTypeValues.SETTLE.value),
@@ -69,7 +87,7 @@ def test_literal_equals_semconv_constant(literal: str, published: str) -> None:
 
 
 def _semconv_literals() -> dict[str, str]:
-    """Every name in _telemetry_names that lives in a semantic-convention namespace."""
+    """Every name in kresilient.telemetry.names that lives in a semantic-convention namespace."""
     return {
         k: v
         for k, v in vars(N).items()

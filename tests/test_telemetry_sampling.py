@@ -1,4 +1,4 @@
-"""The sampled-out fast path of Telemetry.producer_send (kresilient/_telemetry_sampling.py).
+"""The sampled-out fast path of Telemetry.producer_send (kresilient/telemetry/sampling.py).
 
 With a ``TraceIdRatioBased`` or ``ParentBased(TraceIdRatioBased)`` sampler the producer takes
 the SDK's sampling decision itself: a sampled-out message gets only the ``traceparent`` the SDK
@@ -40,7 +40,7 @@ from opentelemetry.semconv._incubating.metrics import messaging_metrics as MM
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from kresilient.telemetry import Telemetry, _sampling, extract_context
+from kresilient.telemetry import Telemetry, extract_context, sampling
 
 W3C = TraceContextTextMapPropagator()
 DEFAULT_COMPOSITE = CompositePropagator([W3C, W3CBaggagePropagator()])
@@ -249,13 +249,13 @@ def _span_view(span: ReadableSpan) -> dict[str, Any]:
 
 def test_sampled_span_is_the_generic_paths_span(monkeypatch: pytest.MonkeyPatch) -> None:
     roots: list[int] = []
-    real = _sampling.FastSampler.start_root
+    real = sampling.FastSampler.start_root
 
     def spy(self: Any, trace_id: int, *args: Any) -> Any:
         roots.append(trace_id)
         return real(self, trace_id, *args)
 
-    monkeypatch.setattr(_sampling.FastSampler, "start_root", spy)
+    monkeypatch.setattr(sampling.FastSampler, "start_root", spy)
     views = []
     for make in (telemetry, lambda tp: generic(telemetry(tp))):
         tp, exporter = provider(ParentBased(TraceIdRatioBased(1.0)))

@@ -23,9 +23,9 @@ after a couple of attribute loads, no span or attribute dict is built. A global 
 span is never recorded, but its context is still injected so downstream services agree. With a
 ``TraceIdRatioBased`` or ``ParentBased(TraceIdRatioBased)`` sampler the producer takes the
 sampler's decision itself (same rule, same trace ids): a sampled-out message costs a random
-draw and a ``traceparent`` header, no SDK span (:mod:`kresilient.telemetry._sampling`).
+draw and a ``traceparent`` header, no SDK span (:mod:`kresilient.telemetry.sampling`).
 
-Attribute/metric names: :mod:`kresilient.telemetry._names` (checked against the
+Attribute/metric names: :mod:`kresilient.telemetry.names` (checked against the
 ``opentelemetry-semantic-conventions`` package by the tests).
 """
 

@@ -8,9 +8,11 @@ from typing import Protocol
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.propagators.textmap import Getter, TextMapPropagator
 
 __all__ = [
+    "NO_PROPAGATION",
     "HeaderValue",
     "Headers",
     "MessageLike",
@@ -18,6 +20,14 @@ __all__ = [
     "inject_headers",
     "merge_carrier",
 ]
+
+NO_PROPAGATION: TextMapPropagator = CompositePropagator([])
+"""A propagator that writes and reads nothing.
+
+``Telemetry(propagator=NO_PROPAGATION)`` (or ``ResilientProducer(..., propagator=...)``) sends
+headers byte for byte as given: for a producer that copies records whose trace context must
+stay the original one, e.g. a dead-letter producer. Spans are still recorded.
+"""
 
 HeaderValue = bytes | str | None
 

@@ -23,10 +23,15 @@ after a couple of attribute loads, no span or attribute dict is built. A global 
 span is never recorded, but its context is still injected so downstream services agree. With a
 ``TraceIdRatioBased`` or ``ParentBased(TraceIdRatioBased)`` sampler the producer takes the
 sampler's decision itself (same rule, same trace ids): a sampled-out message costs a random
-draw and a ``traceparent`` header, no SDK span (:mod:`kresilient.telemetry._sampling`).
+draw and a ``traceparent`` header, no SDK span (:mod:`kresilient.telemetry.sampling`).
 
-Attribute/metric names: :mod:`kresilient.telemetry._names` (checked against the
+Attribute/metric names: :mod:`kresilient.telemetry.names` (checked against the
 ``opentelemetry-semantic-conventions`` package by the tests).
+
+Failures: telemetry never changes what happens to a message. Every call into the SDK on the
+message path (span start/end and their processors, propagators, meters) is guarded: an error is
+counted (:attr:`Telemetry.failures`), logged rate-limited as ``kafka_telemetry_failed`` and the
+message goes on as if telemetry were off for that step.
 """
 
 from __future__ import annotations
@@ -42,20 +47,22 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import TextMapPropagator
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Link, Span, SpanKind
 
-from kresilient.telemetry import _names as N
+from kresilient.redaction import Redactor, redact_text
+from kresilient.telemetry import names as N
 from kresilient.telemetry._log import add_trace_context, production_config, trace_fields
 from kresilient.telemetry._propagation import (
+    NO_PROPAGATION,
     Headers,
     HeaderValue,
     MessageLike,
     extract_context,
     inject_headers,
 )
-from kresilient.telemetry._sampling import FastSampler, fast_sampler_for
-from kresilient.telemetry._scope import _CURRENT, _NULL_SCOPE, _Bases, _ProcessScope, _SendToken
+from kresilient.telemetry._scope import _CURRENT, _NULL_SCOPE, _Bases, _SendToken
 from kresilient.telemetry._util import (
+    Redact,
     _call,
     _category,
     _config_error,
@@ -63,21 +70,26 @@ from kresilient.telemetry._util import (
     _exception_type,
     _global_meter_provider_is_set,
     _global_tracer_provider_is_set,
+    _Guard,
     _Instruments,
     _is_proxy_meter_provider,
     _is_proxy_tracer_provider,
     _key_text,
+    _LocalCounter,
     _make_instruments,
     _make_tracer,
     _mark_error,
     _offset_item,
+    _record_exception,
     _safe_int,
     _short,
     _state_name,
     _str_or_none,
 )
+from kresilient.telemetry.sampling import FastSampler, fast_sampler_for
 
 __all__ = [
+    "NO_PROPAGATION",
     "Headers",
     "MessageLike",
     "Telemetry",
@@ -87,6 +99,34 @@ __all__ = [
     "production_config",
     "trace_fields",
 ]
+
+
+class _MetricSet:
+    """One client's metric attributes for (topic base, partition, error type), and the shared
+    counter cell they count in (resolved on first count; the client's cache owns it)."""
+
+    __slots__ = ("attrs", "cell", "counter")
+
+    def __init__(self, attrs: dict[str, Any]) -> None:
+        self.attrs = attrs
+        self.counter: _LocalCounter | None = None
+        self.cell: list[Any] | None = None
+
+    def count(self, counter: _LocalCounter) -> None:
+        cell = self.cell
+        if cell is None or self.counter is not counter:
+            cell = self.cell = counter.cell(self.attrs)
+            self.counter = counter
+        counter.add_to(cell)
+
+
+def _header_list(headers: Headers) -> list[tuple[str, HeaderValue]]:
+    """*headers* as a new list, unchanged (what a failed injection sends)."""
+    if headers is None:
+        return []
+    if isinstance(headers, Mapping):
+        return list(headers.items())
+    return list(headers)
 
 
 class Telemetry:
@@ -103,10 +143,20 @@ class Telemetry:
             ``"link"``: the process span starts in the consumer's current trace and carries a
             span link to the producer (the conventions' recommended default for batch/async).
         server_address, server_port: ``server.address``/``server.port`` if the caller knows them.
-        record_message_key: set ``messaging.kafka.message.key`` (text keys only). Disable when
-            keys carry personal data.
+        record_message_key: set ``messaging.kafka.message.key`` (text keys only) on spans.
+            Default ``False``: keys are often e-mail addresses or user ids, and the semantic
+            conventions make the attribute opt-in. Never on metrics.
+        metric_partition_attribute: add ``messaging.destination.partition.id`` to the
+            per-message metrics. Default ``False``: one series per partition exceeds the SDK's
+            cardinality limit (2,000 series per instrument) on large topics, and the overflow
+            lands in ``otel.metric.overflow``. Spans always carry the partition.
+        redactor: applied to every exception text that goes into a span status or event
+            (default :func:`kresilient.redaction.redact_text`; :meth:`for_client` uses a
+            :class:`~kresilient.redaction.Redactor` for the client's configuration).
         logger: structlog logger for notable events (default:
             ``structlog.get_logger("kresilient")``).
+
+    Telemetry never raises into the message path: see :attr:`failures`.
     """
 
     def __init__(
@@ -120,7 +170,9 @@ class Telemetry:
         link_mode: Literal["parent", "link"] = "parent",
         server_address: str | None = None,
         server_port: int | None = None,
-        record_message_key: bool = True,
+        record_message_key: bool = False,
+        metric_partition_attribute: bool = False,
+        redactor: Redact | None = None,
         logger: Any = None,
     ) -> None:
         if link_mode not in ("parent", "link"):
@@ -129,7 +181,9 @@ class Telemetry:
         self.consumer_group = consumer_group
         self.link_mode = link_mode
         self._propagator = propagator
-        self._record_key = record_message_key
+        self._record_key = bool(record_message_key)
+        self._metric_partition = bool(metric_partition_attribute)
+        self._redact: Redact = redactor if redactor is not None else redact_text
         self._common: dict[str, Any] = {N.MESSAGING_SYSTEM: N.MESSAGING_SYSTEM_KAFKA}
         if server_address:
             self._common[N.SERVER_ADDRESS] = server_address
@@ -137,30 +191,69 @@ class Telemetry:
                 self._common[N.SERVER_PORT] = server_port
         self._send_bases: dict[str, _Bases] = {}
         self._process_bases: dict[tuple[str, str | None], _Bases] = {}
-        self._metric_cache: dict[tuple[int, int | None, str | None], dict[str, Any]] = {}
+        # Never evicted: bounded by topics x partitions x error names (x 1 partition when the
+        # partition is not a metric attribute); dies with the client.
+        self._metric_cache: dict[tuple[int, int | None, str | None], _MetricSet] = {}
         log = logger if logger is not None else structlog.get_logger("kresilient")
         self._log = log.bind(client_id=client_id) if client_id else log
+        self._guard = _Guard(self._log, self._redact)
 
         # None (or the API's proxy) means the global provider. get_*_provider() also loads one
         # named by OTEL_PYTHON_TRACER_PROVIDER / OTEL_PYTHON_METER_PROVIDER. While the global is
         # still the proxy, each call re-checks it cheaply (a provider may be set later).
-        if tracer_provider is None or _is_proxy_tracer_provider(tracer_provider):
-            tracer_provider = trace.get_tracer_provider()
-        self._tracer_pending = _is_proxy_tracer_provider(tracer_provider)
-        self._tracer = None if self._tracer_pending else _make_tracer(tracer_provider)
-        self._fast: FastSampler | None = fast_sampler_for(self._tracer)
+        self._tracer: trace.Tracer | None = None
+        self._tracer_pending = False
+        self._fast: FastSampler | None = None
+        try:
+            if tracer_provider is None or _is_proxy_tracer_provider(tracer_provider):
+                tracer_provider = trace.get_tracer_provider()
+            self._tracer_pending = _is_proxy_tracer_provider(tracer_provider)
+            if not self._tracer_pending:
+                self._tracer = _make_tracer(tracer_provider)
+                self._fast = fast_sampler_for(self._tracer)
+        except Exception as exc:  # a broken provider: no spans, the client still works
+            self._guard("tracer_provider", exc)
+            self._tracer, self._tracer_pending, self._fast = None, False, None
 
-        if meter_provider is None or _is_proxy_meter_provider(meter_provider):
-            meter_provider = otel_metrics.get_meter_provider()
-        self._instr_pending = _is_proxy_meter_provider(meter_provider)
-        self._instr = None if self._instr_pending else _make_instruments(meter_provider)
+        self._instr: _Instruments | None = None
+        self._instr_pending = False
+        try:
+            if meter_provider is None or _is_proxy_meter_provider(meter_provider):
+                meter_provider = otel_metrics.get_meter_provider()
+            self._instr_pending = _is_proxy_meter_provider(meter_provider)
+            if not self._instr_pending:
+                self._instr = _make_instruments(meter_provider)
+        except Exception as exc:
+            self._guard("meter_provider", exc)
+            self._instr, self._instr_pending = None, False
 
     @classmethod
     def for_client(cls, config: Mapping[str, Any], **kwargs: Any) -> Telemetry:
-        """Build from a librdkafka config: ``client.id`` and ``group.id`` are taken from it."""
+        """Build from a librdkafka config: ``client.id`` and ``group.id`` are taken from it, and
+        span texts are redacted with a :class:`~kresilient.redaction.Redactor` for it."""
         kwargs.setdefault("client_id", _str_or_none(config.get("client.id")))
         kwargs.setdefault("consumer_group", _str_or_none(config.get("group.id")))
+        if kwargs.get("redactor") is None:
+            kwargs["redactor"] = Redactor.for_config(config)
         return cls(**kwargs)
+
+    @property
+    def failures(self) -> int:
+        """Telemetry failures absorbed so far (a span processor, exporter, propagator or meter
+        raised). Each cost a span, an event or a data point, never a message; they are logged
+        as ``kafka_telemetry_failed`` (WARNING, at most one line per step every 5 s, with the
+        count held back in between)."""
+        return self._guard.failures
+
+    @property
+    def record_message_key(self) -> bool:
+        """Whether text message keys go into spans (``messaging.kafka.message.key``)."""
+        return self._record_key
+
+    @property
+    def metric_partition_attribute(self) -> bool:
+        """Whether the per-message metrics carry ``messaging.destination.partition.id``."""
+        return self._metric_partition
 
     # --- enablement -------------------------------------------------------------------------
 
@@ -168,8 +261,13 @@ class Telemetry:
         if not _global_tracer_provider_is_set():
             return None
         self._tracer_pending = False
-        tracer = _make_tracer(trace.get_tracer_provider())
-        self._fast = fast_sampler_for(tracer)
+        try:
+            tracer = _make_tracer(trace.get_tracer_provider())
+            fast = fast_sampler_for(tracer)
+        except Exception as exc:
+            self._guard("tracer_provider", exc)
+            return None
+        self._fast = fast
         self._tracer = tracer
         return tracer
 
@@ -177,7 +275,11 @@ class Telemetry:
         if not _global_meter_provider_is_set():
             return None
         self._instr_pending = False
-        self._instr = _make_instruments(otel_metrics.get_meter_provider())
+        try:
+            self._instr = _make_instruments(otel_metrics.get_meter_provider())
+        except Exception as exc:
+            self._guard("meter_provider", exc)
+            return None
         return self._instr
 
     def _active(self) -> tuple[trace.Tracer | None, _Instruments | None]:
@@ -210,8 +312,15 @@ class Telemetry:
     def inject_headers(
         self, headers: Headers, context: Context | None = None
     ) -> list[tuple[str, HeaderValue]]:
-        """:func:`inject_headers` with this client's propagator."""
-        return inject_headers(headers, context=context, propagator=self._propagator)
+        """:func:`inject_headers` with this client's propagator.
+
+        If the propagator raises, the headers are returned unchanged (as a new list).
+        """
+        try:
+            return inject_headers(headers, context=context, propagator=self._propagator)
+        except Exception as exc:
+            self._guard("inject_headers", exc)
+            return _header_list(headers)
 
     def trace_carrier(self, context: Context | None = None) -> dict[str, str]:
         """The propagator's fields for *context* (default: current), e.g. ``{"traceparent": ...}``.
@@ -220,12 +329,21 @@ class Telemetry:
         under other names (``kresilient.traceparent`` in dead-letter records).
         """
         carrier: dict[str, str] = {}
-        (self._propagator or propagate.get_global_textmap()).inject(carrier, context=context)
+        try:
+            (self._propagator or propagate.get_global_textmap()).inject(carrier, context=context)
+        except Exception as exc:
+            self._guard("trace_carrier", exc)
+            return {}
         return carrier
 
     def extract_context(self, headers: Headers, context: Context | None = None) -> Context:
-        """:func:`extract_context` with this client's propagator."""
-        return extract_context(headers, context=context, propagator=self._propagator)
+        """:func:`extract_context` with this client's propagator (*context* or the current one
+        if the propagator raises)."""
+        try:
+            return extract_context(headers, context=context, propagator=self._propagator)
+        except Exception as exc:
+            self._guard("extract_context", exc)
+            return context if context is not None else otel_context.get_current()
 
     # --- producer ---------------------------------------------------------------------------
 
@@ -271,36 +389,53 @@ class Telemetry:
                 return headers, None
             base = self._send_bases.get(topic) or self._send_base(topic)
             return headers, _SendToken(None, time.perf_counter(), base.metric)
-        fast = self._fast
-        root_id = None
-        if fast is not None:
-            # Sampled out: no span, only the traceparent the SDK would have injected.
-            routed = fast.route(headers, self._propagator)
-            if isinstance(routed, list):
-                if instr is None:
-                    return routed, None
-                base = self._send_bases.get(topic) or self._send_base(topic)
-                return routed, _SendToken(None, time.perf_counter(), base.metric)
-            root_id = routed
-        base = self._send_bases.get(topic) or self._send_base(topic)
-        attrs = base.span.copy()
-        attrs[N.MESSAGING_MESSAGE_BODY_SIZE] = value_size
-        if partition is not None and partition >= 0:
-            attrs[N.MESSAGING_DESTINATION_PARTITION_ID] = str(partition)
-        if key is not None and self._record_key:
-            text = _key_text(key)
-            if text is not None:
-                attrs[N.MESSAGING_KAFKA_MESSAGE_KEY] = text
-        if tombstone:
-            attrs[N.MESSAGING_KAFKA_MESSAGE_TOMBSTONE] = True
-        if fast is None or root_id is None:
-            span = tracer.start_span(base.name, kind=SpanKind.PRODUCER, attributes=attrs)
-        else:  # a sampled root: the trace id the fast path drew
-            span = fast.start_root(root_id, base.name, SpanKind.PRODUCER, attrs)
-        out = inject_headers(
-            headers, context=trace.set_span_in_context(span), propagator=self._propagator
-        )
-        return out, _SendToken(span, time.perf_counter(), base.metric)
+        span: Span | None = None
+        try:
+            fast = self._fast
+            root_id = None
+            if fast is not None:
+                # Sampled out: no span, only the traceparent the SDK would have injected.
+                routed = fast.route(headers, self._propagator)
+                if isinstance(routed, list):
+                    if instr is None:
+                        return routed, None
+                    base = self._send_bases.get(topic) or self._send_base(topic)
+                    return routed, _SendToken(None, time.perf_counter(), base.metric)
+                root_id = routed
+            base = self._send_bases.get(topic) or self._send_base(topic)
+            attrs = base.span.copy()
+            attrs[N.MESSAGING_MESSAGE_BODY_SIZE] = value_size
+            if partition is not None and partition >= 0:
+                attrs[N.MESSAGING_DESTINATION_PARTITION_ID] = str(partition)
+            if key is not None and self._record_key:
+                text = _key_text(key)
+                if text is not None:
+                    attrs[N.MESSAGING_KAFKA_MESSAGE_KEY] = text
+            if tombstone:
+                attrs[N.MESSAGING_KAFKA_MESSAGE_TOMBSTONE] = True
+            if fast is None or root_id is None:
+                span = tracer.start_span(base.name, kind=SpanKind.PRODUCER, attributes=attrs)
+            else:  # a sampled root: the trace id the fast path drew
+                span = fast.start_root(root_id, base.name, SpanKind.PRODUCER, attrs)
+            out = inject_headers(
+                headers, context=trace.set_span_in_context(span), propagator=self._propagator
+            )
+            return out, _SendToken(span, time.perf_counter(), base.metric)
+        except Exception as exc:  # e.g. a span processor's on_start raised: send untraced
+            self._guard("producer_send", exc)
+            self._end_quietly(span)
+            if instr is None:
+                return headers, None
+            base = self._send_bases.get(topic) or self._send_base(topic)
+            return headers, _SendToken(None, time.perf_counter(), base.metric)
+
+    def _end_quietly(self, span: Span | None) -> None:
+        """End a span a failed step leaves behind (its own failure is counted, not logged)."""
+        if span is not None:
+            try:
+                span.end()
+            except Exception:
+                self._guard.failures += 1
 
     def producer_delivered(
         self,
@@ -319,41 +454,50 @@ class Telemetry:
             return
         elapsed = time.perf_counter() - token.start
         span = token.span
-        partition = _safe_int(msg.partition) if msg is not None else None
-        error_type = None if err is None else _error_name(err)
-        if span is not None and span.is_recording():
-            if partition is not None and partition >= 0:
-                span.set_attribute(N.MESSAGING_DESTINATION_PARTITION_ID, str(partition))
-            if error_type is None:
-                offset = _safe_int(msg.offset) if msg is not None else None
-                if offset is not None and offset >= 0:
-                    span.set_attribute(N.MESSAGING_KAFKA_OFFSET, offset)
-            else:
-                _mark_error(span, err, error_type, _category(classification, err))
-        if span is not None:
-            span.end()
+        partition = error_type = None
+        try:
+            partition = _safe_int(msg.partition) if msg is not None else None
+            error_type = None if err is None else _error_name(err)
+            if span is not None:
+                if span.is_recording():
+                    if partition is not None and partition >= 0:
+                        span.set_attribute(N.MESSAGING_DESTINATION_PARTITION_ID, str(partition))
+                    if error_type is None:
+                        offset = _safe_int(msg.offset) if msg is not None else None
+                        if offset is not None and offset >= 0:
+                            span.set_attribute(N.MESSAGING_KAFKA_OFFSET, offset)
+                    else:
+                        _mark_error(
+                            span, err, error_type, _category(classification, err), self._redact
+                        )
+                span.end()
+        except Exception as exc:  # a span processor's on_end raised: the report goes on
+            self._guard("producer_delivered", exc)
         instr = self._instr
         if instr is not None:
-            attrs = self._metric_attrs(token.attrs, partition, error_type)
-            instr.sent.add(attrs)
-            instr.operation_duration.record(elapsed, attrs)
+            try:
+                metric = self._metric_set(token.attrs, partition, error_type)
+                metric.count(instr.sent)
+                instr.operation_duration.record(elapsed, metric.attrs)
+            except Exception as exc:
+                self._guard("producer_delivered", exc)
 
-    def _metric_attrs(
+    def _metric_set(
         self, base: dict[str, Any], partition: int | None, error_type: str | None
-    ) -> dict[str, Any]:
-        key = (id(base), partition, error_type)
+    ) -> _MetricSet:
+        if not self._metric_partition or (partition is not None and partition < 0):
+            partition = None
+        key = (id(base), partition, error_type)  # bases live as long as the client
         hit = self._metric_cache.get(key)
         if hit is not None:
             return hit
         attrs = base.copy()
-        if partition is not None and partition >= 0:
+        if partition is not None:
             attrs[N.MESSAGING_DESTINATION_PARTITION_ID] = str(partition)
         if error_type is not None:
             attrs[N.ERROR_TYPE] = error_type
-        # Never evicted: bounded by topics x partitions x error names, and the in-process
-        # counters key their series by these dicts' identity.
-        self._metric_cache[key] = attrs
-        return attrs
+        metric = self._metric_cache[key] = _MetricSet(attrs)
+        return metric
 
     # --- consumer ---------------------------------------------------------------------------
 
@@ -381,7 +525,9 @@ class Telemetry:
         to the producer's context from the headers (``link_mode="parent"``) or linked to it
         (``"link"``); records ``messaging.client.consumed.messages`` and
         ``messaging.process.duration``. An exception escaping the block is recorded (status
-        ERROR, ``error.type``) and re-raised. Yields the span, or ``None`` when tracing is off.
+        ERROR, ``error.type``) and re-raised. Yields the span, or ``None`` when tracing is off
+        (or the span could not be started). Never raises an error of its own: a failing span
+        processor costs the span, never the message (see :attr:`failures`).
         """
         tracer, instr = self._active()
         if tracer is None and instr is None:
@@ -412,33 +558,36 @@ class Telemetry:
         *span* defaults to the current process span; *attempt* is the attempt that failed
         (1-based). *topic* defaults to the current process span's topic.
         """
-        scope = _CURRENT.get()
-        if span is None and scope is not None:
-            span = scope.span
-        error_type = _error_name(exc)
-        category = _category(classification, exc)
-        if span is not None and span.is_recording():
-            event: dict[str, Any] = {
-                N.KRESILIENT_RETRY_ATTEMPT: attempt,
-                N.ERROR_TYPE: error_type,
-                N.EXCEPTION_TYPE: _exception_type(exc),
-                N.EXCEPTION_MESSAGE: _short(str(exc)),
-            }
-            if category:
-                event[N.KRESILIENT_ERROR_CATEGORY] = category
-            if delay_s is not None:
-                event[N.KRESILIENT_RETRY_DELAY] = float(delay_s)
-            span.add_event(N.EVENT_RETRY, event)
-        instr = self._active()[1]
-        if instr is not None:
-            attrs = dict(self._common)
-            dest = topic or (scope.topic if scope is not None else None)
-            if dest:
-                attrs[N.MESSAGING_DESTINATION_NAME] = dest
-            attrs[N.ERROR_TYPE] = error_type
-            if category:
-                attrs[N.KRESILIENT_ERROR_CATEGORY] = category
-            instr.retries.add(1, attrs)
+        try:
+            scope = _CURRENT.get()
+            if span is None and scope is not None:
+                span = scope.span
+            error_type = _error_name(exc)
+            category = _category(classification, exc)
+            if span is not None and span.is_recording():
+                event: dict[str, Any] = {
+                    N.KRESILIENT_RETRY_ATTEMPT: attempt,
+                    N.ERROR_TYPE: error_type,
+                    N.EXCEPTION_TYPE: _exception_type(exc),
+                    N.EXCEPTION_MESSAGE: _short(self._redact(str(exc))),
+                }
+                if category:
+                    event[N.KRESILIENT_ERROR_CATEGORY] = category
+                if delay_s is not None:
+                    event[N.KRESILIENT_RETRY_DELAY] = float(delay_s)
+                span.add_event(N.EVENT_RETRY, event)
+            instr = self._active()[1]
+            if instr is not None:
+                attrs = dict(self._common)
+                dest = topic or (scope.topic if scope is not None else None)
+                if dest:
+                    attrs[N.MESSAGING_DESTINATION_NAME] = dest
+                attrs[N.ERROR_TYPE] = error_type
+                if category:
+                    attrs[N.KRESILIENT_ERROR_CATEGORY] = category
+                instr.retries.add(1, attrs)
+        except Exception as err:
+            self._guard("retry_event", err)
 
     @contextmanager
     def dead_letter_span(
@@ -469,82 +618,107 @@ class Telemetry:
         ``error.type`` and status ERROR and the error re-raises.
         """
         scope = _CURRENT.get()
-        if reason is not None and scope is not None and scope.error_type is None:
-            scope.fail(reason, classification)
-        src_topic = _call(source.topic) if source is not None else None
-        if src_topic is None and scope is not None:
-            src_topic = scope.topic
-        src_partition = _safe_int(source.partition) if source is not None else None
-        src_offset = _safe_int(source.offset) if source is not None else None
-        category = _category(classification, reason) if reason is not None else _category(
-            classification
-        )
-        reason_type = _error_name(reason) if reason is not None else None
-        tracer, _ = self._active()
         span: Span | None = None
         token = None
-        if tracer is not None:
-            attrs = dict(self._common)
-            attrs[N.MESSAGING_DESTINATION_NAME] = dlq_topic
-            if kind == "producer":
-                attrs[N.MESSAGING_OPERATION_TYPE] = N.OP_TYPE_SEND
-                attrs[N.MESSAGING_OPERATION_NAME] = N.OP_NAME_SEND
-                name, span_kind = f"{N.OP_NAME_SEND} {dlq_topic}", SpanKind.PRODUCER
-            else:
-                name, span_kind = f"{N.SPAN_DEAD_LETTER} {dlq_topic}", SpanKind.INTERNAL
-            if self.client_id:
-                attrs[N.MESSAGING_CLIENT_ID] = self.client_id
-            for k, v in (
-                (N.KRESILIENT_DEAD_LETTER_SOURCE_TOPIC, src_topic),
-                (N.KRESILIENT_DEAD_LETTER_SOURCE_PARTITION, src_partition),
-                (N.KRESILIENT_DEAD_LETTER_SOURCE_OFFSET, src_offset),
-                (N.KRESILIENT_DEAD_LETTER_REASON, reason_type),
-                (N.KRESILIENT_ERROR_CATEGORY, category),
-                (N.KRESILIENT_ATTEMPTS, attempts),
-            ):
-                if v is not None:
-                    attrs[k] = v
-            span = tracer.start_span(name, kind=span_kind, attributes=attrs)
-            token = otel_context.attach(trace.set_span_in_context(span))
+        src_topic = src_partition = src_offset = category = reason_type = None
+        try:
+            if reason is not None and scope is not None and scope.error_type is None:
+                scope.fail(reason, classification)
+            src_topic = _call(source.topic) if source is not None else None
+            if src_topic is None and scope is not None:
+                src_topic = scope.topic
+            src_partition = _safe_int(source.partition) if source is not None else None
+            src_offset = _safe_int(source.offset) if source is not None else None
+            category = (
+                _category(classification, reason)
+                if reason is not None
+                else _category(classification)
+            )
+            reason_type = _error_name(reason) if reason is not None else None
+            tracer, _ = self._active()
+            if tracer is not None:
+                attrs = dict(self._common)
+                attrs[N.MESSAGING_DESTINATION_NAME] = dlq_topic
+                if kind == "producer":
+                    attrs[N.MESSAGING_OPERATION_TYPE] = N.OP_TYPE_SEND
+                    attrs[N.MESSAGING_OPERATION_NAME] = N.OP_NAME_SEND
+                    name, span_kind = f"{N.OP_NAME_SEND} {dlq_topic}", SpanKind.PRODUCER
+                else:
+                    name, span_kind = f"{N.SPAN_DEAD_LETTER} {dlq_topic}", SpanKind.INTERNAL
+                if self.client_id:
+                    attrs[N.MESSAGING_CLIENT_ID] = self.client_id
+                for k, v in (
+                    (N.KRESILIENT_DEAD_LETTER_SOURCE_TOPIC, src_topic),
+                    (N.KRESILIENT_DEAD_LETTER_SOURCE_PARTITION, src_partition),
+                    (N.KRESILIENT_DEAD_LETTER_SOURCE_OFFSET, src_offset),
+                    (N.KRESILIENT_DEAD_LETTER_REASON, reason_type),
+                    (N.KRESILIENT_ERROR_CATEGORY, category),
+                    (N.KRESILIENT_ATTEMPTS, attempts),
+                ):
+                    if v is not None:
+                        attrs[k] = v
+                span = tracer.start_span(name, kind=span_kind, attributes=attrs)
+                token = otel_context.attach(trace.set_span_in_context(span))
+        except Exception as exc:  # the dead-letter write goes on without its span
+            self._guard("dead_letter_span", exc)
+            self._end_quietly(span)
+            span = token = None
         write_error: str | None = None
         try:
             yield span
         except BaseException as exc:
-            write_error = _error_name(exc)
-            if span is not None and span.is_recording():
-                span.record_exception(exc)
-                _mark_error(span, exc, write_error, _category(None, exc))
+            try:
+                write_error = _error_name(exc)
+                if span is not None and span.is_recording():
+                    _record_exception(span, exc, self._redact)
+                    _mark_error(span, exc, write_error, _category(None, exc), self._redact)
+            except Exception as err:
+                self._guard("dead_letter_span", err)
             raise
         finally:
+            # each step on its own: a span that fails to end must not cost the count or the log
             if token is not None:
-                otel_context.detach(token)
-            fields = trace_fields(span) if span is not None else trace_fields()
+                try:
+                    otel_context.detach(token)
+                except Exception as exc:
+                    self._guard("dead_letter_span", exc)
+            fields: dict[str, str] = {}
             if span is not None:
-                span.end()
-            instr = self._active()[1]
-            if instr is not None:
-                m = dict(self._common)
-                if src_topic:
-                    m[N.MESSAGING_DESTINATION_NAME] = src_topic
-                m[N.KRESILIENT_DEAD_LETTER_TOPIC] = dlq_topic
-                if category:
-                    m[N.KRESILIENT_ERROR_CATEGORY] = category
-                if write_error:
-                    m[N.ERROR_TYPE] = write_error
-                instr.dead_letters.add(1, m)
-            event: dict[str, Any] = {
-                "topic": src_topic,
-                "partition": src_partition,
-                "offset": src_offset,
-                "dead_letter_topic": dlq_topic,
-                "reason": reason_type,
-                "category": category,
-                "attempts": attempts,
-                "write_error": write_error,
-            }
-            event.update(fields)
-            log = self._log.error if write_error else self._log.warning
-            log(N.LOG_DEAD_LETTERED, **{k: v for k, v in event.items() if v is not None})
+                try:
+                    fields = trace_fields(span)
+                    span.end()
+                except Exception as exc:
+                    self._guard("dead_letter_span", exc)
+            try:
+                instr = self._active()[1]
+                if instr is not None:
+                    m = dict(self._common)
+                    if src_topic:
+                        m[N.MESSAGING_DESTINATION_NAME] = src_topic
+                    m[N.KRESILIENT_DEAD_LETTER_TOPIC] = dlq_topic
+                    if category:
+                        m[N.KRESILIENT_ERROR_CATEGORY] = category
+                    if write_error:
+                        m[N.ERROR_TYPE] = write_error
+                    instr.dead_letters.add(1, m)
+            except Exception as exc:
+                self._guard("dead_letter_span", exc)
+            try:
+                event: dict[str, Any] = {
+                    "topic": src_topic,
+                    "partition": src_partition,
+                    "offset": src_offset,
+                    "dead_letter_topic": dlq_topic,
+                    "reason": reason_type,
+                    "category": category,
+                    "attempts": attempts,
+                    "write_error": write_error,
+                }
+                event.update(fields or trace_fields())
+                log = self._log.error if write_error else self._log.warning
+                log(N.LOG_DEAD_LETTERED, **{k: v for k, v in event.items() if v is not None})
+            except Exception as exc:
+                self._guard("dead_letter_span", exc)
 
     def record_commit(
         self,
@@ -561,6 +735,14 @@ class Telemetry:
         returned ``TopicPartition`` counts as a failure like *error*. With *duration_s* the span
         gets that duration and ``messaging.client.operation.duration`` is recorded.
         """
+        try:
+            self._record_commit(offsets, error, duration_s, group)
+        except Exception as exc:
+            self._guard("record_commit", exc)
+
+    def _record_commit(
+        self, offsets: Iterable[Any], error: Any, duration_s: float | None, group: str | None
+    ) -> None:
         tracer, instr = self._active()
         if tracer is None and instr is None:
             return
@@ -595,9 +777,11 @@ class Telemetry:
             span = tracer.start_span(
                 name, kind=SpanKind.CLIENT, attributes=span_attrs, start_time=start
             )
-            if error is not None and error_type is not None:
-                _mark_error(span, error, error_type, _category(None, error))
-            span.end(end_time=end)
+            try:
+                if error is not None and error_type is not None:
+                    _mark_error(span, error, error_type, _category(None, error), self._redact)
+            finally:
+                span.end(end_time=end)
         if instr is not None and duration_s is not None:
             if error_type:
                 attrs[N.ERROR_TYPE] = error_type
@@ -618,6 +802,12 @@ class Telemetry:
         """
 
         def on_change(change: Any) -> None:
+            try:
+                record(change)
+            except Exception as exc:
+                self._guard("leadership_listener", exc)
+
+        def record(change: Any) -> None:
             topic = getattr(change, "topic", None)
             new = _state_name(getattr(change, "state", None))
             category = _category(getattr(change, "classification", None))
@@ -660,15 +850,22 @@ class Telemetry:
         """Log one notable state change with trace/span ids, and add it to the current span.
 
         For state changes only (circuit breaker opened, fatal producer error, ...), never per
-        message. *fields* must not contain secrets.
+        message. *fields* must not contain secrets. Never raises.
         """
-        target = span if span is not None else trace.get_current_span()
-        if target.is_recording():
-            target.add_event(
-                event,
-                {k: v for k, v in fields.items() if isinstance(v, str | bool | int | float)},
-            )
-        getattr(self._log, level)(event, **fields, **trace_fields(target))
+        try:
+            target = span if span is not None else trace.get_current_span()
+            ids: dict[str, str] = {}
+            try:
+                if target.is_recording():
+                    scalars = {
+                        k: v for k, v in fields.items() if isinstance(v, str | bool | int | float)
+                    }
+                    target.add_event(event, scalars)
+                ids = trace_fields(target)
+            finally:  # the log line is the part that must not be lost
+                getattr(self._log, level)(event, **fields, **ids)
+        except Exception as exc:
+            self._guard("notable_event", exc)
 
     def circuit_breaker_opened(self, **fields: Any) -> None:
         """Notable event ``kafka_dead_letter_circuit_breaker_opened`` (ERROR)."""
@@ -676,10 +873,150 @@ class Telemetry:
 
     def fatal_error(self, exc: BaseException, classification: Any = None, **fields: Any) -> None:
         """Notable event ``kafka_fatal_error`` (ERROR) naming the error type and category."""
+        try:
+            error_type, category = _error_name(exc), _category(classification, exc)
+        except Exception as err:
+            self._guard("fatal_error", err)
+            error_type, category = _exception_type(exc), None
         self.notable_event(
-            N.LOG_FATAL_ERROR,
-            level="error",
-            error_type=_error_name(exc),
-            category=_category(classification, exc),
-            **fields,
+            N.LOG_FATAL_ERROR, level="error", error_type=error_type, category=category, **fields
         )
+
+
+class _ProcessScope:
+    """The enabled path of :meth:`Telemetry.process_span` (a class: cheaper than a generator).
+
+    Every SDK call is guarded: a span processor raising in ``on_start`` costs the span (the
+    block still runs, with ``None``), one raising in ``on_end`` costs nothing the caller sees,
+    and the current-scope variable is always reset.
+    """
+
+    __slots__ = (
+        "_base",
+        "_ctx_token",
+        "_group",
+        "_msg",
+        "_scope_token",
+        "_tel",
+        "_tracer",
+        "category",
+        "error_type",
+        "partition",
+        "span",
+        "start",
+        "topic",
+    )
+
+    def __init__(
+        self, tel: Telemetry, tracer: trace.Tracer | None, msg: MessageLike, group: str | None
+    ) -> None:
+        self._tel = tel
+        self._tracer = tracer
+        self._msg = msg
+        self._group = group
+        self.span: Span | None = None
+        self.error_type: str | None = None
+        self.category: str | None = None
+        self._ctx_token: Any = None
+        self._scope_token: Any = None
+        self.topic = ""
+        self.partition: int | None = None
+        self.start = 0.0
+
+    def __enter__(self) -> Span | None:
+        tel, msg = self._tel, self._msg
+        try:
+            self.topic = topic = _call(msg.topic) or ""
+            self.partition = partition = _safe_int(msg.partition)
+            self._base = base = tel._process_bases.get((topic, self._group)) or (
+                tel._process_base(topic, self._group)
+            )
+        except Exception as exc:  # not a message telemetry can read: no scope at all
+            tel._guard("process_span", exc)
+            return None
+        self._scope_token = _CURRENT.set(self)
+        self.start = time.perf_counter()
+        tracer = self._tracer
+        if tracer is None:
+            return None
+        try:
+            attrs = base.span.copy()
+            if partition is not None and partition >= 0:
+                attrs[N.MESSAGING_DESTINATION_PARTITION_ID] = str(partition)
+            offset = _safe_int(msg.offset)
+            if offset is not None and offset >= 0:
+                attrs[N.MESSAGING_KAFKA_OFFSET] = offset
+            value = _call(msg.value)
+            if value is None:
+                attrs[N.MESSAGING_KAFKA_MESSAGE_TOMBSTONE] = True
+            else:
+                attrs[N.MESSAGING_MESSAGE_BODY_SIZE] = len(value)
+            if tel._record_key:
+                text = _key_text(_call(msg.key))
+                if text is not None:
+                    attrs[N.MESSAGING_KAFKA_MESSAGE_KEY] = text
+            parent: Context | None = None
+            links: list[Link] | None = None
+            headers = _call(msg.headers)
+            if headers:
+                extracted = tel.extract_context(headers)
+                remote = trace.get_current_span(extracted).get_span_context()
+                if remote.is_valid:
+                    if tel.link_mode == "parent":
+                        parent = extracted
+                    else:
+                        links = [Link(remote)]
+            self.span = span = tracer.start_span(
+                base.name, context=parent, kind=SpanKind.CONSUMER, attributes=attrs, links=links
+            )
+            self._ctx_token = otel_context.attach(trace.set_span_in_context(span, parent))
+        except Exception as exc:  # e.g. a span processor's on_start raised: handle untraced
+            tel._guard("process_span", exc)
+            tel._end_quietly(self.span)
+            self.span = None
+            return None
+        return span
+
+    def fail(self, exc: BaseException, classification: Any = None) -> None:
+        try:
+            self.error_type = _error_name(exc)
+            self.category = _category(classification, exc)
+            span = self.span
+            if span is not None and span.is_recording():
+                _record_exception(span, exc, self._tel._redact)
+                _mark_error(span, exc, self.error_type, self.category, self._tel._redact)
+        except Exception as err:
+            self._tel._guard("set_error", err)
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if self._scope_token is None:
+            return  # __enter__ could not read the message: nothing was started
+        tel = self._tel
+        elapsed = time.perf_counter() - self.start
+        if exc is not None:
+            self.fail(exc)
+        if self._ctx_token is not None:
+            try:
+                otel_context.detach(self._ctx_token)
+            except Exception as err:
+                tel._guard("process_span", err)
+        if self.span is not None:
+            try:
+                self.span.end()  # runs the span processors' on_end
+            except Exception as err:
+                tel._guard("process_span", err)
+        try:
+            _CURRENT.reset(self._scope_token)
+        except (ValueError, RuntimeError) as err:  # exited in another context: clear ours
+            tel._guard("process_span", err)
+            _CURRENT.set(None)
+        instr = tel._instr
+        if instr is not None:
+            try:
+                metric = tel._metric_set(self._base.metric, self.partition, None)
+                metric.count(instr.consumed)
+                if self.error_type is not None:
+                    metric = tel._metric_set(self._base.metric, self.partition, self.error_type)
+                instr.process_duration.record(elapsed, metric.attrs)
+            except Exception as err:
+                tel._guard("process_span", err)

@@ -1,9 +1,11 @@
-"""Internal helpers of :mod:`kresilient.telemetry`: error naming, provider checks, instruments."""
+"""Internal helpers of :mod:`kresilient.telemetry`: error naming, provider checks, instruments,
+and the guard that keeps a failing OpenTelemetry SDK away from the message path."""
 
 from __future__ import annotations
 
-import importlib
+import contextlib
 import threading
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -11,7 +13,12 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from kresilient.telemetry import _names as N
+from kresilient._ratelimit import DEFAULT_INTERVAL, RateLimiter
+from kresilient.errors import ConfigError, classify, exception_type_name
+from kresilient.redaction import redact_text
+from kresilient.telemetry import names as N
+
+Redact = Callable[[str], str]
 
 
 def _error_name(err: object) -> str:
@@ -47,10 +54,7 @@ def _category(classification: object, err: object = None) -> str | None:
 
 
 def _classify(err: object) -> object:
-    """Classify via :mod:`kresilient.errors` when it is importable (failure paths only)."""
-    classify = _errors_attr("classify")
-    if classify is None:
-        return None
+    """``kresilient.errors.classify(err)`` (failure paths only); ``None`` if it cannot."""
     try:
         return classify(err)
     except Exception:
@@ -105,29 +109,41 @@ class _LocalCounter:
     """A monotonic counter summed in-process and reported through an observable counter.
 
     The SDK's synchronous ``Counter.add`` costs several microseconds per call (attribute
-    validation and hashing); per-message counts instead cost one dict lookup and an increment
-    under a lock (~0.2 us) and the SDK reads the totals at collection time. Series are keyed by
-    attribute *content*; each attrs dict seen is also remembered by identity (and kept alive, so
-    its id cannot be reused), which makes the per-message lookup an id() hit. Shared by every
-    client on the same meter provider.
+    validation and hashing); per-message counts instead cost an increment under a lock
+    (~0.2 us) and the SDK reads the totals at collection time. Shared by every client on the
+    same meter provider. Series are keyed by attribute *content*, so the counter holds one cell
+    per series, never per client: a client resolves its attribute sets to cells once
+    (:meth:`cell`) and keeps them in its own cache, which dies with the client.
     """
 
-    __slots__ = ("_by_id", "_lock", "_series")
+    __slots__ = ("_lock", "_series")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._series: dict[frozenset[tuple[str, Any]], list[Any]] = {}
-        self._by_id: dict[int, tuple[dict[str, Any], list[Any]]] = {}
+
+    def cell(self, attrs: dict[str, Any]) -> list[Any]:
+        """The shared ``[attrs, count]`` cell of the series *attrs* (created on first use)."""
+        key = frozenset(attrs.items())
+        with self._lock:
+            rec = self._series.get(key)
+            if rec is None:
+                rec = self._series[key] = [attrs, 0]
+            return rec
+
+    def add_to(self, cell: list[Any]) -> None:
+        """Count one in a cell from :meth:`cell`."""
+        with self._lock:
+            cell[1] += 1
 
     def add(self, attrs: dict[str, Any]) -> None:
+        """Count one in the series *attrs* (resolves the cell each time: not per message)."""
+        self.add_to(self.cell(attrs))
+
+    def series_count(self) -> int:
+        """Number of distinct series (attribute sets) counted so far."""
         with self._lock:
-            hit = self._by_id.get(id(attrs))
-            if hit is None:
-                rec = self._series.setdefault(frozenset(attrs.items()), [attrs, 0])
-                self._by_id[id(attrs)] = (attrs, rec)
-            else:
-                rec = hit[1]
-            rec[1] += 1
+            return len(self._series)
 
     def observe(self, _options: otel_metrics.CallbackOptions) -> Iterable[otel_metrics.Observation]:
         with self._lock:
@@ -206,11 +222,31 @@ def _make_instruments(provider: otel_metrics.MeterProvider) -> _Instruments | No
         return instr
 
 
-def _mark_error(span: Span, err: object, error_type: str, category: str | None) -> None:
+def _mark_error(
+    span: Span, err: object, error_type: str, category: str | None, redact: Redact = redact_text
+) -> None:
+    """``error.type``, the category and status ERROR whose description is redacted text."""
     span.set_attribute(N.ERROR_TYPE, error_type)
     if category:
         span.set_attribute(N.KRESILIENT_ERROR_CATEGORY, category)
-    span.set_status(Status(StatusCode.ERROR, _short(_describe(err))))
+    span.set_status(Status(StatusCode.ERROR, _short(redact(_describe(err)))))
+
+
+def _record_exception(span: Span, exc: BaseException, redact: Redact = redact_text) -> None:
+    """The SDK's ``Span.record_exception`` event, with the message and stack trace redacted.
+
+    ``record_exception`` writes ``str(exc)`` and the formatted traceback (whose last line is
+    the message again) as they are; an exception text may carry a secret librdkafka echoed.
+    """
+    stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    span.add_event(
+        N.EVENT_EXCEPTION,
+        {
+            N.EXCEPTION_TYPE: exception_type_name(exc),
+            N.EXCEPTION_MESSAGE: _short(redact(str(exc))),
+            N.EXCEPTION_STACKTRACE: redact(stack),
+        },
+    )
 
 
 def _describe(err: object) -> str:
@@ -227,11 +263,7 @@ def _short(text: str, limit: int = 512) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _exception_type(exc: BaseException) -> str:
-    cls = type(exc)
-    if cls.__module__ == "builtins":
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"
+_exception_type = exception_type_name  # the one definition lives in kresilient.errors
 
 
 def _call(method: Callable[[], Any]) -> Any:
@@ -267,19 +299,38 @@ def _state_name(state: object) -> str | None:
     return (name if isinstance(name, str) else str(state)).lower()
 
 
-def _config_error(message: str) -> Exception:
-    config_error = _errors_attr("ConfigError")
-    if config_error is None:
-        return ValueError(message)
-    exc: Exception = config_error(message, key="link_mode")
-    return exc
+def _config_error(message: str, key: str = "link_mode") -> Exception:
+    return ConfigError(message, key=key)
 
 
-def _errors_attr(name: str) -> Any:
-    """*name* from :mod:`kresilient.errors` (imported lazily: failure paths only)."""
-    try:
-        module = importlib.import_module("kresilient.errors")
-    except ImportError:
-        return None
-    return getattr(module, name, None)
+class _Guard:
+    """Where telemetry's own failures go: counted, logged rate-limited, never raised.
+
+    Telemetry must never change what happens to a message: a span processor, exporter,
+    propagator or meter that raises costs a span or a data point, never a message. Each
+    failure is counted (:attr:`failures`) and logged as ``kafka_telemetry_failed`` (WARNING,
+    one line per step every few seconds, with the number held back in between).
+    """
+
+    __slots__ = ("_limiter", "_log", "_redact", "failures")
+
+    def __init__(self, log: Any, redact: Redact) -> None:
+        self._log = log
+        self._redact = redact
+        self._limiter = RateLimiter(DEFAULT_INTERVAL)
+        self.failures = 0
+
+    def __call__(self, step: str, exc: BaseException) -> None:
+        self.failures += 1
+        # the logger may be what fails: nothing may escape from here
+        with contextlib.suppress(Exception):
+            allowed, suppressed = self._limiter.check(step)
+            if allowed:
+                self._log.warning(
+                    N.LOG_TELEMETRY_FAILED,
+                    step=step,
+                    error_type=exception_type_name(exc),
+                    error=_short(self._redact(str(exc))),
+                    suppressed=suppressed,
+                )
 

@@ -36,6 +36,7 @@ SERVER_ADDRESS: Final = "server.address"
 SERVER_PORT: Final = "server.port"
 EXCEPTION_TYPE: Final = "exception.type"
 EXCEPTION_MESSAGE: Final = "exception.message"
+EXCEPTION_STACKTRACE: Final = "exception.stacktrace"
 
 # messaging.operation.type values
 OP_TYPE_SEND: Final = "send"
@@ -74,6 +75,7 @@ METRIC_DEAD_LETTERS: Final = "kresilient.dead_letters"
 METRIC_LEADERSHIP_STATE_CHANGES: Final = "kresilient.leadership.state_changes"
 
 EVENT_RETRY: Final = "kresilient.retry"
+EVENT_EXCEPTION: Final = "exception"  # the span event name Span.record_exception uses
 SPAN_DEAD_LETTER: Final = "dead_letter"  # span name prefix: "dead_letter {dlq topic}"
 
 # structlog event names for notable state changes (one event per change, never per message).
@@ -81,3 +83,5 @@ LOG_LEADERSHIP_CHANGED: Final = "kafka_leadership_state_changed"
 LOG_DEAD_LETTERED: Final = "kafka_message_dead_lettered"
 LOG_CIRCUIT_BREAKER_OPENED: Final = "kafka_dead_letter_circuit_breaker_opened"
 LOG_FATAL_ERROR: Final = "kafka_fatal_error"
+# telemetry's own failure (a span processor or exporter raised): rate-limited, never per message
+LOG_TELEMETRY_FAILED: Final = "kafka_telemetry_failed"
