@@ -39,21 +39,42 @@ a bad deploy::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
+import logging
 import struct
+import threading
+import time
 import traceback
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeAlias
 
-from confluent_kafka import KafkaError, KafkaException
+import structlog
+from confluent_kafka import KafkaError, KafkaException, Producer
 
-from kresilient.errors import Classification, classify, exception_type_name
+from kresilient import _catalog as catalog
+from kresilient._ratelimit import RateLimiter
+from kresilient.config import producer_config
+from kresilient.errors import (
+    Classification,
+    ConfigError,
+    DeadLetterError,
+    DeliveryError,
+    DeliveryFailure,
+    classify,
+    exception_type_name,
+    failure_from_report,
+    translate,
+)
+from kresilient.redaction import Redactor, redact_config
 
 __all__ = [
     "ATTEMPTS",
     "CONSUMER_GROUP",
+    "DEAD_LETTER_FORCED",
     "ERROR_CATEGORY",
     "EXCEPTION_MESSAGE",
     "EXCEPTION_TYPE",
@@ -69,11 +90,15 @@ __all__ = [
     "TRACESTATE",
     "CircuitBreakerPolicy",
     "Compat",
+    "DeadLetterHandle",
     "DeadLetterInfo",
     "DeadLetterPolicy",
     "DeadLetterRecord",
+    "DeadLetterResult",
+    "DeadLetterWriter",
     "build_dead_letter_record",
     "dead_letter_headers",
+    "dead_letter_producer_config",
     "exception_type_name",
     "parse_dead_letter_headers",
 ]
@@ -283,6 +308,16 @@ def dead_letter_headers(
     return out
 
 
+def _cause(exc: BaseException) -> BaseException | None:
+    """The exception's cause as Java's ``getCause()`` would give it: ``raise ... from X``, or
+    the exception being handled when it was raised, unless that context was suppressed
+    (``from None``: ``json.loads`` raises ``JSONDecodeError`` from inside an ``except
+    StopIteration``, and that StopIteration is an implementation detail, not the cause)."""
+    if exc.__cause__ is not None:
+        return exc.__cause__
+    return None if exc.__suppress_context__ else exc.__context__
+
+
 def _spring_headers(
     topic: str,
     partition: int | None,
@@ -307,7 +342,7 @@ def _spring_headers(
     if group:
         out.append((SPRING_ORIGINAL_CONSUMER_GROUP, group.encode("utf-8")))
     out.append((SPRING_EXCEPTION_FQCN, etype.encode("utf-8")))
-    cause = exc.__cause__ or exc.__context__
+    cause = _cause(exc)
     if cause is not None:
         out.append((SPRING_EXCEPTION_CAUSE_FQCN, exception_type_name(cause).encode("utf-8")))
     out += [(SPRING_EXCEPTION_MESSAGE, message), (SPRING_EXCEPTION_STACKTRACE, stack)]
@@ -511,12 +546,17 @@ class DeadLetterPolicy:
 
 @dataclass(frozen=True, kw_only=True)
 class DeadLetterRecord:
-    """One record to write to a dead-letter topic (key/value are the original raw bytes)."""
+    """One record to write to a dead-letter topic (key/value are the original raw bytes).
+
+    ``timestamp`` (ms since the epoch) is the record's own timestamp when the writer should
+    keep it (``None``: the time of the write).
+    """
 
     topic: str
     key: bytes | None = field(repr=False)
     value: bytes | None = field(repr=False)
     headers: HeaderList = field(repr=False)
+    timestamp: int | None = None
 
 
 def build_dead_letter_record(
@@ -593,3 +633,559 @@ class CircuitBreakerPolicy:
     def replace(self, **changes: Any) -> CircuitBreakerPolicy:
         """A copy with ``changes`` applied."""
         return dataclasses.replace(self, **changes)
+
+
+# --------------------------------------------------------------------------- the writer
+
+#: What a dead-letter producer always runs with: a dead letter is written once and durably.
+DEAD_LETTER_FORCED: Final[Mapping[str, str]] = {"acks": "all", "enable.idempotence": "true"}
+
+# Canonical keys of the user's config that never reach the dead-letter producer: the
+# guarantee settings it forces or derives, a transactional identity (sharing it would fence the
+# user's own producer), and callbacks/serializers that belong to the user's client.
+_DLQ_DROPPED: Final = frozenset(
+    {
+        "request.required.acks",
+        "enable.idempotence",
+        "max.in.flight.requests.per.connection",
+        "message.send.max.retries",
+        "queuing.strategy",
+        "enable.gapless.guarantee",
+        "transactional.id",
+        "transaction.timeout.ms",
+        "delivery.report.only.error",
+        "client.id",
+        "statistics.interval.ms",
+        "error_cb",
+        "stats_cb",
+        "throttle_cb",
+        "logger",
+        "on_delivery",
+        "dr_cb",
+        "dr_msg_cb",
+        "key.serializer",
+        "value.serializer",
+        "default.topic.config",
+    }
+)
+
+
+_FORCED_CANONICAL: Final[Mapping[str, str]] = {
+    "request.required.acks": "all",
+    "enable.idempotence": "true",
+}
+
+
+def _canonical(key: str) -> str:
+    prop = catalog.lookup(key)
+    return prop.canonical if prop is not None else ""
+
+
+def dead_letter_producer_config(
+    user_config: Mapping[str, Any],
+    *,
+    client_id: str | None = None,
+    message_max_bytes: int | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    allow_unsafe: Iterable[str] = (),
+    logger: Any = None,
+) -> dict[str, Any]:
+    """The configuration of a dead-letter producer, derived from any client's config.
+
+    The ONE place it is decided (the producer, the consumer, the replay CLI and the Spark sink
+    all call it): from ``user_config`` (a producer's or a consumer's) it keeps the settings
+    any client or a producer understands (connection, security, SASL/OAuth incl. ``oauth_cb``,
+    timeouts, compression, ...), drops consumer-only keys, the user's callbacks and
+    serializers, any ``transactional.id``, and the guarantee settings, then forces
+    ``acks=all`` and ``enable.idempotence=true`` and validates the result with
+    :func:`kresilient.config.producer_config`. ``client.id`` is ``<client_id>-dlq`` (default:
+    the user's ``client.id``, else ``kresilient``);
+    ``message_max_bytes`` sets ``message.max.bytes`` (a producer dead-lettering oversized
+    values needs a larger one); ``overrides`` are applied last (they may not weaken the forced
+    settings: :class:`~kresilient.ConfigError`). ``allow_unsafe`` passes the user's accepted
+    unsafe settings through (e.g. certificate verification off).
+
+    >>> cfg = dead_letter_producer_config(
+    ...     {"bootstrap.servers": "h:9092", "group.id": "g", "acks": "1", "linger.ms": 5},
+    ...     client_id="orders-consumer",
+    ... )
+    >>> cfg["acks"], cfg["enable.idempotence"], cfg["client.id"], "group.id" in cfg
+    ('all', 'true', 'orders-consumer-dlq', False)
+    """
+    out: dict[str, Any] = {}
+    for key, value in user_config.items():
+        prop = catalog.lookup(str(key))
+        if prop is None or prop.scope == "C":
+            continue  # unknown keys were refused when the user's client was built
+        if prop.canonical in _DLQ_DROPPED or key in _DLQ_DROPPED:
+            continue
+        out[key] = value
+    if message_max_bytes is not None:
+        for key in [k for k in out if _canonical(k) == "message.max.bytes"]:
+            del out[key]
+        out["message.max.bytes"] = message_max_bytes
+    if not client_id:
+        client_id = next(
+            (str(v) for k, v in user_config.items() if _canonical(str(k)) == "client.id"),
+            "kresilient",
+        )
+    out["client.id"] = f"{client_id}-dlq"
+    for key, value in (overrides or {}).items():
+        forced = _FORCED_CANONICAL.get(_canonical(str(key)))
+        text = catalog.to_config_string(value).strip().lower()
+        if forced is not None and text not in (forced, "-1"):
+            raise ConfigError(
+                f"{key}={value!r}: a dead-letter producer always runs with "
+                f"{', '.join(f'{k}={v}' for k, v in DEAD_LETTER_FORCED.items())}",
+                key=str(key),
+            )
+        out[key] = value
+    for key in [k for k in out if _canonical(k) in _FORCED_CANONICAL]:
+        del out[key]  # an override spelled as an alias ("request.required.acks")
+    out.update(DEAD_LETTER_FORCED)
+    names = [allow_unsafe] if isinstance(allow_unsafe, str) else list(allow_unsafe)
+    allowed = [k for k in names if _canonical(k) not in _DLQ_DROPPED | {""}]
+    return producer_config(out, allow_unsafe=allowed, logger=logger)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeadLetterResult:
+    """Where a dead letter was written."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class DeadLetterHandle:
+    """The outcome of one :meth:`DeadLetterWriter.write`.
+
+    ``done()`` is true once the write was acknowledged or failed (as seen by the writer's
+    ``poll``/``flush``); ``result()`` waits (serving the writer) and returns a
+    :class:`DeadLetterResult` or raises the classified :class:`~kresilient.DeadLetterError`;
+    ``exception()`` returns that error instead (``None`` on success). Until ``done()`` the
+    source record must be treated as NOT dead-lettered (do not commit its offset).
+    """
+
+    __slots__ = ("_callback", "_err", "_error", "_msg", "_result", "_writer", "record")
+
+    def __init__(
+        self,
+        writer: DeadLetterWriter,
+        record: DeadLetterRecord,
+        callback: Callable[[DeadLetterHandle], None] | None,
+    ) -> None:
+        self._writer = writer
+        self.record = record
+        self._callback = callback
+        self._err: KafkaError | None = None
+        self._msg: Any = None
+        self._result: DeadLetterResult | None = None
+        self._error: DeadLetterError | None = None
+
+    # librdkafka's delivery report, from inside poll()/flush(). Only attribute stores and one
+    # deque append: a fatal error being raised while reports are served makes the next C call
+    # in a callback fail (see the producer), so the classification happens after poll returns.
+    def __call__(self, err: KafkaError | None, msg: Any) -> None:
+        self._err = err
+        self._msg = msg
+        self._writer._reported.append(self)
+
+    def done(self) -> bool:
+        """True once the write was acknowledged (``result()``) or failed (``exception()``)."""
+        return self._result is not None or self._error is not None
+
+    def _wait(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            step = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if step <= 0:
+                raise TimeoutError(
+                    f"dead letter for {self.record.topic} not acknowledged within {timeout} s"
+                )
+            self._writer.poll(step)
+
+    def result(self, timeout: float | None = None) -> DeadLetterResult:
+        """Wait for the acknowledgement; raise :class:`~kresilient.DeadLetterError` on failure
+        and :class:`TimeoutError` when ``timeout`` seconds pass first."""
+        self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> DeadLetterError | None:
+        """Wait for the outcome; the error if the write failed, else ``None``."""
+        self._wait(timeout)
+        return self._error
+
+    def __repr__(self) -> str:
+        if self._error is not None:
+            state = f"failed {self._error.classification.name}"
+        elif self._result is not None:
+            r = self._result
+            state = f"written {r.topic}[{r.partition}]@{r.offset}"
+        else:
+            state = "pending"
+        return f"<DeadLetterHandle {self.record.topic} {state}>"
+
+
+_LOG_METHODS: Final[Mapping[int, str]] = {
+    logging.CRITICAL: "critical",
+    logging.ERROR: "error",
+    logging.WARNING: "warning",
+    logging.INFO: "info",
+    logging.DEBUG: "debug",
+}
+
+
+class _LogBridge:
+    """librdkafka's log lines into the writer's structlog logger: redacted, rate-limited."""
+
+    def __init__(self, log: Any, redactor: Redactor, limiter: RateLimiter) -> None:
+        self._log = log
+        self._redact = redactor
+        self._limiter = limiter
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        try:
+            facility = str(args[0]) if args else ""
+            text = self._redact(str(args[2]) if len(args) > 2 else fmt % args)
+            allowed, suppressed = self._limiter.check(("log", facility))
+            if allowed:
+                method = _LOG_METHODS.get(level, "info")
+                fields: dict[str, Any] = {"facility": facility, "message": text}
+                if suppressed:
+                    fields["suppressed"] = suppressed
+                getattr(self._log, method)("librdkafka_log", **fields)
+        except Exception:  # logging must never break the client
+            pass
+
+
+class DeadLetterWriter:
+    """The one dead-letter writer: a raw ``confluent_kafka.Producer`` with a safe config.
+
+    Used by the producer (oversized values), the consumer (poison messages), the replay CLI and
+    the Spark sink. Its configuration comes from :func:`dead_letter_producer_config` (acks=all,
+    idempotence, the user's connection and security settings). It never adds or changes a
+    header: a dead letter is written byte for byte as :class:`DeadLetterRecord` says (no trace
+    propagation; the failed processing's context is already in ``kresilient.traceparent``).
+
+    * :meth:`write` queues a record and returns a :class:`DeadLetterHandle`; ``on_delivery``
+      (optional) is called with the handle once it is acknowledged or failed, from the thread
+      that runs :meth:`poll`/:meth:`flush`.
+    * A full local queue is served (``poll``) and the write retried for up to
+      ``backpressure_timeout`` seconds, then refused with a BACKPRESSURE
+      :class:`~kresilient.DeadLetterError`; other refusals (too large, closed, fatal) raise a
+      classified ``DeadLetterError`` at once. Nothing is dropped silently.
+    * :attr:`pending` counts writes not yet acknowledged or failed; :meth:`flush` waits for
+      them and raises :class:`~kresilient.DeliveryError` listing every failure since the last
+      flush. A failure is forgotten only once a ``DeliveryError`` carrying it was raised, even
+      when the underlying flush itself raises.
+    * :meth:`close` flushes; what is still unacknowledged after ``timeout`` is purged, and
+      reported as failed, never silently abandoned.
+    * Everything it logs or raises goes through the config's
+      :class:`~kresilient.redaction.Redactor`.
+
+    Example::
+
+        with DeadLetterWriter(consumer_config, client_id="orders-consumer") as writer:
+            handle = writer.write(record)
+            writer.flush(10)            # raises DeliveryError if the write failed
+            print(handle.result(0).offset)
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        client_id: str | None = None,
+        message_max_bytes: int | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        allow_unsafe: Iterable[str] = (),
+        logger: Any = None,
+        backpressure_timeout: float = 10.0,
+    ) -> None:
+        self._redact = Redactor.for_config({**config, **(overrides or {})})
+        base = logger if logger is not None else structlog.get_logger("kresilient.deadletter")
+        cfg = dead_letter_producer_config(
+            config,
+            client_id=client_id,
+            message_max_bytes=message_max_bytes,
+            overrides=overrides,
+            allow_unsafe=allow_unsafe,
+            logger=base,
+        )
+        self.client_id: str = str(cfg.get("client.id", "kresilient-producer"))
+        self._log = base.bind(client_id=self.client_id)
+        self._limiter = RateLimiter()
+        self._backpressure_timeout = backpressure_timeout
+        self._lock = threading.Lock()
+        self._reported: deque[DeadLetterHandle] = deque()
+        self._failures: list[DeliveryFailure] = []
+        self._pending = 0
+        self._written = 0
+        self._failed = 0
+        self._closed = False
+        self._fatal: KafkaError | None = None
+        self._bridge = _LogBridge(self._log, self._redact, self._limiter)
+        self._config = cfg
+        rdk = dict(cfg)
+        rdk["error_cb"] = self._on_error
+        rdk["logger"] = self._bridge
+        try:
+            self._producer = Producer(rdk)
+        except KafkaException as exc:
+            raise translate(exc, operation="configure", redactor=self._redact) from None
+
+    # ------------------------------------------------------------------ introspection
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The dead-letter producer's configuration, secrets redacted."""
+        return redact_config(self._config)
+
+    @property
+    def pending(self) -> int:
+        """Writes queued and not yet acknowledged or failed."""
+        return self._pending
+
+    @property
+    def written(self) -> int:
+        """Dead letters acknowledged by the cluster so far."""
+        return self._written
+
+    @property
+    def failed(self) -> int:
+        """Dead letters whose write failed so far (reported or not yet)."""
+        return self._failed
+
+    @property
+    def failures(self) -> tuple[DeliveryFailure, ...]:
+        """Failures not yet raised by :meth:`flush`/:meth:`close` (they stay until then)."""
+        with self._lock:
+            return tuple(self._failures)
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def __len__(self) -> int:
+        return len(self._producer)
+
+    def __repr__(self) -> str:
+        return (
+            f"<DeadLetterWriter {self.client_id} pending={self._pending} "
+            f"written={self._written} failed={self._failed}{' closed' if self._closed else ''}>"
+        )
+
+    # ------------------------------------------------------------------ writing
+
+    def write(
+        self,
+        record: DeadLetterRecord,
+        *,
+        on_delivery: Callable[[DeadLetterHandle], None] | None = None,
+    ) -> DeadLetterHandle:
+        """Queue ``record``; return its handle. Raises :class:`~kresilient.DeadLetterError`
+        when the record cannot be queued (classified: BACKPRESSURE after
+        ``backpressure_timeout`` s of a full queue, too large, closed, fatal)."""
+        if self._closed:
+            raise DeadLetterError(
+                f"the dead-letter writer {self.client_id} is closed: "
+                f"no dead letter can be written to {record.topic}",
+                topic=record.topic,
+                classification=classify(KafkaError(KafkaError._STATE, "writer is closed")),
+            )
+        handle = DeadLetterHandle(self, record, on_delivery)
+        kwargs: dict[str, Any] = {"headers": record.headers, "on_delivery": handle}
+        if record.timestamp:
+            kwargs["timestamp"] = record.timestamp
+        deadline: float | None = None
+        while True:
+            try:
+                with self._lock:
+                    self._producer.produce(record.topic, record.value, record.key, **kwargs)
+                    self._pending += 1
+                return handle
+            except BufferError as exc:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._backpressure_timeout
+                if now >= deadline:
+                    raise DeadLetterError(
+                        f"dead-letter queue of {self.client_id} stayed full for "
+                        f"{self._backpressure_timeout:g} s ({len(self._producer)} queued): "
+                        f"the dead letter for {record.topic} was not written",
+                        topic=record.topic,
+                        classification=classify(exc),
+                    ) from exc
+                self.poll(0.05)
+            except KafkaException as exc:
+                error = translate(
+                    exc, topic=record.topic, operation="produce", redactor=self._redact
+                )
+                raise DeadLetterError(
+                    f"dead-letter write to {record.topic} refused: {error.message}",
+                    topic=record.topic,
+                    classification=error.classification,
+                ) from exc
+
+    # ------------------------------------------------------------------ serving
+
+    def poll(self, timeout: float = 0) -> int:
+        """Serve delivery reports for up to ``timeout`` seconds; settle their handles."""
+        try:
+            return int(self._producer.poll(timeout))
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Classify the reports the handles queued and run their callbacks (outside librdkafka
+        callbacks: see DeadLetterHandle.__call__)."""
+        reported = self._reported
+        while reported:
+            try:
+                handle = reported.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            err, msg = handle._err, handle._msg
+            if err is None:
+                handle._result = DeadLetterResult(
+                    topic=msg.topic(), partition=msg.partition(), offset=msg.offset()
+                )
+                with self._lock:
+                    self._pending -= 1
+                    self._written += 1
+            else:
+                failure = failure_from_report(err, msg, headers=handle.record.headers)
+                reason = self._redact(err.str() or err.name())
+                handle._error = DeadLetterError(
+                    f"dead-letter write to {handle.record.topic} failed: {err.name()}: {reason}",
+                    topic=handle.record.topic,
+                    classification=failure.classification,
+                )
+                with self._lock:
+                    self._pending -= 1
+                    self._failed += 1
+                    self._failures.append(failure)
+                allowed, suppressed = self._limiter.check(("failed", err.code()))
+                if allowed:
+                    self._log.error(
+                        "dead_letter_write_failed",
+                        topic=handle.record.topic,
+                        error=err.name(),
+                        reason=reason,
+                        category=failure.classification.category.name,
+                        remedy=failure.classification.remedy,
+                        suppressed=suppressed,
+                    )
+            callback = handle._callback
+            if callback is not None:
+                try:
+                    callback(handle)
+                except Exception as exc:  # a user callback must not break the writer
+                    if self._limiter.allow(("callback", type(exc).__name__)):
+                        self._log.error(
+                            "dead_letter_callback_failed",
+                            error=self._redact(repr(exc)),
+                            exc_info=exc,
+                        )
+
+    def _on_error(self, err: KafkaError) -> None:
+        try:
+            if err.fatal():
+                self._fatal = err
+            allowed, suppressed = self._limiter.check(("error", err.code()))
+            if allowed:
+                c = classify(err)
+                self._log.warning(
+                    "dead_letter_client_error",
+                    error=err.name(),
+                    reason=self._redact(err.str() or ""),
+                    category=c.category.name,
+                    remedy=c.remedy,
+                    suppressed=suppressed,
+                )
+        except Exception:  # an error callback must never raise into librdkafka
+            pass
+
+    # ------------------------------------------------------------------ flush, close
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` seconds (``None``: until done) for every pending write.
+
+        Raises :class:`~kresilient.DeliveryError` listing each write that failed since the last
+        flush, and saying how many are still pending when ``timeout`` passed first (those are
+        not lost: a later ``flush``/``close`` reports them). When the underlying flush raises,
+        the failures already known are raised with it (chained), not forgotten.
+        """
+        cause: BaseException | None = None
+        try:
+            self._producer.flush(-1 if timeout is None else timeout)
+        except Exception as exc:  # e.g. a fatal error surfacing from librdkafka
+            cause = exc
+        finally:
+            self._settle()
+        remaining = self._pending
+        if cause is None and remaining == 0 and not self._failures:
+            return
+        with self._lock:
+            failures, self._failures = self._failures, []
+        parts = [DeliveryError(failures=failures).message] if failures else []
+        if remaining:
+            parts.append(
+                f"{remaining} dead letter(s) still unacknowledged after flush(timeout={timeout})"
+            )
+        if cause is not None:
+            parts.append(
+                f"the dead-letter producer's flush raised {type(cause).__name__}: "
+                f"{self._redact(str(cause))}"
+            )
+        error = DeliveryError("; ".join(parts), failures=failures)
+        if cause is not None:
+            raise error from cause
+        raise error
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Flush for up to ``timeout`` seconds, purge what is left (it is reported as failed,
+        ``_PURGE_*``), and release the producer. Raises :class:`~kresilient.DeliveryError` when
+        any write failed or was purged. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        error: DeliveryError | None = None
+        try:
+            self.flush(timeout)
+        except DeliveryError as exc:
+            error = exc
+        if self._pending:
+            with contextlib.suppress(KafkaException):
+                self._producer.purge(in_queue=True, in_flight=True, blocking=True)
+            deadline = time.monotonic() + 5.0
+            while self._pending and time.monotonic() < deadline:
+                with contextlib.suppress(KafkaException):
+                    self._producer.poll(0.05)
+                self._settle()
+            with self._lock:
+                failures, self._failures = self._failures, []
+            lost = self._pending
+            if failures or lost:
+                parts = [DeliveryError(failures=failures).message] if failures else []
+                if lost:
+                    parts.append(f"{lost} dead letter(s) got no report before close")
+                prior = list(error.failures) if error is not None else []
+                error = DeliveryError(
+                    "; ".join(([error.message] if error is not None else []) + parts),
+                    failures=prior + failures,
+                )
+        self._log.debug("dead_letter_writer_closed", written=self._written, failed=self._failed)
+        if error is not None:
+            raise error
+
+    def __enter__(self) -> DeadLetterWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -296,10 +296,30 @@ def _unwrap_fatal(err: KafkaError) -> Classification:
     return _BY_CODE[KafkaError._FATAL]
 
 
+_CLOSED_REMEDY: Final = (
+    "The client is closed: nothing can be produced, consumed or committed after close(); "
+    "the call was refused and nothing was queued. Create a new client, or stop calling "
+    "it after close()"
+)
+
+
+def _closed_variant(base: Classification) -> Classification:
+    key = (base.code, base.name, "closed")
+    hit = _VARIANTS.get(key)
+    if hit is None:
+        hit = dataclasses.replace(base, remedy=_CLOSED_REMEDY, action=Action.FAIL)
+        _VARIANTS[key] = hit
+    return hit
+
+
 def _classify_kafka_error(err: KafkaError, context: Context | None) -> Classification:
     code = err.code()
     if code == KafkaError._FATAL:
         return _unwrap_fatal(err)
+    if code == KafkaError._STATE and "closed" in (err.str() or ""):
+        # The clients signal use after close() with _STATE (whose table remedy is about call
+        # order, e.g. transactions): say what actually happened.
+        return _closed_variant(_BY_CODE[code])
     base = _by_code(code, context)
     if err.fatal():
         return _fatal_variant(base)
@@ -639,18 +659,54 @@ def failure_from_report(
     )
 
 
+#: At most this many (topic, error) groups are spelled out in a DeliveryError's message.
+_SUMMARY_GROUPS: Final = 10
+
+
+def _delivery_summary(failures: Sequence[DeliveryFailure]) -> str:
+    """``N message(s) failed delivery: <topic>: <n> x <NAME> (<CATEGORY>) — <remedy> | ...``.
+
+    One group per topic and error, largest first within a topic; each remedy is quoted once
+    (a later group with the same remedy says so instead of repeating it).
+    """
+    groups: dict[tuple[str, str, str], int] = {}
+    remedies: dict[tuple[str, str, str], str] = {}
+    for f in failures:
+        c = f.classification
+        key = (f.topic or "?", c.name, c.category.name)
+        groups[key] = groups.get(key, 0) + 1
+        remedies.setdefault(key, c.remedy)
+    ordered = sorted(groups.items(), key=lambda item: (item[0][0], -item[1], item[0][1]))
+    quoted: set[str] = set()
+    parts: list[str] = []
+    for (topic, name, category), n in ordered[:_SUMMARY_GROUPS]:
+        remedy = remedies[(topic, name, category)]
+        if remedy in quoted:
+            told = "same remedy as above"
+        else:
+            quoted.add(remedy)
+            told = remedy
+        parts.append(f"{topic}: {n} x {name} ({category}) — {told}")
+    if len(ordered) > _SUMMARY_GROUPS:
+        rest = sum(n for _, n in ordered[_SUMMARY_GROUPS:])
+        parts.append(f"and {rest} more in {len(ordered) - _SUMMARY_GROUPS} other group(s)")
+    return f"{len(failures)} message(s) failed delivery: " + " | ".join(parts)
+
+
 class DeliveryError(KResilientError):
-    """``flush()`` found failed messages; ``failures`` lists them (classified)."""
+    """``flush()`` found failed messages; ``failures`` lists them (classified).
+
+    Without an explicit message, the message groups the failures by topic and error and
+    quotes each group's remedy once::
+
+        100 message(s) failed delivery: orders: 100 x UNKNOWN_TOPIC_OR_PART (CONFIG) — The
+        topic (or partition) does not exist: ... create the topic ...
+    """
 
     def __init__(self, message: str = "", *, failures: Sequence[DeliveryFailure] = ()):
         self.failures: tuple[DeliveryFailure, ...] = tuple(failures)
         if not message:
-            counts: dict[str, int] = {}
-            for f in self.failures:
-                label = f"{f.classification.name} ({f.classification.category.name})"
-                counts[label] = counts.get(label, 0) + 1
-            parts = ", ".join(f"{n} x {label}" for label, n in sorted(counts.items()))
-            message = f"{len(self.failures)} message(s) failed delivery: {parts}"
+            message = _delivery_summary(self.failures)
         first = self.failures[0].classification if self.failures else None
         super().__init__(message, classification=first)
 

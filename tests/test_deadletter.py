@@ -126,6 +126,38 @@ def test_spring_compat_uses_java_binary_encodings() -> None:
     assert "__streams.errors.topic" not in h
 
 
+def _spring_cause(exc: BaseException) -> bytes | None:
+    h = dict(
+        dl.dead_letter_headers(
+            "t", 0, 1, None, None, exc, None, 1, original_headers=None, compat=("spring",)
+        )
+    )
+    return h.get("kafka_dlt-exception-cause-fqcn")
+
+
+def test_spring_cause_of_a_json_decode_error_is_not_stopiteration() -> None:
+    """Issue 22.8: json raises JSONDecodeError 'from None' inside 'except StopIteration';
+    the suppressed context is not the cause (Spring writes the header only for a cause)."""
+    import json
+
+    try:
+        json.loads("not json")
+    except json.JSONDecodeError as exc:
+        assert isinstance(exc.__context__, StopIteration)  # the trap is real
+        assert _spring_cause(exc) is None
+    try:
+        raise ValueError("bad payload") from KeyError("inner")
+    except ValueError as exc:
+        assert _spring_cause(exc) == b"KeyError"  # an explicit cause
+    try:
+        try:
+            json.loads("not json")
+        except ValueError:
+            raise RuntimeError("handler failed")  # noqa: B904 - implicit context on purpose
+    except RuntimeError as exc:
+        assert _spring_cause(exc) == b"json.decoder.JSONDecodeError"  # an implicit context
+
+
 def test_streams_compat_uses_decimal_text() -> None:
     h = dict(_headers(compat=("streams",)))
     assert h["__streams.errors.topic"] == b"orders"

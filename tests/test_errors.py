@@ -689,3 +689,64 @@ def test_exception_type_name_has_one_home() -> None:
     assert errors.exception_type_name(ValueError()) == "ValueError"
     assert errors.exception_type_name(json.JSONDecodeError) == "json.decoder.JSONDecodeError"
     assert deadletter.exception_type_name is errors.exception_type_name
+
+
+# --------------------------------------------------------------------------- DeliveryError text
+
+
+def test_delivery_error_names_the_topic_and_quotes_the_remedy_once() -> None:
+    """Issue 22.4: the summary said '100 x UNKNOWN_TOPIC_OR_PART (CONFIG)', no topic, no fix."""
+    missing = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+    failures = [errors.failure_from_report(missing, None, topic="orders") for _ in range(100)]
+    text = str(DeliveryError(failures=failures))
+    assert text.startswith(
+        "100 message(s) failed delivery: orders: 100 x UNKNOWN_TOPIC_OR_PART (CONFIG) \u2014 "
+    )
+    remedy = classify(missing, context="delivery").remedy
+    assert "create the topic" in remedy
+    assert text.count(remedy) == 1
+
+
+def test_delivery_error_groups_by_topic_and_error() -> None:
+    def fail(code: int, topic: str) -> DeliveryFailure:
+        return errors.failure_from_report(KafkaError(code), None, topic=topic)
+
+    failures = (
+        [fail(KafkaError.UNKNOWN_TOPIC_OR_PART, "orders")] * 3
+        + [fail(KafkaError._MSG_TIMED_OUT, "orders")] * 5
+        + [fail(KafkaError.UNKNOWN_TOPIC_OR_PART, "payments")] * 2
+    )
+    text = str(DeliveryError(failures=failures))
+    assert text.startswith("10 message(s) failed delivery: ")
+    groups = text.split(": ", 1)[1].split(" | ")
+    assert [g.split(" \u2014 ")[0] for g in groups] == [
+        "orders: 5 x _MSG_TIMED_OUT (DELIVERY_TIMEOUT)",
+        "orders: 3 x UNKNOWN_TOPIC_OR_PART (CONFIG)",
+        "payments: 2 x UNKNOWN_TOPIC_OR_PART (CONFIG)",
+    ]
+    assert groups[2].endswith("same remedy as above")
+    assert text.count(classify(KafkaError._MSG_TIMED_OUT).remedy) == 1
+
+
+def test_delivery_error_summary_is_bounded() -> None:
+    failures = [
+        errors.failure_from_report(KafkaError(KafkaError._MSG_TIMED_OUT), None, topic=f"t{i:02d}")
+        for i in range(25)
+    ]
+    text = str(DeliveryError(failures=failures))
+    assert "t09: 1 x" in text and "t10: 1 x" not in text
+    assert text.endswith("and 15 more in 15 other group(s)")
+    assert str(DeliveryError("explicit", failures=failures)) == "explicit"
+
+
+def test_use_after_close_says_the_client_is_closed_not_transactions() -> None:
+    """Issue 22.8: produce after close carried _STATE's remedy about transactional calls."""
+    closed = KafkaException(KafkaError(KafkaError._STATE, "producer is closed"))
+    c = classify(closed)
+    assert "closed" in c.remedy and "transaction" not in c.remedy
+    assert c.code == KafkaError._STATE and not c.retriable
+    error = translate(closed, topic="orders", operation="produce")
+    assert isinstance(error, ProduceError) and "client is closed" in str(error)
+    # the table's _STATE remedy still applies to the other wrong-state calls
+    other = classify(KafkaError(KafkaError._STATE, "Operation not valid in state Ready"))
+    assert other is classify(KafkaError._STATE) and "transactional" in other.remedy
