@@ -10,7 +10,12 @@ installed librdkafka:
   librdkafka sees them (librdkafka would fail later, or silently ignore the key);
 * a value that weakens a guarantee (``acks=1``, ``enable.idempotence=false``, ...) raises
   :class:`~kresilient.UnsafeConfigError` naming the key, unless the caller lists that key in
-  ``allow_unsafe``; then one warning is logged instead.
+  ``allow_unsafe``; then one warning is logged instead. ``allow_unsafe=("acks",)`` with
+  ``acks=0``/``1`` implies ``enable.idempotence=false`` (idempotence requires acks=all), and
+  the one warning names both;
+* a client without ``bootstrap.servers`` (or its alias ``metadata.broker.list``) is refused
+  with a :class:`~kresilient.ConfigError` naming the key (librdkafka's mock cluster,
+  ``test.mock.num.brokers``, needs none).
 
 Values may be Python-typed (``True``, ``5``) or strings (``"true"``, ``"5"``); scalar values are
 returned as the strings librdkafka would parse. Callbacks (``error_cb``, ``on_delivery``, ...)
@@ -490,6 +495,7 @@ def _build(
                 key=key,
             )
         view.settings[canonical] = setting
+    _require_bootstrap(view, user, role)
     transactional = "transactional.id" in view.settings
     for key, text in defaults.items():
         prop = catalog.lookup(key)
@@ -508,17 +514,64 @@ def _build(
         view.settings[prop.canonical] = _Setting(
             key=key, text=text, value=_parse(prop, text), user=False
         )
-    accepted = _check_unsafe(view, role, allowed)
+    implied = _imply_idempotence_off(view, role, allowed, out) if role == "producer" else None
+    accepted = _check_unsafe(view, role, allowed | ({implied[0]} if implied else set()))
     _ROLE_CHECKS[role](view)
     _check_metadata(view)
+    if implied is not None:
+        accepted.append((implied[1], "false"))
     if accepted:
+        note = "allowed explicitly with allow_unsafe; a guarantee is weakened"
+        acks = view.get("request.required.acks")
+        if implied is not None and acks is not None:
+            note += (
+                f"; {implied[1]}=false is implied by {acks.key}={acks.text} "
+                "(idempotence requires acks=all)"
+            )
         (logger or _log).warning(
             "unsafe_config_accepted",
             role=role,
             settings={k: v for k, v in accepted},
-            note="allowed explicitly with allow_unsafe; a guarantee is weakened",
+            note=note,
         )
     return out
+
+
+def _imply_idempotence_off(
+    view: _View, role: Role, allowed: frozenset[str], out: dict[str, Any]
+) -> tuple[str, str] | None:
+    """``allow_unsafe=("acks",)`` with a weaker acks turns idempotence off (it requires
+    acks=all) unless the user set ``enable.idempotence=true`` themselves (then the conflict is
+    theirs, a ConfigError). Returns (canonical, key as written) of the implied setting."""
+    acks = view.get("request.required.acks")
+    if acks is None or not acks.user or acks.value == -1:
+        return None
+    if "request.required.acks" not in allowed:
+        return None  # refused by _check_unsafe with its own message
+    idem = view.get("enable.idempotence")
+    if idem is not None and idem.user:
+        if idem.value is True:
+            return None  # explicit contradiction: _check_idempotence names it
+        return ("enable.idempotence", idem.key)  # already off: implied, not a second opt-out
+    key = idem.key if idem is not None else "enable.idempotence"
+    out[key] = "false"
+    view.settings["enable.idempotence"] = _Setting(key=key, text="false", value=False, user=False)
+    return ("enable.idempotence", key)
+
+
+def _require_bootstrap(view: _View, user: Mapping[str, Any], role: Role) -> None:
+    """No broker list: librdkafka would start and wait forever for a cluster it cannot name."""
+    servers = view.get("metadata.broker.list")
+    if servers is not None and servers.text.strip():
+        return
+    if "test.mock.num.brokers" in user:
+        return  # librdkafka's mock cluster brings its own brokers
+    key = servers.key if servers is not None else "bootstrap.servers"
+    raise ConfigError(
+        f"{key} is required: a {role} needs the broker list to connect to "
+        "(e.g. {'bootstrap.servers': 'host1:9092,host2:9092'})",
+        key=key,
+    )
 
 
 def _canonical_names(names: Iterable[str]) -> frozenset[str]:
@@ -533,7 +586,7 @@ def _canonical_names(names: Iterable[str]) -> frozenset[str]:
     return frozenset(result)
 
 
-def _check_unsafe(view: _View, role: Role, allowed: frozenset[str]) -> list[tuple[str, str]]:
+def _check_unsafe(view: _View, role: Role, allowed: Iterable[str]) -> list[tuple[str, str]]:
     accepted: list[tuple[str, str]] = []
     for rule in _UNSAFE_RULES:
         if role not in rule.roles:
@@ -559,9 +612,13 @@ def producer_config(
     """Validate ``user`` and return a copy with kresilient's safe producer defaults.
 
     Raises :class:`~kresilient.ConfigError` (unknown key, bad value, conflict, consumer-only
-    key) or :class:`~kresilient.UnsafeConfigError` (a weakening value not in
-    ``allow_unsafe``), each naming the key. ``logger`` receives the one warning logged when
-    ``allow_unsafe`` lets a weakening value through.
+    key, no ``bootstrap.servers``) or :class:`~kresilient.UnsafeConfigError` (a weakening value
+    not in ``allow_unsafe``), each naming the key. ``logger`` receives the one warning logged
+    when ``allow_unsafe`` lets a weakening value through.
+
+    ``allow_unsafe=("acks",)`` with ``acks`` 0 or 1 also turns idempotence off (it requires
+    acks=all): the one warning names both settings. Setting ``enable.idempotence=true``
+    explicitly together with a weaker ``acks`` stays a :class:`~kresilient.ConfigError`.
     """
     return _build(user, "producer", PRODUCER_DEFAULTS, allow_unsafe, logger)
 

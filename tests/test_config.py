@@ -149,12 +149,70 @@ def test_no_warning_without_an_unsafe_value() -> None:
     assert [e for e in logs if e["log_level"] == "warning"] == []
 
 
-def test_weakening_value_that_conflicts_with_idempotence_names_the_key() -> None:
+def test_allow_unsafe_acks_implies_idempotence_off_with_exactly_one_warning() -> None:
+    """Issue 22.5: the documented opt-out raised ConfigError (acks must be all while
+    idempotence is on). Allowing a weaker acks now turns the (default) idempotence off, and
+    the one warning names both settings."""
+    with capture_logs() as logs:
+        cfg = producer_config({**BASE, "acks": 1}, allow_unsafe=("acks",))
+    assert cfg["acks"] == "1"
+    assert cfg["enable.idempotence"] == "false"
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert len(warnings) == 1
+    assert warnings[0]["settings"] == {"acks": "1", "enable.idempotence": "false"}
+    assert "implied by acks=1" in warnings[0]["note"]
+
+
+def test_allow_unsafe_acks_with_idempotence_already_off_is_one_warning_too() -> None:
+    with capture_logs() as logs:
+        cfg = producer_config(
+            {**BASE, "request.required.acks": 0, "enable.idempotence": False},
+            allow_unsafe=("acks",),
+        )
+    assert (cfg["request.required.acks"], cfg["enable.idempotence"]) == ("0", "false")
+    [warning] = [e for e in logs if e["log_level"] == "warning"]
+    assert warning["settings"] == {"request.required.acks": "0", "enable.idempotence": "false"}
+
+
+def test_weaker_acks_with_explicit_idempotence_is_a_conflict_naming_the_key() -> None:
     with pytest.raises(ConfigError) as info:
-        producer_config({**BASE, "acks": 1}, allow_unsafe=("acks",))
+        producer_config({**BASE, "acks": 1, "enable.idempotence": True}, allow_unsafe=("acks",))
     assert not isinstance(info.value, UnsafeConfigError)
     assert info.value.key == "acks"
     assert "enable.idempotence" in str(info.value)
+
+
+def test_weaker_acks_without_allow_unsafe_is_still_refused() -> None:
+    with pytest.raises(UnsafeConfigError) as info:
+        producer_config({**BASE, "acks": 1})
+    assert info.value.key == "acks"
+
+
+def test_allowed_acks_does_not_silence_a_transactional_conflict() -> None:
+    with pytest.raises(ConfigError) as info:
+        producer_config({**BASE, "acks": 1, "transactional.id": "tx"}, allow_unsafe=("acks",))
+    assert info.value.key == "enable.idempotence"
+
+
+@pytest.mark.parametrize("build", [producer_config, consumer_config])
+def test_missing_bootstrap_servers_is_refused_naming_the_key(build: Any) -> None:
+    """Issue 22.8: ResilientProducer({}) was accepted and waited for a cluster it could not
+    name."""
+    user: dict[str, Any] = {} if build is producer_config else {"group.id": "g"}
+    with pytest.raises(ConfigError) as info:
+        build(user)
+    assert info.value.key == "bootstrap.servers"
+    assert "bootstrap.servers" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        build({**user, "metadata.broker.list": " "})
+    assert info.value.key == "metadata.broker.list"
+
+
+def test_mock_cluster_and_alias_need_no_bootstrap_servers() -> None:
+    cfg = producer_config({"test.mock.num.brokers": 3})
+    assert "bootstrap.servers" not in cfg
+    assert producer_config({"metadata.broker.list": "h:1"})["metadata.broker.list"] == "h:1"
+    assert consumer_config({"test.mock.num.brokers": 1, "group.id": "g"})["group.id"] == "g"
 
 
 @pytest.mark.parametrize(
