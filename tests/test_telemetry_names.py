@@ -7,6 +7,9 @@ deprecated messaging name may be emitted.
 from __future__ import annotations
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.semconv._incubating.attributes import messaging_attributes as MA
 from opentelemetry.semconv._incubating.metrics import messaging_metrics as MM
 from opentelemetry.semconv.attributes import (
@@ -14,9 +17,6 @@ from opentelemetry.semconv.attributes import (
     exception_attributes,
     server_attributes,
 )
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.semconv.schemas import Schemas
 
 from kresilient.telemetry import names as N
