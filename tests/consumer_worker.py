@@ -5,6 +5,12 @@ Every handled message is appended to ``--out`` as ``partition offset value`` wit
 means "processed" even if the process is SIGKILLed right after (the kernel has the bytes).
 SIGTERM stops the consumer gracefully (exit code 0).
 
+Shutdown tests (tests/test_consumer_hardening.py): ``--poison V`` makes the handler raise
+``ValueError`` for value ``V`` (dead-lettered at once); ``--slow-dead-letters`` holds dead-letter
+writes back (``linger.ms`` 60 s), commits only on close and prints ``waiting-for-dead-letters``
+once the shutdown waits for them; ``--announce-after N`` prints ``handled-all`` after N handler
+calls.
+
     python tests/consumer_worker.py --bootstrap HOSTS --topic T --group G --out FILE
 """
 
@@ -27,29 +33,62 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--commit-interval-ms", type=int, default=1000)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds of work per message")
+    parser.add_argument("--poison", default=None, help="a value the handler rejects")
+    parser.add_argument("--slow-dead-letters", action="store_true")
+    parser.add_argument("--announce-after", type=int, default=0)
     args = parser.parse_args()
 
     fd = os.open(args.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     pause = args.sleep
 
+    poison = args.poison.encode() if args.poison is not None else None
+    calls = 0
+
     def handle(msg: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == args.announce_after:
+            print("handled-all", flush=True)
         if pause:
             time.sleep(pause)
+        if poison is not None and msg.value() == poison:
+            raise ValueError("poison")
         os.write(fd, b"%d %d %s\n" % (msg.partition(), msg.offset(), msg.value()))
 
-    consumer = ResilientConsumer(
-        {
-            "bootstrap.servers": args.bootstrap,
-            "group.id": args.group,
-            "auto.commit.interval.ms": args.commit_interval_ms,
-            # a SIGKILLed member leaves the group after this, not after the 45 s default
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 1000,
-        },
-        [args.topic],
-        handle,
-    )
+    conf: dict[str, Any] = {
+        "bootstrap.servers": args.bootstrap,
+        "group.id": args.group,
+        "auto.commit.interval.ms": args.commit_interval_ms,
+        # a SIGKILLed member leaves the group after this, not after the 45 s default
+        "session.timeout.ms": 6000,
+        "heartbeat.interval.ms": 1000,
+    }
+    extra: dict[str, Any] = {}
+    consumer: ResilientConsumer
+    announced = False
+
+    def stats(_json: str) -> None:  # served by the dead-letter producer's poll()
+        nonlocal announced
+        # announce once the consumer's shutdown (not its loop) serves this producer
+        frame = sys._getframe()
+        while frame is not None and not announced:
+            if frame.f_code.co_name == "_shutdown" and consumer.health()["stopping"]:
+                announced = True
+                print("waiting-for-dead-letters", flush=True)
+            frame = frame.f_back  # type: ignore[assignment]
+
+    if args.slow_dead_letters:
+        conf["enable.auto.commit"] = False  # only the final commit on close
+        conf["auto.commit.interval.ms"] = 86_400_000
+        extra["dead_letter_producer_config"] = {
+            "linger.ms": 60_000,
+            "statistics.interval.ms": 100,
+            "stats_cb": stats,
+        }
+        extra["shutdown_timeout"] = 5.0
+
+    consumer = ResilientConsumer(conf, [args.topic], handle, **extra)
     print("started", flush=True)
     consumer.run()  # until SIGTERM
     os.close(fd)

@@ -42,7 +42,6 @@ import structlog
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from opentelemetry.propagators.composite import CompositePropagator
 
-from kresilient.config import redact
 from kresilient.consumer._batch import BatchMixin
 from kresilient.consumer._breaker import CircuitBreaker
 from kresilient.consumer._events import EventsMixin
@@ -75,6 +74,7 @@ from kresilient.errors import (
 )
 from kresilient.leadership import LeadershipMonitor
 from kresilient.producer import ResilientProducer
+from kresilient.redaction import Redactor, redact_config
 from kresilient.telemetry import Telemetry
 
 __all__ = [
@@ -94,6 +94,24 @@ _DEFAULT_BREAKER: Final = CircuitBreakerPolicy()
 #: The dead-letter producer must not replace the original ``traceparent`` header: the record's
 #: trace context goes to ``kresilient.traceparent`` instead (see kresilient.deadletter).
 _NO_PROPAGATION: Final = CompositePropagator([])
+
+
+def drop_unassigned(
+    msgs: list[Message], assigned: set[TP]
+) -> tuple[list[Message], list[Message]]:
+    """Split fetched messages into (those of ``assigned`` partitions, the others).
+
+    Error events without a partition (``partition() is None`` or negative) are kept.
+    """
+    kept: list[Message] = []
+    dropped: list[Message] = []
+    for m in msgs:
+        part = m.partition()
+        if part is None or part < 0 or (m.topic(), part) in assigned:
+            kept.append(m)
+        else:
+            dropped.append(m)
+    return kept, dropped
 
 
 class _Handled(Exception):
@@ -140,6 +158,8 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         tracer_provider, meter_provider, propagator, link_mode: OpenTelemetry (see
             :class:`~kresilient.telemetry.Telemetry`); default: the global providers.
         shutdown_timeout: seconds to wait for outstanding dead-letter writes on revoke/close.
+        record_message_key: put the message key on process spans
+            (``messaging.kafka.message.key``); off by default, keys often carry personal data.
     """
 
     def __init__(
@@ -169,6 +189,7 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         propagator: Any = None,
         link_mode: Literal["parent", "link"] = "parent",
         shutdown_timeout: float = 30.0,
+        record_message_key: bool = False,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ConfigError("pass exactly one of handler= and batch_handler=")
@@ -178,6 +199,8 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         if max_batch_size < 1 or poll_timeout <= 0:
             raise ConfigError("max_batch_size must be >= 1 and poll_timeout > 0")
         base_log = logger if logger is not None else structlog.get_logger("kresilient.consumer")
+        # every log line, exception and repr of this consumer goes through it (issue 11, 5)
+        self._redact = Redactor.for_config(config)
         cfg = build_consumer_config(config, allow_unsafe, base_log)
         self._user_cb: dict[str, Callable[..., Any] | None] = {
             name: cfg.pop(name, None) for name in ("error_cb", "stats_cb", "on_commit")
@@ -234,6 +257,7 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
             client_id=self.client_id,
             consumer_group=self.group_id,
             link_mode=link_mode,
+            record_message_key=record_message_key,
             logger=self._log,
         )
         self._monitor.add_listener(self._tel.leadership_listener())
@@ -257,9 +281,10 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         self._processed = 0
         self._retries = 0
         self._rebalances = {"assigned": 0, "revoked": 0, "lost": 0}
+        self._revocations = 0  # revoke + lost callbacks so far (see _loop)
 
         self._watchdog = Watchdog(max_poll_interval(cfg) / 2, self._on_overrun)
-        self._signals = SignalHandlers(self.stop, lambda: self._stop_requested)
+        self._signals = SignalHandlers(self.stop, lambda: self._stop_requested, self._log)
         self._install_signals = install_signal_handlers
 
         conf = dict(cfg)
@@ -269,16 +294,17 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         try:
             self._consumer = Consumer(conf)
         except KafkaException as exc:
-            raise translate(exc, operation="configure") from None
+            raise translate(exc, operation="configure", redactor=self._redact) from None
         self._offsets = OffsetKeeper(
             self._consumer,
             self._log,
             self._tel,
             dead_letter.topic_for if dead_letter is not None else lambda _t: None,
+            self._redact,
         )
         self._log.info(
             "consumer_created",
-            config=redact(cfg),
+            config=redact_config(cfg),
             topics=self._topics,
             dead_letter=dead_letter is not None,
             batch=self._batch_mode,
@@ -342,7 +368,7 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         try:
             metadata = self._consumer.list_topics(timeout=10)
         except KafkaException as exc:
-            raise translate(exc, operation="consume") from exc
+            raise translate(exc, operation="consume", redactor=self._redact) from exc
         missing = [
             t for t in wanted if t not in metadata.topics or metadata.topics[t].error is not None
         ]
@@ -371,6 +397,7 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
             if not self._auto_commit and time.monotonic() >= self._next_commit:
                 self._next_commit = time.monotonic() + self._commit_interval
                 self._offsets.commit_async()
+            revocations = self._revocations
             try:
                 # consume(n, t) blocks until n messages or t: take what is there, else wait
                 # for ONE message (returns at once when it arrives), then whatever followed
@@ -380,7 +407,12 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
                     if msgs and size > 1:
                         msgs.extend(consume(size - 1, 0))
             except KafkaException as exc:
-                raise translate(exc, operation="consume") from exc
+                raise translate(exc, operation="consume", redactor=self._redact) from exc
+            if self._revocations != revocations and msgs:
+                # A rebalance was served inside a consume() call after an earlier call of this
+                # iteration had returned messages: those of partitions revoked meanwhile were
+                # committed past on revoke and belong to their new owner now (issue 11, 10).
+                msgs = self._drop_unassigned(msgs)
             if not msgs:
                 continue
             watchdog.started = now = time.monotonic()
@@ -389,6 +421,22 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
                 recheck = now + 1.0
             process(msgs)
             watchdog.started = 0.0
+
+    def _drop_unassigned(self, msgs: list[Message]) -> list[Message]:
+        try:
+            assignment = self._consumer.assignment()
+        except KafkaException as exc:  # cannot tell: keep nothing (the owner re-fetches them)
+            self._log.warning("assignment_unknown", error=self._redact(str(exc)))
+            assignment = []
+        kept, dropped = drop_unassigned(msgs, {(p.topic, p.partition) for p in assignment})
+        if dropped:
+            self._log.info(
+                "revoked_messages_dropped",
+                messages=len(dropped),
+                partitions=sorted({f"{m.topic()}[{m.partition()}]" for m in dropped}),
+                note="fetched before their partition was revoked: its new owner consumes them",
+            )
+        return kept
 
     # ------------------------------------------------------------------ per-message path
 
@@ -436,20 +484,25 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         self._finish(msgs, msg)
 
     def _traced_call(self, msg: Message) -> None:
-        """``call`` inside a process span; failures are handled inside the span."""
+        """``call`` inside a process span; failures are handled inside the span.
+
+        Nothing but the handler's own ``BaseException`` escapes the span block: the span and
+        ``messaging.process.duration`` carry the handler's exception (one exception event),
+        never ``_Handled`` (issue 23, 2), which is raised after the span ended.
+        """
+        stop: BaseException | None = None
         with self._tel.process_span(cast(Any, msg), group=self.group_id):
             try:
                 self._call(msg)
             except Exception as exc:
-                error = exc
                 self._tel.set_error(exc, classify(exc))
+                try:
+                    self._on_failure(msg, exc)
+                except BaseException as raised:  # breaker open, no DLQ ...: re-raised by the loop
+                    stop = raised
             else:
                 return
-            try:
-                self._on_failure(msg, error)
-            except BaseException as stop:
-                raise _Handled(stop) from None
-        raise _Handled
+        raise _Handled(stop)
 
     def _held(self, hold: Hold, msg: Message, call: Callable[[Any], object]) -> None:
         """A message of a held partition: skip it, or run the held message's next attempt."""
@@ -529,6 +582,12 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
     # ------------------------------------------------------------------ shutdown
 
     def _shutdown(self, error: BaseException | None) -> None:
+        self._signals.shutting_down = True  # a 2nd signal no longer interrupts (3rd aborts)
+        self._log.info(
+            "consumer_stopping",
+            dead_letters_pending=self._offsets.pending_count(),
+            error=type(error).__name__ if error is not None else None,
+        )
         self._watchdog.stop()
         producer = self._dlq_producer
         steps: list[tuple[str, Callable[[], None]]] = [
@@ -545,13 +604,17 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
             )
         if self._own_dlq_producer and producer is not None:
             steps.append(("close_dead_letter_producer", lambda: producer.close(10)))
-        for name, step in steps:
-            try:
-                step()
-            except Exception as exc:
-                self._log.warning("shutdown_step_failed", step=name, error=repr(exc))
-        self._closed = True
-        self._signals.restore()
+        try:
+            for name, step in steps:
+                try:
+                    step()
+                except Exception as exc:  # the next steps still run (commit, close)
+                    self._log.warning(
+                        "shutdown_step_failed", step=name, error=self._redact(repr(exc))
+                    )
+        finally:  # a third signal aborts (KeyboardInterrupt, logged by SignalHandlers)
+            self._closed = True
+            self._signals.restore()
         self._log.info(
             "consumer_closed",
             processed=self._processed,

@@ -43,6 +43,8 @@ class EventsMixin:
     _user_cb: dict[str, Callable[..., Any] | None]
     _listeners: dict[str, Callable[[list[TopicPartition]], object] | None]
     _rebalances: dict[str, int]
+    _redact: Callable[[str], str]
+    _revocations: int
     _error_logged: dict[int, float]
     _fatal: KResilientError | None
     _interrupt: bool
@@ -60,12 +62,16 @@ class EventsMixin:
         self._monitor.on_error(err)
         c = classify(err)
         if err.fatal():
-            self._fatal = translate(err, operation="consume")
+            self._fatal = translate(err, operation="consume", redactor=self._redact)
             self._interrupt = True
             self._tel.fatal_error(self._fatal, c)
         else:
             self._log_throttled(
-                err.code(), "kafka_error", error=c.name, category=c.category.value, detail=err.str()
+                err.code(),
+                "kafka_error",
+                error=c.name,
+                category=c.category.value,
+                detail=self._redact(err.str()),
             )
         user = self._user_cb["error_cb"]
         if user is not None:
@@ -84,7 +90,13 @@ class EventsMixin:
             return
         self._monitor.on_error(err, msg.topic(), msg.partition())
         if err.fatal():
-            raise translate(err, topic=msg.topic(), partition=msg.partition(), operation="consume")
+            raise translate(
+                err,
+                topic=msg.topic(),
+                partition=msg.partition(),
+                operation="consume",
+                redactor=self._redact,
+            )
         c = classify(err)
         self._log_throttled(
             err.code(),
@@ -104,6 +116,13 @@ class EventsMixin:
 
     def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         self._rebalances["assigned"] += 1
+        # librdkafka keeps an application pause across unassign/assign: a partition paused for
+        # a retry whose resume was missed (lost assignment, failed resume) would never be
+        # fetched again. A newly assigned partition has no hold, so nothing of it is paused.
+        unheld = [p for p in partitions if (p.topic, p.partition) not in self._holds]
+        if unheld:
+            with contextlib.suppress(KafkaException):
+                self._consumer.resume([TopicPartition(p.topic, p.partition) for p in unheld])
         self._log.info("partitions_assigned", partitions=_names(partitions))
         listener = self._listeners["assign"]
         if listener is not None:
@@ -111,12 +130,13 @@ class EventsMixin:
 
     def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         self._rebalances["revoked"] += 1
+        self._revocations += 1
         revoked = {(p.topic, p.partition) for p in partitions}
         if self._dlq_producer is not None and self._offsets.pending:
             try:  # their offsets must not be committed past an unacknowledged dead letter
                 self._offsets.wait(self._dlq_producer, revoked, self._shutdown_timeout)
             except Exception as exc:  # never let a callback break consume()
-                self._log.warning("dead_letter_wait_failed", error=repr(exc))
+                self._log.warning("dead_letter_wait_failed", error=self._redact(repr(exc)))
         for tp in [tp for tp in self._holds if tp in revoked]:
             del self._holds[tp]
             with contextlib.suppress(KafkaException):
@@ -129,9 +149,13 @@ class EventsMixin:
 
     def _on_lost(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
         self._rebalances["lost"] += 1
+        self._revocations += 1
         lost = [(p.topic, p.partition) for p in partitions]
         for tp in lost:
-            self._holds.pop(tp, None)
+            if self._holds.pop(tp, None) is not None:
+                # the pause would survive the loss and a later re-assignment (issue 11, 2)
+                with contextlib.suppress(KafkaException):
+                    self._consumer.resume([TopicPartition(tp[0], tp[1])])
         self._offsets.drop(lost)
         self._log.warning(
             "partitions_lost",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import tenacity
@@ -81,6 +82,7 @@ class FailureMixin:
     _overrun: bool
     _interrupt: bool
     _watchdog: Watchdog
+    _redact: Callable[[str], str]
 
     # ------------------------------------------------------------------ decision
 
@@ -260,7 +262,7 @@ class FailureMixin:
                 )
             except ProduceError as err:
                 raise DeadLetterError(
-                    f"dead-letter write to {record.topic} refused: {err}",
+                    f"dead-letter write to {record.topic} refused: {self._redact(str(err))}",
                     topic=record.topic,
                     classification=err.classification,
                 ) from err
@@ -274,7 +276,9 @@ class FailureMixin:
         try:
             self._consumer.seek(part)
         except KafkaException as exc:  # seeked again before resume
-            self._log.debug("seek_failed", topic=tp[0], partition=tp[1], error=str(exc))
+            self._log.debug(
+                "seek_failed", topic=tp[0], partition=tp[1], error=self._redact(str(exc))
+            )
 
     def _resume(self, tp: TP, offset: int) -> bool:
         """Seek ``tp`` to ``offset`` and resume it; False (still paused) if the seek failed."""
@@ -287,7 +291,7 @@ class FailureMixin:
                 topic=tp[0],
                 partition=tp[1],
                 offset=offset,
-                error=str(exc),
+                error=self._redact(str(exc)),
                 note="the partition stays paused; retried shortly",
             )
             return False
@@ -327,7 +331,9 @@ class FailureMixin:
             try:
                 self._consumer.seek(TopicPartition(tp[0], tp[1], offset))
             except KafkaException as exc:
-                self._log.warning("seek_failed", topic=tp[0], partition=tp[1], error=str(exc))
+                self._log.warning(
+                    "seek_failed", topic=tp[0], partition=tp[1], error=self._redact(str(exc))
+                )
         if log:
             self._log.info(
                 "batch_overrun",

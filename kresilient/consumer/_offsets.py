@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from kresilient.consumer._holds import TP, PendingDeadLetters
 from kresilient.errors import CommitError, DeadLetterError, translate
+from kresilient.redaction import redact_text
 from kresilient.telemetry import Telemetry
 
 __all__ = ["OffsetKeeper"]
@@ -35,11 +36,13 @@ class OffsetKeeper:
         log: Any,
         tel: Telemetry,
         dead_letter_topic: Callable[[str], str | None],
+        redact: Callable[[str], str] = redact_text,
     ) -> None:
         self._consumer = consumer
         self._log = log
         self._tel = tel
         self._dlq_topic = dead_letter_topic
+        self._redact = redact
         self.pending: dict[TP, PendingDeadLetters] = {}
         self.dead_lettered = 0
         self.commit_failures = 0
@@ -84,7 +87,9 @@ class OffsetKeeper:
     def _store_failed(self, exc: KafkaException, tp: TP) -> None:
         # _STATE / UNKNOWN_PARTITION: the partition was revoked meanwhile; its new owner starts
         # from the last commit (at-least-once).
-        self._log.debug("offset_store_failed", topic=tp[0], partition=tp[1], error=str(exc))
+        self._log.debug(
+            "offset_store_failed", topic=tp[0], partition=tp[1], error=self._redact(str(exc))
+        )
 
     # ------------------------------------------------------------------ dead letters
 
@@ -106,8 +111,9 @@ class OffsetKeeper:
                     error = handle.exception(0)
                     if error is not None:
                         pending.entries.appendleft((first, handles))
+                        reason = self._redact(str(error))
                         raise DeadLetterError(
-                            f"dead-letter write for {tp[0]}[{tp[1]}]@{first} failed: {error}; "
+                            f"dead-letter write for {tp[0]}[{tp[1]}]@{first} failed: {reason}; "
                             "the source offset is not committed",
                             topic=self._dlq_topic(tp[0]),
                             classification=error.classification,
@@ -196,7 +202,7 @@ class OffsetKeeper:
 
     def commit_failed(self, err: Any, reason: str, *, partitions: int | None = None) -> None:
         """Classify and log one failed commit."""
-        translated = translate(err, operation="commit")
+        translated = translate(err, operation="commit", redactor=self._redact)
         error = (
             translated
             if isinstance(translated, CommitError)

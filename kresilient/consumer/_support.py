@@ -280,14 +280,21 @@ class Watchdog:
 class SignalHandlers:
     """Route SIGTERM/SIGINT to ``stop()`` while ``run()`` runs (main thread only).
 
-    A second signal while already stopping raises ``KeyboardInterrupt`` (hard stop; the
-    shutdown still commits what was processed).
+    1st signal: graceful stop (the message in hand is finished). 2nd, while the loop still
+    runs: ``KeyboardInterrupt`` (the handler in hand is abandoned, not committed). During the
+    shutdown (await dead-letter acknowledgements, final commit, close) a 2nd signal is only
+    logged, so what was processed is still committed; a 3rd aborts the shutdown with
+    ``KeyboardInterrupt`` and says so in the log (issue 11, 6).
     """
 
-    def __init__(self, stop: Callable[[], None], stopping: Callable[[], bool]) -> None:
+    def __init__(self, stop: Callable[[], None], stopping: Callable[[], bool], log: Any) -> None:
         self._stop = stop
         self._stopping = stopping
+        self._log = log
         self._previous: dict[int, Any] = {}
+        self._count = 0
+        #: set by the consumer when its shutdown steps begin
+        self.shutting_down = False
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -296,9 +303,26 @@ class SignalHandlers:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        if self._stopping():
+        self._count += 1
+        if not self._stopping():
+            self._stop()
+        elif not self.shutting_down:
             raise KeyboardInterrupt
-        self._stop()
+        elif self._count < 3:
+            self._log.warning(
+                "shutdown_signal_received",
+                signal=signal.Signals(signum).name,
+                note="committing what was processed, then closing; one more signal aborts "
+                "without the final commit",
+            )
+        else:
+            self._log.error(
+                "shutdown_aborted",
+                signal=signal.Signals(signum).name,
+                note="third signal: the final commit and close are skipped; messages processed "
+                "since the last commit will be consumed again",
+            )
+            raise KeyboardInterrupt
 
     def restore(self) -> None:
         for sig, previous in self._previous.items():
