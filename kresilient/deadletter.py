@@ -850,9 +850,9 @@ class _LogBridge:
     def log(self, level: int, fmt: str, *args: Any) -> None:
         try:
             facility = str(args[0]) if args else ""
-            text = self._redact(str(args[2]) if len(args) > 2 else fmt % args)
             allowed, suppressed = self._limiter.check(("log", facility))
-            if allowed:
+            if allowed:  # redaction costs tens of microseconds: only for lines logged
+                text = self._redact(str(args[2]) if len(args) > 2 else fmt % args)
                 method = _LOG_METHODS.get(level, "info")
                 fields: dict[str, Any] = {"facility": facility, "message": text}
                 if suppressed:

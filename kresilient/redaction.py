@@ -117,11 +117,11 @@ _INVALID_VALUE: Final = re.compile(
 _BEGINNING_AT: Final = re.compile(r"(?P<p>(?:oauthbearer|jaas)\.config beginning at: ?)[^\n]*")
 _AUTH_SCHEME: Final = re.compile(r"(?P<p>\b(?:Bearer|Basic)\s+)[A-Za-z0-9._~+/=-]{8,}")
 _URL_PASSWORD: Final = re.compile(r"(?P<p>\b[a-z][a-z0-9+.-]*://[^\s:/@]+:)[^\s@/]+(?=@)", re.I)
-# Cheap pre-filter: most texts contain none of these, and are returned as they are.
+# Cheap pre-filter: most texts contain none of these, and are returned as they are. Matched
+# against the lower-cased text: an IGNORECASE alternation costs ~6x more per call.
 _ANY_HINT: Final = re.compile(
-    r"password|passwd|passphrase|secret|credential|jaas|oauthbearer|private|api.?key"
-    r"|user\.info|key\.pem|token|invalid value|bearer|basic|://",
-    re.IGNORECASE,
+    r"pass|secret|credential|jaas|oauthbearer|private|api.?key"
+    r"|user\.info|key\.pem|token|invalid value|bearer|basic|://"
 )
 
 
@@ -144,7 +144,7 @@ def redact_text(text: str) -> str:
     >>> redact_text("login failed: clientSecret=abc123 scope=x")
     'login failed: clientSecret=[REDACTED] scope=x'
     """
-    if not text or _ANY_HINT.search(text) is None:
+    if not text or _ANY_HINT.search(text.lower()) is None:
         return text
     text = _INVALID_VALUE.sub(_invalid_value, text)
     text = _BEGINNING_AT.sub(lambda m: m.group("p") + REDACTED, text)
