@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer
@@ -214,52 +208,5 @@ def test_start_failure_names_the_node_and_shows_its_log() -> None:
     assert cluster.pids() == {}
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-@pytest.fixture(name="orphan_script")
-def _orphan_script(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield textwrap.dedent(
-        """
-        import sys, time
-        from kresilient.testing import KafkaCluster
-        c = KafkaCluster(nodes=1)
-        c.start_cluster()
-        print(" ".join(str(p) for p in c.pids().values()), flush=True)
-        time.sleep(600)
-        """
-    )
-
-
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
-def test_no_broker_outlives_its_owner(orphan_script: str, how: signal.Signals) -> None:
-    with subprocess.Popen(
-        [sys.executable, "-c", orphan_script], stdout=subprocess.PIPE, text=True
-    ) as owner:
-        _check_no_orphans(owner, how)
-
-
-def _check_no_orphans(owner: subprocess.Popen[str], how: signal.Signals) -> None:
-    try:
-        assert owner.stdout is not None
-        pids = [int(p) for p in owner.stdout.readline().split()]
-        assert pids and all(_pid_alive(p) for p in pids)
-        owner.send_signal(how)
-        owner.wait(timeout=60)
-        deadline = time.monotonic() + 30
-        while any(_pid_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not any(_pid_alive(p) for p in pids), f"broker outlived its owner after {how!r}"
-    finally:
-        if owner.poll() is None:
-            owner.kill()
+# The no-orphan guarantee (SIGKILL, SIGTERM, SIGINT of the owner) and its files are
+# tested in test_cluster_lifecycle.py.

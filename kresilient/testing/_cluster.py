@@ -19,8 +19,16 @@ With ``KRESILIENT_BOOTSTRAP_SERVERS`` set, the cluster object wraps that existin
 instead; chaos operations then raise :class:`ChaosNotSupportedError`.
 
 Every process is started by the cluster and stopped by pid in :meth:`KafkaCluster.close`,
-which also runs at interpreter exit; on Linux the brokers also receive SIGKILL when the
-thread that started them dies (``PR_SET_PDEATHSIG``), so none outlives a killed test run.
+which also runs at interpreter exit and on SIGTERM (when no other SIGTERM handler is
+installed). On Linux the brokers are forked from one long-lived launcher thread with
+``PR_SET_PDEATHSIG``, so they die with the owning *process* (SIGKILL included) and never
+because the thread that called :meth:`KafkaCluster.start` ended. Each cluster's data
+directory carries an owner marker; directories of owners that died without cleaning up
+(SIGKILL) are removed when the next cluster starts.
+
+``KafkaCluster(network_faults=True)`` puts a fault-injecting proxy in front of every
+listener; :attr:`KafkaCluster.network` then isolates, delays, drops responses (see
+:mod:`kresilient.testing._network`).
 """
 
 from __future__ import annotations
@@ -28,12 +36,10 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,7 +58,11 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from kresilient.errors import KResilientError
+from kresilient.testing import _launcher
 from kresilient.testing._broker_jars import KAFKA_VERSION, kafka_libs
+from kresilient.testing._network import NetworkFaults, _Proxy, _State
+from kresilient.testing._ports import PortInUseError, PortReservation
+from kresilient.testing._wire import PartitionView, broker_metadata
 
 __all__ = [
     "BOOTSTRAP_ENV",
@@ -60,6 +70,8 @@ __all__ = [
     "ChaosNotSupportedError",
     "ClusterError",
     "KafkaCluster",
+    "NetworkFaults",
+    "remove_stale_dirs",
 ]
 
 BOOTSTRAP_ENV = "KRESILIENT_BOOTSTRAP_SERVERS"
@@ -67,6 +79,9 @@ BOOTSTRAP_ENV = "KRESILIENT_BOOTSTRAP_SERVERS"
 
 _PROBE_TOPIC = "__kresilient_probe"
 _PROPAGATION_S = 15.0
+_DIR_PREFIX = "kresilient-kafka-"
+_OWNER_FILE = "kresilient-owner"
+_START_ATTEMPTS = 3
 _T = TypeVar("_T")
 
 
@@ -82,15 +97,42 @@ class _NotYet(ClusterError):
     """Metadata does not show the topic or partition yet (propagation); polled again."""
 
 
+class _PortLost(ClusterError):
+    """A node could not bind a port it was given: another process took it meanwhile."""
+
+
 @dataclass
 class _Node:
     node_id: int
-    broker_port: int
+    client_port: int
+    """What clients connect to and the broker advertises (the proxy in fault mode)."""
     controller_port: int
     directory: Path
+    direct_client_port: int = 0
+    internal_port: int = 0
+    internal_proxy_port: int = 0
+    controller_proxy_port: int = 0
+    admin_port: int = 0
     process: subprocess.Popen[bytes] | None = None
     log_handle: Any = field(default=None, repr=False)
     expected_down: bool = False
+    frozen: bool = False
+
+    @property
+    def harness_port(self) -> int:
+        """The port the harness itself reads metadata from (never through a fault)."""
+        return self.admin_port or self.client_port
+
+    def bound_ports(self) -> list[int]:
+        """Ports the broker process itself binds."""
+        if self.admin_port:
+            return [
+                self.direct_client_port,
+                self.internal_port,
+                self.admin_port,
+                self.controller_port,
+            ]
+        return [self.client_port, self.controller_port]
 
     @property
     def config_path(self) -> Path:
@@ -101,10 +143,48 @@ class _Node:
         return self.directory / "server.log"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _process_start(pid: int) -> str | None:
+    """Start time of ``pid`` in clock ticks since boot (None when it does not exist)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _owner_alive(marker: Path) -> bool:
+    try:
+        pid_text, started = marker.read_text().split()
+        pid = int(pid_text)
+    except (OSError, ValueError):
+        return True  # unreadable: not ours to judge, leave it alone
+    if sys.platform != "linux":
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return _process_start(pid) == started
+
+
+def remove_stale_dirs(base: str | Path | None = None) -> list[Path]:
+    """Remove data directories of clusters whose owning process died without cleaning up.
+
+    Only directories this harness created are considered (``kresilient-kafka-*`` holding an
+    owner marker with the owner's pid and start time); a live owner's directory, or one
+    without a marker, is never touched. Runs at every cluster start; returns what it removed.
+    """
+    removed: list[Path] = []
+    root = Path(base) if base is not None else Path(tempfile.gettempdir())
+    for directory in root.glob(f"{_DIR_PREFIX}*"):
+        marker = directory / _OWNER_FILE
+        if not marker.is_file() or _owner_alive(marker):
+            continue
+        shutil.rmtree(directory, ignore_errors=True)
+        removed.append(directory)
+    return removed
 
 
 def _cluster_id() -> str:
@@ -131,15 +211,6 @@ logger.state.name = state.change.logger
 logger.state.level = INFO
 """
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 _QUIET = logging.getLogger("kresilient.testing.admin")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
@@ -158,6 +229,22 @@ def _close_all() -> None:
         cluster.close()
 
 
+def _on_sigterm(signum: int, _frame: object) -> None:
+    # Python's default SIGTERM ends the process without atexit: close every cluster (its
+    # brokers and its ~100 MB data directory), then die of SIGTERM as before.
+    _close_all()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_sigterm_cleanup() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with contextlib.suppress(ValueError, OSError):
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 class KafkaCluster:
     """N combined broker+controller KRaft nodes of real Apache Kafka on 127.0.0.1.
 
@@ -170,6 +257,13 @@ class KafkaCluster:
         start_timeout: seconds to wait for readiness before failing.
         bootstrap_servers: use this existing cluster instead of starting one (defaults to
             ``$KRESILIENT_BOOTSTRAP_SERVERS``); chaos operations are then refused.
+        first_port: fixed client ports instead of random ones: node 1 serves clients on
+            ``first_port``, node 2 on ``first_port + 1``, ... (``9092`` gives the usual
+            ``127.0.0.1:9092``). A taken port fails the start with a :class:`ClusterError`
+            naming it. Controller and internal ports stay random.
+        network_faults: route every client, inter-broker and controller connection through
+            fault-injecting proxies so :attr:`network` can isolate, delay, lose and drop
+            responses. Off by default: clients then connect to the brokers directly.
     """
 
     def __init__(
@@ -181,23 +275,34 @@ class KafkaCluster:
         heap: str = "384m",
         start_timeout: float = 120.0,
         bootstrap_servers: str | None = None,
+        first_port: int | None = None,
+        network_faults: bool = False,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {nodes}")
+        if first_port is not None and not 1 <= first_port <= 65535 - nodes + 1:
+            raise ValueError(f"first_port must leave room for {nodes} ports, got {first_port}")
         self.version = version
         self._n = nodes
         self._extra = dict(broker_config or {})
         self._heap = heap
         self._start_timeout = start_timeout
         self._external = bootstrap_servers or os.environ.get(BOOTSTRAP_ENV) or None
+        self._first_port = first_port
+        self._network_faults = network_faults
         self._nodes: dict[int, _Node] = {}
         self._root: Path | None = None
         self._admin: AdminClient | None = None
         self._lock = threading.RLock()
+        self._close_lock = threading.RLock()
+        self._ports = PortReservation()
+        self._network: NetworkFaults | None = None
         self._closed = False
         self._started = False
         self.start_seconds: float | None = None
         """How long :meth:`start_cluster` took until the cluster was ready."""
+        self.start_attempts = 0
+        """How many launches :meth:`start_cluster` needed (a lost port race retries)."""
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> KafkaCluster:
@@ -223,11 +328,33 @@ class KafkaCluster:
         return not self.external
 
     @property
+    def network(self) -> NetworkFaults:
+        """The network fault controls (needs ``KafkaCluster(network_faults=True)``)."""
+        if self.external:
+            raise ChaosNotSupportedError(
+                f"network faults need a cluster started by KafkaCluster; this one wraps "
+                f"{BOOTSTRAP_ENV}={self._external}"
+            )
+        if not self._network_faults:
+            raise ChaosNotSupportedError(
+                "network faults need KafkaCluster(network_faults=True): without it clients "
+                "connect to the brokers directly and there is no proxy to inject faults in"
+            )
+        if self._network is None:
+            raise ClusterError("the cluster is not started")
+        return self._network
+
+    @property
+    def data_dir(self) -> Path | None:
+        """The cluster's data directory (removed by :meth:`close`); None before start."""
+        return self._root
+
+    @property
     def bootstrap_servers(self) -> str:
         """Comma-separated ``host:port`` list of every node's client listener."""
         if self._external is not None:
             return self._external
-        return ",".join(f"127.0.0.1:{n.broker_port}" for n in self._nodes.values())
+        return ",".join(f"127.0.0.1:{n.client_port}" for n in self._nodes.values())
 
     @property
     def node_ids(self) -> list[int]:
@@ -248,26 +375,89 @@ class KafkaCluster:
                 self.start_seconds = time.monotonic() - began
                 return
             _LIVE.add(self)
+            _install_sigterm_cleanup()
+            remove_stale_dirs()
             try:
-                self._launch_all()
-                self._wait_ready(expected=self._n)
+                for attempt in range(1, _START_ATTEMPTS + 1):
+                    self.start_attempts = attempt
+                    try:
+                        self._launch_all()
+                        self._wait_ready(expected=self._n)
+                        break
+                    except _PortLost:
+                        # Another process bound one of our ports between our release and
+                        # the broker's bind: start over on fresh ports.
+                        if attempt == _START_ATTEMPTS:
+                            raise
+                        self._teardown()
             except BaseException:
                 self.close()
                 raise
             self.start_seconds = time.monotonic() - began
 
+    def _reserve(self) -> None:
+        n = self._n
+        ports = self._ports
+        if self._first_port is not None:
+            try:
+                client = ports.take(range(self._first_port, self._first_port + n))
+            except PortInUseError as exc:
+                raise ClusterError(f"cannot use first_port={self._first_port}: {exc}") from exc
+        else:
+            client = ports.take_free(n)
+        per_node = 6 if self._network_faults else 1
+        rest = ports.take_free(per_node * n)
+        assert self._root is not None
+        for i, node_id in enumerate(range(1, n + 1)):
+            mine = rest[i * per_node : (i + 1) * per_node]
+            directory = self._root / f"node-{node_id}"
+            (directory / "data").mkdir(parents=True)
+            node = _Node(node_id, client[i], mine[0], directory)
+            if self._network_faults:
+                (
+                    node.direct_client_port,
+                    node.internal_port,
+                    node.internal_proxy_port,
+                    node.controller_proxy_port,
+                    node.admin_port,
+                ) = mine[1:]
+            self._nodes[node_id] = node
+
+    def _start_proxies(self) -> None:
+        state = _State(sorted(self._nodes))
+        proxies: list[_Proxy] = []
+        for node in self._nodes.values():
+            for kind, listen, target in (
+                ("client", node.client_port, node.direct_client_port),
+                ("internal", node.internal_proxy_port, node.internal_port),
+                ("controller", node.controller_proxy_port, node.controller_port),
+            ):
+                proxies.append(
+                    _Proxy(state, node.node_id, kind, self._ports.adopt(listen), target)  # type: ignore[arg-type]
+                )
+        self._network = NetworkFaults(state, proxies)
+
     def _launch_all(self) -> None:
         libs = kafka_libs(self.version)
         self._classpath = str(libs / "*")
-        self._root = Path(tempfile.mkdtemp(prefix="kresilient-kafka-"))
-        for node_id in range(1, self._n + 1):
-            directory = self._root / f"node-{node_id}"
-            (directory / "data").mkdir(parents=True)
-            self._nodes[node_id] = _Node(node_id, _free_port(), _free_port(), directory)
+        self._root = Path(tempfile.mkdtemp(prefix=_DIR_PREFIX))
+        # The owner marker lets the next start remove this directory if we die uncleanly.
+        (self._root / _OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}\n")
+        # lz4-java, zstd-jni and snappy extract native libraries to java.io.tmpdir and a
+        # SIGKILLed JVM never deletes them: keep them inside the data directory.
+        (self._root / "tmp").mkdir()
+        self._reserve()
+        if self._network_faults:
+            self._start_proxies()
         (self._root / "log4j2.properties").write_text(_LOG4J2)
-        voters = ",".join(
-            f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self._nodes.values()
-        )
+        if self._network_faults:
+            voters = ",".join(
+                f"{n.node_id}@127.0.0.1:{n.controller_proxy_port}" for n in self._nodes.values()
+            )
+        else:
+            voters = ",".join(
+                f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self._nodes.values()
+            )
         for node in self._nodes.values():
             node.config_path.write_text(self._properties(node, voters))
         cluster_id = _cluster_id()
@@ -275,7 +465,7 @@ class KafkaCluster:
         formats = [
             (
                 node,
-                subprocess.Popen(
+                _launcher.popen(
                     [
                         *self._java(node, heap="128m"),
                         "kafka.tools.StorageTool",
@@ -287,7 +477,6 @@ class KafkaCluster:
                     ],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
-                    preexec_fn=_die_with_parent,
                 ),
             )
             for node in self._nodes.values()
@@ -302,19 +491,44 @@ class KafkaCluster:
         for node in self._nodes.values():
             self._spawn(node)
 
+    def _listeners(self, node: _Node) -> dict[str, str | int | bool]:
+        if not self._network_faults:
+            return {
+                "listeners": (
+                    f"PLAINTEXT://127.0.0.1:{node.client_port},"
+                    f"CONTROLLER://127.0.0.1:{node.controller_port}"
+                ),
+                "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.client_port}",
+                "inter.broker.listener.name": "PLAINTEXT",
+                "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            }
+        # Clients reach CLIENT and peers reach INTERNAL only through the proxies (advertised);
+        # the harness reads metadata on ADMIN, which no fault touches.
+        return {
+            "listeners": (
+                f"CLIENT://127.0.0.1:{node.direct_client_port},"
+                f"INTERNAL://127.0.0.1:{node.internal_port},"
+                f"ADMIN://127.0.0.1:{node.admin_port},"
+                f"CONTROLLER://127.0.0.1:{node.controller_port}"
+            ),
+            "advertised.listeners": (
+                f"CLIENT://127.0.0.1:{node.client_port},"
+                f"INTERNAL://127.0.0.1:{node.internal_proxy_port},"
+                f"ADMIN://127.0.0.1:{node.admin_port}"
+            ),
+            "inter.broker.listener.name": "INTERNAL",
+            "listener.security.protocol.map": (
+                "CONTROLLER:PLAINTEXT,CLIENT:PLAINTEXT,INTERNAL:PLAINTEXT,ADMIN:PLAINTEXT"
+            ),
+        }
+
     def _properties(self, node: _Node, voters: str) -> str:
         settings: dict[str, str | int | bool] = {
             "process.roles": "broker,controller",
             "node.id": node.node_id,
             "controller.quorum.voters": voters,
-            "listeners": (
-                f"PLAINTEXT://127.0.0.1:{node.broker_port},"
-                f"CONTROLLER://127.0.0.1:{node.controller_port}"
-            ),
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.broker_port}",
+            **self._listeners(node),
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": str(node.directory / "data"),
             "num.partitions": 1,
             "default.replication.factor": min(3, self._n),
@@ -362,6 +576,7 @@ class KafkaCluster:
             "-XX:+ExitOnOutOfMemoryError",
             "-XX:TieredStopAtLevel=1" if heap == "128m" else "-XX:+UseCompressedOops",
             "-Djava.awt.headless=true",
+            f"-Djava.io.tmpdir={self._root / 'tmp'}",
             f"-Dlog4j2.configurationFile={self._root / 'log4j2.properties'}",
             "-cp",
             self._classpath,
@@ -369,7 +584,9 @@ class KafkaCluster:
 
     def _spawn(self, node: _Node) -> None:
         node.log_handle = open(node.log_path, "ab")  # noqa: SIM115 - closed in _reap
-        node.process = subprocess.Popen(
+        # Released at the last moment: until now nobody else could have taken them.
+        self._ports.release(node.bound_ports())
+        node.process = _launcher.popen(
             [*self._java(node), "kafka.Kafka", str(node.config_path)],
             stdout=node.log_handle,
             stderr=subprocess.STDOUT,
@@ -377,27 +594,41 @@ class KafkaCluster:
             # Own session: a Ctrl-C in the terminal reaches pytest (which then closes the
             # cluster), not the brokers directly.
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
 
+    def _kill_all(self) -> None:
+        for node in self._nodes.values():
+            if node.process is not None and node.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(node.process.pid, signal.SIGCONT)  # a frozen JVM ignores TERM
+                    node.process.kill()
+        for node in self._nodes.values():
+            self._reap(node, timeout=30)
+
+    def _teardown(self) -> None:
+        """Undo a launch: processes, proxies, ports, data directory (before a retry)."""
+        self._admin = None
+        if self._network is not None:
+            self._network.close()
+            self._network = None
+        self._kill_all()
+        self._ports.release()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+        self._nodes.clear()
+
     def close(self) -> None:
-        """Stop every process this cluster started (by pid) and remove its directories."""
-        with self._lock:
+        """Stop every process this cluster started (by pid) and remove its directories.
+
+        Safe to call more than once, from any thread, and from a signal handler (it does not
+        wait for an operation another thread is running on the cluster).
+        """
+        with self._close_lock:
             if self._closed:
                 return
             self._closed = True
-            if self._admin is not None:
-                self._admin = None
-            for node in self._nodes.values():
-                if node.process is not None and node.process.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(node.process.pid, signal.SIGCONT)  # a frozen JVM ignores TERM
-                        node.process.kill()
-            for node in self._nodes.values():
-                self._reap(node, timeout=30)
-            if self._root is not None:
-                shutil.rmtree(self._root, ignore_errors=True)
-            _LIVE.discard(self)
+        self._teardown()
+        _LIVE.discard(self)
 
     def _reap(self, node: _Node, timeout: float) -> None:
         if node.process is not None:
@@ -414,13 +645,18 @@ class KafkaCluster:
                 # Connection failures while nodes start or are killed are expected here.
                 "logger": _QUIET,
                 "error_cb": _ignore_error,
-                "bootstrap.servers": self.bootstrap_servers,
+                "bootstrap.servers": self._harness_bootstrap(),
                 "socket.timeout.ms": 5000,
                 "socket.connection.setup.timeout.ms": 3000,
                 "reconnect.backoff.max.ms": 500,
             }
             self._admin = AdminClient(conf)
         return self._admin
+
+    def _harness_bootstrap(self) -> str:
+        if self._external is not None:
+            return self._external
+        return ",".join(f"127.0.0.1:{n.harness_port}" for n in self._nodes.values())
 
     def _metadata_brokers(self, timeout: float = 5.0) -> dict[int, str]:
         md = self._admin_client().list_topics(timeout=timeout)
@@ -430,6 +666,13 @@ class KafkaCluster:
         for node in self._nodes.values():
             proc = node.process
             if proc is not None and proc.poll() is not None and not node.expected_down:
+                tail = self._tail(node)
+                if "Address already in use" in tail:
+                    raise _PortLost(
+                        f"Kafka node {node.node_id} could not bind one of its ports "
+                        f"{node.bound_ports()} (taken by another process); last lines of "
+                        f"{node.log_path}:\n{tail}"
+                    )
                 raise ClusterError(
                     f"Kafka node {node.node_id} exited with code {proc.returncode}; "
                     f"last lines of {node.log_path}:\n{self._tail(node)}"
@@ -575,20 +818,86 @@ class KafkaCluster:
         """The partition's in-sync replicas."""
         return [int(r) for r in self._partition_settled(topic, partition).isrs]
 
+    def _views(self, topic: str) -> list[dict[int, PartitionView]]:
+        """Every reachable node's own view of ``topic`` (frozen or peer-isolated nodes skipped).
+
+        The admin client asks whichever broker it likes, so one answer says nothing about
+        the next read; waits that a test builds on require every broker to agree.
+        """
+        if self.external:
+            # No per-node access to an external cluster: the admin client's single view.
+            t = self._admin_client().list_topics(topic=topic, timeout=10).topics.get(topic)
+            if t is None or t.error is not None:
+                raise _NotYet(f"topic {topic!r} is not available")
+            return [
+                {
+                    p: PartitionView(int(v.leader), tuple(v.replicas), tuple(v.isrs))
+                    for p, v in t.partitions.items()
+                }
+            ]
+        isolated = set(self._network.peer_isolated()) if self._network is not None else set()
+        views: list[dict[int, PartitionView]] = []
+        for node in self._nodes.values():
+            if node.frozen or node.node_id in isolated:
+                continue
+            if node.process is None or node.process.poll() is not None:
+                continue
+            try:
+                view = broker_metadata("127.0.0.1", node.harness_port, topic)
+            except (OSError, ValueError, IndexError):
+                continue  # starting, or not answering: not a view to wait for
+            if view is None:
+                raise _NotYet(f"node {node.node_id} does not know topic {topic!r} yet")
+            views.append(view)
+        if not views:
+            raise _NotYet(f"no node answered a metadata request for {topic!r}")
+        return views
+
+    def _agreed(self, topic: str, partition: int) -> PartitionView | None:
+        """The partition's state if every reachable node shows the same leader and ISR."""
+        views = self._views(topic)
+        states = {v.get(partition) for v in views}
+        if len(states) != 1:
+            return None
+        state = states.pop()
+        if state is None:
+            raise _NotYet(f"topic {topic!r} has no partition {partition}")
+        return state
+
     def wait_for_isr(
         self, topic: str, partition: int = 0, size: int | None = None, timeout: float = 60.0
     ) -> list[int]:
-        """Wait until the partition has a leader and ``size`` in-sync replicas (default: all)."""
+        """Wait until the partition has a leader and ``size`` in-sync replicas (default: all).
+
+        Returns when every reachable node's metadata shows it, so the next read agrees.
+        """
 
         def check() -> list[int] | None:
-            p = self._partition(topic, partition)
+            p = self._agreed(topic, partition)
+            if p is None:
+                return None
             want = size if size is not None else len(p.replicas)
-            if p.leader >= 0 and len(p.isrs) >= want:
-                return [int(r) for r in p.isrs]
+            if p.leader >= 0 and len(p.isr) >= want:
+                return list(p.isr)
             return None
 
         what = f"ISR of {topic}[{partition}] to reach {size or 'all'}"
         return self._poll_until(what, check, timeout)
+
+    def wait_for_isr_shrink(
+        self, topic: str, partition: int = 0, *, without: int, timeout: float = 60.0
+    ) -> list[int]:
+        """Wait until ``without`` has left the partition's ISR (on every reachable node)."""
+
+        def check() -> list[int] | None:
+            p = self._agreed(topic, partition)
+            if p is None or p.leader < 0 or without in p.isr:
+                return None
+            return list(p.isr)
+
+        return self._poll_until(
+            f"node {without} to leave the ISR of {topic}[{partition}]", check, timeout
+        )
 
     def wait_for_leader(
         self,
@@ -598,16 +907,27 @@ class KafkaCluster:
         not_on: int | None = None,
         timeout: float = 60.0,
     ) -> int:
-        """Wait until the partition has a leader (other than ``not_on``); return its id."""
+        """Wait until the partition has a leader (other than ``not_on``); return its id.
+
+        Returns when every reachable node's metadata names that leader.
+        """
 
         def check() -> int | None:
-            leader = self.leader(topic, partition)
-            return leader if leader >= 0 and leader != not_on else None
+            p = self._agreed(topic, partition)
+            if p is None:
+                return None
+            return p.leader if p.leader >= 0 and p.leader != not_on else None
 
         return self._poll_until(f"a leader for {topic}[{partition}]", check, timeout, 0.05)
 
     def elect_preferred_leaders(self, topic: str, *, timeout: float = 60.0) -> None:
-        """Run a preferred leader election on every partition of ``topic`` and wait for it."""
+        """Run a preferred leader election on every partition of ``topic`` and wait for it.
+
+        The election's result arrives before every broker has applied the new leadership
+        from the metadata log; this returns only once EVERY reachable node's metadata shows
+        each partition led by its preferred replica, so a following read cannot see the
+        old leader.
+        """
         from confluent_kafka import ElectionType
 
         md = self._admin_client().list_topics(topic=topic, timeout=10)
@@ -624,12 +944,13 @@ class KafkaCluster:
                 )
 
         def done() -> bool:
-            return all(
-                self.leader(topic, tp.partition) == self.replicas(topic, tp.partition)[0]
-                for tp in parts
-            )
+            for tp in parts:
+                p = self._agreed(topic, tp.partition)
+                if p is None or not p.replicas or p.leader != p.replicas[0]:
+                    return False
+            return True
 
-        self._poll_until(f"preferred leaders of {topic}", done, timeout)
+        self._poll_until(f"preferred leaders of {topic} on every node", done, timeout)
 
     # ------------------------------------------------------------------ chaos
     def _node(self, node_id: int) -> _Node:
@@ -645,7 +966,8 @@ class KafkaCluster:
 
     def pids(self) -> dict[int, int]:
         """Node id -> pid of every running node process."""
-        self._node(next(iter(self._nodes), 1))  # raises on an external cluster
+        if self.external:
+            self._node(1)  # raises ChaosNotSupportedError
         return {
             n.node_id: n.process.pid
             for n in self._nodes.values()
@@ -664,6 +986,8 @@ class KafkaCluster:
             os.kill(node.process.pid, signal.SIGCONT)
             node.process.kill()
         self._reap(node, timeout=30)
+        node.frozen = False
+        self._ports.hold_again(node.bound_ports())  # keep its ports for the restart
 
     def stop(self, node_id: int, *, timeout: float = 60.0) -> None:
         """SIGTERM the node: controlled shutdown moves its leaderships before it exits."""
@@ -676,6 +1000,8 @@ class KafkaCluster:
             except subprocess.TimeoutExpired:
                 node.process.kill()
         self._reap(node, timeout=30)
+        node.frozen = False
+        self._ports.hold_again(node.bound_ports())  # keep its ports for the restart
 
     def start(self, node_id: int, *, timeout: float = 90.0) -> None:
         """Restart a stopped or killed node with its data; wait until it is registered."""
@@ -694,6 +1020,7 @@ class KafkaCluster:
         if node.process is None or node.process.poll() is not None:
             raise ClusterError(f"node {node_id} is not running")
         os.kill(node.process.pid, signal.SIGSTOP)
+        node.frozen = True
 
     def thaw(self, node_id: int) -> None:
         """SIGCONT a frozen node."""
@@ -701,6 +1028,7 @@ class KafkaCluster:
         if node.process is None or node.process.poll() is not None:
             raise ClusterError(f"node {node_id} is not running")
         os.kill(node.process.pid, signal.SIGCONT)
+        node.frozen = False
 
     def running(self, node_id: int) -> bool:
         """True while the node's process is alive (frozen counts as alive)."""
@@ -718,13 +1046,16 @@ class KafkaCluster:
         return out
 
     def heal(self, topics: Iterable[str] | None = None, *, timeout: float = 120.0) -> None:
-        """Thaw and restart every node that is down, then wait for full ISRs.
+        """Heal network faults, thaw and restart every node that is down, wait for full ISRs.
 
         ``topics`` limits the ISR wait to those topics; by default every topic is awaited.
         """
+        if self._network is not None:
+            self._network.heal()
         for node in self._nodes.values():
             if node.process is not None and node.process.poll() is None:
                 os.kill(node.process.pid, signal.SIGCONT)
+                node.frozen = False
         for node_id in list(self._nodes):
             if not self.running(node_id):
                 self.start(node_id, timeout=timeout)

@@ -1,0 +1,87 @@
+"""Port reservation for a local cluster: every port distinct, held until just before use.
+
+The old picker bound port 0, closed the socket and handed the number out; the next pick
+could receive the very same number (~0.13% of 3-node clusters drew a duplicate) and any
+other process could take it before the broker bound it. Here every port of a cluster is a
+*listening* socket held open until the moment the process that needs it is started, so the
+kernel can neither hand it out twice nor give it to anyone else meanwhile.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable
+
+
+class PortInUseError(OSError):
+    """A fixed port asked for is already taken by another process."""
+
+
+def _listening(port: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # Rebinding a port a killed broker just left (TIME_WAIT) must work; listening keeps
+        # everyone else (SO_REUSEADDR or not) from binding it while we hold it.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(64)
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
+class PortReservation:
+    """A set of loopback ports held as listening sockets until :meth:`release`."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, socket.socket] = {}
+
+    def take_free(self, count: int) -> list[int]:
+        """Reserve ``count`` kernel-chosen ports, distinct from each other and from held ones."""
+        out: list[int] = []
+        for _ in range(count):
+            s = _listening(0)
+            port = int(s.getsockname()[1])
+            self._held[port] = s
+            out.append(port)
+        return out
+
+    def take(self, ports: Iterable[int]) -> list[int]:
+        """Reserve these exact ports; raises :class:`PortInUseError` naming a taken one."""
+        out: list[int] = []
+        for port in ports:
+            if port in self._held:
+                raise PortInUseError(f"port {port} was asked for twice")
+            try:
+                self._held[port] = _listening(port)
+            except OSError as exc:
+                raise PortInUseError(
+                    f"127.0.0.1:{port} is already in use by another process ({exc.strerror})"
+                ) from exc
+            out.append(port)
+        return out
+
+    def hold_again(self, ports: Iterable[int]) -> None:
+        """Best effort: re-reserve ports of a node that is down (kept for its restart)."""
+        for port in ports:
+            if port not in self._held:
+                try:
+                    self._held[port] = _listening(port)
+                except OSError:
+                    continue
+
+    def adopt(self, port: int) -> socket.socket:
+        """Hand over the held listening socket itself (a proxy serves on it: no gap at all)."""
+        return self._held.pop(port)
+
+    def release(self, ports: Iterable[int] | None = None) -> None:
+        """Close the sockets of ``ports`` (default: all) right before a process binds them."""
+        for port in list(self._held) if ports is None else list(ports):
+            s = self._held.pop(port, None)
+            if s is not None:
+                s.close()
+
+    @property
+    def held(self) -> list[int]:
+        return sorted(self._held)
