@@ -57,7 +57,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from kresilient.errors import KResilientError
+from kresilient.errors import ChaosNotSupportedError, ClusterError
 from kresilient.testing import _launcher
 from kresilient.testing._broker_jars import KAFKA_VERSION, kafka_libs
 from kresilient.testing._network import NetworkFaults, _Proxy, _State
@@ -83,14 +83,6 @@ _DIR_PREFIX = "kresilient-kafka-"
 _OWNER_FILE = "kresilient-owner"
 _START_ATTEMPTS = 3
 _T = TypeVar("_T")
-
-
-class ClusterError(KResilientError):
-    """The local cluster failed to start, or an operation on it failed."""
-
-
-class ChaosNotSupportedError(ClusterError):
-    """A chaos operation was asked of an external cluster (``KRESILIENT_BOOTSTRAP_SERVERS``)."""
 
 
 class _NotYet(ClusterError):
