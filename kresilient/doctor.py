@@ -1,0 +1,1362 @@
+"""``kresilient doctor``: from a symptom to an answer, between one service and one cluster.
+
+The doctor connects the way the application would (its client config, linted first) and
+checks, in order, everything the troubleshooting guides this project grew from name as a
+cause of an incident:
+
+1. **config**: the client config itself (unknown keys, typos, unsafe settings) through
+   ``kresilient lint``;
+2. **connectivity**: every bootstrap address and every broker the metadata advertises —
+   name resolution, TCP connect latency, then authentication and TLS through a metadata
+   request (errors classified by :func:`kresilient.classify`);
+3. **metadata**: the controller, and whether the brokers agree on partition leaders;
+4. **topics**: offline partitions, under-replicated partitions, leaders not on their preferred
+   replica, replication factor against ``min.insync.replicas``, replicas sharing a rack,
+   unclean leader election, timestamps in the future, and log-dir usage per broker;
+5. **groups**: state, members, lag per partition, and offsets that expired or may expire
+   (``offsets.retention.minutes``);
+6. **probe**: an ``acks=all`` produce and consume round trip on a temporary topic (latency
+   percentiles) whose ``LogAppendTime`` timestamps also measure the clock skew between this
+   machine and the brokers.
+
+Every finding names the symptom (as the guides name it), the likely causes and the fix.
+Exit codes are those of ``lint`` and ``audit``: 0 healthy, 1 a finding at ``error`` level
+(or ``warning`` with ``--fail-on warning``), 2 the cluster cannot be reached or the input is
+unusable.
+
+Python use::
+
+    from kresilient.doctor import diagnose
+
+    report = diagnose({"bootstrap.servers": "127.0.0.1:9092"}, topics=["orders"])
+    for finding in report.findings:
+        print(finding.severity, finding.symptom, finding.message)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import json
+import re
+import socket
+import statistics
+import struct
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TextIO
+
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported untyped
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    OffsetSpec,
+    ResourceType,
+)
+
+from kresilient.errors import ConfigError, classify
+from kresilient.redaction import Redactor
+
+__all__ = [
+    "DoctorFinding",
+    "DoctorReport",
+    "Severity",
+    "diagnose",
+    "main",
+    "register",
+    "render_json",
+    "render_text",
+]
+
+#: Log-dir usage above this share of the volume is a warning (the guides alert at 80%).
+DISK_USAGE_THRESHOLD: Final = 0.80
+#: A record timestamp this far ahead of the local clock is "in the future" by default.
+FUTURE_TOLERANCE_MS: Final = 3_600_000
+#: |broker clock - local clock| above this is reported.
+CLOCK_SKEW_WARN_MS: Final = 1_000
+_PROBE_MESSAGES: Final = 20
+_TOPIC_KEYS: Final = (
+    "min.insync.replicas",
+    "unclean.leader.election.enable",
+    "message.timestamp.type",
+    "message.timestamp.after.max.ms",
+    "retention.ms",
+    "segment.ms",
+)
+_BROKER_KEYS: Final = ("offsets.retention.minutes", "auto.leader.rebalance.enable")
+_MAX_TIMESTAMP: Final[Any] = OffsetSpec.max_timestamp  # untyped in confluent-kafka
+_LATEST: Final[Any] = OffsetSpec.latest
+
+
+class Severity(enum.IntEnum):
+    """How much a finding matters; ``OK`` lines show what was checked and passed."""
+
+    OK = 0
+    INFO = 1
+    WARNING = 2
+    ERROR = 3
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DoctorFinding:
+    """One answer: what was seen, the guides' name for it, why it happens and what to do."""
+
+    section: str
+    severity: Severity
+    subject: str
+    message: str
+    symptom: str = ""
+    causes: tuple[str, ...] = ()
+    fix: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["severity"] = str(self.severity)
+        out["causes"] = list(self.causes)
+        return out
+
+
+@dataclass(kw_only=True, slots=True)
+class DoctorReport:
+    """Everything :func:`diagnose` found, in check order, with the measured figures."""
+
+    bootstrap_servers: str
+    findings: list[DoctorFinding] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    reachable: bool = True
+    seconds: float = 0.0
+
+    def exit_code(self, fail_on: Severity = Severity.ERROR) -> int:
+        """0 healthy, 1 a finding at ``fail_on`` or above, 2 unreachable or unusable input."""
+        if not self.reachable:
+            return 2
+        return 1 if any(f.severity >= fail_on for f in self.findings) else 0
+
+    def by_section(self, section: str) -> list[DoctorFinding]:
+        return [f for f in self.findings if f.section == section]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _QuietLogger:
+    """librdkafka's own log lines are summarised as findings instead of flooding stderr."""
+
+    def log(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def _hosts(bootstrap: str) -> list[tuple[str, int]]:
+    out = []
+    for item in bootstrap.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if "://" in item:
+            item = item.split("://", 1)[1]
+        host, sep, port = item.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ConfigError(
+                f"bootstrap.servers entry {item!r} is not HOST:PORT", key="bootstrap.servers"
+            )
+        out.append((host.strip("[]"), int(port)))
+    if not out:
+        raise ConfigError("bootstrap.servers is empty", key="bootstrap.servers")
+    return out
+
+
+def _tcp_probe(host: str, port: int, timeout: float) -> tuple[str | None, float]:
+    """(None, seconds) when a TCP connection opened, else (reason, seconds)."""
+    start = time.monotonic()
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return f"the name {host!r} does not resolve ({exc.strerror})", time.monotonic() - start
+    last = "no address"
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(address)
+            return None, time.monotonic() - start
+        except ConnectionRefusedError:
+            last = "connection refused: nothing listens on that port"
+        except TimeoutError:
+            last = f"no answer within {timeout:g}s (a firewall, or the host is down)"
+        except OSError as exc:
+            last = exc.strerror or type(exc).__name__
+        finally:
+            sock.close()
+    return last, time.monotonic() - start
+
+
+def _result(future: Any, timeout: float) -> Any:
+    return future.result(timeout=timeout)
+
+
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+# --------------------------------------------------------------------------- log dirs
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _skip_tags(buf: bytes, pos: int) -> int:
+    count, pos = _varint(buf, pos)
+    for _ in range(count):
+        _, pos = _varint(buf, pos)
+        size, pos = _varint(buf, pos)
+        pos += size
+    return pos
+
+
+def _compact_str(buf: bytes, pos: int) -> tuple[str, int]:
+    n, pos = _varint(buf, pos)
+    if n == 0:
+        return "", pos
+    return buf[pos : pos + n - 1].decode("utf-8", "replace"), pos + n - 1
+
+
+def describe_log_dirs(host: str, port: int, timeout: float) -> list[tuple[str, int, int]]:
+    """Each log dir of one broker as ``(path, total_bytes, usable_bytes)``.
+
+    confluent-kafka has no DescribeLogDirs call, so this sends the request itself
+    (API key 35, version 4, which carries the volume's total and usable bytes since Kafka 3.3,
+    KIP-827) over a PLAINTEXT connection. Raises ``OSError`` or ``ValueError`` when the broker
+    does not answer it.
+    """
+    header = struct.pack(">hhih", 35, 4, 1, 9) + b"kresilien" + b"\x00"
+    body = b"\x00" + b"\x00"  # topics: null (all), no tagged fields
+    request = header + body
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(struct.pack(">i", len(request)) + request)
+        size_bytes = _recv_exact(sock, 4)
+        (size,) = struct.unpack(">i", size_bytes)
+        buf = _recv_exact(sock, size)
+    pos = 4  # correlation id
+    pos = _skip_tags(buf, pos)
+    pos += 4  # throttle_time_ms
+    (error,) = struct.unpack_from(">h", buf, pos)
+    pos += 2
+    if error:
+        raise ValueError(f"DescribeLogDirs error code {error}")
+    count, pos = _varint(buf, pos)
+    dirs = []
+    for _ in range(max(count - 1, 0)):
+        (dir_error,) = struct.unpack_from(">h", buf, pos)
+        pos += 2
+        path, pos = _compact_str(buf, pos)
+        topics, pos = _varint(buf, pos)
+        for _ in range(max(topics - 1, 0)):
+            _, pos = _compact_str(buf, pos)
+            parts, pos = _varint(buf, pos)
+            for _ in range(max(parts - 1, 0)):
+                pos += 4 + 8 + 8 + 1
+                pos = _skip_tags(buf, pos)
+            pos = _skip_tags(buf, pos)
+        total, usable = struct.unpack_from(">qq", buf, pos)
+        pos += 16
+        pos = _skip_tags(buf, pos)
+        if not dir_error:
+            dirs.append((path, total, usable))
+    return dirs
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = sock.recv(n)
+        if not chunk:
+            raise ConnectionError("the broker closed the connection")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+@dataclass(slots=True)
+class _Run:
+    config: dict[str, Any]
+    timeout: float
+    topics: tuple[str, ...]
+    groups: tuple[str, ...]
+    probe: bool
+    probe_topic: str | None
+    disk_threshold: float
+    future_tolerance_ms: int
+    report: DoctorReport
+    redact: Redactor
+    admin: AdminClient | None = None
+    brokers: dict[int, tuple[str, int]] = field(default_factory=dict)
+    metadata: Any = None
+    topic_configs: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    broker_configs: dict[str, str | None] = field(default_factory=dict)
+
+    def add(self, section: str, severity: Severity, subject: str, message: str, **kw: Any) -> None:
+        self.report.findings.append(
+            DoctorFinding(
+                section=section,
+                severity=severity,
+                subject=subject,
+                message=self.redact(message),
+                **kw,
+            )
+        )
+
+
+def _check_config(run: _Run, config_text: str | None, config_path: str | None) -> None:
+    if config_text is None:
+        return
+    from kresilient.lint import lint_text
+
+    # The file plus the bootstrap servers given on the command line is the config the
+    # application runs with; the linter recognises a client config by those keys.
+    effective = (
+        config_text.rstrip("\n") + f"\nbootstrap.servers={run.config['bootstrap.servers']}\n"
+    )
+    findings = lint_text(effective, config_path or "client.properties")
+    for f in findings:
+        severity = {"ERROR": Severity.ERROR, "WARNING": Severity.WARNING}.get(
+            f.severity.name, Severity.INFO
+        )
+        run.add(
+            "config",
+            severity,
+            f"{f.path}:{f.line}",
+            f"{f.rule} {f.message}",
+            symptom="client misconfiguration",
+            fix=f"kresilient lint --explain {f.rule}",
+        )
+    if not any(f.section == "config" for f in run.report.findings):
+        run.add("config", Severity.OK, config_path or "client config", "lint found nothing")
+
+
+def _admin_conf(run: _Run) -> dict[str, Any]:
+    conf = {k: v for k, v in run.config.items() if k not in _CLIENT_ONLY}
+    conf.setdefault("socket.timeout.ms", int(run.timeout * 1000))
+    conf.setdefault("logger", _QuietLogger())
+    return conf
+
+
+_CLIENT_ONLY: Final = frozenset(
+    {
+        "acks",
+        "enable.idempotence",
+        "group.id",
+        "enable.auto.commit",
+        "auto.offset.reset",
+        "linger.ms",
+        "compression.type",
+        "isolation.level",
+        "max.poll.interval.ms",
+        "session.timeout.ms",
+        "partition.assignment.strategy",
+        "message.timeout.ms",
+        "delivery.timeout.ms",
+        "batch.size",
+        "batch.num.messages",
+        "queue.buffering.max.messages",
+        "queue.buffering.max.kbytes",
+        "max.in.flight.requests.per.connection",
+        "retries",
+        "partitioner",
+        "transactional.id",
+        "fetch.min.bytes",
+        "fetch.max.bytes",
+        "max.partition.fetch.bytes",
+        "enable.auto.offset.store",
+        "group.instance.id",
+        "group.protocol",
+        "statistics.interval.ms",
+    }
+)
+
+
+_PROPERTY: Final = re.compile(r'property:? "(?P<key>[^"]+)"')
+
+
+def _admin_client(run: _Run) -> AdminClient:
+    """An AdminClient on the application's config, minus the keys librdkafka refuses.
+
+    A refused key (a typo) is reported once as a config finding and dropped, so the rest of
+    the diagnosis still runs with what the application would have meant.
+    """
+    for _ in range(len(run.config) + 1):
+        try:
+            return AdminClient(_admin_conf(run))
+        except KafkaException as exc:
+            err = _kafka_error(exc)
+            match = _PROPERTY.search(err.str() if err is not None else str(exc))
+            if err is None or match is None or match.group("key") not in run.config:
+                raise
+            key = match.group("key")
+            del run.config[key]
+            linted = any(key in f.message for f in run.report.by_section("config"))
+            run.add(
+                "config",
+                Severity.INFO if linted else Severity.ERROR,
+                key,
+                f"librdkafka refuses {key!r}: {err.str()}; the doctor continues without it",
+                symptom="client misconfiguration",
+                fix="fix or remove the key (kresilient lint names the likely intended key)",
+            )
+    raise ConfigError("the client config is refused by librdkafka", key=None)
+
+
+def _check_connectivity(run: _Run) -> bool:
+    hosts = _hosts(str(run.config.get("bootstrap.servers", "")))
+    reached = 0
+    for host, port in hosts:
+        reason, seconds = _tcp_probe(host, port, min(run.timeout, 5.0))
+        if reason is None:
+            reached += 1
+            run.add(
+                "connectivity",
+                Severity.OK,
+                f"{host}:{port}",
+                f"TCP connect in {seconds * 1000:.1f} ms",
+            )
+        else:
+            run.add(
+                "connectivity",
+                Severity.ERROR,
+                f"{host}:{port}",
+                reason,
+                symptom="broker unreachable",
+                causes=("the broker is down", "wrong host or port", "a firewall", "DNS"),
+                fix="check bootstrap.servers, that the broker runs and listens on that "
+                "address, and that this machine may reach it",
+            )
+    if not reached:
+        run.report.reachable = False
+        return False
+    run.admin = _admin_client(run)
+    try:
+        run.metadata = run.admin.list_topics(timeout=run.timeout)
+    except KafkaException as exc:
+        err = _kafka_error(exc)
+        c = classify(err if err is not None else exc)
+        run.add(
+            "connectivity",
+            Severity.ERROR,
+            str(run.config.get("bootstrap.servers")),
+            f"metadata request failed: {err.name() if err else type(exc).__name__}: "
+            f"{err.str() if err else exc}",
+            symptom="cannot talk Kafka to the cluster",
+            causes=(f"classified {c.category.name}",),
+            fix=c.remedy,
+        )
+        run.report.reachable = False
+        return False
+    for broker_id, broker in sorted(run.metadata.brokers.items()):
+        run.brokers[broker_id] = (broker.host, broker.port)
+        reason, seconds = _tcp_probe(broker.host, broker.port, min(run.timeout, 5.0))
+        run.report.figures.setdefault("broker_connect_ms", {})[broker_id] = (
+            None if reason else round(seconds * 1000, 2)
+        )
+        if reason is None:
+            run.add(
+                "connectivity",
+                Severity.OK,
+                f"broker {broker_id} {broker.host}:{broker.port}",
+                f"advertised address reachable, TCP connect in {seconds * 1000:.1f} ms",
+            )
+        else:
+            run.add(
+                "connectivity",
+                Severity.ERROR,
+                f"broker {broker_id} {broker.host}:{broker.port}",
+                f"advertised address not reachable from here: {reason}",
+                symptom="LEADER_NOT_AVAILABLE / timeouts on some partitions only",
+                causes=(
+                    "advertised.listeners names an address clients cannot reach",
+                    "the broker is down but still registered",
+                ),
+                fix="set advertised.listeners to an address clients can reach",
+            )
+    return True
+
+
+def _check_metadata(run: _Run) -> None:
+    assert run.admin is not None
+    try:
+        cluster = _result(run.admin.describe_cluster(request_timeout=run.timeout), run.timeout)
+    except KafkaException as exc:
+        run.add("metadata", Severity.WARNING, "cluster", f"describe_cluster failed: {exc}")
+        return
+    controller = cluster.controller.id if cluster.controller is not None else None
+    run.report.figures["controller"] = controller
+    run.report.figures["brokers"] = sorted(run.brokers)
+    if controller is None:
+        run.add(
+            "metadata",
+            Severity.ERROR,
+            "controller",
+            "no active controller",
+            symptom="LEADER_NOT_AVAILABLE",
+            causes=("the KRaft controller quorum lost its majority",),
+            fix="bring the controller nodes back until a majority of voters runs",
+        )
+    else:
+        run.add(
+            "metadata",
+            Severity.OK,
+            "controller",
+            f"controller is node {controller}; {len(run.brokers)} broker(s) registered",
+        )
+    # Propagation: ask each broker alone for the leaders of the checked topics.
+    names = _checked_topics(run)
+    if not names or len(run.brokers) < 2:
+        return
+    views: dict[int, dict[tuple[str, int], int]] = {}
+    for broker_id, (host, port) in run.brokers.items():
+        conf = dict(_admin_conf(run), **{"bootstrap.servers": f"{host}:{port}"})
+        try:
+            md = AdminClient(conf).list_topics(timeout=min(run.timeout, 5.0))
+        except KafkaException:
+            continue
+        views[broker_id] = {
+            (t, p): part.leader
+            for t in names
+            if t in md.topics
+            for p, part in md.topics[t].partitions.items()
+        }
+    keys = set().union(*views.values()) if views else set()
+    disagreements = sorted(k for k in keys if len({v.get(k) for v in views.values()}) > 1)
+    if disagreements:
+        sample = ", ".join(f"{t}-{p}" for t, p in disagreements[:5])
+        run.add(
+            "metadata",
+            Severity.WARNING,
+            "propagation",
+            f"brokers disagree on the leader of {len(disagreements)} partition(s) ({sample})",
+            symptom="NotLeaderOrFollower / stale metadata",
+            causes=(
+                "a leader election in progress",
+                "a controller that cannot propagate metadata (seed: controller instability)",
+            ),
+            fix="run the doctor again; if it persists, check the controller's log and the "
+            "brokers' connectivity to the controller quorum",
+        )
+    else:
+        run.add("metadata", Severity.OK, "propagation", f"{len(views)} brokers agree on leaders")
+
+
+def _checked_topics(run: _Run) -> list[str]:
+    if run.metadata is None:
+        return []
+    if run.topics:
+        return [t for t in run.topics]
+    return sorted(
+        t for t in run.metadata.topics if not t.startswith("__") and not t.startswith("_confluent")
+    )
+
+
+def _load_configs(run: _Run, topics: Sequence[str]) -> None:
+    assert run.admin is not None
+    resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+    if resources:
+        for resource, future in run.admin.describe_configs(
+            resources, request_timeout=run.timeout
+        ).items():
+            try:
+                entries = _result(future, run.timeout)
+            except KafkaException:
+                continue
+            run.topic_configs[resource.name] = {
+                k: e.value for k, e in entries.items() if k in _TOPIC_KEYS
+            }
+    broker = min(run.brokers) if run.brokers else None
+    if broker is not None:
+        resource = ConfigResource(ResourceType.BROKER, str(broker))
+        try:
+            entries = _result(
+                run.admin.describe_configs([resource], request_timeout=run.timeout)[resource],
+                run.timeout,
+            )
+            run.broker_configs = {k: e.value for k, e in entries.items() if k in _BROKER_KEYS}
+        except KafkaException:
+            pass
+
+
+def _check_topics(run: _Run) -> None:
+    assert run.admin is not None and run.metadata is not None
+    names = _checked_topics(run)
+    missing = [t for t in names if t not in run.metadata.topics]
+    for t in missing:
+        run.add(
+            "topics",
+            Severity.ERROR,
+            t,
+            "topic does not exist",
+            symptom="UNKNOWN_TOPIC_OR_PART",
+            causes=("the topic was never created, or was deleted", "a typo in the name"),
+            fix=f"create it: kresilient topic create {t} --partitions N --replication-factor 3",
+        )
+    names = [t for t in names if t in run.metadata.topics]
+    _load_configs(run, names)
+    racks = _racks(run)
+    now_ms = int(time.time() * 1000)
+    future_specs = {}
+    for t in names:
+        topic = run.metadata.topics[t]
+        if topic.error is not None:
+            run.add("topics", Severity.ERROR, t, f"metadata error: {topic.error.str()}")
+            continue
+        conf = run.topic_configs.get(t, {})
+        offline, urp, not_preferred, shared_rack = [], [], [], []
+        rf = 0
+        for pid, part in sorted(topic.partitions.items()):
+            rf = max(rf, len(part.replicas))
+            if part.leader < 0:
+                offline.append(pid)
+            elif len(part.isrs) < len(part.replicas):
+                urp.append(pid)
+            if part.leader >= 0 and part.replicas and part.leader != part.replicas[0]:
+                not_preferred.append(pid)
+            rack_of = [racks.get(r) for r in part.replicas]
+            if all(rack_of) and len(set(rack_of)) < len(rack_of):
+                shared_rack.append(pid)
+            future_specs[TopicPartition(t, pid)] = _MAX_TIMESTAMP()
+        if offline:
+            run.add(
+                "topics",
+                Severity.ERROR,
+                t,
+                f"{len(offline)} offline partition(s) (no leader): {offline[:10]}",
+                symptom="OfflinePartitionsCount > 0 / LEADER_NOT_AVAILABLE",
+                causes=(
+                    "every replica of the partition is down",
+                    "no in-sync replica left and unclean leader election is off",
+                ),
+                fix="bring a replica of these partitions back; do not enable unclean election "
+                "unless losing committed records is acceptable",
+            )
+        if urp:
+            run.add(
+                "topics",
+                Severity.WARNING,
+                t,
+                f"{len(urp)} under-replicated partition(s): {urp[:10]}",
+                symptom="UnderReplicatedPartitions > 0 (ISR shrink)",
+                causes=("a broker down", "a slow disk, network or GC pause on a follower"),
+                fix="find the broker missing from the ISR; check its disk I/O, network and GC",
+            )
+        if not_preferred:
+            run.add(
+                "topics",
+                Severity.WARNING,
+                t,
+                f"{len(not_preferred)} partition(s) not led by their preferred replica: "
+                f"{not_preferred[:10]}",
+                symptom="leader imbalance after a restart",
+                causes=(
+                    "a broker restarted and leadership was not moved back",
+                    "auto.leader.rebalance.enable=false",
+                ),
+                fix="run a preferred leader election (kafka-leader-election.sh --election-type "
+                "PREFERRED) or enable auto.leader.rebalance.enable",
+            )
+        if shared_rack:
+            run.add(
+                "topics",
+                Severity.WARNING,
+                t,
+                f"{len(shared_rack)} partition(s) with replicas sharing a rack",
+                symptom="one rack failure takes several replicas",
+                fix="reassign replicas across racks (broker.rack)",
+            )
+        _check_replication(run, t, rf, conf)
+        if not (offline or urp or not_preferred or shared_rack):
+            run.add(
+                "topics",
+                Severity.OK,
+                t,
+                f"{len(topic.partitions)} partition(s), RF {rf}: every leader preferred, ISR full",
+            )
+    _check_future_timestamps(run, future_specs, now_ms)
+    _check_disks(run)
+
+
+def _check_replication(run: _Run, topic: str, rf: int, conf: Mapping[str, str | None]) -> None:
+    min_isr = int(conf.get("min.insync.replicas") or 1)
+    if rf and rf <= min_isr and rf > 1:
+        run.add(
+            "topics",
+            Severity.ERROR,
+            topic,
+            f"replication factor {rf} <= min.insync.replicas {min_isr}: losing one broker "
+            "stops every acks=all write",
+            symptom="NOT_ENOUGH_REPLICAS during a broker restart",
+            fix=f"raise the replication factor to {min_isr + 1} or more, or lower "
+            "min.insync.replicas",
+        )
+    elif rf and rf < 3 and len(run.brokers) >= 3:
+        run.add(
+            "topics",
+            Severity.WARNING,
+            topic,
+            f"replication factor {rf} < 3 on a {len(run.brokers)}-broker cluster",
+            symptom="data loss or unavailability when a broker fails",
+            fix="use RF 3 with min.insync.replicas=2",
+        )
+    if str(conf.get("unclean.leader.election.enable", "false")).lower() == "true":
+        run.add(
+            "topics",
+            Severity.ERROR,
+            topic,
+            "unclean.leader.election.enable=true: an out-of-sync replica may become leader",
+            symptom="silent loss of committed records, offsets truncated",
+            fix="set unclean.leader.election.enable=false unless availability strictly "
+            "outranks correctness for this topic",
+        )
+
+
+def _racks(run: _Run) -> dict[int, str | None]:
+    assert run.admin is not None
+    try:
+        cluster = _result(run.admin.describe_cluster(request_timeout=run.timeout), run.timeout)
+    except KafkaException:
+        return {}
+    return {node.id: node.rack for node in cluster.nodes}
+
+
+def _check_future_timestamps(run: _Run, specs: Mapping[TopicPartition, Any], now_ms: int) -> None:
+    if not specs or run.admin is None:
+        return
+    try:
+        futures = run.admin.list_offsets(dict(specs), request_timeout=run.timeout)
+    except KafkaException:
+        return
+    ahead: dict[str, list[tuple[int, int]]] = {}
+    for tp, future in futures.items():
+        try:
+            info = _result(future, run.timeout)
+        except KafkaException:
+            continue
+        if info.offset >= 0 and info.timestamp > now_ms + run.future_tolerance_ms:
+            ahead.setdefault(tp.topic, []).append((tp.partition, info.timestamp - now_ms))
+    for topic, parts in sorted(ahead.items()):
+        worst = max(ms for _, ms in parts)
+        conf = run.topic_configs.get(topic, {})
+        run.add(
+            "topics",
+            Severity.WARNING,
+            topic,
+            f"{len(parts)} partition(s) hold a record timestamped up to "
+            f"{worst / 3_600_000:.1f} h in the future "
+            f"(message.timestamp.type={conf.get('message.timestamp.type', '?')})",
+            symptom="disk exhaustion: segments with future timestamps are never deleted",
+            causes=(
+                "a producer clock ahead (a clock advanced during testing)",
+                "an application setting record timestamps itself",
+            ),
+            fix="fix the producer's clock or timestamps; bound message.timestamp.after.max.ms "
+            "so brokers refuse them; use message.timestamp.type=LogAppendTime if producer "
+            "time is not needed; delete the affected records or segments",
+        )
+    for topic in sorted(run.topic_configs):
+        conf = run.topic_configs[topic]
+        after = conf.get("message.timestamp.after.max.ms")
+        if (
+            conf.get("message.timestamp.type") == "CreateTime"
+            and after is not None
+            and after.lstrip("-").isdigit()
+            and int(after) > 86_400_000
+        ):
+            run.add(
+                "topics",
+                Severity.INFO,
+                topic,
+                f"message.timestamp.after.max.ms={after}: records far in the future are accepted",
+                symptom="future timestamps (disk exhaustion risk)",
+                fix="set message.timestamp.after.max.ms to 3600000 (Kafka 4's default)",
+            )
+
+
+def _check_disks(run: _Run) -> None:
+    protocol = str(run.config.get("security.protocol", "plaintext")).lower()
+    if protocol != "plaintext":
+        run.add(
+            "topics",
+            Severity.INFO,
+            "log dirs",
+            f"log-dir usage not checked over {protocol} (use kafka-log-dirs.sh)",
+        )
+        return
+    usage = {}
+    for broker_id, (host, port) in sorted(run.brokers.items()):
+        try:
+            dirs = describe_log_dirs(host, port, min(run.timeout, 5.0))
+        except (OSError, ValueError, struct.error, IndexError) as exc:
+            run.add(
+                "topics",
+                Severity.INFO,
+                f"broker {broker_id} log dirs",
+                f"DescribeLogDirs not answered ({exc})",
+            )
+            continue
+        for path, total, usable in dirs:
+            if total <= 0:
+                continue
+            used = 1 - usable / total
+            usage[f"{broker_id}:{path}"] = round(used, 4)
+            if used >= run.disk_threshold:
+                run.add(
+                    "topics",
+                    Severity.ERROR if used >= 0.95 else Severity.WARNING,
+                    f"broker {broker_id} {path}",
+                    f"log dir {used:.0%} full ({usable / 2**30:.1f} GiB free of "
+                    f"{total / 2**30:.1f} GiB; threshold {run.disk_threshold:.0%})",
+                    symptom="disk exhaustion: the broker cannot write, then crashes",
+                    causes=(
+                        "retention longer than the disk allows",
+                        "segments that never roll or delete (future timestamps, segment.ms)",
+                    ),
+                    fix="add disk or shorten retention.ms/retention.bytes; tune "
+                    "log.segment.bytes and log.roll.hours so segments close and can be deleted",
+                )
+    run.report.figures["log_dir_usage"] = usage
+    if usage and max(usage.values()) < run.disk_threshold:
+        run.add(
+            "topics",
+            Severity.OK,
+            "log dirs",
+            f"{len(usage)} log dir(s), fullest {max(usage.values()):.0%}",
+        )
+
+
+def _check_groups(run: _Run) -> None:
+    assert run.admin is not None
+    groups = list(run.groups)
+    if not groups:
+        try:
+            listed = _result(
+                run.admin.list_consumer_groups(request_timeout=run.timeout), run.timeout
+            )
+            groups = sorted(g.group_id for g in listed.valid)
+        except KafkaException as exc:
+            run.add("groups", Severity.WARNING, "groups", f"cannot list groups: {exc}")
+            return
+    retention_min = run.broker_configs.get("offsets.retention.minutes")
+    retention_ms = int(retention_min) * 60_000 if retention_min else None
+    descriptions = {}
+    if groups:
+        for group, future in run.admin.describe_consumer_groups(
+            groups, request_timeout=run.timeout
+        ).items():
+            try:
+                descriptions[group] = _result(future, run.timeout)
+            except KafkaException:
+                descriptions[group] = None
+    for group in groups:
+        _check_group(run, group, descriptions.get(group), retention_ms, retention_min)
+
+
+def _check_group(
+    run: _Run, group: str, desc: Any, retention_ms: int | None, retention_min: str | None
+) -> None:
+    assert run.admin is not None
+    state = desc.state.name if desc is not None and desc.state is not None else "UNKNOWN"
+    members = len(desc.members) if desc is not None else 0
+    try:
+        committed = _result(
+            run.admin.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group)], request_timeout=run.timeout
+            )[group],
+            run.timeout,
+        )
+        parts = [tp for tp in committed.topic_partitions if tp.offset >= 0]
+    except KafkaException as exc:
+        run.add("groups", Severity.WARNING, group, f"cannot read committed offsets: {exc}")
+        return
+    if not parts:
+        run.add(
+            "groups",
+            Severity.WARNING if run.groups else Severity.INFO,
+            group,
+            f"no committed offsets (state {state}, {members} member(s)): a new group, or its "
+            f"offsets expired after offsets.retention.minutes={retention_min or '?'} without "
+            "members; the next consumer starts from auto.offset.reset",
+            symptom="offset expiration: the group re-reads everything or skips to latest",
+            causes=(
+                "the group was idle longer than offsets.retention.minutes",
+                "a new group id (a typo, or a renamed service)",
+            ),
+            fix="check auto.offset.reset is what you want on a restart; raise "
+            "offsets.retention.minutes beyond your longest planned downtime, or reset the "
+            "group's offsets explicitly (kafka-consumer-groups.sh --reset-offsets)",
+        )
+        return
+    ends = run.admin.list_offsets(
+        {TopicPartition(tp.topic, tp.partition): _LATEST() for tp in parts},
+        request_timeout=run.timeout,
+    )
+    end_of = {}
+    for tp, future in ends.items():
+        try:
+            end_of[(tp.topic, tp.partition)] = _result(future, run.timeout).offset
+        except KafkaException:
+            end_of[(tp.topic, tp.partition)] = None
+    lag = {
+        f"{tp.topic}-{tp.partition}": (
+            max(end_of[(tp.topic, tp.partition)] - tp.offset, 0)
+            if end_of.get((tp.topic, tp.partition)) is not None
+            else None
+        )
+        for tp in parts
+    }
+    run.report.figures.setdefault("group_lag", {})[group] = lag
+    total = sum(v for v in lag.values() if v is not None)
+    unknown = [k for k, v in lag.items() if v is None]
+    severity = Severity.OK
+    message = f"state {state}, {members} member(s), lag {total} over {len(parts)} partition(s)"
+    if unknown:
+        severity = Severity.WARNING
+        message += f"; lag unknown for {len(unknown)} partition(s) (offline?): {unknown[:5]}"
+    run.add("groups", severity, group, message)
+    if state == "EMPTY" and retention_ms:
+        age = _last_commit_age_ms(run, parts)
+        if age is not None and age > retention_ms / 2:
+            run.add(
+                "groups",
+                Severity.WARNING,
+                group,
+                f"no members and last committed record is {age / 60_000:.0f} min old, "
+                f"offsets.retention.minutes={retention_min}: offsets at risk of expiry",
+                symptom="offset expiration",
+                fix="restart a consumer of the group before the retention passes, or raise "
+                "offsets.retention.minutes",
+            )
+
+
+def _last_commit_age_ms(run: _Run, parts: Sequence[TopicPartition]) -> int | None:
+    """A lower bound of the group's idle time: the age of the newest record it committed past."""
+    conf = dict(_admin_conf(run))
+    conf.update(
+        {
+            "group.id": f"kresilient-doctor-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer = Consumer(conf)
+    newest = None
+    try:
+        for tp in parts:
+            if tp.offset <= 0:
+                continue
+            consumer.assign([TopicPartition(tp.topic, tp.partition, tp.offset - 1)])
+            msg = consumer.poll(min(run.timeout, 3.0))
+            if msg is not None and msg.error() is None:
+                ts = msg.timestamp()[1]
+                newest = ts if newest is None else max(newest, ts)
+    finally:
+        consumer.close()
+    return None if newest is None else int(time.time() * 1000) - newest
+
+
+def _check_probe(run: _Run) -> None:
+    assert run.admin is not None
+    topic = run.probe_topic or f"__kresilient_doctor_{uuid.uuid4().hex[:12]}"
+    created = False
+    if run.probe_topic is None:
+        rf = min(3, max(len(run.brokers), 1))
+        future = run.admin.create_topics(
+            [
+                NewTopic(
+                    topic,
+                    1,
+                    rf,
+                    config={
+                        "message.timestamp.type": "LogAppendTime",
+                        "min.insync.replicas": str(max(1, min(2, rf - 1))),
+                    },
+                )
+            ],
+            request_timeout=run.timeout,
+        )[topic]
+        try:
+            _result(future, run.timeout)
+            created = True
+        except KafkaException as exc:
+            err = _kafka_error(exc)
+            c = classify(err if err is not None else exc)
+            run.add(
+                "probe",
+                Severity.WARNING,
+                topic,
+                f"could not create the probe topic: {exc}",
+                fix=c.remedy + " (or pass --probe-topic with a topic this client may write)",
+            )
+            return
+    try:
+        _probe_round_trip(run, topic)
+    finally:
+        if created:
+            try:
+                _result(run.admin.delete_topics([topic], request_timeout=run.timeout)[topic], 10)
+            except KafkaException:
+                run.add("probe", Severity.INFO, topic, "could not delete the probe topic")
+
+
+def _probe_round_trip(run: _Run, topic: str) -> None:
+    conf = dict(_admin_conf(run))
+    conf.update({"acks": "all", "enable.idempotence": True, "linger.ms": 0})
+    producer = Producer(conf)
+    latencies: list[float] = []
+    skews: list[float] = []
+    failures: list[str] = []
+    marker = uuid.uuid4().hex
+    deadline = time.monotonic() + max(run.timeout, 10.0)
+    for i in range(_PROBE_MESSAGES):
+        sent = time.time()
+        box: dict[str, Any] = {}
+
+        def report(err: KafkaError | None, msg: Any, box: dict[str, Any] = box) -> None:
+            box["err"], box["msg"], box["at"] = err, msg, time.time()
+
+        producer.produce(topic, value=f"{marker}:{i}".encode(), on_delivery=report)
+        while "at" not in box and time.monotonic() < deadline:
+            producer.poll(0.1)
+        if "at" not in box:
+            failures.append(f"message {i}: no acknowledgement before the deadline")
+            break
+        if box["err"] is not None:
+            failures.append(f"message {i}: {box['err'].name()}")
+            continue
+        latencies.append((box["at"] - sent) * 1000)
+        kind, ts = box["msg"].timestamp()
+        if kind == TIMESTAMP_LOG_APPEND_TIME:
+            skews.append(ts - (sent + box["at"]) / 2 * 1000)
+    producer.flush(5)
+    if failures:
+        err_name = failures[0].split(": ", 1)[-1]
+        c = classify(getattr(KafkaError, err_name, -1)) if err_name.isupper() else None
+        run.add(
+            "probe",
+            Severity.ERROR,
+            topic,
+            f"acks=all produce failed: {'; '.join(failures[:3])}",
+            symptom="produce errors",
+            fix=c.remedy if c is not None else "see the topics and connectivity findings",
+        )
+        return
+    consumed = _probe_consume(run, topic, marker)
+    figures = {
+        "produce_ack_ms_p50": round(_pct(latencies, 0.5), 2),
+        "produce_ack_ms_p95": round(_pct(latencies, 0.95), 2),
+        "produce_ack_ms_max": round(max(latencies), 2),
+        "consumed": consumed,
+    }
+    run.report.figures["probe"] = figures
+    if consumed < len(latencies):
+        run.add(
+            "probe",
+            Severity.ERROR,
+            topic,
+            f"read back {consumed} of {len(latencies)} acknowledged probe messages",
+            symptom="consumer cannot fetch",
+            fix="check fetch permissions (ACL Read) and the consumer-side connectivity",
+        )
+    else:
+        run.add(
+            "probe",
+            Severity.OK,
+            topic,
+            f"acks=all round trip: p50 {figures['produce_ack_ms_p50']} ms, p95 "
+            f"{figures['produce_ack_ms_p95']} ms; {consumed} read back",
+        )
+    if skews:
+        skew = statistics.median(skews)
+        run.report.figures["clock_skew_ms"] = round(skew, 1)
+        if abs(skew) > CLOCK_SKEW_WARN_MS:
+            run.add(
+                "clock",
+                Severity.WARNING,
+                "clock skew",
+                f"broker clock is {skew / 1000:+.1f} s from this machine's",
+                symptom="clock drift between clients and brokers",
+                causes=("NTP not running on the client or the brokers",),
+                fix="run NTP (chrony) everywhere; CreateTime timestamps from a skewed client "
+                "land in the future or past and disturb retention",
+            )
+        else:
+            run.add("clock", Severity.OK, "clock skew", f"broker clock within {abs(skew):.0f} ms")
+
+
+def _probe_consume(run: _Run, topic: str, marker: str) -> int:
+    conf = dict(_admin_conf(run))
+    conf.update(
+        {
+            "group.id": f"kresilient-doctor-{marker[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer = Consumer(conf)
+    got = 0
+    deadline = time.monotonic() + max(run.timeout, 10.0)
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        while got < _PROBE_MESSAGES and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            if (msg.value() or b"").startswith(marker.encode()):
+                got += 1
+    finally:
+        consumer.close()
+    return got
+
+
+def diagnose(
+    config: Mapping[str, Any],
+    *,
+    topics: Iterable[str] = (),
+    groups: Iterable[str] = (),
+    probe: bool = True,
+    probe_topic: str | None = None,
+    timeout: float = 10.0,
+    disk_threshold: float = DISK_USAGE_THRESHOLD,
+    future_tolerance_ms: int = FUTURE_TOLERANCE_MS,
+    config_text: str | None = None,
+    config_path: str | None = None,
+) -> DoctorReport:
+    """Check the path between a client with ``config`` and its cluster; never raises for
+    what it finds (only :class:`~kresilient.errors.ConfigError` for unusable input)."""
+    if not config.get("bootstrap.servers"):
+        raise ConfigError("bootstrap.servers is required", key="bootstrap.servers")
+    start = time.monotonic()
+    run = _Run(
+        config=dict(config),
+        timeout=timeout,
+        topics=tuple(topics),
+        groups=tuple(groups),
+        probe=probe,
+        probe_topic=probe_topic,
+        disk_threshold=disk_threshold,
+        future_tolerance_ms=future_tolerance_ms,
+        report=DoctorReport(bootstrap_servers=str(config["bootstrap.servers"])),
+        redact=Redactor.for_config(config),
+    )
+    _check_config(run, config_text, config_path)
+    if _check_connectivity(run):
+        _check_metadata(run)
+        _check_topics(run)
+        _check_groups(run)
+        if probe:
+            _check_probe(run)
+    run.report.seconds = round(time.monotonic() - start, 2)
+    return run.report
+
+
+# --------------------------------------------------------------------------- output
+
+_MARK: Final = {
+    Severity.OK: "ok",
+    Severity.INFO: "info",
+    Severity.WARNING: "WARN",
+    Severity.ERROR: "FAIL",
+}
+
+
+def render_text(report: DoctorReport, out: TextIO, *, verbose: bool = False) -> None:
+    """A report for people: one line per finding, then the symptom, causes and fix."""
+    out.write(f"kresilient doctor: {report.bootstrap_servers}\n")
+    section = None
+    for f in report.findings:
+        if f.severity == Severity.OK and not verbose and f.section not in ("probe", "clock"):
+            continue
+        if f.section != section:
+            section = f.section
+            out.write(f"\n[{section}]\n")
+        out.write(f"  {_MARK[f.severity]:<4} {f.subject}: {f.message}\n")
+        if f.symptom:
+            out.write(f"       symptom: {f.symptom}\n")
+        if f.causes:
+            out.write(f"       likely causes: {'; '.join(f.causes)}\n")
+        if f.fix:
+            out.write(f"       fix: {f.fix}\n")
+    counts = {s: sum(1 for f in report.findings if f.severity == s) for s in Severity}
+    verdict = (
+        "unreachable"
+        if not report.reachable
+        else ("unhealthy" if counts[Severity.ERROR] else "healthy")
+    )
+    out.write(
+        f"\n{verdict}: {counts[Severity.ERROR]} error(s), {counts[Severity.WARNING]} "
+        f"warning(s), {counts[Severity.OK]} check(s) passed in {report.seconds:.1f}s\n"
+    )
+
+
+def render_json(report: DoctorReport, out: TextIO) -> None:
+    """The same report as one JSON document (stable keys, for scripts)."""
+    json.dump(
+        {
+            "bootstrap_servers": report.bootstrap_servers,
+            "reachable": report.reachable,
+            "seconds": report.seconds,
+            "exit_code": report.exit_code(),
+            "figures": report.figures,
+            "findings": [f.as_dict() for f in report.findings],
+        },
+        out,
+        indent=2,
+        sort_keys=True,
+    )
+    out.write("\n")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _read_command_config(path: str) -> tuple[dict[str, str], str]:
+    from kresilient.lint.readers import read_text
+
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    result = read_text(text, path, "properties", "client")
+    if result.error:
+        raise ConfigError(f"{path}:{result.error.line}: {result.error.message}", key=None)
+    config: dict[str, str] = {}
+    for unit in result.units:
+        config.update({k: e.text for k, e in unit.entries.items()})
+    return config, text
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``doctor`` subcommand to the ``kresilient`` CLI."""
+    doctor = subparsers.add_parser(
+        "doctor",
+        help="diagnose the path between a client and a cluster, from symptom to fix",
+        description=(__doc__ or "").split("\n\n")[1].replace("\n", " "),
+    )
+    doctor.add_argument(
+        "-b",
+        "--bootstrap-servers",
+        required=True,
+        metavar="HOSTS",
+        help="comma-separated HOST:PORT list of the cluster to diagnose",
+    )
+    doctor.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="the application's client properties file (security settings included); it is "
+        "linted first and used for every connection",
+    )
+    doctor.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        metavar="T",
+        help="a topic to check (repeatable; default: every non-internal topic)",
+    )
+    doctor.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        metavar="G",
+        help="a consumer group to check (repeatable; default: every group)",
+    )
+    doctor.add_argument(
+        "--format", choices=("text", "json"), default="text", help="report format on stdout"
+    )
+    doctor.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="time allowed for each request (default 10)",
+    )
+    doctor.add_argument(
+        "--no-probe", action="store_true", help="skip the produce/consume round trip"
+    )
+    doctor.add_argument(
+        "--probe-topic",
+        metavar="T",
+        help="probe on this existing topic instead of creating a temporary one",
+    )
+    doctor.add_argument(
+        "--disk-threshold",
+        type=float,
+        default=DISK_USAGE_THRESHOLD,
+        metavar="FRACTION",
+        help="log-dir usage that is reported (default 0.8)",
+    )
+    doctor.add_argument(
+        "--fail-on",
+        choices=("warning", "error"),
+        default="error",
+        help="lowest severity that makes the exit code 1 (default error)",
+    )
+    doctor.add_argument("--verbose", action="store_true", help="also list the checks that passed")
+    doctor.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``kresilient doctor``; 0 healthy, 1 findings, 2 unreachable or bad input."""
+    try:
+        config: dict[str, Any] = {}
+        text = None
+        if args.command_config:
+            config, text = _read_command_config(args.command_config)
+        config["bootstrap.servers"] = args.bootstrap_servers
+        report = diagnose(
+            config,
+            topics=args.topic,
+            groups=args.group,
+            probe=not args.no_probe,
+            probe_topic=args.probe_topic,
+            timeout=args.timeout,
+            disk_threshold=args.disk_threshold,
+            config_text=text,
+            config_path=args.command_config,
+        )
+    except (ConfigError, OSError) as exc:
+        print(f"kresilient doctor: {exc}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        render_json(report, sys.stdout)
+    else:
+        render_text(report, sys.stdout, verbose=args.verbose)
+    fail_on = Severity.WARNING if args.fail_on == "warning" else Severity.ERROR
+    return report.exit_code(fail_on)
