@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 __all__ = ["BrokerStats", "ProducerHealth", "broker_stats"]
 
@@ -18,11 +18,22 @@ class BrokerStats:
     total: int
 
 
+#: Broker states that do not mean "down": connected, or never needed yet. librdkafka connects
+#: on demand, so a broker leading none of the partitions produced to stays in INIT; counting
+#: it down made a healthy 3-node cluster read "1 of 2 up".
+_NOT_DOWN: Final = frozenset({"UP", "INIT"})
+
+
 def broker_stats(stats: Mapping[str, Any]) -> BrokerStats:
-    """Count real brokers (bootstrap placeholders excluded) and those in state ``UP``."""
+    """Count real brokers (bootstrap placeholders excluded) and those not down.
+
+    A broker is up when connected (``UP``) or idle (``INIT``: never needed yet, as librdkafka
+    connects on demand); one whose connection failed or dropped (``DOWN``, ``CONNECT``,
+    ``TRY_CONNECT`` ...) is not.
+    """
     brokers = stats.get("brokers") or {}
     real = [b for b in brokers.values() if int(b.get("nodeid", -1)) >= 0]
-    return BrokerStats(up=sum(1 for b in real if b.get("state") == "UP"), total=len(real))
+    return BrokerStats(up=sum(1 for b in real if b.get("state") in _NOT_DOWN), total=len(real))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,9 +41,12 @@ class ProducerHealth:
     """A point-in-time view of a :class:`~kresilient.ResilientProducer` for health checks.
 
     ``in_flight`` is librdkafka's queue length: messages queued, in flight or awaiting their
-    delivery report, plus callbacks not served yet. ``brokers_up``/``brokers_total`` are
-    ``None`` until the first statistics arrive (``statistics.interval.ms``); librdkafka
-    connects on demand, so an idle broker may not count as up. ``leadership`` maps
+    delivery report, plus callbacks not served yet. ``brokers_up``/``brokers_total`` come
+    from the latest statistics (``statistics.interval.ms``): connected and idle brokers
+    (librdkafka connects on demand) count as up, brokers whose connection failed do not.
+    Before the first statistics, ``health()`` asks the cluster for its metadata (bounded at
+    one second): the brokers listed there are the live ones; no answer gives ``brokers_up=0``
+    and ``brokers_total=None``. Both are ``None`` once closed. ``leadership`` maps
     ``"topic[partition]"`` to the :class:`~kresilient.LeadershipState` name. ``healthy`` is
     False when the producer is closed, hit a fatal error, sees no broker up, or a partition
     is in sustained churn.

@@ -1058,11 +1058,12 @@ class ResilientProducer:
         )
         snapshot = self._monitor.snapshot()
         brokers = self._brokers
-        if brokers is not None:
-            up: int | None = brokers.up
-            total: int | None = brokers.total
-        elif self._closed:
+        up: int | None
+        total: int | None
+        if self._closed:
             up = total = None
+        elif brokers is not None:
+            up, total = brokers.up, brokers.total
         else:
             # The metadata lists the brokers alive in the cluster; no answer: none reachable.
             known = self._metadata_brokers()

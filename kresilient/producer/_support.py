@@ -141,7 +141,9 @@ def weak_callback(target: Any, name: str) -> Callable[..., None]:
 
 # "<host>:<port>/<id or bootstrap>: <reason text>" as librdkafka writes FAIL lines and
 # _TRANSPORT / _RESOLVE error strings.
-_BROKER_LINE: Final = re.compile(r"^(?P<host>[^\s/]+:\d+)/(?:bootstrap|\d+): (?P<text>.*)$", re.S)
+_BROKER_LINE: Final = re.compile(
+    r"^(?:\[thrd:[^\]]*\]: )?(?P<host>[^\s/]+:\d+)/(?:bootstrap|\d+): (?P<text>.*)$", re.S
+)
 _REASONS: Final = (
     ("DNS", re.compile(r"resolve|getaddrinfo|Name or service not known|nodename", re.I)),
     ("TLS", re.compile(r"SSL|TLS|certificate|handshake", re.I)),
