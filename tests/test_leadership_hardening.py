@@ -155,11 +155,20 @@ def test_delivery_reports_after_deleting_the_topic_on_the_real_cluster_are_not_l
     assert missing, f"no UNKNOWN_TOPIC_OR_PART report: {[e for e, _ in reports][:5]}"
     # negative control: classified without the delivery context, this is a leadership error
     assert classify(missing[0][0]).category is ErrorCategory.LEADERSHIP
+    # the monitor knew the topic's partition from the statistics before it was deleted
     monitor, _, changes = rig()
+    monitor.on_stats(generated_stats({topic: 1}))
     for err, msg in reports:
         monitor.on_delivery(err, msg)
     assert changes == []
     assert monitor.worst_state() is STABLE
+    # negative control: the same reports, re-classified without the delivery context, would
+    # put the partition in a leadership burst (what the producer used to cause)
+    control, _, control_changes = rig()
+    control.on_stats(generated_stats({topic: 1}))
+    for err, msg in missing:
+        control.on_error(err, msg.topic(), msg.partition())
+    assert [c.state for c in control_changes] == [BURST]
 
 
 # --- defect 9: forgetting, and a tick linear in the live partitions -----------------------
