@@ -29,7 +29,7 @@ import structlog
 import tenacity
 from confluent_kafka import Message
 
-from kresilient.consumer import ResilientConsumer, RetryPolicy
+from kresilient.consumer import ConsumerHealth, ResilientConsumer, RetryPolicy
 from kresilient.deadletter_cli import main_inspect, main_replay
 from kresilient.producer import ResilientProducer
 from kresilient.testing import KafkaCluster
@@ -50,7 +50,7 @@ def produce_orders(bootstrap: str, topic: str) -> None:
         producer.flush()
 
 
-def run(bootstrap: str, topic: str, group: str, handler: Any, expected: int) -> dict[str, Any]:
+def run(bootstrap: str, topic: str, group: str, handler: Any, expected: int) -> ConsumerHealth:
     """Consume until ``expected`` messages were handled (a service would run until SIGTERM)."""
     done = 0
     consumer: ResilientConsumer
@@ -94,8 +94,8 @@ def main() -> int:
 
         health = run(bootstrap, topic, group, bill, expected=ORDERS - 10)
         print(
-            f"\nprocessed {health['processed']}, retries {health['retries']}, "
-            f"dead-lettered {health['dead_lettered']}\n"
+            f"\nprocessed {health.processed}, retries {health.retries}, "
+            f"dead-lettered {health.dead_lettered}\n"
         )
 
         connection = {

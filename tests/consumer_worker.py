@@ -73,7 +73,7 @@ def main() -> int:
         # announce once the consumer's shutdown (not its loop) serves this producer
         frame = sys._getframe()
         while frame is not None and not announced:
-            if frame.f_code.co_name == "_shutdown" and consumer.health()["stopping"]:
+            if frame.f_code.co_name == "_shutdown" and consumer.health().stopping:
                 announced = True
                 print("waiting-for-dead-letters", flush=True)
             frame = frame.f_back  # type: ignore[assignment]
@@ -92,7 +92,7 @@ def main() -> int:
     print("started", flush=True)
     consumer.run()  # until SIGTERM
     os.close(fd)
-    print(f"stopped {consumer.health()['processed']}", flush=True)
+    print(f"stopped {consumer.health().processed}", flush=True)
     return 0
 
 

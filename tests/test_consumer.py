@@ -18,11 +18,7 @@ from confluent_kafka.error import KeyDeserializationError, ValueDeserializationE
 from kresilient.consumer import NOT_RETRIED, ResilientConsumer, RetryPolicy
 from kresilient.consumer._holds import Hold, Verdict
 from kresilient.consumer._offsets import OffsetKeeper
-from kresilient.consumer._support import (
-    BatchItemError,
-    Deserializing,
-    dead_letter_producer_config,
-)
+from kresilient.consumer._support import BatchItemError, Deserializing
 from kresilient.errors import CommitError, ConfigError, DeadLetterError, UnsafeConfigError
 from kresilient.telemetry import Telemetry
 
@@ -98,8 +94,28 @@ def test_config_is_not_mutated(make: Any) -> None:
 
 def test_health_before_run(make: Any) -> None:
     health = make(dict(NOWHERE)).health()
-    assert health["running"] is False and health["processed"] == 0
-    assert health["rebalances"] == {"assigned": 0, "revoked": 0, "lost": 0}
+    assert health.running is False and health.processed == 0
+    assert health.rebalances == {"assigned": 0, "revoked": 0, "lost": 0}
+    assert health.as_dict()["processed"] == 0
+    with pytest.warns(DeprecationWarning, match="as_dict"):
+        assert health["processed"] == 0  # the 0.1 dict access, for one minor version
+    with pytest.warns(DeprecationWarning), pytest.raises(KeyError):
+        health["nope"]
+
+
+def test_batch_item_error_is_the_one_in_errors() -> None:
+    import kresilient.consumer
+    import kresilient.errors
+
+    assert kresilient.consumer.BatchItemError is kresilient.errors.BatchItemError
+    assert BatchItemError is kresilient.errors.BatchItemError
+
+
+def test_no_mixins_in_the_consumer() -> None:
+    import kresilient.consumer._consumer as module
+
+    assert not [c.__name__ for c in module.ResilientConsumer.__mro__ if "Mixin" in c.__name__]
+    assert module.ResilientConsumer.__mro__[1] is object
 
 
 def _attempt(policy: RetryPolicy, exc: BaseException, attempt: int) -> tuple[bool, bool, float]:
@@ -183,7 +199,10 @@ def test_hold_verdicts() -> None:
     assert hold.verdict(9) is Verdict.RELEASE
 
 
-def test_dead_letter_producer_config() -> None:
+def test_dead_letter_producer_config_keeps_connection_settings_only() -> None:
+    """The consumer's own dead-letter producer is configured by the one shared derivation."""
+    from kresilient.deadletter import dead_letter_producer_config
+
     config = {
         "bootstrap.servers": "b:9092",
         "security.protocol": "SASL_SSL",
@@ -195,15 +214,11 @@ def test_dead_letter_producer_config() -> None:
         "error_cb": print,
         "client.id": "svc",
     }
-    out = dead_letter_producer_config(config, "svc")
-    assert out == {
-        "bootstrap.servers": "b:9092",
-        "security.protocol": "SASL_SSL",
-        "sasl.mechanism": "PLAIN",
-        "sasl.username": "u",
-        "sasl.password": "p",
-        "client.id": "svc-dlq",
-    }
+    out = dead_letter_producer_config(config, client_id="svc")
+    for key in ("bootstrap.servers", "security.protocol", "sasl.mechanism", "sasl.username"):
+        assert out[key] == config[key]
+    assert out["client.id"] == "svc-dlq" and out["acks"] == "all"
+    assert not {"group.id", "auto.offset.reset", "error_cb"} & set(out)
 
 
 # --------------------------------------------------------------------------- OffsetKeeper

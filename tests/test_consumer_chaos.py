@@ -208,12 +208,12 @@ def test_7d_leader_sigkill_during_consumption(
         f"7d: killed node {victim} (leader of partition 0); new leader visible after "
         f"{elected_at - killed_at:.1f} s; partition 0's longest pause in consumption after the "
         f"kill {max(gaps, default=0):.1f} s ({len(after_kill)} of its messages handled after); "
-        f"duplicates {dupes}; commit failures {health['commit_failures']}; "
-        f"rebalances {health['rebalances']}"
+        f"duplicates {dupes}; commit failures {health.commit_failures}; "
+        f"rebalances {health.rebalances}"
     )
     # a duplicate needs a partition to move to a new member (lost or revoked) before its
     # offsets were committed: with one stable member there is none
-    if health["rebalances"]["lost"] == 0 and health["rebalances"]["revoked"] <= 1:
+    if health.rebalances["lost"] == 0 and health.rebalances["revoked"] <= 1:
         assert dupes == 0
     high = ends(bootstrap, topic)
     assert committed(bootstrap, group, topic, high) == high

@@ -110,8 +110,8 @@ def test_retried_partition_resumes_after_the_assignment_is_lost(
         runner.stop()
     assert runner.error is None
     health = consumer.health()
-    assert health["rebalances"]["lost"] >= 1
-    assert health["held_partitions"] == []
+    assert health.rebalances["lost"] >= 1
+    assert health.held_partitions == []
 
 
 # --------------------------------------------------------------------------- defect 10
@@ -378,8 +378,8 @@ def test_error_callback_and_constructor_error_are_redacted(kafka_cluster: KafkaC
     )
     try:
         err = KafkaError(KafkaError._AUTHENTICATION, f"SASL auth failed (password {secret})")
-        consumer._on_error(err)
-        consumer._on_error(KafkaError(KafkaError._TRANSPORT, f"broker down {secret[3:15]}"))
+        consumer._events.on_error(err)
+        consumer._events.on_error(KafkaError(KafkaError._TRANSPORT, f"broker down {secret[3:15]}"))
     finally:
         consumer.close()
     text = repr(events) + repr(consumer)

@@ -164,7 +164,7 @@ def test_processes_everything_and_commits_it_on_close(
     assert sorted(seen) == list(range(3000))
     high = ends(kafka_cluster.bootstrap_servers, topic)
     assert committed(kafka_cluster.bootstrap_servers, cfg["group.id"], topic, high) == high
-    assert consumer.health()["processed"] == 3000
+    assert consumer.health().processed == 3000
 
 
 def test_missing_dead_letter_topic_fails_fast(
@@ -269,7 +269,7 @@ def test_7b_one_percent_poison_goes_to_the_dlq_byte_for_byte(
     assert commits > 0
     high = ends(bootstrap, topic)
     assert committed(bootstrap, group, topic, high) == high
-    assert consumer.health()["dead_lettered"] == 100
+    assert consumer.health().dead_lettered == 100
 
 
 def test_java_header_sets_and_trace_context_on_the_real_record(
@@ -380,7 +380,7 @@ def test_7c_failing_longer_than_max_poll_interval_causes_no_rebalance(
     held_done = events.index((0, 10, b"p0-10"))
     late = [i for i, (p, _, v) in enumerate(events) if p == 1 and v.startswith(b"p1-late")]
     assert len(late) == 20 and max(late) < held_done  # partition 1 flowed during the hold
-    assert consumer.health()["retries"] >= 10
+    assert consumer.health().retries >= 10
 
 
 # --------------------------------------------------------------------------- 7e join/leave
@@ -417,7 +417,7 @@ def test_7e_second_consumer_joins_and_leaves(
     )
     run_b = Runner(b)
     wait_for(lambda: len(seen_b) >= 1000, 60, "consumer B to get partitions")
-    assert a.health()["rebalances"]["revoked"] >= 1  # A gave partitions to B (cooperatively)
+    assert a.health().rebalances["revoked"] >= 1  # A gave partitions to B (cooperatively)
     run_b.stop()  # B leaves: A gets its partitions back
     assert run_b.error is None
     assert all_done.wait(120)
@@ -426,7 +426,7 @@ def test_7e_second_consumer_joins_and_leaves(
     total = seen_a + seen_b
     assert set(total) == set(range(n))  # nothing lost
     duplicates = len(total) - n
-    failures = a.health()["commit_failures"] + b.health()["commit_failures"]
+    failures = a.health().commit_failures + b.health().commit_failures
     # Offsets are stored at the end of every batch and committed synchronously on revoke:
     # work in flight at a cooperative revoke is nil unless that commit failed.
     assert duplicates == 0 or failures > 0, (duplicates, failures)
@@ -480,7 +480,7 @@ def test_7f_circuit_breaker_trips_on_a_poison_flood(
     )
     # the message that tripped the breaker was neither dead-lettered nor committed
     assert committed(bootstrap, cfg["group.id"], topic, [0]) == {0: 50 + dead_lettered}
-    assert consumer.health()["circuit_breaker"]["open"] is True
+    assert consumer.health().circuit_breaker["open"] is True
 
 
 # --------------------------------------------------------------------------- variants

@@ -13,45 +13,51 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Message
 
-from kresilient.consumer._holds import TP, Hold, Verdict
-from kresilient.consumer._support import BatchItemError
+from kresilient.consumer._holds import TP, Holds, LoopState, Verdict
+from kresilient.errors import BatchItemError
 
 if TYPE_CHECKING:
     from kresilient.consumer._breaker import CircuitBreaker
+    from kresilient.consumer._failures import FailureHandler
     from kresilient.consumer._offsets import OffsetKeeper
 
-__all__ = ["BatchMixin"]
+__all__ = ["BatchProcessor"]
 
 
-class BatchMixin:
-    """Batch-handler processing; mixed into ResilientConsumer (which owns the state)."""
+class BatchProcessor:
+    """Batch-handler processing (explicit collaborators).
 
-    _call: Callable[[Any], object]
-    _holds: dict[TP, Hold]
-    _excluded: set[TP]
-    _offsets: OffsetKeeper
-    _breaker: CircuitBreaker | None
-    _processed: int
-    _interrupt: bool
-    _overrun: bool
-    _stop_requested: bool
+    Reads/writes of the shared :class:`LoopState`: ``interrupt``, ``overrun``,
+    ``stop_requested`` (an overrun gives the rest back), ``processed`` (counted).
+    """
 
-    if TYPE_CHECKING:  # provided by the other mixins
+    def __init__(
+        self,
+        *,
+        call: Callable[[Any], object],
+        state: LoopState,
+        holds: Holds,
+        failures: FailureHandler,
+        offsets: OffsetKeeper,
+        breaker: CircuitBreaker | None,
+        consume_error: Callable[[Message], None],
+        overrun: Callable[[list[Message]], None],
+    ) -> None:
+        self.call = call
+        self.state = state
+        self.holds = holds
+        self.failures = failures
+        self.offsets = offsets
+        self.breaker = breaker
+        self.consume_error = consume_error
+        self.overrun = overrun
 
-        def _consume_error(self, msg: Message) -> None: ...
-
-        def _on_failure(
-            self, msg: Message, exc: BaseException, *, batch: list[Message] | None = None
-        ) -> None: ...
-
-        def _give_back(self, rest: list[Message], *, log: bool = True) -> None: ...
-
-    def _process_batches(self, msgs: list[Message]) -> None:
-        """Batch mode: one handler call per partition's run of messages in this batch."""
+    def process(self, msgs: list[Message]) -> None:
+        """One handler call per partition's run of messages in this batch."""
         groups: dict[TP, list[Message]] = {}
         for m in msgs:
             if m.error() is not None:
-                self._consume_error(m)
+                self.consume_error(m)
                 continue
             tp = (m.topic(), m.partition())
             group = groups.get(tp)  # type: ignore[arg-type]
@@ -60,53 +66,56 @@ class BatchMixin:
             else:
                 group.append(m)
         pending = list(groups.values())
+        state = self.state
         for i, group in enumerate(pending):
-            if self._interrupt:
-                if self._overrun:
-                    self._give_back([g[0] for g in pending[i:]])
-                    self._overrun = False
-                    self._interrupt = self._stop_requested
+            if state.interrupt:
+                if state.overrun:
+                    self.overrun([g[0] for g in pending[i:]])
+                    state.overrun = False
+                    state.interrupt = state.stop_requested
                 break
             self._handle_group(group)
 
     def _handle_group(self, group: list[Message]) -> None:
         first = group[0]
         tp: TP = (first.topic(), first.partition())  # type: ignore[assignment]
-        hold = self._holds.get(tp)
+        holds = self.holds.by_tp
+        hold = holds.get(tp)
         if hold is not None:
             verdict = hold.verdict(first.offset())  # type: ignore[arg-type]
             if verdict is Verdict.SKIP:
                 return
             if verdict is Verdict.RELEASE:
-                del self._holds[tp]
+                del holds[tp]
                 hold = None
+        on_failure = self.failures.on_failure
         try:
-            self._call(group)
+            self.call(group)
         except BatchItemError as exc:
             index = exc.index
             if not 0 <= index < len(group):
-                self._on_failure(first, exc, batch=group)
+                on_failure(first, exc, batch=group)
                 return
             if index:
                 self._credit(index)
             failed = group[index]
-            self._on_failure(failed, exc.failure())
-            if tp not in self._holds and index + 1 < len(group):
+            on_failure(failed, exc.failure())
+            if tp not in holds and index + 1 < len(group):
                 # dead-lettered: the items after it were not handled, fetch them again
-                self._give_back(group[index + 1 :], log=False)
+                self.holds.give_back(group[index + 1 :])
         except Exception as exc:
-            self._on_failure(first, exc, batch=group)
+            on_failure(first, exc, batch=group)
         else:
             last = group[-1].offset()
             assert last is not None
-            self._offsets.store(tp, last + 1, group[-1].leader_epoch())
+            self.offsets.store(tp, last + 1, group[-1].leader_epoch())
             self._credit(len(group))
             if hold is not None:
-                del self._holds[tp]
+                del holds[tp]
         finally:
-            self._excluded.clear()
+            self.holds.excluded.clear()
 
     def _credit(self, count: int) -> None:
-        self._processed += count
-        if self._breaker is not None:
-            self._breaker.record_successes(count)
+        self.state.processed += count
+        if self.breaker is not None:
+            self.breaker.record_successes(count)

@@ -34,23 +34,24 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, cast
 
 import structlog
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
-from opentelemetry.propagators.composite import CompositePropagator
 
-from kresilient.consumer._batch import BatchMixin
+from kresilient._ratelimit import RateLimiter
+from kresilient.consumer._batch import BatchProcessor
 from kresilient.consumer._breaker import CircuitBreaker
-from kresilient.consumer._events import EventsMixin
-from kresilient.consumer._failures import FailureMixin
-from kresilient.consumer._holds import TP, Hold, Verdict
+from kresilient.consumer._events import ClientEvents
+from kresilient.consumer._failures import DeadLetterSink, FailureHandler
+from kresilient.consumer._holds import TP, Hold, Holds, LoopState, Verdict
 from kresilient.consumer._offsets import OffsetKeeper
 from kresilient.consumer._support import (
     NOT_RETRIED,
-    BatchItemError,
     Deserializer,
     Deserializing,
     RetryPolicy,
@@ -58,28 +59,26 @@ from kresilient.consumer._support import (
     Watchdog,
     auto_commit,
     build_consumer_config,
-    dead_letter_producer_config,
     literal_topics,
     max_poll_interval,
 )
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
     DeadLetterPolicy,
+    DeadLetterWriter,
+    dead_letter_producer_config,
 )
-from kresilient.errors import (
-    ConfigError,
-    KResilientError,
-    classify,
-    translate,
-)
+from kresilient.errors import BatchItemError, ConfigError, classify, translate
 from kresilient.leadership import LeadershipMonitor
 from kresilient.producer import ResilientProducer
+from kresilient.producer._support import LogBridge, Reachability
 from kresilient.redaction import Redactor, redact_config
-from kresilient.telemetry import Telemetry
+from kresilient.telemetry import NO_PROPAGATION, Telemetry
 
 __all__ = [
     "NOT_RETRIED",
     "BatchItemError",
+    "ConsumerHealth",
     "ResilientConsumer",
     "RetryPolicy",
 ]
@@ -91,14 +90,64 @@ RebalanceListener = Callable[[list[TopicPartition]], object]
 _DEFAULT_RETRY: Final = RetryPolicy()
 _DEFAULT_DEAD_LETTER: Final = DeadLetterPolicy()
 _DEFAULT_BREAKER: Final = CircuitBreakerPolicy()
-#: The dead-letter producer must not replace the original ``traceparent`` header: the record's
-#: trace context goes to ``kresilient.traceparent`` instead (see kresilient.deadletter).
-_NO_PROPAGATION: Final = CompositePropagator([])
+#: "Cluster unreachable" warnings are repeated at most once per this many seconds.
+_UNREACHABLE_LOG_INTERVAL: Final = 60.0
+#: The metadata request that checks the dead-letter topics (and so the connection) at start.
+_METADATA_TIMEOUT: Final = 10.0
 
 
-def drop_unassigned(
-    msgs: list[Message], assigned: set[TP]
-) -> tuple[list[Message], list[Message]]:
+@dataclass(frozen=True, kw_only=True)
+class ConsumerHealth:
+    """A point-in-time view of a :class:`ResilientConsumer` for health checks.
+
+    ``held_partitions``: the partitions paused for a retry (topic, partition, offset, attempts,
+    resumed); ``rebalances``: assigned/revoked/lost callbacks so far; ``circuit_breaker``:
+    its state (``None`` without a breaker); ``leadership``: the leadership monitor's snapshot.
+    ``as_dict()`` gives the plain dict; ``health()["processed"]`` (the dict access of 0.1)
+    still works until the next minor version, with a :class:`DeprecationWarning`.
+    """
+
+    group_id: str
+    client_id: str
+    running: bool
+    stopping: bool
+    processed: int
+    retries: int
+    dead_lettered: int
+    dead_letters_pending: int
+    held_partitions: list[dict[str, Any]]
+    rebalances: dict[str, int]
+    commit_failures: int
+    last_commit_error: str | None
+    circuit_breaker: dict[str, Any] | None
+    leadership: dict[str, Any] = field(repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a dict (what ``health()`` returned in 0.1)."""
+        return asdict(self)
+
+    def _deprecated(self) -> None:
+        warnings.warn(
+            "ResilientConsumer.health() returns a ConsumerHealth: use attributes "
+            "(health().processed) or health().as_dict(); dict access goes in the next minor",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+
+    def __getitem__(self, key: str) -> Any:
+        self._deprecated()
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def keys(self) -> Iterator[str]:
+        """Deprecated dict access (see the class docstring)."""
+        self._deprecated()
+        return iter(self.as_dict())
+
+
+def drop_unassigned(msgs: list[Message], assigned: set[TP]) -> tuple[list[Message], list[Message]]:
     """Split fetched messages into (those of ``assigned`` partitions, the others).
 
     Error events without a partition (``partition() is None`` or negative) are kept.
@@ -126,12 +175,13 @@ class _Handled(Exception):
         self.stop = stop
 
 
-class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
+class ResilientConsumer:
     """A consumer loop that commits only what was processed or durably dead-lettered.
 
     Args:
         config: confluent-kafka / librdkafka config (never mutated); ``group.id`` required.
-            ``error_cb``, ``stats_cb`` and ``on_commit`` in it are called after kresilient's.
+            ``error_cb``, ``stats_cb``, ``on_commit`` and ``logger`` in it are called after
+            kresilient's own handling (``logger`` gets redacted lines).
         topics: topic names (or ``^regex`` patterns) to subscribe to.
         handler: called with each ``confluent_kafka.Message``; returning means success.
         batch_handler: instead of ``handler``: called with a list of messages of ONE
@@ -145,13 +195,16 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
             (confluent-kafka ``Deserializer`` objects fit); the handler then sees the
             deserialized key/value; a failure is dead-lettered with the raw bytes.
         allow_unsafe: config keys whose weakening values are accepted.
-        dead_letter_producer: a :class:`~kresilient.ResilientProducer` to write dead letters
-            with (not closed by this consumer); default: one made from ``config``'s
-            connection settings, updated by ``dead_letter_producer_config``.
+        dead_letter_producer: a :class:`~kresilient.ResilientProducer` or a
+            :class:`~kresilient.deadletter.DeadLetterWriter` to write dead letters with (not
+            closed by this consumer). Records are written byte for byte: a producer is asked
+            not to propagate its trace context into them. Default: a producer made from
+            ``config`` by :func:`kresilient.deadletter.dead_letter_producer_config`, with
+            ``dead_letter_producer_config`` as overrides.
         max_batch_size: messages fetched per ``consume()`` call (handled one by one).
         poll_timeout: seconds one ``consume()`` call waits when idle (bounds stop latency).
         install_signal_handlers: route SIGTERM/SIGINT to :meth:`stop` during :meth:`run`
-            (main thread only).
+            (main thread only; see :meth:`run` for a second and third signal).
         on_assign, on_revoke, on_lost: called with the partitions after kresilient's own
             handling (on revoke: after the synchronous commit).
         logger: a structlog logger (default ``structlog.get_logger("kresilient.consumer")``).
@@ -175,7 +228,7 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         key_deserializer: Deserializer | None = None,
         value_deserializer: Deserializer | None = None,
         allow_unsafe: Iterable[str] = (),
-        dead_letter_producer: ResilientProducer | None = None,
+        dead_letter_producer: ResilientProducer | DeadLetterWriter | None = None,
         dead_letter_producer_config: Mapping[str, Any] | None = None,
         max_batch_size: int = 500,
         poll_timeout: float = 1.0,
@@ -203,15 +256,16 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         self._redact = Redactor.for_config(config)
         cfg = build_consumer_config(config, allow_unsafe, base_log)
         self._user_cb: dict[str, Callable[..., Any] | None] = {
-            name: cfg.pop(name, None) for name in ("error_cb", "stats_cb", "on_commit")
+            name: cfg.pop(name, None) for name in ("error_cb", "stats_cb", "on_commit", "logger")
         }
         self.group_id: str = str(cfg["group.id"])
         self.client_id: str = str(cfg.get("client.id", ""))
-        self._log = base_log.bind(
+        self._log = log = base_log.bind(
             client_id=self.client_id, group_id=self.group_id, kafka_role="consumer"
         )
         self._rdk_config = cfg
         self._user_config = config
+        self._allow_unsafe = allow_unsafe
         self._auto_commit, self._commit_interval = auto_commit(cfg)
         self._next_commit = 0.0
 
@@ -233,22 +287,19 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
             assert handler is not None
             self._call = self._deser if self._deser is not None else handler
 
-        self._retry_policy = retry
-        self._retrying = retry.retrying()
         self._dlq_policy = dead_letter
         self._breaker = CircuitBreaker(circuit_breaker) if circuit_breaker is not None else None
-        self._dlq_producer = dead_letter_producer
-        self._own_dlq_producer = dead_letter_producer is None
-        self._dlq_producer_config = dict(dead_letter_producer_config or {})
+        self._user_dlq = dead_letter_producer
+        self._dlq_overrides = dict(dead_letter_producer_config or {})
         self._max_batch = max_batch_size
         self._poll_timeout = poll_timeout
         self._shutdown_timeout = shutdown_timeout
-        self._listeners = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
         self._tel_args = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
+        self._record_key = record_message_key
 
         max_age = cfg.get("metadata.max.age.ms")
         self._monitor = LeadershipMonitor(
-            metadata_max_age_ms=int(max_age) if max_age is not None else None, logger=self._log
+            metadata_max_age_ms=int(max_age) if max_age is not None else None, logger=log
         )
         self._tel = Telemetry(
             tracer_provider=tracer_provider,
@@ -258,51 +309,86 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
             consumer_group=self.group_id,
             link_mode=link_mode,
             record_message_key=record_message_key,
-            logger=self._log,
+            logger=log,
         )
         self._monitor.add_listener(self._tel.leadership_listener())
-        self._traced = False
 
-        # loop state
-        self._holds: dict[TP, Hold] = {}
-        self._excluded: set[TP] = set()
-        self._batch: list[Message] = []
-        self._nonsuccess = 0
-        self._credited = 0
-        self._batch_errors = False
-        self._stop_requested = False
-        self._interrupt = False
-        self._overrun = False
+        self._state = state = LoopState()
         self._started = False
         self._closed = False
-        self._fatal: KResilientError | None = None
-        self._error_logged: dict[int, float] = {}
-        # counters (health)
-        self._processed = 0
-        self._retries = 0
-        self._rebalances = {"assigned": 0, "revoked": 0, "lost": 0}
-        self._revocations = 0  # revoke + lost callbacks so far (see _loop)
-
         self._watchdog = Watchdog(max_poll_interval(cfg) / 2, self._on_overrun)
-        self._signals = SignalHandlers(self.stop, lambda: self._stop_requested, self._log)
+        self._signals = SignalHandlers(self.stop, lambda: state.stop_requested, log)
         self._install_signals = install_signal_handlers
+        self._reach = Reachability(log, interval=_UNREACHABLE_LOG_INTERVAL)
 
+        # librdkafka's callbacks go to the collaborators made below (the client comes first)
+        self._events: ClientEvents
         conf = dict(cfg)
-        conf["error_cb"] = self._on_error
-        conf["stats_cb"] = self._on_stats
-        conf["on_commit"] = self._on_commit
+        conf["error_cb"] = lambda err: self._events.on_error(err)
+        conf["stats_cb"] = lambda stats: self._events.on_stats(stats)
+        conf["on_commit"] = lambda err, parts: self._events.on_commit(err, parts)
+        # all librdkafka output through structlog (redacted, connection failures summarised):
+        # never raw %3|...|FAIL| lines on stderr (issue 22, 2)
+        conf["logger"] = LogBridge(
+            log,
+            self._monitor.on_log,
+            self._redact,
+            user_logger=self._user_cb["logger"],
+            reachability=self._reach,
+        )
         try:
             self._consumer = Consumer(conf)
         except KafkaException as exc:
             raise translate(exc, operation="configure", redactor=self._redact) from None
-        self._offsets = OffsetKeeper(
+
+        self._holds = holds = Holds(self._consumer, log, self._redact)
+        self._offsets = offsets = OffsetKeeper(
             self._consumer,
-            self._log,
+            log,
             self._tel,
             dead_letter.topic_for if dead_letter is not None else lambda _t: None,
             self._redact,
         )
-        self._log.info(
+        self._failures = failures = FailureHandler(
+            group_id=self.group_id,
+            state=state,
+            holds=holds,
+            offsets=offsets,
+            retrying=retry.retrying(),
+            policy=dead_letter,
+            breaker=self._breaker,
+            deser=self._deser,
+            batch_mode=self._batch_mode,
+            tel=self._tel,
+            log=log,
+            redact=self._redact,
+        )
+        self._events = events = ClientEvents(
+            state=state,
+            holds=holds,
+            offsets=offsets,
+            monitor=self._monitor,
+            tel=self._tel,
+            log=log,
+            redact=self._redact,
+            reachability=self._reach,
+            limiter=RateLimiter(),
+            user_callbacks=self._user_cb,
+            listeners={"assign": on_assign, "revoke": on_revoke, "lost": on_lost},
+            shutdown_timeout=shutdown_timeout,
+        )
+        self._batches = BatchProcessor(
+            call=self._call,
+            state=state,
+            holds=holds,
+            failures=failures,
+            offsets=offsets,
+            breaker=self._breaker,
+            consume_error=events.consume_error,
+            overrun=self._give_back,
+        )
+        self._sink: DeadLetterSink | None = None
+        log.info(
             "consumer_created",
             config=redact_config(cfg),
             topics=self._topics,
@@ -314,16 +400,22 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
 
     def stop(self) -> None:
         """Ask :meth:`run` to return after the message in hand (thread- and signal-safe)."""
-        self._stop_requested = True
-        self._interrupt = True
+        self._state.stop_requested = True
+        self._state.interrupt = True
 
     def run(self) -> None:
         """Consume until :meth:`stop`, SIGTERM or SIGINT; then commit and leave the group.
 
+        Signals (with ``install_signal_handlers``): the first stops after the message in hand;
+        a second while a handler still runs interrupts it (``KeyboardInterrupt``, the message
+        is not committed); a second during the shutdown is only logged, so what was processed
+        is still committed and the group left; a third aborts the shutdown (logged
+        ``shutdown_aborted``, ``KeyboardInterrupt``).
+
         Raises :class:`~kresilient.CircuitBreakerOpenError`, :class:`~kresilient.DeadLetterError`
-        (a dead-letter write failed), :class:`~kresilient.ConsumeError` (fatal consumer error)
-        or, without a dead-letter topic, the handler's exception, always after the graceful
-        shutdown. Can be called once.
+        (a dead-letter write failed), :class:`~kresilient.ConsumeError` (fatal consumer error,
+        or no broker reachable at start) or, without a dead-letter topic, the handler's
+        exception, always after the graceful shutdown. Can be called once.
         """
         if self._started or self._closed:
             raise RuntimeError("ResilientConsumer.run() can only be called once")
@@ -345,17 +437,32 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         if policy is not None:
             if policy.require_topic:
                 self._check_dead_letter_topics(policy)
-            if self._dlq_producer is None:
-                conf = dead_letter_producer_config(self._user_config, self.client_id)
-                conf.update(self._dlq_producer_config)
-                self._dlq_producer = ResilientProducer(
-                    conf, logger=self._log, propagator=_NO_PROPAGATION, **self._tel_args
+            target = self._user_dlq
+            if target is None:
+                conf = dead_letter_producer_config(
+                    self._user_config,
+                    client_id=self.client_id,
+                    overrides=self._dlq_overrides,
+                    allow_unsafe=self._allow_unsafe,
+                    logger=self._log,
                 )
+                # NO_PROPAGATION: the record keeps its original traceparent; the write's own
+                # context goes to kresilient.traceparent (see kresilient.deadletter)
+                target = ResilientProducer(
+                    conf,
+                    logger=self._log,
+                    propagator=NO_PROPAGATION,
+                    record_message_key=self._record_key,
+                    **self._tel_args,
+                )
+            self._sink = self._failures.sink = self._events.sink = DeadLetterSink(
+                target, owned=self._user_dlq is None, propagates=self._user_dlq is not None
+            )
         self._consumer.subscribe(
             self._topics,
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
+            on_assign=self._events.on_assign,
+            on_revoke=self._events.on_revoke,
+            on_lost=self._events.on_lost,
         )
         self._next_commit = time.monotonic() + self._commit_interval
         self._watchdog.start()
@@ -366,38 +473,53 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         if not wanted:
             return
         try:
-            metadata = self._consumer.list_topics(timeout=10)
+            metadata = self._consumer.list_topics(timeout=_METADATA_TIMEOUT)
         except KafkaException as exc:
-            raise translate(exc, operation="consume", redactor=self._redact) from exc
+            error = translate(exc, operation="consume", redactor=self._redact)
+            servers = self._rdk_config.get("bootstrap.servers", "")
+            last = self._events.last_connect_error
+            raise type(error)(
+                f"{error.message}: no broker answered within {_METADATA_TIMEOUT:g} s "
+                f"(bootstrap.servers={servers}"
+                + (f"; last connection error: {last}" if last else "")
+                + "): check that the brokers run and listen on these addresses, DNS, "
+                "firewalls and security.protocol/TLS settings",
+                classification=error.classification,
+            ) from exc
         missing = [
             t for t in wanted if t not in metadata.topics or metadata.topics[t].error is not None
         ]
         if missing:
             raise ConfigError(
                 f"dead-letter topic(s) {missing} do not exist: create them (replicated like "
-                "the source topics) or pass DeadLetterPolicy(require_topic=False)",
+                "the source topics, e.g. `kresilient topic create NAME --dlq`) or pass "
+                "DeadLetterPolicy(require_topic=False)",
                 key=None,
             )
 
     def _loop(self) -> None:
         consume = self._consumer.consume
-        process = self._process_batches if self._batch_mode else self._process
+        process = self._batches.process if self._batch_mode else self._process
         watchdog = self._watchdog
         tel = self._tel
+        state = self._state
+        events = self._events
+        offsets = self._offsets
+        holds = self._holds
         size = self._max_batch
         recheck = 0.0
-        while not self._stop_requested:
-            if self._fatal is not None:
-                raise self._fatal
+        while not state.stop_requested:
+            if events.fatal is not None:
+                raise events.fatal
             timeout = self._poll_timeout
-            if self._holds:
-                timeout = self._service_holds(timeout)
-            if self._offsets.pending:
+            if holds.by_tp:
+                timeout = holds.service(timeout)
+            if offsets.pending:
                 self._release_dead_letters()
             if not self._auto_commit and time.monotonic() >= self._next_commit:
                 self._next_commit = time.monotonic() + self._commit_interval
-                self._offsets.commit_async()
-            revocations = self._revocations
+                offsets.commit_async()
+            revocations = state.revocations
             try:
                 # consume(n, t) blocks until n messages or t: take what is there, else wait
                 # for ONE message (returns at once when it arrives), then whatever followed
@@ -408,7 +530,7 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
                         msgs.extend(consume(size - 1, 0))
             except KafkaException as exc:
                 raise translate(exc, operation="consume", redactor=self._redact) from exc
-            if self._revocations != revocations and msgs:
+            if state.revocations != revocations and msgs:
                 # A rebalance was served inside a consume() call after an earlier call of this
                 # iteration had returned messages: those of partitions revoked meanwhile were
                 # committed past on revoke and belong to their new owner now (issue 11, 10).
@@ -417,7 +539,7 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
                 continue
             watchdog.started = now = time.monotonic()
             if now >= recheck:  # a tracer provider may be installed after start
-                self._traced = tel.enabled
+                state.traced = tel.enabled
                 recheck = now + 1.0
             process(msgs)
             watchdog.started = 0.0
@@ -442,37 +564,38 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
 
     def _process(self, msgs: list[Message]) -> None:
         """Handle one consumed batch message by message (the hot path: keep it lean)."""
-        call = self._traced_call if self._traced else self._call
-        holds = self._holds
-        on_failure = self._on_failure
-        self._batch = msgs
-        self._nonsuccess = self._credited = 0
-        self._batch_errors = False
+        state = self._state
+        call = self._traced_call if state.traced else self._call
+        holds = self._holds.by_tp
+        on_failure = self._failures.on_failure
+        state.batch = msgs
+        state.nonsuccess = state.credited = 0
+        state.batch_errors = False
         msg: Message | None = None
         try:
             for msg in msgs:
                 if msg.error() is not None:
-                    self._nonsuccess += 1
-                    self._batch_errors = True
-                    self._consume_error(msg)
+                    state.nonsuccess += 1
+                    state.batch_errors = True
+                    self._events.consume_error(msg)
                     continue
                 if holds:
                     hold = holds.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
                     if hold is not None:
                         self._held(hold, msg, call)
-                        if self._interrupt:
+                        if state.interrupt:
                             break
                         continue
                 try:
                     call(msg)
                 except _Handled as handled:
-                    self._nonsuccess += 1
+                    state.nonsuccess += 1
                     if handled.stop is not None:
                         raise handled.stop from None
                 except Exception as exc:
                     on_failure(msg, exc)
-                    self._nonsuccess += 1
-                if self._interrupt:
+                    state.nonsuccess += 1
+                if state.interrupt:
                     break
             else:
                 msg = None
@@ -497,7 +620,7 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
             except Exception as exc:
                 self._tel.set_error(exc, classify(exc))
                 try:
-                    self._on_failure(msg, exc)
+                    self._failures.on_failure(msg, exc)
                 except BaseException as raised:  # breaker open, no DLQ ...: re-raised by the loop
                     stop = raised
             else:
@@ -506,11 +629,13 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
 
     def _held(self, hold: Hold, msg: Message, call: Callable[[Any], object]) -> None:
         """A message of a held partition: skip it, or run the held message's next attempt."""
+        state = self._state
         verdict = hold.verdict(msg.offset())  # type: ignore[arg-type]
         if verdict is Verdict.SKIP:
-            self._excluded.add(hold.tp)
-            self._nonsuccess += 1
+            self._holds.excluded.add(hold.tp)
+            state.nonsuccess += 1
             return
+        holds = self._holds.by_tp
         if verdict is Verdict.RELEASE:
             self._log.warning(
                 "retry_hold_released",
@@ -520,21 +645,21 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
                 offset=msg.offset(),
                 reason="the held offset is no longer in the log (retention or truncation)",
             )
-            del self._holds[hold.tp]
+            del holds[hold.tp]
         try:
             call(msg)
         except _Handled as handled:
-            self._nonsuccess += 1
+            state.nonsuccess += 1
             if handled.stop is not None:
                 raise handled.stop from None
             return
         except Exception as exc:
-            self._on_failure(msg, exc)
-            self._nonsuccess += 1
+            self._failures.on_failure(msg, exc)
+            state.nonsuccess += 1
             return
         if verdict is Verdict.RETRY:
-            self._holds.pop(hold.tp, None)
-            self._excluded.discard(hold.tp)
+            holds.pop(hold.tp, None)
+            self._holds.excluded.discard(hold.tp)
             self._log.info(
                 "message_retry_succeeded",
                 topic=hold.tp[0],
@@ -550,33 +675,49 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         ``last_seen``: the message the loop stopped at (``None``: all were seen); ``done``:
         whether that message was dealt with (handled, dead-lettered or held).
         """
+        state = self._state
         n = len(msgs) if last_seen is None else msgs.index(last_seen) + int(done)
         seq = msgs if n == len(msgs) else msgs[:n]
-        if self._batch_errors:
+        if state.batch_errors:
             last = {(m.topic(), m.partition()): m for m in seq if m.error() is None}
         else:
             last = {(m.topic(), m.partition()): m for m in seq}
-        excluded = self._excluded
+        excluded = self._holds.excluded
         if excluded:
             for tp in excluded:
                 last.pop(tp, None)
             excluded.clear()
         self._offsets.store_last(last)  # type: ignore[arg-type]
-        ok = n - self._nonsuccess
-        self._processed += ok
-        if self._breaker is not None and ok > self._credited:
-            self._breaker.record_successes(ok - self._credited)
-        self._batch = []
-        if self._overrun and n < len(msgs):
+        ok = n - state.nonsuccess
+        state.processed += ok
+        if self._breaker is not None and ok > state.credited:
+            self._breaker.record_successes(ok - state.credited)
+        state.batch = []
+        if state.overrun and n < len(msgs):
             self._give_back(msgs[n:])
-        if self._overrun:
-            self._overrun = False
-            self._interrupt = self._stop_requested
+        if state.overrun:
+            state.overrun = False
+            state.interrupt = state.stop_requested
+
+    def _give_back(self, rest: list[Message]) -> None:
+        """Seek partitions back to their first unprocessed message (after an overrun)."""
+        self._holds.give_back(rest)
+        self._log.info(
+            "batch_overrun",
+            unprocessed=len(rest),
+            budget_s=self._watchdog.budget,
+            note="slow handler: the rest of the batch is fetched again",
+        )
+
+    def _on_overrun(self) -> None:
+        """Watchdog: the batch in progress outlasts half of max.poll.interval.ms."""
+        self._state.overrun = True
+        self._state.interrupt = True
 
     def _release_dead_letters(self) -> None:
-        """Serve the dead-letter producer; store past acknowledged writes (raises on failed)."""
-        if self._dlq_producer is not None:
-            self._dlq_producer.poll(0)
+        """Serve the dead-letter client; store past acknowledged writes (raises on failed)."""
+        if self._sink is not None:
+            self._sink.poll(0)
         self._offsets.release()
 
     # ------------------------------------------------------------------ shutdown
@@ -589,21 +730,21 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
             error=type(error).__name__ if error is not None else None,
         )
         self._watchdog.stop()
-        producer = self._dlq_producer
+        sink = self._sink
         steps: list[tuple[str, Callable[[], None]]] = [
             ("commit", lambda: self._offsets.commit_sync("close")),
             ("close_consumer", self._consumer.close),
         ]
-        if producer is not None and self._offsets.pending:
+        if sink is not None and self._offsets.pending:
             steps.insert(
                 0,
                 (
                     "await_dead_letters",
-                    lambda: self._offsets.wait(producer, None, self._shutdown_timeout),
+                    lambda: self._offsets.wait(sink, None, self._shutdown_timeout),
                 ),
             )
-        if self._own_dlq_producer and producer is not None:
-            steps.append(("close_dead_letter_producer", lambda: producer.close(10)))
+        if sink is not None and sink.owned:
+            steps.append(("close_dead_letter_producer", lambda: sink.close(10)))
         try:
             for name, step in steps:
                 try:
@@ -617,8 +758,8 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
             self._signals.restore()
         self._log.info(
             "consumer_closed",
-            processed=self._processed,
-            retries=self._retries,
+            processed=self._state.processed,
+            retries=self._state.retries,
             dead_lettered=self._offsets.dead_lettered,
             error=type(error).__name__ if error is not None else None,
         )
@@ -631,11 +772,7 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
             self.stop()
             return
         self._closed = True
-        try:
-            self._consumer.close()
-        finally:
-            if self._own_dlq_producer and self._dlq_producer is not None:
-                self._dlq_producer.close(10)
+        self._consumer.close()
 
     def __enter__(self) -> ResilientConsumer:
         return self
@@ -650,7 +787,7 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
 
     # ------------------------------------------------------------------ introspection
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> ConsumerHealth:
         """A snapshot for health endpoints (safe to call from another thread)."""
         for _ in range(10):  # the loop thread may change the dicts while we copy them
             try:
@@ -659,26 +796,26 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
                 continue
         return self._health()
 
-    def _health(self) -> dict[str, Any]:
-        breaker, offsets = self._breaker, self._offsets
-        return {
-            "group_id": self.group_id,
-            "client_id": self.client_id,
-            "running": self._started and not self._closed,
-            "stopping": self._stop_requested,
-            "processed": self._processed,
-            "retries": self._retries,
-            "dead_lettered": self._offsets.dead_lettered,
-            "dead_letters_pending": offsets.pending_count(),
-            "held_partitions": [h.snapshot() for h in list(self._holds.values())],
-            "rebalances": dict(self._rebalances),
-            "commit_failures": offsets.commit_failures,
-            "last_commit_error": str(offsets.last_commit_error)
+    def _health(self) -> ConsumerHealth:
+        breaker, offsets, state = self._breaker, self._offsets, self._state
+        return ConsumerHealth(
+            group_id=self.group_id,
+            client_id=self.client_id,
+            running=self._started and not self._closed,
+            stopping=state.stop_requested,
+            processed=state.processed,
+            retries=state.retries,
+            dead_lettered=offsets.dead_lettered,
+            dead_letters_pending=offsets.pending_count(),
+            held_partitions=[h.snapshot() for h in list(self._holds.by_tp.values())],
+            rebalances=dict(state.rebalances),
+            commit_failures=offsets.commit_failures,
+            last_commit_error=self._redact(str(offsets.last_commit_error))
             if offsets.last_commit_error is not None
             else None,
-            "circuit_breaker": breaker.snapshot() if breaker is not None else None,
-            "leadership": self._monitor.snapshot(),
-        }
+            circuit_breaker=breaker.snapshot() if breaker is not None else None,
+            leadership=self._monitor.snapshot(),
+        )
 
     @property
     def consumer(self) -> Consumer:
@@ -686,7 +823,7 @@ class ResilientConsumer(FailureMixin, EventsMixin, BatchMixin):
         return self._consumer
 
     def __repr__(self) -> str:
-        return (
+        return self._redact(
             f"<ResilientConsumer group={self.group_id!r} topics={self._topics!r} "
-            f"processed={self._processed} dead_lettered={self._offsets.dead_lettered}>"
+            f"processed={self._state.processed} dead_lettered={self._offsets.dead_lettered}>"
         )

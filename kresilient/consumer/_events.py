@@ -1,168 +1,198 @@
-"""Client callbacks of :class:`~kresilient.ResilientConsumer`: commits, errors, rebalances.
+"""Client callbacks of :class:`~kresilient.ResilientConsumer`: commits, errors, rebalances, logs.
 
 librdkafka calls these from inside ``consume()`` (so from the consumer's own thread, between
-batches). A user's ``error_cb``/``stats_cb``/``on_commit`` and rebalance listeners are called
-after kresilient's own handling.
+batches). A user's ``error_cb``/``stats_cb``/``on_commit``/``logger`` and rebalance listeners
+are called after kresilient's own handling. Every text taken from librdkafka goes through the
+consumer's :class:`~kresilient.redaction.Redactor` before it is logged or raised; librdkafka's
+own log lines go through the log bridge (never raw to stderr), connection failures are
+summarised by host (``kafka_unreachable``), other errors rate-limited.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, Message, TopicPartition
 
+from kresilient._ratelimit import RateLimiter
 from kresilient.errors import KResilientError, classify, translate
 
 if TYPE_CHECKING:
-    from kresilient.consumer._holds import TP, Hold
+    from kresilient.consumer._failures import DeadLetterSink
+    from kresilient.consumer._holds import Holds, LoopState
     from kresilient.consumer._offsets import OffsetKeeper
     from kresilient.leadership import LeadershipMonitor
-    from kresilient.producer import ResilientProducer
+    from kresilient.producer._support import Reachability
     from kresilient.telemetry import Telemetry
 
-__all__ = ["EventsMixin"]
+__all__ = ["ClientEvents"]
 
 _PARTITION_EOF: Final = KafkaError._PARTITION_EOF
-#: Identical consumer/global errors are logged at most once per this many seconds.
-_ERROR_LOG_INTERVAL: Final = 5.0
+#: error_cb codes that are connection failures: summarised per host by Reachability.
+_CONNECT_CODES: Final = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE})
+
+Listener = Callable[[list[TopicPartition]], object]
 
 
-class EventsMixin:
-    """librdkafka callbacks; mixed into ResilientConsumer (which owns the state)."""
+class ClientEvents:
+    """librdkafka callbacks of one consumer (explicit collaborators, no shared host class).
 
-    _consumer: Consumer
-    _log: Any
-    _tel: Telemetry
-    _monitor: LeadershipMonitor
-    _offsets: OffsetKeeper
-    _holds: dict[TP, Hold]
-    _dlq_producer: ResilientProducer | None
-    _user_cb: dict[str, Callable[..., Any] | None]
-    _listeners: dict[str, Callable[[list[TopicPartition]], object] | None]
-    _rebalances: dict[str, int]
-    _redact: Callable[[str], str]
-    _revocations: int
-    _error_logged: dict[int, float]
-    _fatal: KResilientError | None
-    _interrupt: bool
-    _shutdown_timeout: float
+    Reads/writes of the shared :class:`LoopState`: ``interrupt`` (a fatal error stops the
+    loop), ``rebalances`` and ``revocations`` (counted). ``fatal`` holds the translated fatal
+    error the loop raises.
+    """
+
+    def __init__(
+        self,
+        *,
+        state: LoopState,
+        holds: Holds,
+        offsets: OffsetKeeper,
+        monitor: LeadershipMonitor,
+        tel: Telemetry,
+        log: Any,
+        redact: Callable[[str], str],
+        reachability: Reachability,
+        limiter: RateLimiter,
+        user_callbacks: dict[str, Callable[..., Any] | None],
+        listeners: dict[str, Listener | None],
+        shutdown_timeout: float,
+    ) -> None:
+        self.state = state
+        self.holds = holds
+        self.offsets = offsets
+        self.monitor = monitor
+        self.tel = tel
+        self.log = log
+        self.redact = redact
+        self.reach = reachability
+        self.limiter = limiter
+        self.user_cb = user_callbacks
+        self.listeners = listeners
+        self.shutdown_timeout = shutdown_timeout
+        self.fatal: KResilientError | None = None
+        #: set once the consumer made its dead-letter client (revoke waits for its writes)
+        self.sink: DeadLetterSink | None = None
+        #: the last connection failure librdkafka reported (redacted), for error messages
+        self.last_connect_error: str | None = None
 
     # ------------------------------------------------------------------ callbacks
 
-    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
-        self._offsets.on_commit(err, partitions)
-        user = self._user_cb["on_commit"]
+    def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        self.offsets.on_commit(err, partitions)
+        user = self.user_cb["on_commit"]
         if user is not None:
             user(err, partitions)
 
-    def _on_error(self, err: KafkaError) -> None:
-        self._monitor.on_error(err)
+    def on_error(self, err: KafkaError) -> None:
+        self.monitor.on_error(err)
         c = classify(err)
+        code = err.code()
         if err.fatal():
-            self._fatal = translate(err, operation="consume", redactor=self._redact)
-            self._interrupt = True
-            self._tel.fatal_error(self._fatal, c)
+            self.fatal = translate(err, operation="consume", redactor=self.redact)
+            self.state.interrupt = True
+            self.tel.fatal_error(self.fatal, c)
         else:
-            self._log_throttled(
-                err.code(),
-                "kafka_error",
-                error=c.name,
-                category=c.category.value,
-                detail=self._redact(err.str()),
-            )
-        user = self._user_cb["error_cb"]
+            text = self.redact(err.str())
+            if code == KafkaError._ALL_BROKERS_DOWN:
+                self.reach.all_down(text)
+            elif code in _CONNECT_CODES and self.reach.broker_failed(text):
+                self.last_connect_error = text  # summarised: one line per host, slowly
+            else:
+                allowed, suppressed = self.limiter.check(("error", code))
+                if allowed:
+                    self.log.warning(
+                        "kafka_error",
+                        error=c.name,
+                        category=c.category.value,
+                        detail=text,
+                        suppressed=suppressed or None,
+                    )
+        user = self.user_cb["error_cb"]
         if user is not None:
             user(err)
 
-    def _on_stats(self, stats_json: str) -> None:
-        self._monitor.on_stats(stats_json)
-        user = self._user_cb["stats_cb"]
+    def on_stats(self, stats_json: str) -> None:
+        self.monitor.on_stats(stats_json)
+        try:
+            brokers = (json.loads(stats_json).get("brokers") or {}).values()
+            self.reach.up(sum(1 for b in brokers if b.get("state") == "UP"))
+        except (ValueError, AttributeError):  # the monitor counts unparsable statistics
+            pass
+        user = self.user_cb["stats_cb"]
         if user is not None:
             user(stats_json)
 
-    def _consume_error(self, msg: Message) -> None:
+    def consume_error(self, msg: Message) -> None:
+        """An error event among the consumed messages (raises if it is fatal)."""
         err = msg.error()
         assert err is not None
         if err.code() == _PARTITION_EOF:
             return
-        self._monitor.on_error(err, msg.topic(), msg.partition())
+        self.monitor.on_error(err, msg.topic(), msg.partition())
         if err.fatal():
             raise translate(
                 err,
                 topic=msg.topic(),
                 partition=msg.partition(),
                 operation="consume",
-                redactor=self._redact,
+                redactor=self.redact,
             )
         c = classify(err)
-        self._log_throttled(
-            err.code(),
-            "consume_error",
-            topic=msg.topic(),
-            partition=msg.partition(),
-            error=c.name,
-            category=c.category.value,
-            remedy=c.remedy,
-        )
+        allowed, suppressed = self.limiter.check(("consume", err.code()))
+        if allowed:
+            self.log.warning(
+                "consume_error",
+                topic=msg.topic(),
+                partition=msg.partition(),
+                error=c.name,
+                category=c.category.value,
+                detail=self.redact(err.str()),
+                remedy=c.remedy,
+                suppressed=suppressed or None,
+            )
 
-    def _log_throttled(self, code: int, event: str, **fields: Any) -> None:
-        now = time.monotonic()
-        if now - self._error_logged.get(code, -_ERROR_LOG_INTERVAL) >= _ERROR_LOG_INTERVAL:
-            self._error_logged[code] = now
-            self._log.warning(event, **fields)
-
-    def _on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
-        self._rebalances["assigned"] += 1
-        # librdkafka keeps an application pause across unassign/assign: a partition paused for
-        # a retry whose resume was missed (lost assignment, failed resume) would never be
-        # fetched again. A newly assigned partition has no hold, so nothing of it is paused.
-        unheld = [p for p in partitions if (p.topic, p.partition) not in self._holds]
-        if unheld:
-            with contextlib.suppress(KafkaException):
-                self._consumer.resume([TopicPartition(p.topic, p.partition) for p in unheld])
-        self._log.info("partitions_assigned", partitions=_names(partitions))
-        listener = self._listeners["assign"]
+    def on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        self.state.rebalances["assigned"] += 1
+        # librdkafka keeps an application pause across unassign/assign: make sure a newly
+        # assigned partition is not left paused by a resume that was missed (issue 11, 2)
+        self.holds.resume_unheld(partitions)
+        self.log.info("partitions_assigned", partitions=_names(partitions))
+        listener = self.listeners["assign"]
         if listener is not None:
             listener(partitions)
 
-    def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
-        self._rebalances["revoked"] += 1
-        self._revocations += 1
+    def on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        self.state.rebalances["revoked"] += 1
+        self.state.revocations += 1
         revoked = {(p.topic, p.partition) for p in partitions}
-        if self._dlq_producer is not None and self._offsets.pending:
+        sink = self.sink
+        if sink is not None and self.offsets.pending:
             try:  # their offsets must not be committed past an unacknowledged dead letter
-                self._offsets.wait(self._dlq_producer, revoked, self._shutdown_timeout)
+                self.offsets.wait(sink, revoked, self.shutdown_timeout)
             except Exception as exc:  # never let a callback break consume()
-                self._log.warning("dead_letter_wait_failed", error=self._redact(repr(exc)))
-        for tp in [tp for tp in self._holds if tp in revoked]:
-            del self._holds[tp]
-            with contextlib.suppress(KafkaException):
-                self._consumer.resume([TopicPartition(tp[0], tp[1])])
-        self._offsets.commit_sync("revoke")
-        self._log.info("partitions_revoked", partitions=_names(partitions))
-        listener = self._listeners["revoke"]
+                self.log.warning("dead_letter_wait_failed", error=self.redact(repr(exc)))
+        self.holds.release([tp for tp in self.holds.by_tp if tp in revoked])
+        self.offsets.commit_sync("revoke")
+        self.log.info("partitions_revoked", partitions=_names(partitions))
+        listener = self.listeners["revoke"]
         if listener is not None:
             listener(partitions)
 
-    def _on_lost(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
-        self._rebalances["lost"] += 1
-        self._revocations += 1
+    def on_lost(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        self.state.rebalances["lost"] += 1
+        self.state.revocations += 1
         lost = [(p.topic, p.partition) for p in partitions]
-        for tp in lost:
-            if self._holds.pop(tp, None) is not None:
-                # the pause would survive the loss and a later re-assignment (issue 11, 2)
-                with contextlib.suppress(KafkaException):
-                    self._consumer.resume([TopicPartition(tp[0], tp[1])])
-        self._offsets.drop(lost)
-        self._log.warning(
+        self.holds.release(lost)  # resumed: the pause would outlive the loss (issue 11, 2)
+        self.offsets.drop(lost)
+        self.log.warning(
             "partitions_lost",
             partitions=_names(partitions),
             note="not committed: their new owner starts from the last commit",
         )
-        listener = self._listeners["lost"]
+        listener = self.listeners["lost"]
         if listener is not None:
             listener(partitions)
 

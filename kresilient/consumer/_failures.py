@@ -4,21 +4,29 @@ A failed message is either retried (its partition paused and seeked back to it, 
 keeps polling; see :mod:`kresilient.consumer._holds`) or dead-lettered (written with its raw
 bytes and the ``kresilient.*`` headers; the partition continues at once but its stored offset
 waits for the acknowledgement, see :mod:`kresilient.consumer._offsets`).
+
+Two collaborators, composed by the consumer with explicit constructor arguments:
+
+* :class:`DeadLetterSink`: where dead letters are written (the consumer's own producer, a
+  user-supplied :class:`~kresilient.ResilientProducer`, or a
+  :class:`~kresilient.deadletter.DeadLetterWriter`), always byte for byte;
+* :class:`FailureHandler`: the retry/dead-letter decision, the breaker, the writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import tenacity
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Message
 
 from kresilient.consumer._breaker import CircuitBreaker
-from kresilient.consumer._holds import TP, Hold
-from kresilient.deadletter import DeadLetterPolicy, build_dead_letter_record
+from kresilient.consumer._holds import TP, Hold, Holds, LoopState
+from kresilient.deadletter import DeadLetterPolicy, DeadLetterWriter, build_dead_letter_record
 from kresilient.errors import (
     Action,
     Classification,
@@ -27,18 +35,18 @@ from kresilient.errors import (
     KResilientError,
     ProduceError,
     classify,
+    is_unproducible,
 )
 
 if TYPE_CHECKING:
     from kresilient.consumer._offsets import OffsetKeeper
-    from kresilient.consumer._support import Deserializing, Watchdog
+    from kresilient.consumer._support import Deserializing
+    from kresilient.deadletter import DeadLetterRecord
     from kresilient.producer import ResilientProducer
     from kresilient.telemetry import Telemetry
 
-__all__ = ["FailureMixin"]
+__all__ = ["DeadLetterSink", "FailureHandler", "poison"]
 
-#: After a failed seek, how long a held partition waits before trying again.
-_SEEK_RETRY: Final = 0.5
 _POISON_REMEDY: Final = (
     "The handler rejected this record and the retry policy does not retry that exception "
     "(deserialization/validation): fix the record or the handler, then `kresilient dlq replay`"
@@ -46,8 +54,15 @@ _POISON_REMEDY: Final = (
 
 
 def poison(classification: Classification) -> Classification:
-    """A failure the retry policy does not retry, unknown to the Kafka table, is POISON."""
-    if classification.category is not ErrorCategory.UNKNOWN:
+    """The classification of a failure the retry policy gave up on at once (not retried).
+
+    Unproducible failures (:func:`kresilient.errors.is_unproducible`: a deserialization error,
+    a record already classified POISON ...) keep their classification. Anything else the
+    Kafka table does not know (``UNKNOWN``: a ``ValueError`` of the handler ...) becomes POISON
+    with the replay remedy; a known Kafka category (a ``KafkaException`` raised by the
+    handler) is kept as it is.
+    """
+    if is_unproducible(classification) or classification.category is not ErrorCategory.UNKNOWN:
         return classification
     return dataclasses.replace(
         classification,
@@ -57,36 +72,104 @@ def poison(classification: Classification) -> Classification:
     )
 
 
-class FailureMixin:
-    """Retry/dead-letter decisions; mixed into ResilientConsumer (which owns the state)."""
+class DeadLetterSink:
+    """Writes dead-letter records byte for byte, whichever client it is given.
 
-    # state owned by ResilientConsumer
-    group_id: str
-    _consumer: Consumer
-    _log: Any
-    _tel: Telemetry
-    _offsets: OffsetKeeper
-    _holds: dict[TP, Hold]
-    _excluded: set[TP]
-    _retrying: tenacity.Retrying
-    _breaker: CircuitBreaker | None
-    _dlq_policy: DeadLetterPolicy | None
-    _dlq_producer: ResilientProducer | None
-    _deser: Deserializing | None
-    _batch: list[Message]
-    _batch_mode: bool
-    _nonsuccess: int
-    _credited: int
-    _retries: int
-    _traced: bool
-    _overrun: bool
-    _interrupt: bool
-    _watchdog: Watchdog
-    _redact: Callable[[str], str]
+    ``target``: a :class:`~kresilient.deadletter.DeadLetterWriter` (untraced: the consumer's
+    dead-letter span is then the PRODUCER span) or a :class:`~kresilient.ResilientProducer`
+    (traced: its own ``send`` span becomes the child of the ``dead_letter`` span). A producer
+    must not rewrite the record's ``traceparent``: the consumer's own is built with
+    ``NO_PROPAGATION``; a user-supplied one is asked not to propagate (``propagate=False``)
+    when its ``produce`` supports it (issue 11, defect 8). ``owned``: closed by the consumer.
+    """
+
+    __slots__ = ("_no_propagation", "_writer", "owned", "span_kind", "target")
+
+    def __init__(
+        self, target: ResilientProducer | DeadLetterWriter, *, owned: bool, propagates: bool
+    ) -> None:
+        self.target = target
+        self.owned = owned
+        self._writer = isinstance(target, DeadLetterWriter)
+        self.span_kind: Final = "producer" if self._writer else "internal"
+        self._no_propagation = (
+            propagates
+            and not self._writer
+            and "propagate"
+            in inspect.signature(cast("ResilientProducer", target).produce).parameters
+        )
+
+    def send(self, record: DeadLetterRecord) -> Any:
+        """Queue ``record``; return its handle (``done()``, ``exception(0)``).
+
+        Raises :class:`~kresilient.DeadLetterError` when the client refuses the record.
+        """
+        if self._writer:
+            return cast(DeadLetterWriter, self.target).write(record)
+        producer = cast("ResilientProducer", self.target)
+        kwargs: dict[str, Any] = {"key": record.key, "headers": record.headers}
+        if self._no_propagation:
+            kwargs["propagate"] = False
+        try:
+            return producer.produce(record.topic, record.value, **kwargs)
+        except ProduceError as err:
+            raise DeadLetterError(
+                f"dead-letter write to {record.topic} refused: {err.message}",
+                topic=record.topic,
+                classification=err.classification,
+            ) from err
+
+    def poll(self, timeout: float = 0) -> None:
+        """Serve acknowledgements."""
+        self.target.poll(timeout)
+
+    def close(self, timeout: float) -> None:
+        """Close the client if the consumer made it."""
+        if self.owned:
+            self.target.close(timeout)
+
+
+class FailureHandler:
+    """Decides, for a failed message, between a retry hold and a dead letter, and does it.
+
+    Reads/writes of the shared :class:`LoopState`: ``batch``, ``nonsuccess``, ``credited``
+    (breaker credit in per-message mode), ``retries`` (counted), ``traced``.
+    """
+
+    def __init__(
+        self,
+        *,
+        group_id: str,
+        state: LoopState,
+        holds: Holds,
+        offsets: OffsetKeeper,
+        retrying: tenacity.Retrying,
+        policy: DeadLetterPolicy | None,
+        breaker: CircuitBreaker | None,
+        deser: Deserializing | None,
+        batch_mode: bool,
+        tel: Telemetry,
+        log: Any,
+        redact: Callable[[str], str],
+    ) -> None:
+        self.group_id = group_id
+        self.state = state
+        self.holds = holds
+        self.offsets = offsets
+        self.retrying = retrying
+        self.policy = policy
+        self.breaker = breaker
+        self.deser = deser
+        self.batch_mode = batch_mode
+        self.tel = tel
+        self.log = log
+        self.redact = redact
+        #: set by the consumer once it started (its own producer is made in ``run()``)
+        self.sink: DeadLetterSink | None = None
 
     # ------------------------------------------------------------------ decision
 
-    def _on_failure(
+    def on_failure(
         self, msg: Message, exc: BaseException, *, batch: list[Message] | None = None
     ) -> None:
         """A handler failed on ``msg``: hold its partition for a retry, or dead-letter it.
@@ -96,26 +179,27 @@ class FailureMixin:
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         assert topic is not None and partition is not None and offset is not None
         tp = (topic, partition)
-        was_excluded = tp in self._excluded
-        self._excluded.add(tp)
-        self._offsets.store(tp, offset, msg.leader_epoch())  # everything before it is done
+        holds, excluded = self.holds.by_tp, self.holds.excluded
+        was_excluded = tp in excluded
+        excluded.add(tp)
+        self.offsets.store(tp, offset, msg.leader_epoch())  # everything before it is done
         now = time.monotonic()
-        hold = self._holds.get(tp)
+        hold = holds.get(tp)
         if hold is None or hold.offset != offset:
             hold = Hold(
                 tp=tp,
                 offset=offset,
                 first_failure=now,
-                state=tenacity.RetryCallState(self._retrying, None, (), {}),
+                state=tenacity.RetryCallState(self.retrying, None, (), {}),
             )
-            self._holds[tp] = hold
+            holds[tp] = hold
         hold.attempts += 1
         state = hold.state
         assert state is not None
         state.attempt_number = hold.attempts
         state.set_exception((type(exc), exc, exc.__traceback__))
         classification = classify(exc)
-        retrying = self._retrying
+        retrying = self.retrying
         if not retrying.retry(state):
             classification = poison(classification)
         else:
@@ -125,10 +209,10 @@ class FailureMixin:
                 state.idle_for += delay
                 self._schedule_retry(hold, exc, classification, now + delay, delay)
                 return
-        del self._holds[tp]  # a failure is always of a delivered (so unpaused) message
+        del holds[tp]  # a failure is always of a delivered (so unpaused) message
         self._dead_letter(tp, hold.attempts, batch or [msg], exc, classification)
         if not was_excluded:
-            self._excluded.discard(tp)  # the rest of the partition flows and is stored
+            excluded.discard(tp)  # the rest of the partition flows and is stored
 
     def _schedule_retry(
         self,
@@ -140,13 +224,13 @@ class FailureMixin:
     ) -> None:
         hold.due = due
         hold.resumed = False
-        self._retries += 1
-        self._pause(hold.tp, hold.offset)
-        if self._traced:
-            self._tel.retry_event(
+        self.state.retries += 1
+        self.holds.pause(hold.tp, hold.offset)
+        if self.state.traced:
+            self.tel.retry_event(
                 None, hold.attempts, exc, classification=classification, delay_s=delay
             )
-        self._log.info(
+        self.log.info(
             "message_retry_scheduled",
             topic=hold.tp[0],
             partition=hold.tp[1],
@@ -167,9 +251,9 @@ class FailureMixin:
         exc: BaseException,
         classification: Classification,
     ) -> None:
-        policy, producer = self._dlq_policy, self._dlq_producer
-        if policy is None or producer is None:
-            self._log.error(
+        policy, sink = self.policy, self.sink
+        if policy is None or sink is None:
+            self.log.error(
                 "message_failed_without_dead_letter_topic",
                 topic=tp[0],
                 partition=tp[1],
@@ -181,22 +265,25 @@ class FailureMixin:
             )
             raise exc
         self._credit_before(msgs[0])
-        breaker = self._breaker
+        breaker = self.breaker
         handles: list[Any] = []
         for m in msgs:
             if breaker is not None:
                 try:
                     breaker.check()
                 except KResilientError as opened:
-                    self._tel.circuit_breaker_opened(
+                    self.tel.circuit_breaker_opened(
                         topic=tp[0], partition=tp[1], offset=m.offset(), **breaker.snapshot()
                     )
                     if handles:
                         self._queued(tp, msgs, handles)
                     raise opened from exc
-            handles.append(
-                self._write_dead_letter(policy, producer, m, exc, classification, attempts)
-            )
+            try:
+                handles.append(self._write(policy, sink, m, exc, classification, attempts))
+            except BaseException:
+                if handles:  # the writes already queued still hold the offset back
+                    self._queued(tp, msgs, handles)
+                raise
             if breaker is not None:
                 breaker.record_dead_letter()
         self._queued(tp, msgs, handles)
@@ -205,43 +292,44 @@ class FailureMixin:
         first = msgs[0].offset()
         last = msgs[len(handles) - 1].offset()
         assert first is not None and last is not None
-        self._offsets.add_dead_letters(tp, first, handles, last + 1)
+        self.offsets.add_dead_letters(tp, first, handles, last + 1)
 
     def _credit_before(self, msg: Message) -> None:
         """Credit the breaker with this batch's successes before ``msg`` (per-message mode)."""
-        breaker = self._breaker
-        if breaker is None or not self._batch or self._batch_mode:
+        breaker, state = self.breaker, self.state
+        if breaker is None or not state.batch or self.batch_mode:
             return
         try:
-            index = self._batch.index(msg)
+            index = state.batch.index(msg)
         except ValueError:
             return
-        ok = index - self._nonsuccess - self._credited
+        ok = index - state.nonsuccess - state.credited
         if ok > 0:
             breaker.record_successes(ok)
-            self._credited += ok
+            state.credited += ok
 
-    def _write_dead_letter(
+    def _write(
         self,
         policy: DeadLetterPolicy,
-        producer: ResilientProducer,
+        sink: DeadLetterSink,
         msg: Message,
         exc: BaseException,
         classification: Classification,
         attempts: int,
     ) -> Any:
-        raw = self._deser.raw_bytes(msg) if self._deser is not None else None
+        raw = self.deser.raw_bytes(msg) if self.deser is not None else None
         topic = policy.topic_for(msg.topic() or "")
-        with self._tel.dead_letter_span(
+        with self.tel.dead_letter_span(
             topic,
             source=cast(Any, msg),
             reason=exc,
             classification=classification,
             attempts=attempts,
+            kind=sink.span_kind,
         ):
             carrier = {
                 k: v.decode("utf-8") if isinstance(v, bytes) else str(v)
-                for k, v in self._tel.inject_headers(None)
+                for k, v in self.tel.inject_headers(None)
                 if v
             }
             record = build_dead_letter_record(
@@ -256,88 +344,4 @@ class FailureMixin:
                 raw=raw is not None,
                 trace_context=carrier,
             )
-            try:
-                return producer.produce(
-                    record.topic, record.value, key=record.key, headers=record.headers
-                )
-            except ProduceError as err:
-                raise DeadLetterError(
-                    f"dead-letter write to {record.topic} refused: {self._redact(str(err))}",
-                    topic=record.topic,
-                    classification=err.classification,
-                ) from err
-
-    # ------------------------------------------------------------------ holds
-
-    def _pause(self, tp: TP, offset: int) -> None:
-        """Pause ``tp`` and seek it to ``offset`` (drops what was fetched beyond it)."""
-        part = TopicPartition(tp[0], tp[1], offset)
-        self._consumer.pause([part])
-        try:
-            self._consumer.seek(part)
-        except KafkaException as exc:  # seeked again before resume
-            self._log.debug(
-                "seek_failed", topic=tp[0], partition=tp[1], error=self._redact(str(exc))
-            )
-
-    def _resume(self, tp: TP, offset: int) -> bool:
-        """Seek ``tp`` to ``offset`` and resume it; False (still paused) if the seek failed."""
-        part = TopicPartition(tp[0], tp[1], offset)
-        try:
-            self._consumer.seek(part)
-        except KafkaException as exc:  # resuming without it could skip the held message
-            self._log.warning(
-                "seek_failed",
-                topic=tp[0],
-                partition=tp[1],
-                offset=offset,
-                error=self._redact(str(exc)),
-                note="the partition stays paused; retried shortly",
-            )
-            return False
-        self._consumer.resume([part])
-        return True
-
-    def _service_holds(self, timeout: float) -> float:
-        """Resume partitions whose retry is due; return the poll timeout to use."""
-        now = time.monotonic()
-        for tp, hold in self._holds.items():
-            if hold.resumed:
-                continue
-            if hold.due <= now:
-                if self._resume(tp, hold.offset):
-                    hold.resumed = True
-                else:
-                    hold.due = now + _SEEK_RETRY
-                    timeout = min(timeout, _SEEK_RETRY)
-            else:
-                timeout = min(timeout, hold.due - now)
-        return max(timeout, 0.0)
-
-    def _on_overrun(self) -> None:
-        """Watchdog: the batch in progress outlasts half of max.poll.interval.ms."""
-        self._overrun = True
-        self._interrupt = True
-
-    def _give_back(self, rest: list[Message], *, log: bool = True) -> None:
-        """Seek partitions back to their first unprocessed message (after an overrun)."""
-        first: dict[TP, int] = {}
-        for m in rest:
-            if m.error() is None:
-                first.setdefault((m.topic(), m.partition()), m.offset())  # type: ignore[arg-type]
-        for tp, offset in first.items():
-            if tp in self._holds:
-                continue
-            try:
-                self._consumer.seek(TopicPartition(tp[0], tp[1], offset))
-            except KafkaException as exc:
-                self._log.warning(
-                    "seek_failed", topic=tp[0], partition=tp[1], error=self._redact(str(exc))
-                )
-        if log:
-            self._log.info(
-                "batch_overrun",
-                unprocessed=len(rest),
-                budget_s=self._watchdog.budget,
-                note="slow handler: the rest of the batch is fetched again",
-            )
+            return sink.send(record)

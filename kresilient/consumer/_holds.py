@@ -1,4 +1,5 @@
-"""Per-partition state of :class:`~kresilient.ResilientConsumer`: retry holds, pending dead letters.
+"""Per-partition state of :class:`~kresilient.ResilientConsumer`: retry holds, pending dead letters,
+and the loop state its collaborators share.
 
 A partition is *held* while one of its messages waits for its next attempt: it is paused and
 seeked back to that message, so the consumer keeps polling (no ``max.poll.interval.ms``
@@ -13,10 +14,15 @@ re-delivers it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaException, TopicPartition
 
 if TYPE_CHECKING:
     import tenacity
@@ -82,3 +88,127 @@ class PendingDeadLetters:
     def count(self) -> int:
         """Dead-letter records still unacknowledged."""
         return sum(len(handles) for _, handles in self.entries)
+
+
+@dataclass(slots=True)
+class LoopState:
+    """The consume loop's per-batch state and counters, shared with its collaborators.
+
+    One object (passed explicitly to :class:`~kresilient.consumer._failures.FailureHandler`,
+    the batch processor and the client events) instead of attributes redeclared across
+    mixins: each collaborator reads and writes only the fields named in its docstring.
+    """
+
+    batch: list[Any] = field(default_factory=list)  #: the batch being handled
+    nonsuccess: int = 0  #: messages of ``batch`` not handled successfully so far
+    credited: int = 0  #: successes of ``batch`` already credited to the breaker
+    batch_errors: bool = False  #: ``batch`` holds error events
+    stop_requested: bool = False
+    interrupt: bool = False  #: stop handing out the rest of the batch
+    overrun: bool = False  #: the watchdog saw the batch outlast its budget
+    traced: bool = False  #: a tracer provider is active (checked once a second)
+    processed: int = 0
+    retries: int = 0
+    revocations: int = 0  #: revoke + lost callbacks so far
+    rebalances: dict[str, int] = field(
+        default_factory=lambda: {"assigned": 0, "revoked": 0, "lost": 0}
+    )
+
+
+class Holds:
+    """The partitions held for a retry: pause/seek/resume them on the client.
+
+    ``by_tp`` maps each held partition to its :class:`Hold` (read directly on the hot path);
+    ``excluded`` are partitions whose offsets the current batch must not store.
+    """
+
+    def __init__(
+        self, consumer: Any, log: Any, redact: Callable[[str], str], seek_retry: float = 0.5
+    ) -> None:
+        self._consumer = consumer
+        self._log = log
+        self._redact = redact
+        self._seek_retry = seek_retry
+        self.by_tp: dict[TP, Hold] = {}
+        self.excluded: set[TP] = set()
+
+    def pause(self, tp: TP, offset: int) -> None:
+        """Pause ``tp`` and seek it to ``offset`` (drops what was fetched beyond it)."""
+        part = TopicPartition(tp[0], tp[1], offset)
+        self._consumer.pause([part])
+        try:
+            self._consumer.seek(part)
+        except KafkaException as exc:  # seeked again before resume
+            self._log.debug(
+                "seek_failed", topic=tp[0], partition=tp[1], error=self._redact(str(exc))
+            )
+
+    def resume(self, tp: TP, offset: int) -> bool:
+        """Seek ``tp`` to ``offset`` and resume it; False (still paused) if the seek failed."""
+        part = TopicPartition(tp[0], tp[1], offset)
+        try:
+            self._consumer.seek(part)
+        except KafkaException as exc:  # resuming without it could skip the held message
+            self._log.warning(
+                "seek_failed",
+                topic=tp[0],
+                partition=tp[1],
+                offset=offset,
+                error=self._redact(str(exc)),
+                note="the partition stays paused; retried shortly",
+            )
+            return False
+        self._consumer.resume([part])
+        return True
+
+    def service(self, timeout: float) -> float:
+        """Resume partitions whose retry is due; return the poll timeout to use."""
+        now = time.monotonic()
+        for tp, hold in self.by_tp.items():
+            if hold.resumed:
+                continue
+            if hold.due <= now:
+                if self.resume(tp, hold.offset):
+                    hold.resumed = True
+                else:
+                    hold.due = now + self._seek_retry
+                    timeout = min(timeout, self._seek_retry)
+            else:
+                timeout = min(timeout, hold.due - now)
+        return max(timeout, 0.0)
+
+    def release(self, tps: Iterable[TP]) -> None:
+        """Forget the holds of ``tps`` (revoked or lost) and resume them: librdkafka keeps an
+        application pause across unassign/assign, so a re-assigned partition would otherwise
+        never be fetched again (issue 11, defect 2)."""
+        for tp in tps:
+            if self.by_tp.pop(tp, None) is not None:
+                with contextlib.suppress(KafkaException):
+                    self._consumer.resume([TopicPartition(tp[0], tp[1])])
+
+    def resume_unheld(self, partitions: Iterable[TopicPartition]) -> None:
+        """Newly assigned partitions have no hold: make sure none of them stays paused."""
+        unheld = [
+            TopicPartition(p.topic, p.partition)
+            for p in partitions
+            if (p.topic, p.partition) not in self.by_tp
+        ]
+        if unheld:
+            with contextlib.suppress(KafkaException):
+                self._consumer.resume(unheld)
+
+    def give_back(self, rest: list[Any]) -> None:
+        """Seek partitions back to their first unprocessed message in ``rest``."""
+        first: dict[TP, int] = {}
+        for m in rest:
+            if m.error() is None:
+                first.setdefault((m.topic(), m.partition()), m.offset())
+        for tp, offset in first.items():
+            if tp in self.by_tp:
+                continue
+            try:
+                self._consumer.seek(TopicPartition(tp[0], tp[1], offset))
+            except KafkaException as exc:
+                self._log.warning(
+                    "seek_failed", topic=tp[0], partition=tp[1], error=self._redact(str(exc))
+                )

@@ -1,6 +1,6 @@
 """Helpers of :mod:`kresilient.consumer` that are not on the per-message path.
 
-Configuration of the consumer and of its dead-letter producer, the retry policy, the
+Configuration of the consumer, the retry policy, the
 deserializing call wrapper, the poll-interval watchdog and signal handling.
 """
 
@@ -25,7 +25,7 @@ from tenacity.wait import wait_base
 
 from kresilient import _catalog as catalog
 from kresilient.config import consumer_config
-from kresilient.errors import ConfigError, KResilientError, UnsafeConfigError
+from kresilient.errors import BatchItemError, ConfigError, UnsafeConfigError
 
 __all__ = [
     "NOT_RETRIED",
@@ -37,11 +37,6 @@ __all__ = [
 #: deserialization and validation errors (retrying cannot fix the record). ``ValueError``
 #: covers ``json.JSONDecodeError``, ``UnicodeDecodeError`` and pydantic's ``ValidationError``.
 NOT_RETRIED: Final[tuple[type[BaseException], ...]] = (SerializationError, ValueError, TypeError)
-
-#: Python callbacks of a consumer config that must not be copied to the dead-letter producer.
-_CONSUMER_ONLY_CALLBACKS: Final = frozenset(
-    {"error_cb", "stats_cb", "throttle_cb", "logger", "on_commit", "on_delivery"}
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,32 +77,6 @@ class RetryPolicy:
         return tenacity.Retrying(stop=self.stop, wait=self.wait, retry=self.retry)
 
 
-class BatchItemError(KResilientError):
-    """Raise from a batch handler: messages before ``index`` succeeded, ``index`` failed.
-
-    Example::
-
-        def handle_batch(messages):
-            for i, msg in enumerate(messages):
-                try:
-                    store(msg)
-                except Exception as exc:
-                    raise BatchItemError(index=i) from exc
-
-    Any other exception fails the whole batch (retried as one; dead-lettered message by
-    message once the retries are exhausted).
-    """
-
-    def __init__(self, message: str = "", *, index: int, cause: BaseException | None = None):
-        super().__init__(message or f"batch item {index} failed")
-        self.index = index
-        self.cause = cause
-
-    def failure(self) -> BaseException:
-        """The exception of the failed item (``cause``, else ``__cause__``, else self)."""
-        return self.cause or self.__cause__ or self
-
-
 # --------------------------------------------------------------------------- config
 
 
@@ -144,18 +113,6 @@ def auto_commit(cfg: Mapping[str, Any]) -> tuple[bool, float]:
 def max_poll_interval(cfg: Mapping[str, Any]) -> float:
     """``max.poll.interval.ms`` in seconds."""
     return float(cfg.get("max.poll.interval.ms", 300000)) / 1000.0
-
-
-def dead_letter_producer_config(user: Mapping[str, Any], client_id: str) -> dict[str, Any]:
-    """The dead-letter producer's config: the consumer's connection/security settings."""
-    out: dict[str, Any] = {}
-    for key, value in user.items():
-        prop = catalog.lookup(key)
-        if prop is None or prop.scope != "*" or key in _CONSUMER_ONLY_CALLBACKS:
-            continue
-        out[key] = value
-    out["client.id"] = f"{client_id}-dlq"
-    return out
 
 
 def literal_topics(topics: Iterable[str]) -> list[str]:
