@@ -209,7 +209,7 @@ def test_produce_after_close_says_the_producer_is_closed(make: Any) -> None:
         producer.produce("t", b"x")
     assert "closed" in str(info.value)
     assert "transaction" not in info.value.classification.remedy.lower()
-    assert "new ResilientProducer" in info.value.classification.remedy
+    assert "Create a new client" in info.value.classification.remedy
 
 
 SECRET = "Sup3rS3cretValue42xq"

@@ -48,10 +48,11 @@ from typing import Any, Final
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Producer
-from opentelemetry.propagators.composite import CompositePropagator
 
+from kresilient._ratelimit import DEFAULT_INTERVAL, RateLimiter
 from kresilient.config import producer_config
 from kresilient.errors import (
+    TOO_LARGE_CODES,
     ConfigError,
     DeliveryError,
     DeliveryFailure,
@@ -60,6 +61,7 @@ from kresilient.errors import (
     MessageTooLargeError,
     ProduceError,
     classify,
+    failure_from_report,
     translate,
 )
 from kresilient.leadership import LeadershipMonitor, LeadershipState
@@ -79,7 +81,7 @@ from kresilient.producer._support import (
     weak_callback,
 )
 from kresilient.redaction import Redactor, redact_config
-from kresilient.telemetry import Telemetry
+from kresilient.telemetry import NO_PROPAGATION, Telemetry
 
 __all__ = ["DeliveryHandle", "DeliveryResult", "ProducerHealth", "ResilientProducer"]
 
@@ -90,22 +92,12 @@ _POLL_MASK: Final = 1023
 _POOL_MAX: Final = 65536
 #: Callbacks kresilient installs itself; a user's own are chained after kresilient's.
 _CHAINED_CALLBACKS: Final = ("error_cb", "stats_cb", "on_delivery", "logger")
-_TOO_LARGE: Final = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 _DEFAULT_MAX_BYTES: Final = 1_000_000
-#: Identical global errors (error_cb) are logged at most once per this many seconds.
-_ERROR_LOG_INTERVAL: Final = 5.0
 #: "Cluster unreachable" warnings are repeated at most once per this many seconds.
 _UNREACHABLE_LOG_INTERVAL: Final = 60.0
 _ERROR_LEVEL_CATEGORIES: Final = frozenset({ErrorCategory.AUTH, ErrorCategory.CONFIG})
 #: error_cb codes that are connection failures: summarised by Reachability.
 _CONNECT_CODES: Final = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE})
-#: The dead-letter write keeps the original headers byte for byte (a traceparent among them):
-#: its own context goes in kresilient.traceparent instead.
-_NO_PROPAGATION: Final = CompositePropagator([])
-_CLOSED_REMEDY: Final = (
-    "the producer was closed (close() or the end of its `with` block); "
-    "create a new ResilientProducer to produce again"
-)
 
 
 _new_handle = object.__new__
@@ -198,6 +190,8 @@ class ResilientProducer:
         tracer_provider, meter_provider, propagator: OpenTelemetry; default: the global ones.
         record_message_key: put the message key on spans (``messaging.kafka.message.key``).
             Off by default: keys are often personal data (emails, user ids).
+        metric_partition_attribute: put ``messaging.destination.partition.id`` on metrics
+            too (always on spans). Off by default: one series per partition.
         backpressure_timeout: seconds produce() waits (polling) for room in a full local queue.
         dead_letter_max_bytes: ``message.max.bytes`` of the dead-letter producer.
         exit_timeout: seconds the safety net waits for messages still queued when the
@@ -220,6 +214,7 @@ class ResilientProducer:
         meter_provider: Any = None,
         propagator: Any = None,
         record_message_key: bool = False,
+        metric_partition_attribute: bool = False,
         backpressure_timeout: float = 60.0,
         dead_letter_max_bytes: int = 16 * 1024 * 1024,
         exit_timeout: float = 10.0,
@@ -255,6 +250,8 @@ class ResilientProducer:
             propagator=propagator,
             client_id=self.client_id,
             record_message_key=record_message_key,
+            metric_partition_attribute=metric_partition_attribute,
+            redactor=self._scrub,
             logger=self._log,
         )
         self._monitor.add_listener(self._tel.leadership_listener())
@@ -277,7 +274,7 @@ class ResilientProducer:
         self._finalizing = False
         self._brokers: BrokerStats | None = None
         self._last_error: tuple[str, float] | None = None
-        self._logged_at: dict[object, float] = {}
+        self._limiter = RateLimiter(DEFAULT_INTERVAL)
         self._ids = itertools.count(1)
         # (produced, failed_total, refused) when the last flush() that left nothing queued
         # began: what the application has been told about.
@@ -300,7 +297,7 @@ class ResilientProducer:
                         "logger": self._log,
                         "tracer_provider": tracer_provider,
                         "meter_provider": meter_provider,
-                        "propagator": _NO_PROPAGATION,
+                        "propagator": NO_PROPAGATION,
                         "record_message_key": record_message_key,
                         "backpressure_timeout": backpressure_timeout,
                         "exit_timeout": exit_timeout,
@@ -504,7 +501,7 @@ class ResilientProducer:
         """produce() raised synchronously: too large, fatal, closed, or a local error."""
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         code = err.code() if err is not None else None
-        if code in _TOO_LARGE:
+        if code in TOO_LARGE_CODES:
             return self._too_large(exc, topic, value, key, part, handle, ts, headers)
         if self._closed:
             self._refused += 1
@@ -515,7 +512,7 @@ class ResilientProducer:
                 name="_STATE",
                 topic=topic,
                 partition=part if part >= 0 else None,
-                classification=dataclasses.replace(classify(exc), remedy=_CLOSED_REMEDY),
+                classification=classify(exc),
             ) from None
         if err is not None and (err.fatal() or code == KafkaError._FATAL):
             generation = self._recreations
@@ -693,21 +690,15 @@ class ResilientProducer:
                     "it a partition); it was not written. " + classification.remedy
                 ),
             )
-        offset = msg.offset()
-        value = msg.value()
-        topic = msg.topic()
-        failure = DeliveryFailure(
-            topic=topic,
-            partition=partition if partition is not None and partition >= 0 else None,
-            offset=offset if offset is not None and offset >= 0 else None,
-            key=msg.key(),
-            value_size=len(value) if value is not None else 0,
+        failure = failure_from_report(
+            scrub_error(err, self._scrub),
+            msg,
             headers=handle_extras(handle)[0],
             classification=classification,
-            error=scrub_error(err, self._scrub),
             message_id=handle._id,
         )
-        cls = MessageTooLargeError if err.code() in _TOO_LARGE else ProduceError
+        topic = failure.topic
+        cls = MessageTooLargeError if err.code() in TOO_LARGE_CODES else ProduceError
         handle._error = cls(
             self._scrub(err.str()),
             code=err.code(),
@@ -719,10 +710,9 @@ class ResilientProducer:
         with self._lock:
             self._failures.append(failure)
             self._failed_total += 1
-        # Only leadership trouble feeds the monitor, judged in the delivery context: a
-        # deleted or missing topic is the application's problem, not a leader move.
-        if classification.category is ErrorCategory.LEADERSHIP:
-            self._monitor.on_error(err, topic, failure.partition)
+        # Judged in the delivery context: a deleted or missing topic is the application's
+        # problem (CONFIG), not a leader move; the monitor counts LEADERSHIP only.
+        self._monitor.on_error(err, topic, failure.partition, classification=classification)
         if isinstance(handle, _FullHandle) and handle._token is not None:
             token, handle._token = handle._token, None
             try:
@@ -746,21 +736,15 @@ class ResilientProducer:
             self._pending_fatal = fatal
             return
         self._callback_errors += 1
-        if self._rate_ok(type(exc).__name__):
+        allowed, suppressed = self._limiter.check(type(exc).__name__)
+        if allowed:
             self._log.error(
                 "callback_failed",
                 error=self._scrub(repr(exc)),
                 errors=self._callback_errors,
+                suppressed=suppressed,
                 traceback=self._scrub("".join(traceback.format_exception(exc))),
             )
-
-    def _rate_ok(self, key: object) -> bool:
-        now = time.monotonic()
-        last = self._logged_at.get(key)
-        if last is not None and now - last < _ERROR_LOG_INTERVAL:
-            return False
-        self._logged_at[key] = now
-        return True
 
     # ------------------------------------------------------------------ librdkafka callbacks
 
@@ -774,17 +758,20 @@ class ResilientProducer:
                 self._reach.all_down(text)
             elif code in _CONNECT_CODES and self._reach.broker_failed(text):
                 pass  # summarised: one line per host at a slow rate
-            elif self._rate_ok(code):
-                c = classify(err)
-                level = "error" if c.category in _ERROR_LEVEL_CATEGORIES else "warning"
-                getattr(self._log, level)(
-                    "kafka_client_error",
-                    error=err.name(),
-                    code=code,
-                    reason=text,
-                    category=c.category.name,
-                    remedy=c.remedy,
-                )
+            else:
+                allowed, suppressed = self._limiter.check(code)
+                if allowed:
+                    c = classify(err)
+                    level = "error" if c.category in _ERROR_LEVEL_CATEGORIES else "warning"
+                    getattr(self._log, level)(
+                        "kafka_client_error",
+                        error=err.name(),
+                        code=code,
+                        reason=text,
+                        category=c.category.name,
+                        remedy=c.remedy,
+                        suppressed=suppressed,
+                    )
             cb = self._user_cb["error_cb"]
             if cb is not None:
                 cb(err)
