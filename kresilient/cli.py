@@ -8,6 +8,7 @@ Subcommands are contributed by the modules that own them, each through a
 - ``kresilient topic create`` (this module, over :mod:`kresilient.admin`)
 - ``kresilient cluster`` (this module): run a local Kafka cluster until Ctrl-C or SIGTERM.
 - ``kresilient demo`` (this module): the README's demo on the local cluster.
+- ``kresilient doctor`` (:mod:`kresilient.doctor`)
 
 Conventions: results on stdout (one line per result, for scripts), logs and progress on
 stderr. Exit codes: 0 success, 1 findings or a failed operation, 2 usage or input error or
@@ -36,7 +37,7 @@ from confluent_kafka import KafkaError
 from kresilient import __version__
 from kresilient.errors import ConfigError, KafkaClientError
 
-_CONTRIBUTORS = ("kresilient.lint.cli", "kresilient.deadletter_cli")
+_CONTRIBUTORS = ("kresilient.lint.cli", "kresilient.deadletter_cli", "kresilient.doctor")
 _BOOTSTRAP_ENV = "KRESILIENT_BOOTSTRAP_SERVERS"
 _EXIT_CODES = (
     "Exit codes: 0 success, 1 findings or a failed operation, 2 usage or input error or an "
@@ -105,12 +106,12 @@ def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"nodes": args.nodes}
     if args.port is not None:
         accepted = inspect.signature(KafkaCluster).parameters
-        if "port" not in accepted:
+        if "first_port" not in accepted:
             raise ConfigError(
                 "--port needs a KafkaCluster with fixed-port support; this build has none",
                 key="port",
             )
-        kwargs["port"] = args.port
+        kwargs["first_port"] = args.port
     return kwargs
 
 
@@ -120,7 +121,7 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     if args.nodes < 1:
         _err(f"kresilient cluster: --nodes must be at least 1, got {args.nodes}")
         return 2
-    if args.port is not None and not 1 <= args.port <= 65535 - 2 * args.nodes:
+    if args.port is not None and not 1 <= args.port <= 65535 - args.nodes + 1:
         _err(f"kresilient cluster: --port {args.port} is not a usable port number")
         return 2
     try:
@@ -248,8 +249,9 @@ def _add_cluster(sub: Any) -> None:
         type=int,
         default=None,
         help=(
-            "Client port of the first node; node N listens on PORT+N-1 and the controllers "
-            "on the ports after those. Without it, free ports are picked at random."
+            "Client port of the first node: node N serves clients on PORT+N-1, so 9092 gives "
+            "127.0.0.1:9092,127.0.0.1:9093,127.0.0.1:9094. Without it, free ports are picked "
+            "at random. Controller ports are always random."
         ),
     )
     cluster.set_defaults(func=_cmd_cluster)

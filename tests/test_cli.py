@@ -352,12 +352,18 @@ class _Streams:
             with self._lock:
                 self.events.append((name, line))
 
-    def wait_for(self, check: Callable[[list[tuple[str, str]]], bool], timeout: float) -> None:
+    def wait_for(
+        self,
+        check: Callable[[list[tuple[str, str]]], bool],
+        timeout: float,
+        proc: subprocess.Popen[str],
+    ) -> None:
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
                 if check(list(self.events)):
                     return
+            assert proc.poll() is None, f"exited {proc.returncode}:\n{self.text()}"
             assert time.monotonic() < deadline, self.text()
             time.sleep(0.1)
 
@@ -398,9 +404,9 @@ def _run_cluster_until_signal(
         streams = _Streams(proc)
         try:
             if ready:
-                streams.wait_for(lambda ev: any(n == "out" for n, _ in ev), timeout=240)
+                streams.wait_for(lambda ev: any(n == "out" for n, _ in ev), 240, proc)
             else:
-                streams.wait_for(lambda ev: bool(_data_dirs(data_root)), timeout=120)
+                streams.wait_for(lambda ev: bool(_data_dirs(data_root)), 120, proc)
             # The negative control: the data directory really exists before the signal.
             assert _data_dirs(data_root), streams.text()
             proc.send_signal(signal.SIGTERM)
@@ -446,3 +452,51 @@ def test_cluster_rejects_bad_numbers() -> None:
     bad_port = _cli("cluster", "--port", "70000")
     assert bad_port.returncode == 2 and "--port 70000" in bad_port.stderr
     assert bad_port.stdout == ""
+
+
+def _free_port_run(count: int) -> int:
+    """A port P with P..P+count-1 free right now (the CLI reserves them itself)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+        if base + count > 65535:
+            continue
+        try:
+            held = []
+            for port in range(base, base + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise AssertionError("no run of free ports found")
+
+
+@pytest.mark.integration
+def test_cluster_port_gives_fixed_client_ports(tmp_path: Path) -> None:
+    port = _free_port_run(1)
+    streams, code, _ = _run_cluster_until_signal(tmp_path, "--port", str(port))
+    assert code == 0, streams.text()
+    out = [line for name, line in streams.events if name == "out"]
+    assert out == [f"bootstrap.servers=127.0.0.1:{port}\n"], streams.text()
+
+
+def test_cluster_port_in_use_fails_naming_the_port(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = int(taken.getsockname()[1])
+        out = _cli("cluster", "--nodes", "1", "--port", str(port), TMPDIR=str(tmp_path))
+    assert out.returncode != 0
+    assert out.stdout == ""
+    assert str(port) in out.stderr
+    assert not _data_dirs(tmp_path), "a failed start left its data directory behind"
