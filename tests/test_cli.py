@@ -500,3 +500,23 @@ def test_cluster_port_in_use_fails_naming_the_port(tmp_path: Path) -> None:
     assert out.stdout == ""
     assert str(port) in out.stderr
     assert not _data_dirs(tmp_path), "a failed start left its data directory behind"
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def test_demo_rejects_an_unknown_fault_and_bad_counts() -> None:
+    bogus = _cli("demo", "--fault", "meteor")
+    assert bogus.returncode == 2 and "kill" in bogus.stderr and "ack-loss" in bogus.stderr
+    assert _cli("demo", "--messages", "0").returncode == 2
+
+
+@pytest.mark.integration
+@pytest.mark.chaos
+def test_demo_fault_flag_reaches_the_demo() -> None:
+    # ack-loss: the leader's responses are dropped; the marker line proves that fault (not
+    # the default kill) ran, and the result line that nothing was lost or duplicated.
+    out = _cli("demo", "--fault", "ack-loss", "--messages", "5000", timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "DROPPED " in out.stdout and "SIGKILL node" not in out.stdout, out.stdout[-3000:]
+    assert "missing 0, duplicates 0, in order: True" in out.stdout
