@@ -26,11 +26,30 @@ a shared machine; the span exporter thread's CPU is not in it), and the cost eac
 ``loop``.
 
     .venv/bin/python benchmarks/telemetry.py [--messages 20000] [--rounds 9] [--json]
+
+Scale (issue 23 defects 8 and 9; same script on the old tree with ``PYTHONPATH=<old tree>``):
+
+- ``--scale memory``: ``--clients`` short-lived ``Telemetry`` objects on one SDK meter provider,
+  each sending one message to each of ``--partitions`` partitions and then dropped; reports the
+  memory still held (tracemalloc, after a 100-client warm-up) and the RSS growth.
+- ``--scale leadership``: a GENERATED statistics document with ``--partitions`` partitions
+  (10 topics; every partition entry is the field set of a recorded librdkafka 2.16 producer
+  statistics document, see ``_RECORDED_PARTITION``), fed ``--ticks`` times to one
+  ``LeadershipMonitor`` (5 s apart on a fake clock): reports the document size, ``json.loads``
+  alone, ``on_stats(str)`` per tick (what ``stats_cb`` costs), ``on_stats(dict)`` (the monitor
+  alone), ``snapshot()``, the monitor's memory per partition, and the share of one core at
+  ``statistics.interval.ms=5000`` (thread CPU time). ``--baseline-leadership PATH`` runs
+  another tree's ``leadership.py`` beside it, paired round by round.
+
+    .venv/bin/python benchmarks/telemetry.py --scale memory --clients 1000 --partitions 12
+    .venv/bin/python benchmarks/telemetry.py --scale leadership --partitions 50000 --ticks 5 \
+        --baseline-leadership /work/old9c/kresilient/leadership.py
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -184,9 +203,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--broker", action="store_true", help="end to end on a real cluster")
+    ap.add_argument("--scale", choices=["memory", "leadership"], help="a scale measurement")
+    ap.add_argument("--clients", type=int, default=1000, help="--scale memory")
+    ap.add_argument("--partitions", type=int, default=12, help="--scale memory/leadership")
+    ap.add_argument("--ticks", type=int, default=5, help="--scale leadership")
+    ap.add_argument("--baseline-leadership", metavar="PATH",
+                    help="--scale leadership: also run another tree's leadership.py, paired")
+    ap.add_argument("--metric-partitions", action="store_true",
+                    help="--scale memory: Telemetry(metric_partition_attribute=True)")
     args = ap.parse_args(argv)
     if args.broker:
         return broker_main(args)
+    if args.scale == "memory":
+        return scale_memory(args)
+    if args.scale == "leadership":
+        return scale_leadership(args)
 
     closers: list[Callable[[], None]] = []
     arms: dict[str, Callable[[int], tuple[float, float]]] = {"loop": _loop_arm()}
@@ -417,6 +448,183 @@ def broker_main(args: argparse.Namespace) -> int:
     print(f"{'consumer arm':<22}{'msg/s':>12}{'cpu us':>10}{'x off':>10}")
     for m in ("off", "sdk-1%", "sdk-100%"):
         print(row(m, cons[m], cons["off"]))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# --scale: memory of short-lived clients, the statistics tick at many partitions
+# --------------------------------------------------------------------------------------------
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def scale_memory(args: argparse.Namespace) -> int:
+    import gc
+    import tracemalloc
+
+    import kresilient
+
+    mp = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    delivered = [
+        ck.Message(topic=TOPIC, partition=p, offset=1, key=KEY, value=VALUE)
+        for p in range(args.partitions)
+    ]
+
+    # one series per partition, as every release before metric_partition_attribute had
+    extra: dict[str, Any] = {"metric_partition_attribute": True} if args.metric_partitions else {}
+
+    def clients(n: int) -> None:
+        for _ in range(n):
+            tel = Telemetry(meter_provider=mp, **extra)
+            for p in range(args.partitions):
+                _, token = tel.producer_send(TOPIC, None, 100, None, p)
+                tel.producer_delivered(token, None, delivered[p])
+            del tel
+
+    clients(100)  # warm-up: series, caches, the SDK's storage
+    gc.collect()
+    rss0 = _rss_kib()
+    t0 = time.perf_counter()
+    clients(args.clients)
+    elapsed = time.perf_counter() - t0
+    gc.collect()
+    rss1 = _rss_kib()
+    tracemalloc.start()
+    clients(100)
+    gc.collect()
+    base = tracemalloc.get_traced_memory()[0]
+    clients(args.clients)
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    print(f"kresilient={os.path.dirname(kresilient.__file__)}")
+    print(f"clients={args.clients} partitions={args.partitions} "
+          f"messages={args.clients * args.partitions}")
+    print(f"held after the clients are gone (tracemalloc): {held / 1024:.1f} KiB "
+          f"({held / args.clients:.0f} B per client)")
+    print(f"RSS growth: {(rss1 - rss0) / 1024:.1f} MiB; {elapsed * 1e6 / args.clients:.0f} us "
+          "per client (create + send/deliver x partitions)")
+    mp.shutdown()
+    return 0
+
+
+# One partition entry of a recorded librdkafka 2.16.0 producer statistics document (shared
+# 3-node cluster, acks=all producer after 5 messages): the fields every partition carries.
+_RECORDED_PARTITION: dict[str, Any] = {
+    "partition": 0, "broker": 3, "leader": 3, "desired": False, "unknown": False,
+    "msgq_cnt": 0, "msgq_bytes": 0, "xmit_msgq_cnt": 0, "xmit_msgq_bytes": 0, "fetchq_cnt": 0,
+    "fetchq_size": 0, "fetch_state": "none", "query_offset": -1001, "next_offset": 0,
+    "app_offset": -1001, "stored_offset": -1001, "stored_leader_epoch": -1,
+    "commited_offset": -1001, "committed_offset": -1001, "committed_leader_epoch": -1,
+    "eof_offset": -1001, "lo_offset": -1001, "hi_offset": -1001, "ls_offset": -1001,
+    "consumer_lag": -1, "consumer_lag_stored": -1, "leader_epoch": 0, "txmsgs": 5,
+    "txbytes": 5, "rxmsgs": 0, "rxbytes": 0, "msgs": 5, "rx_ver_drops": 0, "msgs_inflight": 0,
+    "next_ack_seq": 0, "next_err_seq": 0, "acked_msgid": 0,
+}
+_RECORDED_WINDOW: dict[str, Any] = {
+    "min": 0, "max": 0, "avg": 0, "sum": 0, "stddev": 0, "p50": 0, "p75": 0, "p90": 0,
+    "p95": 0, "p99": 0, "p99_99": 0, "outofrange": 0, "hdrsize": 14448, "cnt": 0,
+}
+
+
+def generated_statistics(partitions: int, topics: int = 10) -> str:
+    """A generated statistics document: *partitions* spread over *topics* topics."""
+    per = max(1, partitions // topics)
+    doc: dict[str, Any] = {"name": "bench#producer-1", "type": "producer", "topics": {}}
+    for t in range(topics):
+        parts: dict[str, Any] = {"-1": {**_RECORDED_PARTITION, "partition": -1, "leader": -1}}
+        for p in range(per):
+            parts[str(p)] = {**_RECORDED_PARTITION, "partition": p, "leader": 1 + (p % 3),
+                             "broker": 1 + (p % 3)}
+        doc["topics"][f"bench-{t}"] = {
+            "topic": f"bench-{t}", "age": 60_000, "metadata_age": 3_000,
+            "batchsize": _RECORDED_WINDOW, "batchcnt": _RECORDED_WINDOW, "partitions": parts,
+        }
+    return json.dumps(doc)
+
+
+def _load_leadership(path: str | None) -> Any:
+    """``kresilient.leadership``, or the module at *path* (another tree's leadership.py, loaded
+    under another name so both run in this process, paired)."""
+    if path is None:
+        from kresilient import leadership
+
+        return leadership
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("baseline_leadership", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
+def scale_leadership(args: argparse.Namespace) -> int:
+    import gc
+    import tracemalloc
+
+    import kresilient
+
+    doc = generated_statistics(args.partitions)
+    parsed = json.loads(doc)
+    arms = {"this": _load_leadership(None)}
+    if args.baseline_leadership:
+        arms["baseline"] = _load_leadership(args.baseline_leadership)
+    now = [1000.0]
+    monitors, held = {}, {}
+    for name, module in arms.items():
+        gc.collect()
+        tracemalloc.start()
+        monitors[name] = module.LeadershipMonitor(clock=lambda: now[0])
+        monitors[name].on_stats(doc)  # first sighting of every partition
+        gc.collect()
+        held[name] = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+
+    def cpu_ms(fn: Callable[[], object]) -> float:
+        c0 = time.thread_time_ns()
+        fn()
+        return (time.thread_time_ns() - c0) / 1e6
+
+    loads: list[float] = []
+    res: dict[str, dict[str, list[float]]] = {
+        n: {"str": [], "dict": [], "snapshot": []} for n in arms
+    }
+    for _ in range(args.ticks):  # paired: every arm in every round, order shuffled
+        loads.append(cpu_ms(lambda: json.loads(doc)))
+        order = list(arms)
+        random.shuffle(order)
+        for name in order:
+            m = monitors[name]
+            now[0] += 5
+            res[name]["str"].append(cpu_ms(functools.partial(m.on_stats, doc)))
+            now[0] += 5
+            res[name]["dict"].append(cpu_ms(functools.partial(m.on_stats, parsed)))
+            res[name]["snapshot"].append(cpu_ms(m.snapshot))
+    med = {n: {k: statistics.median(v) for k, v in r.items()} for n, r in res.items()}
+    known = len(monitors["this"].states())
+    print(f"kresilient={os.path.dirname(kresilient.__file__)} "
+          f"baseline={args.baseline_leadership or '-'}")
+    print(f"partitions={known} ticks={args.ticks} document={len(doc) / 1e6:.1f} MB (generated "
+          "from a recorded librdkafka 2.16 partition entry); thread CPU ms, medians")
+    print(f"json.loads alone: {statistics.median(loads):.1f} ms")
+    print(f"{'arm':<10}{'on_stats(str)':>15}{'% core @5s':>12}{'on_stats(dict)':>16}"
+          f"{'snapshot()':>12}{'B/partition':>13}")
+    for name in arms:
+        r = med[name]
+        print(f"{name:<10}{r['str']:>15.1f}{r['str'] / 50:>12.2f}{r['dict']:>16.1f}"
+              f"{r['snapshot']:>12.1f}{held[name] / max(known, 1):>13.0f}")
+    if "baseline" in med:
+        ratios = [b / t for b, t in zip(res["baseline"]["dict"], res["this"]["dict"], strict=True)]
+        print(f"monitor tick (dict) baseline/this, paired per round: median "
+              f"{statistics.median(ratios):.2f}x (min {min(ratios):.2f}, max {max(ratios):.2f})")
     return 0
 
 

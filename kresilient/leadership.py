@@ -518,6 +518,7 @@ class LeadershipMonitor:
         partitions = tdoc.get("partitions")
         if not isinstance(partitions, Mapping):
             return
+        parts = self._parts
         for pid, pdoc in partitions.items():
             try:
                 partition = int(pid)
@@ -528,7 +529,13 @@ class LeadershipMonitor:
             leader = pdoc.get("leader")
             if not isinstance(leader, int) or isinstance(leader, bool):
                 continue
-            self._observe_leader((name, partition), leader, now, changes)
+            key = (name, partition)
+            part = parts.get(key)
+            # the common case on every tick: a known partition, same leader as last time
+            if part is not None and leader == part.leader and leader >= 0 and not part.leaderless:
+                part.seen = now
+                continue
+            self._observe_leader(key, leader, now, changes)
 
     def _observe_leader(
         self, key: tuple[str, int], leader: int, now: float, changes: list[LeadershipChange]
