@@ -520,3 +520,26 @@ def test_demo_fault_flag_reaches_the_demo() -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "DROPPED " in out.stdout and "SIGKILL node" not in out.stdout, out.stdout[-3000:]
     assert "missing 0, duplicates 0, in order: True" in out.stdout
+
+
+# --------------------------------------------------------------------------- example
+
+
+@pytest.mark.integration
+def test_create_topics_example_is_idempotent(bootstrap: str) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "create_topics.py"
+    prefix = f"{_name()}-"
+    argv = [sys.executable, str(example), "--bootstrap-servers", bootstrap, "--prefix", prefix]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == [
+        f"created {prefix}orders (3 partitions)",
+        f"created {prefix}orders.dlq (3 partitions)",
+        f"created {prefix}payments (3 partitions)",
+        f"created {prefix}payments.dlq (3 partitions)",
+    ]
+    payments_dlq = _describe(bootstrap, f"{prefix}payments.dlq")
+    assert int(payments_dlq["max.message.bytes"]) > 2 * 1024 * 1024
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert second.returncode == 0, second.stderr
+    assert [line.split()[0] for line in second.stdout.splitlines()] == ["exists"] * 4
