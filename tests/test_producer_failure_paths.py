@@ -20,6 +20,7 @@ from opentelemetry.trace import StatusCode
 from structlog.testing import capture_logs
 
 from kresilient.errors import (
+    DeadLetterError,
     DeliveryError,
     FatalProducerError,
     KResilientError,
@@ -72,7 +73,7 @@ class _BrokenDeadLetterProducer:
 def _one_failure(make: Any, broken: _BrokenDeadLetterProducer) -> tuple[ResilientProducer, int]:
     producer = make({"message.timeout.ms": 300, "linger.ms": 0}, dead_letter_topic="dlq")
     assert producer._dead_letters is not None
-    producer._dead_letters.producer = broken
+    producer._dead_letters.writer = broken
     handle = producer.produce("t", b"x")
     assert handle.exception(timeout=30) is not None  # the failure happened (negative control)
     return producer, handle.message_id
@@ -256,3 +257,50 @@ def test_malformed_oauthbearer_config_never_leaks_a_fragment(
     assert any(e["event"] == "kafka_client_error" for e in logs)
     leaked = {s for s in _slices(SECRET) | _slices("an0ther-S3cret-pw") if s in everything}
     assert leaked == set()
+
+
+def test_oversized_value_refused_by_the_dead_letter_writer_too_raises_dead_letter_error(
+    make: Any,
+) -> None:
+    producer = make(
+        {"message.max.bytes": 10_000}, dead_letter_topic="dlq", dead_letter_max_bytes=20_000
+    )
+    with pytest.raises(DeadLetterError) as info:
+        producer.produce("t", b"x" * 50_000)
+    assert "dead_letter_max_bytes=20000" in str(info.value)
+    producer.flush(5)  # nothing queued anywhere: nothing to report
+
+
+def test_dead_letter_write_that_fails_later_is_reported_by_flush_and_the_handle(
+    make: Any,
+) -> None:
+    producer = make(
+        {"message.max.bytes": 10_000, "message.timeout.ms": 500}, dead_letter_topic="dlq"
+    )
+    seen: list[Any] = []
+    handle = producer.produce(
+        "t", b"x" * 20_000, key=b"k", on_delivery=lambda err, msg: seen.append((err, msg))
+    )
+    with pytest.raises(DeliveryError) as info:
+        producer.flush()
+    assert [f.topic for f in info.value.failures] == ["dlq"]
+    error = handle.exception(0)
+    assert isinstance(error, ProduceError) and isinstance(error.__cause__, DeadLetterError)
+    assert len(seen) == 1 and seen[0][0] is not None and seen[0][1].key() == b"k"
+
+
+class _ExplodingProcessor(SimpleSpanProcessor):
+    def on_end(self, span: Any) -> None:
+        raise RuntimeError("span processor bug")
+
+
+def test_a_span_processor_that_raises_changes_nothing_for_the_message(make: Any) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(_ExplodingProcessor(exporter))
+    producer = make({"message.timeout.ms": 300, "linger.ms": 0}, tracer_provider=provider)
+    handle = producer.produce("t", b"v", headers=[("h", b"1")])
+    with pytest.raises(DeliveryError) as info:
+        producer.flush()
+    assert [f.message_id for f in info.value.failures] == [handle.message_id]
+    assert isinstance(handle.exception(0), ProduceError)

@@ -51,6 +51,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from kresilient._ratelimit import DEFAULT_INTERVAL, RateLimiter
 from kresilient.config import producer_config
+from kresilient.deadletter import DeadLetterWriter
 from kresilient.errors import (
     TOO_LARGE_CODES,
     ConfigError,
@@ -81,7 +82,7 @@ from kresilient.producer._support import (
     weak_callback,
 )
 from kresilient.redaction import Redactor, redact_config
-from kresilient.telemetry import NO_PROPAGATION, Telemetry
+from kresilient.telemetry import Telemetry
 
 __all__ = ["DeliveryHandle", "DeliveryResult", "ProducerHealth", "ResilientProducer"]
 
@@ -157,21 +158,6 @@ def _install_sigterm_handler() -> None:
                 signal.signal(signal.SIGTERM, _sigterm_exit)
         except (ValueError, OSError, AttributeError):  # no SIGTERM here, or embedded
             pass
-
-
-def _make_dead_letter_producer(
-    config: Mapping[str, Any],
-    *,
-    max_bytes: int,
-    client_id: str,
-    options: Mapping[str, Any],
-) -> ResilientProducer:
-    conf = dict(config)
-    conf["message.max.bytes"] = max_bytes
-    conf["client.id"] = client_id
-    producer = ResilientProducer(conf, **options)
-    _LIVE.discard(producer)  # its owner flushes and closes it
-    return producer
 
 
 class ResilientProducer:
@@ -286,22 +272,14 @@ class ResilientProducer:
             self._dead_letters = OversizedDeadLetters(
                 topic=dead_letter_topic,
                 max_bytes=int(dead_letter_max_bytes),
-                make_producer=functools.partial(
-                    _make_dead_letter_producer,
+                make_writer=functools.partial(
+                    DeadLetterWriter,
                     config,
-                    max_bytes=int(dead_letter_max_bytes),
-                    client_id=f"{self.client_id}-dlq",
-                    options={
-                        "allow_unsafe": allow,
-                        "recreate_on_fatal": recreate_on_fatal,
-                        "logger": self._log,
-                        "tracer_provider": tracer_provider,
-                        "meter_provider": meter_provider,
-                        "propagator": NO_PROPAGATION,
-                        "record_message_key": record_message_key,
-                        "backpressure_timeout": backpressure_timeout,
-                        "exit_timeout": exit_timeout,
-                    },
+                    client_id=self.client_id,
+                    message_max_bytes=int(dead_letter_max_bytes),
+                    allow_unsafe=allow,
+                    logger=self._log,
+                    backpressure_timeout=backpressure_timeout,
                 ),
                 log=self._log,
                 trace_carrier=self._tel.trace_carrier,
@@ -351,8 +329,8 @@ class ResilientProducer:
 
     @property
     def _dlq(self) -> Any:
-        """The dead-letter producer, once made."""
-        return self._dead_letters.producer if self._dead_letters is not None else None
+        """The dead-letter writer, once made."""
+        return self._dead_letters.writer if self._dead_letters is not None else None
 
     # ------------------------------------------------------------------ hot path
 
@@ -563,6 +541,7 @@ class ResilientProducer:
             raise error from exc
         result: DeliveryHandle = self._dead_letters.write(
             error,
+            message_id=handle._id,
             topic=topic,
             value=value,
             key=key,

@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException
 
+from kresilient._ratelimit import RateLimiter
 from kresilient.errors import DeliveryError, DeliveryFailure
 
 __all__ = [
@@ -181,21 +182,11 @@ class Reachability:
 
     def __init__(self, log: Any, *, interval: float = 60.0) -> None:
         self._log = log
-        self._interval = interval
+        self._limiter = RateLimiter(interval)
         self._lock = threading.Lock()
         self._hosts: dict[str, str] = {}
-        self._logged: dict[str, float] = {}
-        #: True once any broker connection was up (statistics), reset never.
+        #: True once any broker connection was up (statistics); never reset.
         self.ever_connected = False
-
-    def _due(self, key: str) -> bool:
-        now = time.monotonic()
-        with self._lock:
-            last = self._logged.get(key)
-            if last is not None and now - last < self._interval:
-                return False
-            self._logged[key] = now
-            return True
 
     def failed(self, text: str) -> bool:
         """Record one connection failure line; False if ``text`` is not one."""
@@ -216,19 +207,24 @@ class Reachability:
         host, reason = parsed
         with self._lock:
             self._hosts[host] = reason
-        if self.ever_connected and self._due(host):
+        if not self.ever_connected:
+            return True
+        allowed, suppressed = self._limiter.check(host)
+        if allowed:
             self._log.warning(
                 "broker_unreachable",
                 host=host,
                 reason=reason,
                 detail=text,
+                suppressed=suppressed,
                 note="the client reconnects by itself; other brokers take over its partitions",
             )
         return True
 
     def all_down(self, detail: str) -> None:
         """Every broker is down: one warning naming each host and the reason, rate-limited."""
-        if not self._due("*"):
+        allowed, suppressed = self._limiter.check("*")
+        if not allowed:
             return
         with self._lock:
             hosts = dict(sorted(self._hosts.items()))
@@ -236,6 +232,7 @@ class Reachability:
             "kafka_unreachable",
             hosts=hosts,
             detail=detail,
+            suppressed=suppressed,
             note=(
                 "no broker can be reached; messages wait in the local queue until "
                 "message.timeout.ms. Check bootstrap.servers, that the brokers run and listen "
@@ -249,7 +246,7 @@ class Reachability:
             self.ever_connected = True
             with self._lock:
                 self._hosts.clear()
-                self._logged.pop("*", None)
+            self._limiter.reset("*")
 
 
 class LogBridge:
