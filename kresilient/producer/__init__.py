@@ -30,5 +30,23 @@ Example::
 
 from __future__ import annotations
 
-from kresilient.producer._producer import *  # noqa: F403
-from kresilient.producer._producer import __all__ as __all__
+from kresilient.producer._producer import (
+    DeliveryHandle,
+    DeliveryResult,
+    ProducerHealth,
+    ResilientProducer,
+)
+from kresilient.producer._support import LogBridge, Reachability, connect_failure
+
+# LogBridge (librdkafka log lines into structlog, redacted, connection failures summarised),
+# Reachability ("cluster unreachable" warnings naming hosts and reasons) and connect_failure
+# are public for the other clients (consumer, admin) that route librdkafka output the same way.
+__all__ = [
+    "DeliveryHandle",
+    "DeliveryResult",
+    "LogBridge",
+    "ProducerHealth",
+    "Reachability",
+    "ResilientProducer",
+    "connect_failure",
+]
