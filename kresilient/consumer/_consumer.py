@@ -71,7 +71,7 @@ from kresilient.deadletter import (
 from kresilient.errors import BatchItemError, ConfigError, classify, translate
 from kresilient.leadership import LeadershipMonitor
 from kresilient.producer import ResilientProducer
-from kresilient.producer._support import LogBridge, Reachability
+from kresilient.producer._support import LogBridge, Reachability, connect_failure
 from kresilient.redaction import Redactor, redact_config
 from kresilient.telemetry import NO_PROPAGATION, Telemetry
 
@@ -329,9 +329,10 @@ class ResilientConsumer:
         conf["on_commit"] = lambda err, parts: self._events.on_commit(err, parts)
         # all librdkafka output through structlog (redacted, connection failures summarised):
         # never raw %3|...|FAIL| lines on stderr (issue 22, 2)
+        self._unreachable: dict[str, str] = {}  # host -> reason, from librdkafka's FAIL lines
         conf["logger"] = LogBridge(
             log,
-            self._monitor.on_log,
+            self._on_log_line,
             self._redact,
             user_logger=self._user_cb["logger"],
             reachability=self._reach,
@@ -472,20 +473,28 @@ class ResilientConsumer:
         wanted = sorted({policy.topic_for(t) for t in literal_topics(self._topics)})
         if not wanted:
             return
-        try:
-            metadata = self._consumer.list_topics(timeout=_METADATA_TIMEOUT)
-        except KafkaException as exc:
-            error = translate(exc, operation="consume", redactor=self._redact)
-            servers = self._rdk_config.get("bootstrap.servers", "")
-            last = self._events.last_connect_error
-            raise type(error)(
-                f"{error.message}: no broker answered within {_METADATA_TIMEOUT:g} s "
-                f"(bootstrap.servers={servers}"
-                + (f"; last connection error: {last}" if last else "")
-                + "): check that the brokers run and listen on these addresses, DNS, "
-                "firewalls and security.protocol/TLS settings",
-                classification=error.classification,
-            ) from exc
+        deadline = time.monotonic() + _METADATA_TIMEOUT
+        while True:
+            # short requests with the callbacks served in between: a cluster that cannot be
+            # reached is named (kafka_unreachable, host and reason) within a second or two
+            try:
+                metadata = self._consumer.list_topics(timeout=1.0)
+                break
+            except KafkaException as exc:
+                self._consumer.poll(0)  # error_cb, statistics and librdkafka's log lines
+                if time.monotonic() < deadline and classify(exc).retriable:
+                    continue
+                error = translate(exc, operation="consume", redactor=self._redact)
+                servers = self._rdk_config.get("bootstrap.servers", "")
+                hosts = ", ".join(f"{h} ({r})" for h, r in sorted(self._unreachable.items()))
+                raise type(error)(
+                    f"no broker reachable within {_METADATA_TIMEOUT:g} s "
+                    f"(bootstrap.servers={servers}"
+                    + (f"; {hosts}" if hosts else "")
+                    + f"): {error.message}. Check that the brokers run and listen on these "
+                    "addresses, DNS, firewalls and security.protocol/TLS settings",
+                    classification=error.classification,
+                ) from exc
         missing = [
             t for t in wanted if t not in metadata.topics or metadata.topics[t].error is not None
         ]
@@ -496,6 +505,14 @@ class ResilientConsumer:
                 "DeadLetterPolicy(require_topic=False)",
                 key=None,
             )
+
+    def _on_log_line(self, text: str) -> None:
+        """Every (redacted) librdkafka log line: the leadership monitor, and the reason each
+        unreachable host failed (named in the error of a start without any broker)."""
+        self._monitor.on_log(text)
+        failure = connect_failure(text)
+        if failure is not None:
+            self._unreachable[failure[0]] = failure[1]
 
     def _loop(self) -> None:
         consume = self._consumer.consume
