@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from kresilient import _catalog as catalog
 from kresilient.lint import rules_client, rules_cluster  # noqa: F401  (register the rules)
-from kresilient.lint.model import ConfigUnit, Finding, Kind
+from kresilient.lint.model import ConfigUnit, Finding, Kind, has_lone_surrogate
 from kresilient.lint.readers import TOPIC_SPEC_KEYS, detect_format, read_text
 from kresilient.lint.registry import RULES, iter_rules
 from kresilient.lint.settings import Settings, Suppressions, parse_suppressions
@@ -110,6 +110,18 @@ def _decode(data: bytes) -> tuple[str | None, Finding | None, int, int]:
         return None, None, line, col
 
 
+def _read_file(path: str, limit: int) -> tuple[bytes, str | None]:
+    """At most ``limit + 1`` bytes of a regular file, or why it cannot be read (a FIFO or a
+    device named on the command line would block or never end)."""
+    try:
+        if not os.path.isfile(path):
+            return b"", ("no such file" if not os.path.exists(path) else "not a regular file")
+        with open(path, "rb") as fh:
+            return fh.read(limit + 1), None
+    except OSError as exc:
+        return b"", f"cannot read file: {exc.strerror or exc}"
+
+
 def _unit_findings(unit: ConfigUnit, settings: Settings) -> Iterator[Finding]:
     for found in iter_rules(scope="unit"):
         if found.check is None or unit.kind not in found.kinds or not settings.enabled(found.id):
@@ -137,6 +149,33 @@ def _parse_error(path: str, line: int, col: int, message: str) -> Finding:
     )
 
 
+def _size_error(path: str, size: int, settings: Settings) -> Finding:
+    return _parse_error(
+        path,
+        1,
+        1,
+        f"file is larger than {settings.max_file_size} bytes ({size} or more); not read "
+        "(raise max-file-size in [tool.kresilient.lint] or exclude the file)",
+    )
+
+
+def _invalid_text(unit: ConfigUnit) -> Finding | None:
+    """A KR000 for the first key or value of ``unit`` that is not valid Unicode (a lone
+    surrogate, e.g. from a ``\\uD800`` escape): no client could send it."""
+    for entry in unit.entries.values():
+        for what, text in (("key", entry.key), ("value", entry.value)):
+            if isinstance(text, str) and has_lone_surrogate(text):
+                where = "a key" if what == "key" else f"the value of {entry.key!r}"
+                return _parse_error(
+                    unit.path,
+                    entry.line,
+                    entry.col,
+                    f"{where} is not valid Unicode (a lone UTF-16 surrogate, e.g. from a "
+                    "\\uD800 escape without its pair)",
+                )
+    return None
+
+
 def lint_text(
     text: str,
     path: str,
@@ -145,8 +184,15 @@ def lint_text(
     fmt: str | None = None,
     units_out: list[ConfigUnit] | None = None,
 ) -> list[Finding]:
-    """Lint one file's text (``fmt`` defaults to the format of ``path``'s name)."""
+    """Lint one file's text (``fmt`` defaults to the format of ``path``'s name).
+
+    Never raises on bad input: a file that cannot be read, is too large, nests too deeply,
+    expands too far (YAML aliases) or holds text that is not valid Unicode gives a located
+    ``KR000`` finding.
+    """
     settings = settings or Settings()
+    if len(text) > settings.max_file_size:
+        return [_size_error(path, len(text), settings)]
     fmt = fmt or detect_format(path, text) or "properties"
     result = read_text(text, path, fmt, settings.kind)
     findings: list[Finding] = []
@@ -154,6 +200,10 @@ def lint_text(
         err = result.error
         findings.append(_parse_error(path, err.line, err.col, err.message))
     for unit in result.units:
+        invalid = _invalid_text(unit)
+        if invalid is not None:
+            findings.append(invalid)
+            continue
         if settings.kind is not None and unit.source != "python":
             unit.kind, unit.kind_forced = settings.kind, True
         elif not unit.kind_forced:
@@ -192,11 +242,12 @@ def lint_paths(paths: Sequence[str], settings: Settings | None = None) -> list[F
     suppressions: dict[str, Suppressions] = {}
     for path in discover(paths, settings.exclude):
         display = os.path.relpath(path) if not os.path.isabs(path) else path
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except OSError as exc:
-            findings.append(_parse_error(display, 0, 0, f"cannot read file: {exc.strerror}"))
+        data, problem = _read_file(path, settings.max_file_size)
+        if problem is not None:  # about the file, not a place in it: no line
+            findings.append(_parse_error(display, 0, 0, problem))
+            continue
+        if len(data) > settings.max_file_size:
+            findings.append(_size_error(display, len(data), settings))
             continue
         text, _, line, col = _decode(data)
         if text is None:

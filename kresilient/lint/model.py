@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -13,6 +14,29 @@ Kind = Literal["producer", "consumer", "admin", "client", "broker", "topic"]
 CLIENT_KINDS: frozenset[str] = frozenset({"producer", "consumer", "admin", "client"})
 KINDS: tuple[Kind, ...] = ("producer", "consumer", "admin", "client", "broker", "topic")
 REDACTED = "<redacted>"
+#: Longest finding message (characters); longer ones (huge values) are cut, saying so.
+MESSAGE_LIMIT = 1000
+
+# Text a report cannot carry as is: lone surrogates (not encodable as UTF-8), control
+# characters and line separators (a newline or an escape sequence in a value would forge
+# report lines or recolour a terminal).
+_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def safe_text(text: str) -> str:
+    """``text`` with lone surrogates and control characters (but tab) written as escapes
+    (``\\ud800``, ``\\x1b``), so every output format can encode and show it as one line."""
+    return _UNSAFE.sub(_escape, text)
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """True when ``text`` cannot be encoded as UTF-8 (it holds a lone surrogate)."""
+    return not text.isascii() and any("\ud800" <= c <= "\udfff" for c in text)
 
 
 class Severity(enum.IntEnum):
@@ -107,7 +131,8 @@ class ConfigUnit:
 class Finding:
     """One problem: rule id, severity, where (1-based line/col; 0 = no position) and why.
 
-    ``message`` never contains a secret value.
+    ``message`` never contains a secret value. ``path``, ``message`` and ``key`` are made
+    safe on construction (see :func:`safe_text`): a hostile file cannot break a report.
     """
 
     rule: str
@@ -117,6 +142,17 @@ class Finding:
     col: int
     message: str
     key: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("path", "message", "key"):
+            value = getattr(self, name)
+            if value is not None and _UNSAFE.search(value):
+                object.__setattr__(self, name, safe_text(value))
+        if len(self.message) > MESSAGE_LIMIT:  # a value quoted from a hostile file
+            cut = len(self.message) - MESSAGE_LIMIT
+            object.__setattr__(
+                self, "message", f"{self.message[:MESSAGE_LIMIT]}... ({cut} more characters)"
+            )
 
     def sort_key(self) -> tuple[str, int, int, str]:
         """Stable report order: path, line, column, rule."""

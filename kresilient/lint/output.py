@@ -175,6 +175,7 @@ files and Python sources (configs passed to confluent-kafka and kresilient clien
   fail-on = "warning"
   exclude = ["tests/fixtures/*"]
   lag-threshold = 1000        # audit: KR064
+  max-file-size = 1048576     # bytes; a larger file is KR000, not read
   [tool.kresilient.lint.severity]
   KR021 = "error"
   ```

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from kresilient import _catalog as catalog
-from kresilient.lint.model import ConfigUnit, Entry, Kind
+from kresilient.lint.model import ConfigUnit, Entry, Kind, has_lone_surrogate
 
 __all__ = ["ParseError", "ReadResult", "detect_format", "read_text"]
 
@@ -71,6 +71,11 @@ _SPEC_ALIASES = {
 _TOPIC_CONFIG_CHILDREN = frozenset({"config", "configs", "spec", "settings"})
 _PLACEHOLDER = re.compile(r"^\s*(\$\{[^}]*\}|\$[A-Za-z_]\w*|\{\{.*\}\}|%\([^)]*\)s)\s*$")
 _ENV_KEY = re.compile(r"^KAFKA_[A-Z0-9_]+$")
+#: Deepest nesting a structured file may have (real configs stay under ~20 levels).
+MAX_DEPTH = 100
+#: Nodes a YAML file may expand to beyond its own length: aliases may reuse a block a few
+#: times, a "billion laughs" file (aliases of aliases) stops here instead of eating memory.
+YAML_NODE_BUDGET = 100_000
 _ENV_ROLE = {"PRODUCER_": "producer", "CONSUMER_": "consumer", "ADMIN_": "admin"}
 
 
@@ -213,27 +218,110 @@ def _walk(
 # ----------------------------------------------------------------------------- YAML
 
 
-def _yaml_node(node: yaml.Node, loader: yaml.SafeLoader) -> _Node:
-    mark = node.start_mark
-    out = _Node(line=mark.line + 1, col=mark.column + 1)
-    if isinstance(node, yaml.MappingNode):
-        items: list[tuple[str, int, int, _Node]] = []
-        for key_node, value_node in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                merged = _yaml_node(value_node, loader)
-                items.extend(merged.mapping or [])
-                continue
-            key = loader.construct_object(key_node)
-            kmark = key_node.start_mark
-            items.append(
-                (str(key), kmark.line + 1, kmark.column + 1, _yaml_node(value_node, loader))
+class _TooComplex(Exception):
+    """A file nested too deeply or expanding too far; carries where (1-based) and why."""
+
+    def __init__(self, line: int, col: int, message: str) -> None:
+        super().__init__(message)
+        self.line, self.col, self.message = line, col, message
+
+
+class _YamlTree:
+    """Builds the positional tree of a composed YAML document, bounded in depth and in the
+    number of nodes aliases may expand to."""
+
+    def __init__(self, loader: yaml.SafeLoader, budget: int) -> None:
+        self.loader = loader
+        self.left = budget
+
+    def node(self, node: yaml.Node, depth: int = 0) -> _Node:
+        mark = node.start_mark
+        line, col = mark.line + 1, mark.column + 1
+        self.left -= 1
+        if self.left < 0:
+            raise _TooComplex(
+                line, col, "YAML: aliases expand to too many nodes (an alias bomb?); not read"
             )
-        out.mapping = items
-    elif isinstance(node, yaml.SequenceNode):
-        out.sequence = [_yaml_node(n, loader) for n in node.value]
-    else:
-        out.scalar = loader.construct_object(node)
-    return out
+        if depth > MAX_DEPTH:
+            raise _TooComplex(line, col, f"YAML: nested deeper than {MAX_DEPTH} levels")
+        out = _Node(line=line, col=col)
+        if isinstance(node, yaml.MappingNode):
+            items: list[tuple[str, int, int, _Node]] = []
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    merged = self.node(value_node, depth + 1)
+                    items.extend(merged.mapping or [])
+                    continue
+                key = self.loader.construct_object(key_node)
+                kmark = key_node.start_mark
+                items.append(
+                    (str(key), kmark.line + 1, kmark.column + 1, self.node(value_node, depth + 1))
+                )
+            out.mapping = items
+        elif isinstance(node, yaml.SequenceNode):
+            out.sequence = [self.node(n, depth + 1) for n in node.value]
+        else:
+            out.scalar = self.loader.construct_object(node)
+        return out
+
+
+def _yaml_children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _expanded_size(
+    node: yaml.Node, cap: int, sizes: dict[int, int], active: set[int], depth: int = 0
+) -> int:
+    """How many nodes ``node`` becomes once its aliases are expanded (at most ``cap + 1``),
+    counted on the composed graph, where an anchored node is shared, so in linear time."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    mark = node.start_mark
+    if key in active:
+        raise _TooComplex(mark.line + 1, mark.column + 1, "YAML: an alias refers to its own anchor")
+    if depth > MAX_DEPTH:
+        raise _TooComplex(
+            mark.line + 1, mark.column + 1, f"YAML: nested deeper than {MAX_DEPTH} levels"
+        )
+    active.add(key)
+    total = 1
+    for child in _yaml_children(node):
+        total += _expanded_size(child, cap, sizes, active, depth + 1)
+        if total > cap:
+            break
+    active.discard(key)
+    sizes[key] = min(total, cap + 1)
+    return sizes[key]
+
+
+def _check_expansion(doc: yaml.Node, cap: int) -> None:
+    """Raise :class:`_TooComplex` at the top-level entry where aliases make ``doc`` expand
+    past ``cap`` nodes (a "billion laughs" file)."""
+    sizes: dict[int, int] = {}
+    if _expanded_size(doc, cap, sizes, set()) <= cap:
+        return
+    total = 1
+    entries: list[tuple[yaml.Node, list[yaml.Node]]] = (
+        [(k, [k, v]) for k, v in doc.value]
+        if isinstance(doc, yaml.MappingNode)
+        else [(n, [n]) for n in _yaml_children(doc)]
+    )
+    at = doc.start_mark
+    for where, nodes in entries:
+        total += sum(sizes.get(id(n), 1) for n in nodes)
+        if total > cap:
+            at = where.start_mark
+            break
+    raise _TooComplex(
+        at.line + 1,
+        at.column + 1,
+        f"YAML: aliases expand this document past {cap} nodes (an alias bomb?); not read",
+    )
 
 
 def _read_yaml(text: str, path: str, kind: Kind | None) -> ReadResult:
@@ -241,17 +329,28 @@ def _read_yaml(text: str, path: str, kind: Kind | None) -> ReadResult:
     loader_cls: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         docs = list(yaml.compose_all(text, Loader=loader_cls))
-        constructor = yaml.SafeLoader("")
+        cap = YAML_NODE_BUDGET + len(text)
+        tree = _YamlTree(yaml.SafeLoader(""), cap)
         for doc in docs:
             if doc is not None:
-                _walk(_yaml_node(doc, constructor), path, kind, None, result.units)
+                _check_expansion(doc, cap)
+                _walk(tree.node(doc), path, kind, None, result.units)
+    except _TooComplex as exc:
+        result.units.clear()
+        result.error = ParseError(line=exc.line, col=exc.col, message=exc.message)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         result.error = ParseError(line=line, col=col, message=f"YAML: {exc.problem or exc}")
     except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
-        result.error = ParseError(line=1, col=1, message=f"YAML: {type(exc).__name__}")
+        result.error = ParseError(line=1, col=1, message=f"YAML: {_exc_text(exc)}")
     return result
+
+
+def _exc_text(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return type(exc).__name__ if isinstance(exc, MemoryError) else f"{type(exc).__name__}: {exc}"
 
 
 # ----------------------------------------------------------------------------- JSON
@@ -276,9 +375,11 @@ class _JsonPositions:
         m = self._WS.match(self.text, i)
         return m.end() if m else i
 
-    def parse(self, i: int) -> tuple[_Node, int]:
+    def parse(self, i: int, depth: int = 0) -> tuple[_Node, int]:
         i = self.skip(i)
         line, col = self.pos(i)
+        if depth > MAX_DEPTH:
+            raise _TooComplex(line, col, f"JSON: nested deeper than {MAX_DEPTH} levels")
         char = self.text[i]
         if char == "{":
             items: list[tuple[str, int, int, _Node]] = []
@@ -288,7 +389,7 @@ class _JsonPositions:
                 assert m is not None
                 kline, kcol = self.pos(i)
                 i = self.skip(m.end()) + 1  # the ':'
-                child, i = self.parse(i)
+                child, i = self.parse(i, depth + 1)
                 items.append((json.loads(m.group()), kline, kcol, child))
                 i = self.skip(i)
                 if self.text[i] == ",":
@@ -298,7 +399,7 @@ class _JsonPositions:
             seq: list[_Node] = []
             i = self.skip(i + 1)
             while self.text[i] != "]":
-                child, i = self.parse(i)
+                child, i = self.parse(i, depth + 1)
                 seq.append(child)
                 i = self.skip(i)
                 if self.text[i] == ",":
@@ -317,12 +418,12 @@ def _read_json(text: str, path: str, kind: Kind | None) -> ReadResult:
         result.error = ParseError(line=exc.lineno, col=exc.colno, message=f"JSON: {exc.msg}")
         return result
     except (RecursionError, ValueError) as exc:
-        result.error = ParseError(line=1, col=1, message=f"JSON: {type(exc).__name__}")
+        result.error = ParseError(line=1, col=1, message=f"JSON: {_exc_text(exc)}")
         return result
     try:
         node, _ = _JsonPositions(text).parse(0)
-    except RecursionError:
-        result.error = ParseError(line=1, col=1, message="JSON: nested too deeply")
+    except _TooComplex as exc:
+        result.error = ParseError(line=exc.line, col=exc.col, message=exc.message)
         return result
     _walk(node, path, kind, None, result.units)
     return result
@@ -330,7 +431,9 @@ def _read_json(text: str, path: str, kind: Kind | None) -> ReadResult:
 
 # ----------------------------------------------------------------------------- TOML
 
-_TOML_HEADER = re.compile(r"^\s*\[(\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")
+# No two quantifiers here may match the same characters: "[a" + 300,000 blanks (inside a
+# multi-line string) took minutes with a lazy name followed by \s*.
+_TOML_HEADER = re.compile(r"^[ \t]*\[(\[?)([^\]]*)\]\]?[ \t]*(?:#.*)?$")
 _TOML_KEY = re.compile(
     r"""^\s*((?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')"""
     + r"""(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'))*)\s*="""
@@ -380,6 +483,8 @@ def _toml_node(
     default: tuple[int, int],
 ) -> _Node:
     line, col = pos.get(path, default)
+    if len(path) > MAX_DEPTH:
+        raise _TooComplex(line, col, f"TOML: nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, dict):
         items = []
         for key, child in value.items():
@@ -405,11 +510,16 @@ def _read_toml(text: str, path: str, kind: Kind | None) -> ReadResult:
         result.error = ParseError(line=line, col=col, message=f"TOML: {message}")
         return result
     except (RecursionError, ValueError) as exc:
-        result.error = ParseError(line=1, col=1, message=f"TOML: {type(exc).__name__}")
+        result.error = ParseError(line=1, col=1, message=f"TOML: {_exc_text(exc)}")
         return result
     if "tool" in data and isinstance(data["tool"], dict):
         data["tool"].pop("kresilient", None)  # our own settings are not a Kafka config
-    _walk(_toml_node(data, (), _toml_positions(text), (1, 1)), path, kind, None, result.units)
+    try:
+        root = _toml_node(data, (), _toml_positions(text), (1, 1))
+    except _TooComplex as exc:
+        result.error = ParseError(line=exc.line, col=exc.col, message=exc.message)
+        return result
+    _walk(root, path, kind, None, result.units)
     return result
 
 
@@ -438,7 +548,11 @@ def _unescape_properties(raw: str, line: int) -> str:
             continue
         out.append(_ESCAPES.get(nxt, nxt))
         i += 2
-    return "".join(out)
+    text = "".join(out)
+    if has_lone_surrogate(text):
+        # \uXXXX escapes are UTF-16 code units: a pair is one character (Java reads it so).
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    return text
 
 
 class _PropertiesError(Exception):
@@ -458,14 +572,20 @@ def _logical_lines(text: str) -> Iterator[tuple[int, int, str]]:
         i += 1
         if not stripped or stripped[0] in "#!":
             continue
-        logical = stripped
-        while (len(logical) - len(logical.rstrip("\\"))) % 2 == 1:
-            logical = logical[:-1]
+        parts = [stripped]
+        # Parts are collected, not concatenated, so a long run of continuations stays linear.
+        while _continues(parts[-1]):
+            parts[-1] = parts[-1][:-1]
             if i >= len(lines):
                 break
-            logical += lines[i].lstrip(" \t\f")
+            parts.append(lines[i].lstrip(" \t\f"))
             i += 1
-        yield start, col, logical
+        yield start, col, "".join(parts)
+
+
+def _continues(line: str) -> bool:
+    """True when ``line`` ends in an odd number of backslashes (a continuation)."""
+    return (len(line) - len(line.rstrip("\\"))) % 2 == 1
 
 
 def _split_property(logical: str) -> tuple[str, str]:
@@ -515,6 +635,7 @@ def _read_properties(text: str, path: str, kind: Kind | None) -> ReadResult:
 
 # ----------------------------------------------------------------------------- .env
 
+_ENV_COMMENT = re.compile(r"\s#")
 _ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_.]*)\s*=\s*(.*)$")
 
 
@@ -523,7 +644,8 @@ def _env_value(raw: str) -> str:
     if len(raw) >= 2 and raw[0] == raw[-1] and raw[0] in "'\"":
         inner = raw[1:-1]
         return inner.replace('\\"', '"') if raw[0] == '"' else inner
-    return re.sub(r"\s+#.*$", "", raw)
+    comment = _ENV_COMMENT.search(raw)  # linear; r"\s+#.*$" was quadratic on long blanks
+    return raw[: comment.start()].rstrip() if comment else raw
 
 
 def _read_env(text: str, path: str, kind: Kind | None) -> ReadResult:

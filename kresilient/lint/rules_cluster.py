@@ -394,8 +394,12 @@ for _meta in (
         input_error=True,
         summary="The file could not be read or parsed.",
         why="A config the linter cannot parse is also one the application may not load; "
-        "nothing in it was checked.",
-        fix="Fix the syntax at the reported line and column.",
+        "nothing in it was checked. Hostile input is refused the same way, quickly: a file "
+        "larger than max-file-size (1 MiB by default), nested deeper than 100 levels, whose "
+        "YAML aliases expand past about 100,000 nodes, that is not UTF-8, or whose keys or "
+        "values are not valid Unicode (an unpaired \\uD800 escape).",
+        fix="Fix the syntax at the reported line and column; for a file that is too large, "
+        "raise max-file-size in [tool.kresilient.lint] or exclude the file.",
     ),
     Rule(
         id="KR099",

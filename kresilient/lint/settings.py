@@ -7,6 +7,7 @@ Example ``pyproject.toml``::
     ignore = ["KR026", "KR030"]   # id prefixes to skip
     fail-on = "warning"           # error (default), warning or info
     exclude = ["tests/fixtures/*"]
+    max-file-size = 1048576       # bytes; a larger file is a KR000 finding, not read
     [tool.kresilient.lint.severity]
     KR021 = "error"
 
@@ -32,7 +33,18 @@ from kresilient.errors import ConfigError
 from kresilient.lint.model import KINDS, Finding, Kind, Severity
 from kresilient.lint.registry import RULES
 
-__all__ = ["Settings", "Suppressions", "find_pyproject", "load_settings", "parse_suppressions"]
+__all__ = [
+    "MAX_FILE_SIZE",
+    "Settings",
+    "Suppressions",
+    "find_pyproject",
+    "load_settings",
+    "parse_suppressions",
+]
+
+#: Default largest file read (bytes). Kafka configs are a few KB; a bigger file would take
+#: seconds to parse, so it is reported (KR000) instead of read.
+MAX_FILE_SIZE = 1024 * 1024
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,6 +58,7 @@ class Settings:
     kind: Kind | None = None
     exclude: tuple[str, ...] = ()
     lag_threshold: int = 1000
+    max_file_size: int = MAX_FILE_SIZE
     source: str | None = None
 
     def enabled(self, rule_id: str) -> bool:
@@ -101,6 +114,8 @@ def settings_from_mapping(data: Mapping[str, object], source: str) -> Settings:
         "exclude",
         "lag-threshold",
         "lag_threshold",
+        "max-file-size",
+        "max_file_size",
     }
     for key in data:
         if key not in allowed:
@@ -127,6 +142,11 @@ def settings_from_mapping(data: Mapping[str, object], source: str) -> Settings:
     lag = data.get("lag-threshold", data.get("lag_threshold", settings.lag_threshold))
     if not isinstance(lag, int) or lag < 0:
         raise ConfigError(f"{source}: lag-threshold must be a non-negative int", key="lag")
+    max_size = data.get("max-file-size", data.get("max_file_size", settings.max_file_size))
+    if not isinstance(max_size, int) or isinstance(max_size, bool) or max_size <= 0:
+        raise ConfigError(
+            f"{source}: max-file-size must be a positive int (bytes)", key="max-file-size"
+        )
     try:
         fail = Severity.parse(fail_on) if isinstance(fail_on, str) else settings.fail_on
     except ValueError as exc:
@@ -140,6 +160,7 @@ def settings_from_mapping(data: Mapping[str, object], source: str) -> Settings:
         kind=kind,
         exclude=tuple(exclude),
         lag_threshold=lag,
+        max_file_size=max_size,
     )
 
 
