@@ -15,6 +15,7 @@ See docs/asyncio.md.
 
 from __future__ import annotations
 
+from kresilient.aio._consumer import AsyncResilientConsumer
 from kresilient.aio._producer import AsyncDeliveryHandle, AsyncResilientProducer
 
-__all__ = ["AsyncDeliveryHandle", "AsyncResilientProducer"]
+__all__ = ["AsyncDeliveryHandle", "AsyncResilientConsumer", "AsyncResilientProducer"]

@@ -285,6 +285,8 @@ class AsyncResilientProducer:
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="kresilient-aio-producer")
         self._closed = False
         self.client_id: str = self._sync.client_id
+        #: produce() calls that awaited room in a full local queue.
+        self.backpressure_waits = 0
 
     # ------------------------------------------------------------------ plumbing
 
@@ -309,6 +311,7 @@ class AsyncResilientProducer:
 
     async def _await_room(self, topic: str) -> None:
         bridge = self._bridge
+        self.backpressure_waits += 1
         deadline = time.monotonic() + self._backpressure_timeout
         while bridge.in_flight >= self._high_messages or bridge.in_flight_bytes >= self._high_bytes:
             bridge.room.clear()

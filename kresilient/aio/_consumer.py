@@ -1,0 +1,759 @@
+"""AsyncResilientConsumer: an ``async def`` handler per record, committed only once handled.
+
+Threads: every call into librdkafka (consume, store_offsets, pause/resume, commit, close, and
+the rebalance callbacks they run) happens on ONE worker thread, as
+``confluent_kafka.aio.AIOConsumer`` does; the event loop runs the handlers. The loop keeps
+polling while handlers await, so a handler may await longer than ``max.poll.interval.ms``
+without a rebalance; a partition whose buffer fills (a slow handler, a retry wait) is paused,
+not left unpolled.
+
+Offsets: a partition's records are handled one at a time, in order; the offset after a record
+is stored (``enable.auto.offset.store=false``) only once its handler returned or its dead
+letter was acknowledged, and stored offsets are committed by librdkafka in the background,
+synchronously on revoke and on shutdown. Nothing is ever stored past an unfinished handler.
+
+Why not ``AIOConsumer`` itself: its rebalance callbacks must be coroutines run through
+``run_coroutine_threadsafe`` from the executor thread, and each call is a separate executor
+round trip; one step function per poll (store + pause/resume + consume) on a worker thread of
+our own costs one round trip per batch. See docs/asyncio.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import inspect
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from typing import Any, Final
+
+import structlog
+import tenacity
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from kresilient.config import consumer_config
+from kresilient.consumer import RetryPolicy
+from kresilient.deadletter import (
+    CircuitBreakerPolicy,
+    DeadLetterPolicy,
+    DeadLetterWriter,
+    build_dead_letter_record,
+)
+from kresilient.errors import (
+    Action,
+    CircuitBreakerOpenError,
+    Classification,
+    ConfigError,
+    DeadLetterError,
+    ErrorCategory,
+    classify,
+    is_unproducible,
+    translate,
+)
+from kresilient.redaction import Redactor
+from kresilient.telemetry import Telemetry
+
+__all__ = ["AsyncResilientConsumer"]
+
+AsyncHandler = Callable[[Message], Awaitable[object]]
+TP = tuple[str, int]
+
+#: Records consumed per step (one worker-thread round trip).
+_BATCH: Final = 500
+#: A partition with this many records waiting is paused until it is down to half.
+_MAX_BUFFERED: Final = 2_000
+#: Same replay remedy as the sync consumer's POISON (duplicate of consumer/_failures.poison).
+_POISON_REMEDY: Final = (
+    "The handler rejected this record and the retry policy does not retry that exception "
+    "(deserialization/validation): fix the record or the handler, then `kresilient dlq replay`"
+)
+_DEAD_LETTER_RETRY_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+def _poison(classification: Classification) -> Classification:
+    # DUPLICATE of kresilient.consumer._failures.poison (private there): remove once public.
+    if is_unproducible(classification) or classification.category is not ErrorCategory.UNKNOWN:
+        return classification
+    return dataclasses.replace(
+        classification,
+        category=ErrorCategory.POISON,
+        action=Action.DEAD_LETTER,
+        remedy=_POISON_REMEDY,
+    )
+
+
+class _Breaker:
+    """DUPLICATE (minimal) of kresilient.consumer._breaker.CircuitBreaker, private there."""
+
+    def __init__(self, policy: CircuitBreakerPolicy) -> None:
+        self.policy = policy
+        self.consecutive = 0
+        self._events: collections.deque[tuple[float, bool]] = collections.deque()
+
+    def _trim(self, now: float) -> None:
+        horizon = now - self.policy.window
+        while self._events and self._events[0][0] < horizon:
+            self._events.popleft()
+
+    def success(self) -> None:
+        self.consecutive = 0
+        if self.policy.max_ratio is not None:
+            now = time.monotonic()
+            self._events.append((now, False))
+            self._trim(now)
+
+    def dead_letter(self) -> CircuitBreakerOpenError | None:
+        """Record one dead letter; the error to stop with if the breaker opens."""
+        self.consecutive += 1
+        policy = self.policy
+        if policy.max_consecutive is not None and self.consecutive > policy.max_consecutive:
+            return CircuitBreakerOpenError(dead_letters=self.consecutive, window=policy.window)
+        if policy.max_ratio is not None:
+            now = time.monotonic()
+            self._events.append((now, True))
+            self._trim(now)
+            total = len(self._events)
+            dead = sum(1 for _, d in self._events if d)
+            if total >= policy.min_messages and dead / total > policy.max_ratio:
+                return CircuitBreakerOpenError(dead_letters=dead, window=policy.window)
+        return None
+
+
+class _Partition:
+    """One assigned partition: its buffered records and its (single) worker task."""
+
+    __slots__ = ("cut", "done", "held", "paused", "queue", "revoked", "task", "tp")
+
+    def __init__(self, tp: TP) -> None:
+        self.tp = tp
+        self.queue: collections.deque[Message] = collections.deque()
+        self.task: asyncio.Task[None] | None = None
+        self.done: int | None = None  # next offset to store (all before it handled)
+        self.held = False  # a retry wait or an unacknowledged dead letter: paused
+        self.paused = False
+        self.revoked = False
+        self.cut = asyncio.Event()  # set (on the loop) by stop/revoke: ends retry waits
+
+
+class _Timed:
+    """Runs a handler coroutine and warns when one step of it blocks the event loop."""
+
+    __slots__ = ("_coro", "_msg", "_owner")
+
+    def __init__(self, coro: Any, msg: Message, owner: AsyncResilientConsumer) -> None:
+        self._coro = coro
+        self._msg = msg
+        self._owner = owner
+
+    def __await__(self) -> Generator[Any, Any, object]:
+        coro = self._coro
+        threshold = self._owner._blocking_threshold
+        clock = time.perf_counter
+        value: Any = None
+        error: BaseException | None = None
+        owner = self._owner
+        while True:
+            owner._current = self._msg  # which record a blocked step belongs to
+            began = clock()
+            try:
+                step = coro.throw(error) if error is not None else coro.send(value)
+            except StopIteration as stop:
+                if clock() - began > threshold:
+                    owner._blocked(clock() - began)
+                return stop.value
+            if clock() - began > threshold:
+                owner._blocked(clock() - began)
+            try:
+                value = yield step
+                error = None
+            except BaseException as exc:  # cancellation and throw() go into the handler
+                value = None
+                error = exc
+
+
+class AsyncResilientConsumer:
+    """Consume with an ``async def`` handler; commit only what was handled or dead-lettered.
+
+    Args:
+        config: confluent-kafka consumer configuration (never mutated; ``group.id``
+            required). Same rules as :class:`~kresilient.ResilientConsumer`: settings that
+            would commit unprocessed records are refused, naming the key
+            (:class:`~kresilient.UnsafeConfigError`) unless listed in ``allow_unsafe``.
+        topics: topics to subscribe to.
+        handler: ``async def handler(msg)``; returning = handled. An exception is retried
+            under ``retry`` (the partition paused, the consumer polling on), then the record
+            is dead-lettered. A plain function is refused with ``TypeError``.
+        retry: a :class:`~kresilient.RetryPolicy` (tenacity stop/wait/retry).
+        dead_letter: a :class:`~kresilient.DeadLetterPolicy`, or ``None`` to stop (raise)
+            instead of dead-lettering.
+        circuit_breaker: a :class:`~kresilient.CircuitBreakerPolicy`; when it opens,
+            :meth:`run` commits what was handled and raises
+            :class:`~kresilient.CircuitBreakerOpenError`.
+        max_concurrency: handlers running at once across partitions (default 1). Each
+            partition always has at most one, so per-partition order is kept.
+        dead_letter_producer_config: overrides for the dead-letter producer
+            (see :func:`kresilient.deadletter.dead_letter_producer_config`).
+        blocking_warning_s: a handler step that holds the event loop longer than this logs
+            ``handler_blocked_event_loop`` (WARNING) naming the handler.
+        shutdown_timeout: seconds a shutdown (stop, SIGTERM, cancellation) or a revoke waits
+            for the handlers in hand before leaving their records uncommitted.
+        handle_signals: on :meth:`run` in the main thread, SIGTERM/SIGINT stop the consumer
+            gracefully (handlers restored at exit).
+        logger, tracer_provider, meter_provider, propagator, record_message_key: as
+            :class:`~kresilient.ResilientConsumer`.
+
+    Example::
+
+        async def handle(msg):
+            await save(json.loads(msg.value()))   # ValueError -> dead-lettered at once
+
+        consumer = AsyncResilientConsumer(
+            {"bootstrap.servers": BOOTSTRAP, "group.id": "orders"}, ["orders"], handle)
+        await consumer.run()      # until SIGTERM, consumer.stop() or task cancellation
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        topics: Iterable[str],
+        handler: AsyncHandler,
+        *,
+        allow_unsafe: Iterable[str] = (),
+        retry: RetryPolicy | None = None,
+        dead_letter: DeadLetterPolicy | None = DeadLetterPolicy(),  # noqa: B008 (frozen)
+        circuit_breaker: CircuitBreakerPolicy | None = CircuitBreakerPolicy(),  # noqa: B008
+        max_concurrency: int = 1,
+        dead_letter_producer_config: Mapping[str, Any] | None = None,
+        blocking_warning_s: float = 0.5,
+        shutdown_timeout: float = 30.0,
+        handle_signals: bool = True,
+        logger: Any = None,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        propagator: Any = None,
+        record_message_key: bool = False,
+    ) -> None:
+        if not _is_async(handler):
+            name = getattr(handler, "__qualname__", type(handler).__qualname__)
+            raise TypeError(
+                f"handler {name!r} is not an async function: AsyncResilientConsumer awaits "
+                "`handler(msg)`; define it with `async def` (or use ResilientConsumer for a "
+                "plain function)"
+            )
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, not {max_concurrency}")
+        if isinstance(topics, str):
+            topics = [topics]
+        self._topics = list(topics)
+        if not self._topics:
+            raise ValueError("topics must name at least one topic")
+        base_log = logger if logger is not None else structlog.get_logger("kresilient.aio")
+        allow = tuple([allow_unsafe] if isinstance(allow_unsafe, str) else allow_unsafe)
+        cfg = consumer_config(config, allow_unsafe=allow, logger=base_log)
+        if not cfg.get("group.id"):
+            raise ConfigError(
+                "group.id is required (offsets are committed for a group)", key="group.id"
+            )
+        self._scrub: Callable[[str], str] = Redactor.for_config(cfg)
+        self._cfg = cfg
+        self.group_id: str = str(cfg["group.id"])
+        self.client_id: str = str(cfg.get("client.id", ""))
+        self._log = base_log.bind(
+            client_id=self.client_id, group=self.group_id, kafka_role="consumer"
+        )
+        self._handler = handler
+        self._handler_name = getattr(handler, "__qualname__", type(handler).__qualname__)
+        self._retry = retry if retry is not None else RetryPolicy()
+        self._dead_letter = dead_letter
+        self._breaker = _Breaker(circuit_breaker) if circuit_breaker is not None else None
+        self._max_concurrency = max_concurrency
+        self._blocking_threshold = float(blocking_warning_s)
+        self._shutdown_timeout = float(shutdown_timeout)
+        self._handle_signals = handle_signals
+        self._dlq_overrides = dead_letter_producer_config
+        self._dlq_config = config
+        self._allow = allow
+        self._tel = Telemetry(
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+            propagator=propagator,
+            client_id=self.client_id,
+            consumer_group=self.group_id,
+            record_message_key=record_message_key,
+            redactor=self._scrub,
+            logger=self._log,
+        )
+        self._parts: dict[TP, _Partition] = {}
+        self._stop = False
+        self._error: BaseException | None = None
+        self._running = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._consumer: Consumer | None = None
+        self._writer: DeadLetterWriter | None = None
+        self._kx = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="kresilient-aio-consumer"
+        )
+        self._sem: asyncio.Semaphore | None = None
+        self.processed = 0
+        self.dead_lettered = 0
+        self.retries = 0
+        self.blocked_warnings = 0
+        self._current: Message | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to finish: the records in hand complete, what was handled is
+        committed, the group is left. Safe from any thread and from signal handlers."""
+        self._stop = True
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                loop.call_soon_threadsafe(self._cut_all)
+
+    def _cut_all(self) -> None:
+        for part in list(self._parts.values()):
+            part.cut.set()
+
+    async def run(self) -> None:
+        """Consume until :meth:`stop`, SIGTERM/SIGINT or cancellation; then shut down cleanly.
+
+        Raises :class:`~kresilient.CircuitBreakerOpenError` when the breaker opens, a
+        :class:`~kresilient.DeadLetterError`-classified error when ``dead_letter=None`` and a
+        record fails, or a fatal consumer error; in every case after committing what was
+        handled. Re-raises ``CancelledError`` after the same shutdown when cancelled.
+        """
+        if self._running:
+            raise RuntimeError("run() is already running")
+        self._running = True
+        loop = self._loop = asyncio.get_running_loop()
+        self._sem = asyncio.Semaphore(self._max_concurrency)
+        signals = self._install_signals(loop)
+        cancelled: asyncio.CancelledError | None = None
+        try:
+            await self._kafka(self._open)
+            while not self._stop and self._error is None:
+                batch = await self._kafka(self._step, self._pending_ops())
+                for msg in batch:
+                    self._dispatch(msg)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            await self._shutdown()
+        if cancelled is not None:
+            raise cancelled
+        if self._error is not None:
+            raise self._error
+
+    # ------------------------------------------------------------------ the worker thread
+
+    async def _kafka(self, fn: Callable[..., Any], *args: Any) -> Any:
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._kx, fn, *args)
+
+    def _open(self) -> None:
+        conf = dict(self._cfg)
+        conf["error_cb"] = self._on_error
+        try:
+            self._consumer = Consumer(conf)
+        except KafkaException as exc:
+            raise translate(exc, operation="configure", redactor=self._scrub) from None
+        self._consumer.subscribe(
+            self._topics,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        self._log.info("consumer_started", topics=self._topics)
+
+    def _step(
+        self, ops: tuple[list[TopicPartition], list[TopicPartition], list[TopicPartition]]
+    ) -> list[Message]:
+        """On the worker thread: store offsets, pause/resume, then consume one batch."""
+        consumer = self._consumer
+        assert consumer is not None
+        store, pause, resume = ops
+        self._store(store)
+        if pause:
+            consumer.pause(pause)
+        if resume:
+            consumer.resume(resume)
+        return list(consumer.consume(_BATCH, 0.1))
+
+    def _store(self, offsets: list[TopicPartition]) -> None:
+        if not offsets or self._consumer is None:
+            return
+        try:
+            self._consumer.store_offsets(offsets=offsets)
+        except KafkaException as exc:  # a partition just lost: its new owner re-reads
+            self._log.warning("offset_store_failed", error=self._scrub(str(exc)))
+
+    def _commit(self, reason: str) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        try:
+            committed = consumer.commit(asynchronous=False)
+            self._tel.record_commit(committed or [])
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError._NO_OFFSET:
+                return  # nothing stored since the last commit
+            self._log.warning("commit_failed", reason=reason, error=self._scrub(str(exc)))
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._error = translate(KafkaException(err), operation="consume", redactor=self._scrub)
+        self._log.warning("kafka_client_error", error=err.name(), reason=self._scrub(err.str()))
+
+    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Worker thread, inside consume(): only dict stores (the loop is awaiting this step).
+        for p in partitions:
+            self._parts[(p.topic, p.partition)] = _Partition((p.topic, p.partition))
+        self._log.info("partitions_assigned", partitions=len(partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Let the revoked partitions' handlers in hand finish, then commit them (sync)."""
+        tps = [(p.topic, p.partition) for p in partitions]
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            future = asyncio.run_coroutine_threadsafe(self._finish(tps), loop)
+            try:
+                future.result(self._shutdown_timeout + 5)
+            except Exception as exc:  # the loop is gone or stuck: commit what is recorded
+                self._log.warning("revoke_wait_failed", error=type(exc).__name__)
+        self._store(self._take_done(tps))
+        self._commit("revoke")
+        for tp in tps:
+            self._parts.pop(tp, None)
+        self._log.info("partitions_revoked", partitions=len(tps))
+
+    def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Lost (not revoked): commits would be refused; the new owner re-reads from the last
+        # commit. Stop the workers so nothing handles records this member no longer owns.
+        for p in partitions:
+            part = self._parts.pop((p.topic, p.partition), None)
+            if part is not None:
+                part.revoked = True
+                part.queue.clear()
+        self._log.warning("partitions_lost", partitions=len(partitions))
+
+    def _take_done(self, tps: Iterable[TP] | None = None) -> list[TopicPartition]:
+        out = []
+        for tp in list(self._parts) if tps is None else tps:
+            part = self._parts.get(tp)
+            if part is not None and part.done is not None:
+                out.append(TopicPartition(tp[0], tp[1], part.done))
+                part.done = None
+        return out
+
+    # ------------------------------------------------------------------ the event loop
+
+    def _pending_ops(
+        self,
+    ) -> tuple[list[TopicPartition], list[TopicPartition], list[TopicPartition]]:
+        pause: list[TopicPartition] = []
+        resume: list[TopicPartition] = []
+        for tp, part in list(self._parts.items()):
+            want = part.held or len(part.queue) >= _MAX_BUFFERED
+            if want and not part.paused:
+                part.paused = True
+                pause.append(TopicPartition(*tp))
+            elif part.paused and not part.held and len(part.queue) <= _MAX_BUFFERED // 2:
+                part.paused = False
+                resume.append(TopicPartition(*tp))
+        return self._take_done(), pause, resume
+
+    def _dispatch(self, msg: Message) -> None:
+        err = msg.error()
+        if err is not None:
+            if err.code() != KafkaError._PARTITION_EOF:
+                if err.fatal():
+                    self._error = translate(
+                        KafkaException(err), operation="consume", redactor=self._scrub
+                    )
+                self._log.warning("consume_error", error=err.name(), reason=self._scrub(err.str()))
+            return
+        topic, partition = msg.topic(), msg.partition()
+        assert topic is not None and partition is not None
+        part = self._parts.get((topic, partition))
+        if part is None or part.revoked:
+            return  # fetched before a revoke: the new owner reads it again
+        part.queue.append(msg)
+        if part.task is None:
+            part.task = asyncio.create_task(
+                self._work(part), name=f"kresilient {topic}[{partition}]"
+            )
+
+    async def _work(self, part: _Partition) -> None:
+        """One partition's records, one at a time, in order."""
+        try:
+            while part.queue and not part.revoked and not self._stop and self._error is None:
+                msg = part.queue.popleft()
+                if await self._process(msg, part):
+                    part.done = (msg.offset() or 0) + 1
+        finally:
+            part.task = None
+
+    async def _process(self, msg: Message, part: _Partition) -> bool:
+        """Handle one record (retries, dead letter). True: its offset may be stored."""
+        assert self._sem is not None
+        retrying = self._retry.retrying()
+        state = tenacity.RetryCallState(retrying, None, (), {})
+        attempt = 0
+        while True:
+            attempt += 1
+            failure: Exception | None = None
+            delay: float | None = None  # None: no further attempt
+            with self._tel.process_span(msg, group=self.group_id):
+                try:
+                    # the semaphore bounds handlers running, not records waiting for a retry
+                    async with self._sem:
+                        await _Timed(self._handler(msg), msg, self)
+                except Exception as exc:
+                    failure = exc
+                    classification = classify(exc)
+                    self._tel.set_error(exc, classification)
+                    state.attempt_number = attempt
+                    state.set_exception((type(exc), exc, exc.__traceback__))
+                    if not retrying.retry(state):
+                        classification = _poison(classification)
+                    else:
+                        wait = float(retrying.wait(state))
+                        state.upcoming_sleep = wait
+                        if not retrying.stop(state):
+                            delay = wait
+                            self._tel.retry_event(
+                                None, attempt, exc, classification=classification, delay_s=wait
+                            )
+            if failure is None:
+                self.processed += 1
+                if self._breaker is not None:
+                    self._breaker.success()
+                return True
+            if delay is None:
+                return await self._dead_letter_record(msg, part, failure, classification, attempt)
+            if self._stop or part.revoked:
+                return False  # shutting down mid-retries: uncommitted, read again later
+            state.idle_for += delay
+            self.retries += 1
+            self._log.info(
+                "message_retry_scheduled",
+                topic=msg.topic(),
+                partition=msg.partition(),
+                offset=msg.offset(),
+                attempt=attempt,
+                delay_s=round(delay, 3),
+                error_type=type(failure).__name__,
+            )
+            part.held = True  # paused while it waits; the consumer keeps polling
+            try:
+                await self._sleep(delay, part)
+            finally:
+                part.held = False
+            if self._stop or part.revoked:
+                return False
+
+    async def _sleep(self, delay: float, part: _Partition) -> None:
+        """Wait ``delay`` s, cut short by stop() or the partition's revocation."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(part.cut.wait(), delay)
+
+    async def _dead_letter_record(
+        self,
+        msg: Message,
+        part: _Partition,
+        exc: BaseException,
+        classification: Classification,
+        attempts: int,
+    ) -> bool:
+        policy = self._dead_letter
+        if policy is None:
+            self._error = exc
+            self._log.error(
+                "message_failed_no_dead_letter",
+                topic=msg.topic(),
+                partition=msg.partition(),
+                offset=msg.offset(),
+                error_type=type(exc).__name__,
+            )
+            return False
+        record = build_dead_letter_record(
+            msg,
+            policy=policy,
+            group=self.group_id,
+            exc=exc,
+            attempts=attempts,
+            classification=classification,
+            trace_context=self._tel.trace_carrier() or None,
+        )
+        loop = asyncio.get_running_loop()
+        writer = self._writer
+        if writer is None:
+            writer = self._writer = await loop.run_in_executor(None, self._make_writer)
+        tries = 0
+        part.held = True
+        try:
+            while True:
+                with self._tel.dead_letter_span(
+                    record.topic,
+                    source=msg,
+                    reason=exc,
+                    classification=classification,
+                    attempts=attempts,
+                ):
+                    try:
+                        handle = await loop.run_in_executor(None, writer.write, record)
+                        await loop.run_in_executor(None, handle.result, None)
+                    except DeadLetterError as err:
+                        failed: DeadLetterError | None = err
+                    else:
+                        failed = None
+                if failed is None:
+                    break
+                # Never commit past a record that is neither handled nor dead-lettered.
+                delay = _DEAD_LETTER_RETRY_S[min(tries, len(_DEAD_LETTER_RETRY_S) - 1)]
+                tries += 1
+                self._log.error(
+                    "dead_letter_failed",
+                    topic=msg.topic(),
+                    partition=msg.partition(),
+                    offset=msg.offset(),
+                    error=failed.classification.name,
+                    reason=self._scrub(str(failed)),
+                    retry_in_s=delay,
+                )
+                if self._stop or part.revoked:
+                    return False
+                await self._sleep(delay, part)
+        finally:
+            part.held = False
+        self.dead_lettered += 1
+        self._log.warning(
+            "message_dead_lettered",
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+            dead_letter_topic=record.topic,
+            category=classification.category.name,
+            attempts=attempts,
+        )
+        if self._breaker is not None:
+            opened = self._breaker.dead_letter()
+            if opened is not None and self._error is None:
+                self._error = opened
+                self._log.error("circuit_breaker_open", dead_letters=opened.dead_letters)
+                self.stop()
+        return True
+
+    def _make_writer(self) -> DeadLetterWriter:
+        return DeadLetterWriter(
+            self._dlq_config,
+            client_id=self.client_id,
+            overrides=self._dlq_overrides,
+            allow_unsafe=self._allow,
+            logger=self._log,
+        )
+
+    def _blocked(self, seconds: float) -> None:
+        self.blocked_warnings += 1
+        msg = self._current
+        self._log.warning(
+            "handler_blocked_event_loop",
+            handler=self._handler_name,
+            blocked_s=round(seconds, 3),
+            threshold_s=self._blocking_threshold,
+            topic=msg.topic() if msg is not None else None,
+            partition=msg.partition() if msg is not None else None,
+            offset=msg.offset() if msg is not None else None,
+            remedy=(
+                "the handler ran without awaiting for that long, so nothing else on the event "
+                "loop ran (other partitions, polling, your web server): move blocking calls "
+                "to `await asyncio.to_thread(...)` or use an async client"
+            ),
+        )
+
+    async def _finish(self, tps: Iterable[TP] | None = None) -> None:
+        """Stop dispatching to ``tps`` (all when None); wait for their handlers in hand."""
+        parts = [
+            self._parts[tp]
+            for tp in (list(self._parts) if tps is None else tps)
+            if tp in self._parts
+        ]
+        for part in parts:
+            part.revoked = True
+            part.queue.clear()  # not started: the next owner (or the restart) reads them
+        tasks = [p.task for p in parts if p.task is not None]
+        for part in parts:
+            part.cut.set()  # end retry and dead-letter waits
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self._shutdown_timeout)
+            for task in late:
+                task.cancel()
+            if late:
+                self._log.warning(
+                    "handlers_not_finished",
+                    count=len(late),
+                    note="their records stay uncommitted and are read again",
+                )
+                await asyncio.wait(late, timeout=5)
+
+    async def _shutdown(self) -> None:
+        """Finish the records in hand, commit what was handled, leave the group."""
+        self._stop = True
+        with contextlib.suppress(asyncio.CancelledError):  # cancelled again: still commit
+            await asyncio.shield(self._finish())
+        done = self._take_done()
+        loop = asyncio.get_running_loop()
+
+        def close() -> None:
+            self._store(done)
+            self._commit("shutdown")
+            consumer, self._consumer = self._consumer, None
+            if consumer is not None:
+                consumer.close()  # leaves the group (on_revoke runs: nothing left in hand)
+
+        try:
+            await asyncio.shield(loop.run_in_executor(self._kx, close))
+        finally:
+            writer = self._writer
+            if writer is not None:
+                with contextlib.suppress(Exception):
+                    await loop.run_in_executor(None, writer.close, 10.0)
+            self._kx.shutdown(wait=False)
+            self._running = False
+            self._log.info(
+                "consumer_closed", processed=self.processed, dead_lettered=self.dead_lettered
+            )
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
+        if not self._handle_signals or threading.current_thread() is not threading.main_thread():
+            return []
+        installed: list[signal.Signals] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self.stop)
+            except (NotImplementedError, RuntimeError, ValueError):
+                continue
+            installed.append(sig)
+        return installed
+
+    def __repr__(self) -> str:
+        return (
+            f"<AsyncResilientConsumer group={self.group_id!r} topics={self._topics!r} "
+            f"processed={self.processed} dead_lettered={self.dead_lettered}>"
+        )
+
+
+def _is_async(handler: Any) -> bool:
+    if inspect.iscoroutinefunction(handler):
+        return True
+    call = getattr(handler, "__call__", None)  # noqa: B004 (an object with async __call__)
+    return call is not None and inspect.iscoroutinefunction(call)
