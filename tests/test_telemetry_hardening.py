@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
+import weakref
 from typing import Any
 
 import confluent_kafka as ck
@@ -169,6 +170,25 @@ def test_scale_1000_short_lived_clients_leave_nothing_behind(otel: Otel) -> None
     assert sum(v for _, v in otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES)) == 13_200
     # before the fix every client left 12 attribute dicts in the shared counter: ~5 MB here
     assert grown < 256 * 1024, f"{grown} bytes still held after 1,000 dropped clients"
+
+
+def test_scale_short_lived_clients_with_their_own_meter_provider_are_freed() -> None:
+    """A client built with its own MeterProvider, shut down and dropped, is freed with it."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    def client() -> weakref.ref[MeterProvider]:
+        provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+        tel = Telemetry(meter_provider=provider)
+        _, token = tel.producer_send("own", None, 1, None, 0)
+        tel.producer_delivered(token, None, message(None, topic="own"))
+        assert tel.metrics_enabled  # negative control: instruments were made on it
+        provider.shutdown()
+        return weakref.ref(provider)
+
+    refs = [client() for _ in range(50)]
+    gc.collect()
+    assert sum(r() is not None for r in refs) == 0
 
 
 # --- defect 7: telemetry failures never change message handling ---------------------------

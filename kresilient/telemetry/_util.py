@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import traceback
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -200,8 +201,13 @@ def _make_tracer(provider: trace.TracerProvider) -> trace.Tracer | None:
     return None if isinstance(tracer, trace.NoOpTracer) else tracer
 
 
-_INSTRUMENTS: dict[int, tuple[otel_metrics.MeterProvider, _Instruments | None]] = {}
+# Per meter provider, weakly: a provider dropped by the application (a short-lived client with
+# its own MeterProvider, shut down) is freed with its instruments. A provider that cannot be
+# weakly referenced or hashed is kept by id, alive (so the id is never reused).
+_INSTRUMENTS: weakref.WeakKeyDictionary[Any, _Instruments | None] = weakref.WeakKeyDictionary()
+_INSTRUMENTS_BY_ID: dict[int, tuple[otel_metrics.MeterProvider, _Instruments | None]] = {}
 _INSTRUMENTS_LOCK = threading.Lock()
+_MISSING: Any = object()
 
 
 def _make_instruments(provider: otel_metrics.MeterProvider) -> _Instruments | None:
@@ -213,12 +219,22 @@ def _make_instruments(provider: otel_metrics.MeterProvider) -> _Instruments | No
     if _is_noop_meter_provider(provider):
         return None
     with _INSTRUMENTS_LOCK:
-        hit = _INSTRUMENTS.get(id(provider))
-        if hit is not None and hit[0] is provider:
-            return hit[1]
+        try:
+            hit = _INSTRUMENTS.get(provider, _MISSING)
+            weak = True
+        except TypeError:  # not weakly referenceable, or not hashable
+            by_id = _INSTRUMENTS_BY_ID.get(id(provider))
+            hit = by_id[1] if by_id is not None and by_id[0] is provider else _MISSING
+            weak = False
+        if hit is not _MISSING:
+            cached: _Instruments | None = hit
+            return cached
         meter = provider.get_meter(N.INSTRUMENTATION_NAME, _version(), schema_url=N.SCHEMA_URL)
         instr = None if isinstance(meter, otel_metrics.NoOpMeter) else _Instruments(meter)
-        _INSTRUMENTS[id(provider)] = (provider, instr)
+        if weak:
+            _INSTRUMENTS[provider] = instr
+        else:
+            _INSTRUMENTS_BY_ID[id(provider)] = (provider, instr)
         return instr
 
 
