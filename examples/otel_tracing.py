@@ -74,7 +74,12 @@ def print_tree(spans: list[ReadableSpan]) -> None:
         attrs = dict(span.attributes or {})
         detail = ", ".join(
             f"{k}={attrs[k]}"
-            for k in ("messaging.destination.partition.id", "messaging.kafka.offset", "error.type")
+            for k in (
+                "messaging.destination.partition.id",
+                "messaging.kafka.offset",
+                "messaging.kafka.message.key",  # producer spans only: it opted in
+                "error.type",
+            )
             if k in attrs
         )
         print(f"{'   ' * depth}{span.name} [{span.kind.name}] {detail}")
@@ -96,7 +101,13 @@ def main() -> None:
         cluster.create_topic(topic, 1, 3, {"min.insync.replicas": 2})
         cluster.create_topic(f"{topic}.dlq", 1, 3, {"min.insync.replicas": 2})
 
-        with ResilientProducer({"bootstrap.servers": bootstrap, "client.id": "orders-api"}) as p:
+        # Message keys stay out of spans by default (they are often personal data); a service
+        # whose keys are safe to show opts in. Partitions are on spans, not on metrics
+        # (cardinality: see docs/telemetry.md). A span processor or exporter that raises never
+        # changes what happens to a message: it is logged as kafka_telemetry_failed.
+        with ResilientProducer(
+            {"bootstrap.servers": bootstrap, "client.id": "orders-api"}, record_message_key=True
+        ) as p:
             p.produce(topic, b'{"id": 1, "qty": 2}', key=b"order-1")
             p.produce(topic, b'{"id": 2, "qty": -1}', key=b"order-2")
 
