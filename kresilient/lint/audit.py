@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kresilient.lint.engine import _unit_findings
+from kresilient.lint.engine import unit_findings
 from kresilient.lint.model import ConfigUnit, Entry, Finding
 from kresilient.lint.settings import Settings
 
@@ -117,13 +117,13 @@ def _durability(snap: ClusterSnapshot, settings: Settings) -> Iterator[Finding]:
     for topic in sorted(rf):
         values = {"replication.factor": str(rf[topic]), **snap.topic_configs.get(topic, {})}
         unit = _config_unit(_uri(snap, "topic", topic), "topic", values, topic)
-        yield from (f for f in _unit_findings(unit, settings) if f.rule in _TOPIC_RULES)
+        yield from (f for f in unit_findings(unit, settings) if f.rule in _TOPIC_RULES)
     for broker in sorted(snap.broker_configs):
         values = dict(snap.broker_configs[broker])
         if snap.racks.get(broker):
             values["broker.rack"] = snap.racks[broker]
         unit = _config_unit(_uri(snap, "broker", broker), "broker", values, str(broker))
-        yield from (f for f in _unit_findings(unit, settings) if f.rule in _BROKER_RULES)
+        yield from (f for f in unit_findings(unit, settings) if f.rule in _BROKER_RULES)
 
 
 def _partition_health(snap: ClusterSnapshot, settings: Settings) -> Iterator[Finding | None]:

@@ -12,9 +12,11 @@ import textwrap
 from collections.abc import Sequence
 
 from kresilient.errors import ConfigError
+from kresilient.lint.audit import AuditOptions, audit
 from kresilient.lint.engine import exit_code, lint_paths
 from kresilient.lint.model import KINDS, Finding, Severity
 from kresilient.lint.output import FORMATS, render
+from kresilient.lint.readers import read_text
 from kresilient.lint.registry import RULES, iter_rules
 from kresilient.lint.settings import Settings, load_settings
 
@@ -142,8 +144,6 @@ def run_lint(args: argparse.Namespace) -> int:
 
 def run_audit(args: argparse.Namespace) -> int:
     """``kresilient audit``: returns the exit code."""
-    from kresilient.lint.audit import AuditOptions, audit
-
     try:
         settings = _settings(args, [])
         client = _client_config(args)
@@ -165,8 +165,6 @@ def run_audit(args: argparse.Namespace) -> int:
 
 
 def _client_config(args: argparse.Namespace) -> dict[str, str]:
-    from kresilient.lint.readers import read_text
-
     config: dict[str, str] = {}
     if args.command_config:
         with open(args.command_config, encoding="utf-8") as fh:

@@ -8,12 +8,12 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from kresilient import _catalog as catalog
 from kresilient.lint import rules_client, rules_cluster  # noqa: F401  (register the rules)
-from kresilient.lint.model import ConfigUnit, Finding, Kind, has_lone_surrogate
-from kresilient.lint.readers import TOPIC_SPEC_KEYS, detect_format, read_text
+from kresilient.lint.model import TOPIC_SPEC_KEYS, ConfigUnit, Finding, Kind, has_lone_surrogate
+from kresilient.lint.readers import detect_format, read_text
 from kresilient.lint.registry import RULES, iter_rules
 from kresilient.lint.settings import Settings, Suppressions, parse_suppressions
 
-__all__ = ["detect_kind", "discover", "exit_code", "lint_paths", "lint_text"]
+__all__ = ["detect_kind", "discover", "exit_code", "lint_paths", "lint_text", "unit_findings"]
 
 _SKIP_DIRS = frozenset(
     {
@@ -122,7 +122,9 @@ def _read_file(path: str, limit: int) -> tuple[bytes, str | None]:
         return b"", f"cannot read file: {exc.strerror or exc}"
 
 
-def _unit_findings(unit: ConfigUnit, settings: Settings) -> Iterator[Finding]:
+def unit_findings(unit: ConfigUnit, settings: Settings) -> Iterator[Finding]:
+    """The findings of every enabled unit-scope rule for ``unit`` (no suppressions applied);
+    the audit runs the topic and broker rules over live configs through this too."""
     for found in iter_rules(scope="unit"):
         if found.check is None or unit.kind not in found.kinds or not settings.enabled(found.id):
             continue
@@ -208,7 +210,7 @@ def lint_text(
             unit.kind, unit.kind_forced = settings.kind, True
         elif not unit.kind_forced:
             unit.kind = detect_kind(unit)
-        findings.extend(_unit_findings(unit, settings))
+        findings.extend(unit_findings(unit, settings))
         if units_out is not None:
             units_out.append(unit)
     sup = parse_suppressions(text, python=fmt == "python")

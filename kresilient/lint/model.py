@@ -1,4 +1,9 @@
-"""Value types shared by the lint readers, rules, outputs and the audit."""
+"""Value types shared by the lint readers, rules, outputs and the audit.
+
+Every module of :mod:`kresilient.lint` may import this one; it imports none of them, so the
+readers (:mod:`~kresilient.lint.readers`, :mod:`~kresilient.lint.pyreader`) share their
+result types here instead of importing each other.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,10 @@ Kind = Literal["producer", "consumer", "admin", "client", "broker", "topic"]
 CLIENT_KINDS: frozenset[str] = frozenset({"producer", "consumer", "admin", "client"})
 KINDS: tuple[Kind, ...] = ("producer", "consumer", "admin", "client", "broker", "topic")
 REDACTED = "<redacted>"
+#: Keys of topic specs (topic-as-code files) that are not topic configs.
+TOPIC_SPEC_KEYS = frozenset(
+    {"name", "partitions", "replication.factor", "replicas", "num.partitions"}
+)
 #: Longest finding message (characters); longer ones (huge values) are cut, saying so.
 MESSAGE_LIMIT = 1000
 
@@ -157,3 +166,20 @@ class Finding:
     def sort_key(self) -> tuple[str, int, int, str]:
         """Stable report order: path, line, column, rule."""
         return (self.path, self.line, self.col, self.rule)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParseError:
+    """Where and why a file could not be parsed (no file content in ``message``)."""
+
+    line: int
+    col: int
+    message: str
+
+
+@dataclass(kw_only=True, slots=True)
+class ReadResult:
+    """What a reader found: config units, and a parse error if the file is malformed."""
+
+    units: list[ConfigUnit] = field(default_factory=list)
+    error: ParseError | None = None

@@ -8,6 +8,7 @@ import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from kresilient import _catalog as catalog
 from kresilient.lint.model import Finding, Severity
 from kresilient.lint.registry import RULES, Rule, iter_rules
 
@@ -191,8 +192,6 @@ files and Python sources (configs passed to confluent-kafka and kresilient clien
 
 def rules_markdown() -> str:
     """The docs/lint-rules.md page: a summary table, then every rule's why and fix."""
-    from kresilient import _catalog as catalog
-
     rules = list(iter_rules())
     lines = [
         _DOC_HEADER,

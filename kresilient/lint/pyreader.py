@@ -14,8 +14,7 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from kresilient.lint.model import ConfigUnit, Entry, Kind
-from kresilient.lint.readers import ParseError, ReadResult
+from kresilient.lint.model import ConfigUnit, Entry, Kind, ParseError, ReadResult
 
 __all__ = ["read_python"]
 

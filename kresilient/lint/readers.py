@@ -13,31 +13,23 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import yaml
 
 from kresilient import _catalog as catalog
-from kresilient.lint.model import ConfigUnit, Entry, Kind, has_lone_surrogate
+from kresilient.lint.model import (
+    TOPIC_SPEC_KEYS,
+    ConfigUnit,
+    Entry,
+    Kind,
+    ParseError,
+    ReadResult,
+    has_lone_surrogate,
+)
+from kresilient.lint.pyreader import read_python
 
 __all__ = ["ParseError", "ReadResult", "detect_format", "read_text"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ParseError:
-    """Where and why a file could not be parsed (no file content in ``message``)."""
-
-    line: int
-    col: int
-    message: str
-
-
-@dataclass(kw_only=True, slots=True)
-class ReadResult:
-    """What a reader found: config units, and a parse error if the file is malformed."""
-
-    units: list[ConfigUnit] = field(default_factory=list)
-    error: ParseError | None = None
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -58,10 +50,6 @@ SECTION_HINTS: dict[str, Kind] = {
     "topic": "topic",
     "topics": "topic",
 }
-#: Keys of topic specs (topic-as-code files) that are not topic configs.
-TOPIC_SPEC_KEYS = frozenset(
-    {"name", "partitions", "replication.factor", "replicas", "num.partitions"}
-)
 _SPEC_ALIASES = {
     "replicationFactor": "replication.factor",
     "replication_factor": "replication.factor",
@@ -719,8 +707,6 @@ def detect_format(path: str, text: str | None = None) -> str | None:
 
 def read_text(text: str, path: str, fmt: str, kind: Kind | None = None) -> ReadResult:
     """Parse ``text`` (the content of ``path``) in format ``fmt``; never raises on bad input."""
-    from kresilient.lint.pyreader import read_python
-
     readers: dict[str, Reader] = {
         "properties": _read_properties,
         "yaml": _read_yaml,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kresilient import _catalog as catalog
-from kresilient.lint.model import ConfigUnit, Entry, Severity
+from kresilient.lint.model import TOPIC_SPEC_KEYS, ConfigUnit, Entry, Severity
 from kresilient.lint.registry import (
     Hit,
     effective,
@@ -154,8 +154,6 @@ def _placement(name: str) -> str:
     "librdkafka equivalent).",
 )
 def _unknown(unit: ConfigUnit) -> Iterator[Hit]:
-    from kresilient.lint.readers import TOPIC_SPEC_KEYS
-
     for key, entry in unit.entries.items():
         if is_client(unit):
             if catalog.lookup(key) is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+from kresilient import _catalog as catalog
 from kresilient.lint.model import ConfigUnit, Entry, Severity
 from kresilient.lint.registry import (
     Hit,
@@ -122,8 +123,6 @@ def _sasl_plaintext(unit: ConfigUnit) -> Iterator[Hit]:
     "provider) and rotate the exposed credential.",
 )
 def _credential(unit: ConfigUnit) -> Iterator[Hit]:
-    from kresilient import _catalog as catalog
-
     for key, entry in unit.entries.items():
         if entry.dynamic or entry.value is None or not catalog.is_secret_key(key):
             continue
