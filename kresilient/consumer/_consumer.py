@@ -66,8 +66,8 @@ from kresilient.deadletter import (
     CircuitBreakerPolicy,
     DeadLetterPolicy,
     DeadLetterWriter,
-    dead_letter_producer_config,
 )
+from kresilient.deadletter import dead_letter_producer_config as dead_letter_producer_config_of
 from kresilient.errors import BatchItemError, ConfigError, classify, translate
 from kresilient.leadership import LeadershipMonitor
 from kresilient.producer import ResilientProducer
@@ -290,7 +290,18 @@ class ResilientConsumer:
         self._dlq_policy = dead_letter
         self._breaker = CircuitBreaker(circuit_breaker) if circuit_breaker is not None else None
         self._user_dlq = dead_letter_producer
-        self._dlq_overrides = dict(dead_letter_producer_config or {})
+        # derived (and validated) now: a bad override is a ConfigError here, not in run()
+        self._dlq_config = (
+            dead_letter_producer_config_of(
+                config,
+                client_id=self.client_id,
+                overrides=dict(dead_letter_producer_config or {}),
+                allow_unsafe=allow_unsafe,
+                logger=base_log,
+            )
+            if dead_letter is not None and dead_letter_producer is None
+            else None
+        )
         self._max_batch = max_batch_size
         self._poll_timeout = poll_timeout
         self._shutdown_timeout = shutdown_timeout
@@ -440,13 +451,8 @@ class ResilientConsumer:
                 self._check_dead_letter_topics(policy)
             target = self._user_dlq
             if target is None:
-                conf = dead_letter_producer_config(
-                    self._user_config,
-                    client_id=self.client_id,
-                    overrides=self._dlq_overrides,
-                    allow_unsafe=self._allow_unsafe,
-                    logger=self._log,
-                )
+                assert self._dlq_config is not None
+                conf = self._dlq_config
                 # NO_PROPAGATION: the record keeps its original traceparent; the write's own
                 # context goes to kresilient.traceparent (see kresilient.deadletter)
                 target = ResilientProducer(
@@ -564,9 +570,12 @@ class ResilientConsumer:
     def _drop_unassigned(self, msgs: list[Message]) -> list[Message]:
         try:
             assignment = self._consumer.assignment()
-        except KafkaException as exc:  # cannot tell: keep nothing (the owner re-fetches them)
+        except (KafkaException, RuntimeError) as exc:
+            # cannot tell: keep them all. Dropping messages of a partition still assigned
+            # would skip them for good (its fetch position is past them); handling one of a
+            # revoked partition only duplicates it (at-least-once).
             self._log.warning("assignment_unknown", error=self._redact(str(exc)))
-            assignment = []
+            return msgs
         kept, dropped = drop_unassigned(msgs, {(p.topic, p.partition) for p in assignment})
         if dropped:
             self._log.info(
