@@ -811,7 +811,7 @@ class KafkaCluster:
         return [int(r) for r in self._partition_settled(topic, partition).isrs]
 
     def _views(self, topic: str) -> list[dict[int, PartitionView]]:
-        """Every reachable node's own view of ``topic`` (frozen or peer-isolated nodes skipped).
+        """Every reachable node's own view of ``topic`` (frozen or faulted nodes skipped).
 
         The admin client asks whichever broker it likes, so one answer says nothing about
         the next read; waits that a test builds on require every broker to agree.
@@ -827,7 +827,9 @@ class KafkaCluster:
                     for p, v in t.partitions.items()
                 }
             ]
-        isolated = set(self._network.peer_isolated()) if self._network is not None else set()
+        # A node under a network fault may lag the metadata log for as long as the fault
+        # lasts (its controller fetches time out): its view is not waited for.
+        isolated = set(self._network.faulty()) if self._network is not None else set()
         views: list[dict[int, PartitionView]] = []
         for node in self._nodes.values():
             if node.frozen or node.node_id in isolated:

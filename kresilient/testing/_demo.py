@@ -1,10 +1,17 @@
-"""``kresilient demo``: produce through a leader crash on a real local cluster, then prove it.
+"""``kresilient demo``: produce through a fault on a real local cluster, then prove it.
 
 Starts a 3-node KRaft Kafka (or uses ``KRESILIENT_BOOTSTRAP_SERVERS`` without the chaos),
-produces numbered messages through :class:`kresilient.ResilientProducer`, SIGKILLs the
-partition leader a third of the way in and restarts it later, then reads everything back
+produces numbered messages through :class:`kresilient.ResilientProducer`, injects a fault on
+the partition leader a third of the way in and ends it later, then reads everything back
 and prints what happened: the election, the producer's view of leadership, and the count of
-missing and duplicated messages (both must be 0).
+missing and duplicated messages (both must be 0). The faults (``fault=``):
+
+- ``kill``: SIGKILL the leader (a crash); restart it later.
+- ``isolate``: cut the leader from clients and from the other nodes (a network
+  partition, seed 000); the controller elects a new leader; heal later.
+- ``ack-loss``: the leader keeps processing requests but its responses never reach the
+  client (lost acknowledgements, seed 002) until the client times out and retries; the
+  idempotent producer's retries are deduplicated by the broker.
 """
 
 from __future__ import annotations
@@ -48,6 +55,48 @@ def _read_back(bootstrap: str, expected: int) -> list[int]:
     return seen
 
 
+def _inject(cluster: KafkaCluster, fault: str, leader: int, at: int, producer: Any) -> str:
+    t0 = time.monotonic()
+    if fault == "kill":
+        cluster.kill(leader)
+        new_leader = cluster.wait_for_leader(TOPIC, not_on=leader, timeout=60)
+        return (
+            f"SIGKILL node {leader} (leader) at message {at}: node {new_leader} "
+            f"elected from the ISR in {time.monotonic() - t0:.1f}s"
+        )
+    if fault == "isolate":
+        cluster.network.isolate(leader)
+        new_leader = cluster.wait_for_leader(TOPIC, not_on=leader, timeout=60)
+        return (
+            f"ISOLATED node {leader} (leader) from clients and peers at message {at}: node "
+            f"{new_leader} elected from the ISR in {time.monotonic() - t0:.1f}s"
+        )
+    network = cluster.network
+    accepted = network.connections_accepted(leader)
+    network.drop_responses(leader)
+    # Keep the acknowledgements lost until the producer gave up waiting (request.timeout.ms)
+    # and reconnected to retry: the broker has then stored messages the client thinks failed.
+    deadline = time.monotonic() + 60
+    while network.connections_accepted(leader) <= accepted and time.monotonic() < deadline:
+        producer.poll(0.1)
+    network.heal(leader)
+    return (
+        f"DROPPED {network.dropped_responses(leader)} responses of node {leader} (leader) at "
+        f"message {at} for {time.monotonic() - t0:.1f}s: requests processed, acknowledgements "
+        "lost, the producer timed out and retried"
+    )
+
+
+def _end(cluster: KafkaCluster, fault: str, leader: int, at: int) -> str:
+    if fault == "kill":
+        cluster.start(leader)
+        return f"restarted node {leader} at message {at}"
+    if fault == "isolate":
+        cluster.network.heal(leader)
+        return f"healed the network of node {leader} at message {at}"
+    return f"(acknowledgements flowing again since the retry; message {at})"
+
+
 def _quiet_librdkafka(
     _logger: Any, _name: str, event: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
@@ -58,8 +107,14 @@ def _quiet_librdkafka(
     return event
 
 
-def main(messages: int = 200_000) -> int:
+FAULTS = ("kill", "isolate", "ack-loss")
+"""The faults :func:`main` can inject."""
+
+
+def main(messages: int = 200_000, fault: str = "kill") -> int:
     """Run the demo; returns 0 when every message was acknowledged exactly once."""
+    if fault not in FAULTS:
+        raise ValueError(f"fault must be one of {', '.join(FAULTS)}, got {fault!r}")
     structlog.configure(
         processors=[
             _quiet_librdkafka,
@@ -73,7 +128,7 @@ def main(messages: int = 200_000) -> int:
     from kresilient.producer import ResilientProducer
 
     print("Starting a local 3-node Apache Kafka (KRaft) cluster ...", flush=True)
-    with KafkaCluster() as cluster:
+    with KafkaCluster(network_faults=fault != "kill") as cluster:
         print(f"  ready in {cluster.start_seconds:.1f}s at {cluster.bootstrap_servers}")
         cluster.create_topic(
             TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": 2}
@@ -100,21 +155,16 @@ def main(messages: int = 200_000) -> int:
                 "client.id": "kresilient-demo",
                 # A short demo: statistics every second so the leadership monitor sees the move.
                 "statistics.interval.ms": 1000,
+                # librdkafka gives up on an unanswered request after this (default 60 s).
+                "socket.timeout.ms": 5000,
             }
         ) as producer:
             for i in range(messages):
                 producer.produce(TOPIC, str(i).encode(), on_delivery=on_delivery)
                 if i == kill_at and cluster.supports_chaos:
-                    t0 = time.monotonic()
-                    cluster.kill(leader)
-                    new_leader = cluster.wait_for_leader(TOPIC, not_on=leader, timeout=60)
-                    events.append(
-                        f"SIGKILL node {leader} (leader) at message {i}: node {new_leader} "
-                        f"elected from the ISR in {time.monotonic() - t0:.1f}s"
-                    )
+                    events.append(_inject(cluster, fault, leader, i, producer))
                 if i == restart_at and cluster.supports_chaos:
-                    cluster.start(leader)
-                    events.append(f"restarted node {leader} at message {i}")
+                    events.append(_end(cluster, fault, leader, i))
             try:
                 producer.flush()
             except DeliveryError as exc:
@@ -125,7 +175,8 @@ def main(messages: int = 200_000) -> int:
             cluster.wait_for_isr(TOPIC, size=3, timeout=120)
             events.append(f"ISR back to {sorted(cluster.isr(TOPIC))}")
 
-        print(f"\nProduced {messages} messages in {elapsed:.1f}s through a leader crash:")
+        what = {"kill": "a leader crash", "isolate": "a leader partition", "ack-loss": "lost acks"}
+        print(f"\nProduced {messages} messages in {elapsed:.1f}s through {what[fault]}:")
         for line in events:
             print(f"  - {line}")
         print(f"  acknowledged {acked}, reported failed {failed}")

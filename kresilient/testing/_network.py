@@ -68,6 +68,7 @@ class _State:
         self.cond = threading.Condition()
         self.faults = {n: _NodeFaults() for n in node_ids}
         self.dropped_responses = dict.fromkeys(node_ids, 0)
+        self.accepted: dict[tuple[int, str], int] = {}
         self.closed = False
         self.rng = random.Random()
 
@@ -281,6 +282,9 @@ class _Proxy:
             for s in (client, server):
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Connection(self, client, server)
+            with self.state.cond:
+                key = (self.node, self.kind)
+                self.state.accepted[key] = self.state.accepted.get(key, 0) + 1
             with self._lock:
                 if self.closed:
                     conn.close()
@@ -391,6 +395,15 @@ class NetworkFaults:
         """How many response frames of ``node`` were discarded so far (proof of the fault)."""
         with self._state.cond:
             return self._state.dropped_responses[node]
+
+    def connections_accepted(self, node: int, kind: Kind = "client") -> int:
+        """How many connections ``node``'s ``kind`` proxy accepted so far.
+
+        A client that gave up on a request (timeout) reconnects: a rise here while a fault
+        is on proves the client noticed it.
+        """
+        with self._state.cond:
+            return self._state.accepted.get((node, kind), 0)
 
     def faulty(self) -> dict[int, str]:
         """Node id -> description of its active faults (nodes without faults omitted)."""

@@ -1,0 +1,253 @@
+"""Network faults on a real cluster (issue 13): each with a negative control.
+
+A module-scoped ``KafkaCluster(network_faults=True)``: every client, inter-broker and
+controller connection passes through the fault proxies of ``kresilient.testing``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer
+
+from kresilient import LeadershipState, ResilientProducer
+from kresilient.errors import ErrorCategory, classify
+from kresilient.testing import BOOTSTRAP_ENV, ChaosNotSupportedError, KafkaCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+# librdkafka gives up on an unanswered request after socket.timeout.ms (request.timeout.ms
+# is only the broker's ack timeout): the client-side "request timeout" of the issue.
+_REQUEST_TIMEOUT_MS = 4000
+
+
+@pytest.fixture(scope="module", name="net_cluster")
+def _net_cluster() -> Iterator[KafkaCluster]:
+    if os.environ.get(BOOTSTRAP_ENV):
+        pytest.skip(f"network faults need a cluster of our own; {BOOTSTRAP_ENV} is set")
+    with KafkaCluster(network_faults=True) as cluster:
+        yield cluster
+
+
+@pytest.fixture(autouse=True)
+def _heal_network(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "net_cluster" in request.fixturenames:
+        cluster: KafkaCluster = request.getfixturevalue("net_cluster")
+        cluster.heal()
+
+
+def _topic(cluster: KafkaCluster, **config: Any) -> str:
+    name = f"net-{uuid.uuid4().hex[:10]}"
+    return cluster.create_topic(name, 1, 3, {"min.insync.replicas": 2, **config})
+
+
+def _read_back(cluster: KafkaCluster, topic: str, expected: int, timeout: float = 90) -> list[int]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "group.id": f"check-{topic}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    out: list[int] = []
+    deadline = time.monotonic() + timeout
+    idle = 0
+    try:
+        # Until everything expected is read, then two idle polls more: a duplicate would
+        # show up as an extra record.
+        while time.monotonic() < deadline and (len(out) < expected or idle < 2):
+            batch = consumer.consume(1000, timeout=0.5)
+            idle = 0 if batch else idle + 1
+            for msg in batch:
+                if msg.error() is None:
+                    out.append(int(msg.value()))
+                elif msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise AssertionError(f"consume error: {msg.error()}")
+    finally:
+        consumer.close()
+    return out
+
+
+def _wait(
+    what: str, condition: Callable[[], bool], timeout: float, tick: Callable[[], Any]
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        tick()
+
+
+def _ack_loss_run(
+    cluster: KafkaCluster,
+    produce: Callable[[str, int], None],
+    poll: Callable[[float], Any],
+    flush: Callable[[], Any],
+) -> tuple[list[int], int]:
+    """Produce 0..199 with the leader's responses dropped for messages 100..199."""
+    topic = _topic(cluster)
+    leader = cluster.leader(topic)
+    for i in range(100):
+        produce(topic, i)
+    flush()
+    net = cluster.network
+    accepted = net.connections_accepted(leader)
+    with net.drop_responses(leader):
+        for i in range(100, 200):
+            produce(topic, i)
+        # Held until the client gave up on an unanswered request (request.timeout.ms) and
+        # reconnected to retry it: the acknowledgement was really lost.
+        _wait(
+            "the client to time out and reconnect",
+            lambda: (
+                net.dropped_responses(leader) > 0 and net.connections_accepted(leader) > accepted
+            ),
+            60,
+            lambda: poll(0.1),
+        )
+    flush()
+    return _read_back(cluster, topic, 200), net.dropped_responses(leader)
+
+
+def test_lost_acks_resilient_producer_delivers_each_message_exactly_once_in_order(
+    net_cluster: KafkaCluster,
+) -> None:
+    acked: list[int] = []
+    failed: list[Any] = []
+
+    def on_delivery(err: KafkaError | None, msg: Any) -> None:
+        (failed.append(err) if err is not None else acked.append(int(msg.value())))
+
+    with ResilientProducer(
+        {
+            "bootstrap.servers": net_cluster.bootstrap_servers,
+            "socket.timeout.ms": _REQUEST_TIMEOUT_MS,
+            "linger.ms": 5,
+        }
+    ) as producer:
+        seen, dropped = _ack_loss_run(
+            net_cluster,
+            lambda t, i: producer.produce(t, str(i).encode(), on_delivery=on_delivery),
+            producer.poll,
+            producer.flush,
+        )
+    assert dropped > 0
+    assert failed == []
+    assert sorted(acked) == list(range(200)), "each message acknowledged exactly once"
+    assert seen == list(range(200)), f"{len(seen) - len(set(seen))} duplicate(s) or disorder"
+
+
+def test_lost_acks_without_idempotence_duplicate_negative_control(
+    net_cluster: KafkaCluster,
+) -> None:
+    producer = Producer(
+        {
+            "bootstrap.servers": net_cluster.bootstrap_servers,
+            "enable.idempotence": False,
+            "acks": "all",
+            "socket.timeout.ms": _REQUEST_TIMEOUT_MS,
+            "linger.ms": 5,
+        }
+    )
+    seen, dropped = _ack_loss_run(
+        net_cluster,
+        lambda t, i: producer.produce(t, str(i).encode()),
+        producer.poll,
+        lambda: producer.flush(120),
+    )
+    assert dropped > 0
+    assert set(seen) == set(range(200))  # nothing lost either way ...
+    assert len(seen) > 200, "the fault did not bite: no retry duplicated a message"
+
+
+@pytest.mark.parametrize("clients", [False, True], ids=["peers-only", "full"])
+def test_isolated_leader_is_replaced_and_nothing_acknowledged_is_lost(
+    net_cluster: KafkaCluster, clients: bool
+) -> None:
+    topic = _topic(net_cluster)
+    old_leader = net_cluster.leader(topic)
+    acked: list[int] = []
+    errors: list[KafkaError] = []
+    states: set[str] = set()
+
+    def on_delivery(err: KafkaError | None, msg: Any) -> None:
+        if err is None:
+            acked.append(int(msg.value()))
+
+    stop = threading.Event()
+    with ResilientProducer(
+        {
+            "bootstrap.servers": net_cluster.bootstrap_servers,
+            "socket.timeout.ms": _REQUEST_TIMEOUT_MS,
+            "statistics.interval.ms": 1000,
+            "linger.ms": 5,
+            "error_cb": errors.append,
+        }
+    ) as producer:
+
+        def produce_loop() -> None:
+            i = 0
+            while not stop.is_set():
+                producer.produce(topic, str(i).encode(), on_delivery=on_delivery)
+                i += 1
+                producer.poll(0.002)
+                if i % 50 == 0:
+                    states.update(producer.health().leadership.values())
+
+        worker = threading.Thread(target=produce_loop)
+        worker.start()
+        try:
+            _wait("first acknowledgements", lambda: len(acked) > 200, 60, lambda: time.sleep(0.05))
+            with net_cluster.network.isolate(old_leader, clients=clients, peers=True):
+                new_leader = net_cluster.wait_for_leader(topic, not_on=old_leader, timeout=60)
+                after = len(acked)
+                _wait(
+                    "acknowledgements from the new leader",
+                    lambda: len(acked) > after + 200,
+                    90,
+                    lambda: time.sleep(0.05),
+                )
+        finally:
+            stop.set()
+            worker.join()
+        producer.flush(120)
+        health = producer.health()
+    assert new_leader != old_leader
+    seen = _read_back(net_cluster, topic, len(acked))
+    assert set(acked) <= set(seen), f"{len(set(acked) - set(seen))} acknowledged message(s) lost"
+    assert len(seen) == len(set(seen)), "duplicates"
+    assert seen == sorted(seen)
+    # A burst at most, never churn: one election is not a sick cluster.
+    assert LeadershipState.SUSTAINED_CHURN.value not in states | set(health.leadership.values())
+    assert health.sustained_churn == ()
+    for err in errors:  # every error the client saw is explained
+        assert classify(err).category is not ErrorCategory.UNKNOWN, err
+    net_cluster.wait_for_isr(topic, size=3, timeout=120)
+
+
+def test_slow_follower_leaves_the_isr_and_rejoins_after_heal(net_cluster: KafkaCluster) -> None:
+    topic = _topic(net_cluster)
+    leader = net_cluster.leader(topic)
+    follower = [r for r in net_cluster.replicas(topic) if r != leader][-1]
+    assert follower in net_cluster.isr(topic)  # control: in sync before the fault
+    p = Producer({"bootstrap.servers": net_cluster.bootstrap_servers, "acks": "all"})
+    with net_cluster.network.delay(follower, 7000):  # > replica.lag.time.max.ms (5 s)
+        for i in range(50):
+            p.produce(topic, str(i).encode())
+        p.flush(60)
+        isr = net_cluster.wait_for_isr_shrink(topic, without=follower, timeout=90)
+        assert follower not in isr and len(isr) == 2
+    assert follower in net_cluster.wait_for_isr(topic, size=3, timeout=120)
+
+
+def test_network_requires_the_opt_in() -> None:
+    with pytest.raises(ChaosNotSupportedError, match=r"network_faults=True"):
+        _ = KafkaCluster().network  # never started: the check needs no cluster
