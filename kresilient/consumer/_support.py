@@ -25,7 +25,7 @@ from tenacity.wait import wait_base
 
 from kresilient import _catalog as catalog
 from kresilient.config import consumer_config
-from kresilient.errors import BatchItemError, ConfigError, UnsafeConfigError
+from kresilient.errors import BatchItemError, UnsafeConfigError
 
 __all__ = [
     "NOT_RETRIED",
@@ -286,8 +286,3 @@ class SignalHandlers:
             with contextlib.suppress(ValueError, TypeError):  # no longer the main thread
                 signal.signal(sig, previous)
         self._previous.clear()
-
-
-def config_error(message: str, key: str | None = None) -> ConfigError:
-    """A ConfigError for a constructor argument."""
-    return ConfigError(message, key=key)
