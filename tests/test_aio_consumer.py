@@ -1,0 +1,447 @@
+"""AsyncResilientConsumer on the real cluster (issue 14, acceptance 3 and 5).
+
+The consumer-process SIGKILL test is in test_aio_consumer_chaos.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import pytest
+import tenacity
+from _producer_helpers import read_back
+from confluent_kafka import Message
+from structlog.testing import capture_logs
+from test_consumer_integration import TopicFactory, committed, ends, produce, with_dlq
+
+from kresilient.aio import AsyncResilientConsumer
+from kresilient.consumer import RetryPolicy
+from kresilient.deadletter import CircuitBreakerPolicy, parse_dead_letter_headers
+from kresilient.errors import CircuitBreakerOpenError, UnsafeConfigError
+from kresilient.testing import KafkaCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+FAST_RETRY = RetryPolicy(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(0.05))
+
+
+def _conf(cluster: KafkaCluster, group: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": cluster.bootstrap_servers,
+        "group.id": group or f"g-{uuid.uuid4().hex[:10]}",
+        **extra,
+    }
+
+
+async def _until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def _stop(consumer: AsyncResilientConsumer, task: asyncio.Task[None]) -> None:
+    consumer.stop()
+    await asyncio.wait_for(task, 60)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+async def test_a_plain_function_handler_is_a_type_error_naming_it() -> None:
+    def handle_order(msg: Message) -> None:
+        pass
+
+    with pytest.raises(TypeError, match=r"handle_order.*async def"):
+        AsyncResilientConsumer(
+            {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}, ["t"], handle_order
+        )
+
+
+async def test_an_object_with_async_call_is_accepted() -> None:
+    class Handler:
+        async def __call__(self, msg: Message) -> None:
+            pass
+
+    AsyncResilientConsumer({"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}, ["t"], Handler())
+
+
+async def test_unsafe_config_is_refused_naming_the_key() -> None:
+    async def handle(msg: Message) -> None:
+        pass
+
+    with pytest.raises(UnsafeConfigError) as info:
+        AsyncResilientConsumer(
+            {"bootstrap.servers": "127.0.0.1:1", "group.id": "g", "enable.auto.offset.store": True},
+            ["t"],
+            handle,
+        )
+    assert info.value.key == "enable.auto.offset.store"
+
+
+# --------------------------------------------------------------------------- guarantees
+
+
+async def test_everything_handled_once_in_order_and_committed(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, _ = with_dlq(topic_factory, partitions=3)
+    n = 3000
+    produce(
+        kafka_cluster.bootstrap_servers,
+        topic,
+        [(b"%d" % i, b"%d" % i, None, None) for i in range(n)],
+    )
+    seen: dict[int, list[int]] = defaultdict(list)
+
+    async def handle(msg: Message) -> None:
+        await asyncio.sleep(0)
+        seen[msg.partition()].append(msg.offset())
+
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    consumer = AsyncResilientConsumer(_conf(kafka_cluster, group), [topic], handle)
+    task = asyncio.create_task(consumer.run())
+    await _until(lambda: sum(map(len, seen.values())) >= n, 120, "every record")
+    await _stop(consumer, task)
+    high = ends(kafka_cluster.bootstrap_servers, topic)
+    for p, offsets in seen.items():
+        assert offsets == list(range(high[p]))  # once each, in order
+    assert committed(kafka_cluster.bootstrap_servers, group, topic, high) == high
+
+
+async def test_one_percent_poison_goes_to_the_dead_letter_topic_byte_for_byte(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, dlq = with_dlq(topic_factory, partitions=2)
+    n = 2000
+    items = [
+        (b"k%d" % i, (b"poison-%d" % i if i % 100 == 7 else b"ok-%d" % i), [("h", b"%d" % i)], None)
+        for i in range(n)
+    ]
+    where = produce(kafka_cluster.bootstrap_servers, topic, items)
+    handled: list[bytes] = []
+
+    async def handle(msg: Message) -> None:
+        value = msg.value()
+        assert value is not None
+        if value.startswith(b"poison"):
+            raise ValueError(f"not an order: {value[:10]!r}")  # not retried: dead-lettered
+        handled.append(value)
+
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    consumer = AsyncResilientConsumer(
+        _conf(kafka_cluster, group), [topic], handle, retry=FAST_RETRY
+    )
+    task = asyncio.create_task(consumer.run())
+    await _until(lambda: len(handled) + consumer.dead_lettered >= n, 120, "every record")
+    await _stop(consumer, task)
+    poison = {i for i in range(n) if i % 100 == 7}
+    assert consumer.dead_lettered == len(poison) == 20
+    records = read_back(kafka_cluster.bootstrap_servers, dlq)
+    assert len(records) == len(poison)
+    by_key = {r.key(): r for r in records}
+    for i in poison:
+        record = by_key[b"k%d" % i]
+        assert record.value() == b"poison-%d" % i  # byte for byte
+        info = parse_dead_letter_headers(record.headers())
+        assert info.original_headers == (("h", b"%d" % i),)
+        assert (info.original_topic, info.original_partition, info.original_offset) == (
+            topic,
+            *where[i],
+        )
+        assert info.consumer_group == group
+        assert info.exception_short_type == "ValueError"
+        assert info.error_category == "poison"
+    high = ends(kafka_cluster.bootstrap_servers, topic)
+    assert committed(kafka_cluster.bootstrap_servers, group, topic, high) == high
+
+
+async def test_a_handler_awaiting_longer_than_max_poll_interval_causes_no_rebalance(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, _ = with_dlq(topic_factory, partitions=1)
+    produce(
+        kafka_cluster.bootstrap_servers, topic, [(None, b"%d" % i, None, None) for i in range(5)]
+    )
+    max_poll_s = 7.0
+    waited: list[float] = []
+    handled: list[int] = []
+
+    async def handle(msg: Message) -> None:
+        if msg.offset() == 1:
+            began = time.monotonic()
+            await asyncio.sleep(max_poll_s + 4)
+            waited.append(time.monotonic() - began)
+        handled.append(msg.offset() or 0)
+
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    conf = _conf(
+        kafka_cluster,
+        group,
+        **{"max.poll.interval.ms": int(max_poll_s * 1000), "session.timeout.ms": 6000},
+    )
+    with capture_logs() as logs:
+        consumer = AsyncResilientConsumer(conf, [topic], handle)
+        task = asyncio.create_task(consumer.run())
+        await _until(lambda: len(handled) == 5, 60, "every record")
+        await _stop(consumer, task)
+    assert waited and waited[0] > max_poll_s  # the await really outlived max.poll.interval.ms
+    events = [e["event"] for e in logs]
+    # one assignment and one revocation (by close): no rebalance while the handler awaited
+    assert events.count("partitions_assigned") == 1
+    assert events.count("partitions_revoked") == 1
+    assert "partitions_lost" not in events
+    assert "kafka_client_error" not in events  # no MAX_POLL_EXCEEDED
+    assert handled == [0, 1, 2, 3, 4]
+    assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: 5}
+
+
+async def test_retries_pause_the_partition_while_others_flow_and_keep_order(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, _ = with_dlq(topic_factory, partitions=2)
+    produce(
+        kafka_cluster.bootstrap_servers,
+        topic,
+        [(None, b"%d-%d" % (p, i), None, p) for i in range(50) for p in (0, 1)],
+    )
+    attempts: dict[bytes, int] = defaultdict(int)
+    order: dict[int, list[int]] = defaultdict(list)
+
+    async def handle(msg: Message) -> None:
+        value = msg.value() or b""
+        attempts[value] += 1
+        if value == b"0-10" and attempts[value] < 3:
+            raise TimeoutError("downstream busy")  # retried (pause, poll on)
+        order[msg.partition() or 0].append(msg.offset() or 0)
+
+    policy = RetryPolicy(stop=tenacity.stop_after_attempt(5), wait=tenacity.wait_fixed(1.0))
+    consumer = AsyncResilientConsumer(
+        _conf(kafka_cluster), [topic], handle, retry=policy, max_concurrency=2
+    )
+    task = asyncio.create_task(consumer.run())
+    await _until(lambda: len(order[0]) == 50 and len(order[1]) == 50, 60, "both partitions")
+    await _stop(consumer, task)
+    assert attempts[b"0-10"] == 3 and consumer.retries == 2
+    assert order[0] == list(range(50)) and order[1] == list(range(50))  # order kept
+    assert consumer.dead_lettered == 0
+
+
+async def test_max_concurrency_keeps_partition_order_and_never_commits_past_an_unfinished_handler(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, _ = with_dlq(topic_factory, partitions=4)
+    n = 800
+    produce(
+        kafka_cluster.bootstrap_servers,
+        topic,
+        [(b"%d" % i, b"%d" % i, None, None) for i in range(n)],
+    )
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    running: dict[int, set[int]] = defaultdict(set)
+    finished: dict[int, set[int]] = defaultdict(set)
+    started: dict[int, list[int]] = defaultdict(list)
+    max_running = 0
+    violations: list[str] = []
+
+    async def handle(msg: Message) -> None:
+        nonlocal max_running
+        p, o = msg.partition() or 0, msg.offset() or 0
+        if running[p]:
+            violations.append(f"two handlers at once on partition {p}")
+        running[p].add(o)
+        started[p].append(o)
+        max_running = max(max_running, sum(map(len, running.values())))
+        await asyncio.sleep(random.uniform(0.0, 0.02))
+        running[p].discard(o)
+        finished[p].add(o)
+
+    def first_unfinished(p: int) -> int:
+        o = 0
+        while o in finished[p]:
+            o += 1
+        return o
+
+    consumer = AsyncResilientConsumer(
+        _conf(kafka_cluster, group, **{"auto.commit.interval.ms": 200}),
+        [topic],
+        handle,
+        max_concurrency=4,
+    )
+    task = asyncio.create_task(consumer.run())
+    loop = asyncio.get_running_loop()
+    samples = 0
+    while sum(map(len, finished.values())) < n:
+        bound = {p: first_unfinished(p) for p in range(4)}  # taken BEFORE the commit is read
+        got = await loop.run_in_executor(
+            None, committed, kafka_cluster.bootstrap_servers, group, topic, range(4)
+        )
+        for p, offset in got.items():
+            # a later commit may only cover what finished since `bound` was taken: compare
+            # with the first unfinished offset now
+            if offset > first_unfinished(p):
+                violations.append(f"p{p} committed {offset} > first unfinished {bound[p]}")
+        samples += 1
+    await _stop(consumer, task)
+    assert not violations, violations[:5]
+    assert samples >= 3
+    assert max_running >= 2  # negative control: handlers really ran concurrently
+    for offsets in started.values():
+        assert offsets == sorted(offsets) == list(range(len(offsets)))  # per-partition order
+
+
+async def test_a_handler_blocking_the_loop_is_named_in_a_warning(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, _ = with_dlq(topic_factory)
+    produce(kafka_cluster.bootstrap_servers, topic, [(None, b"x", None, None)])
+    done = asyncio.Event()
+
+    async def resize_images(msg: Message) -> None:
+        time.sleep(0.3)  # blocks the event loop: the bug the warning is for
+        done.set()
+
+    with capture_logs() as logs:
+        consumer = AsyncResilientConsumer(
+            _conf(kafka_cluster), [topic], resize_images, blocking_warning_s=0.1
+        )
+        task = asyncio.create_task(consumer.run())
+        await asyncio.wait_for(done.wait(), 60)
+        await _stop(consumer, task)
+    (warning,) = [e for e in logs if e["event"] == "handler_blocked_event_loop"]
+    assert warning["log_level"] == "warning"
+    assert "resize_images" in warning["handler"]
+    assert warning["blocked_s"] >= 0.1 and warning["offset"] == 0
+
+
+async def test_a_handler_that_awaits_is_not_warned_about(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, _ = with_dlq(topic_factory)
+    produce(kafka_cluster.bootstrap_servers, topic, [(None, b"x", None, None)])
+    done = asyncio.Event()
+
+    async def polite(msg: Message) -> None:
+        await asyncio.sleep(0.3)
+        done.set()
+
+    with capture_logs() as logs:
+        consumer = AsyncResilientConsumer(
+            _conf(kafka_cluster), [topic], polite, blocking_warning_s=0.1
+        )
+        task = asyncio.create_task(consumer.run())
+        await asyncio.wait_for(done.wait(), 60)
+        await _stop(consumer, task)
+    assert not [e for e in logs if e["event"] == "handler_blocked_event_loop"]
+
+
+async def test_cancelling_run_commits_what_was_handled_and_leaves_the_group(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, _ = with_dlq(topic_factory, partitions=2)
+    n = 2000
+    produce(
+        kafka_cluster.bootstrap_servers,
+        topic,
+        [(b"%d" % i, b"%d" % i, None, None) for i in range(n)],
+    )
+    handled: dict[int, list[int]] = defaultdict(list)
+
+    async def handle(msg: Message) -> None:
+        await asyncio.sleep(0.002)
+        handled[msg.partition() or 0].append(msg.offset() or 0)
+
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    consumer = AsyncResilientConsumer(_conf(kafka_cluster, group), [topic], handle)
+    task = asyncio.create_task(consumer.run())
+    await _until(lambda: sum(map(len, handled.values())) >= 200, 60, "some progress")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    total = sum(map(len, handled.values()))
+    assert total < n  # negative control: cancelled mid-stream
+    got = committed(kafka_cluster.bootstrap_servers, group, topic, range(2))
+    for p in range(2):
+        expected = handled[p][-1] + 1 if handled[p] else -1001  # -1001: nothing committed
+        assert got[p] == expected  # exactly what was handled, nothing more
+    # and a restarted consumer takes over at once (the group was left, no session wait)
+    rest: list[int] = []
+
+    async def collect(msg: Message) -> None:
+        rest.append(msg.offset() or 0)
+
+    again = AsyncResilientConsumer(_conf(kafka_cluster, group), [topic], collect)
+    task = asyncio.create_task(again.run())
+    await _until(lambda: total + len(rest) >= n, 60, "the rest")
+    await _stop(again, task)
+    assert total + len(rest) == n
+
+
+async def test_circuit_breaker_opens_after_consecutive_dead_letters_and_commits_first(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, dlq = with_dlq(topic_factory)
+    produce(
+        kafka_cluster.bootstrap_servers, topic, [(None, b"%d" % i, None, None) for i in range(20)]
+    )
+
+    async def handle(msg: Message) -> None:
+        if (msg.offset() or 0) >= 5:
+            raise ValueError("bad record")
+
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    consumer = AsyncResilientConsumer(
+        _conf(kafka_cluster, group),
+        [topic],
+        handle,
+        circuit_breaker=CircuitBreakerPolicy(max_consecutive=3),
+    )
+    with pytest.raises(CircuitBreakerOpenError):
+        await asyncio.wait_for(consumer.run(), 60)
+    assert consumer.dead_lettered == 4  # the 4th opened it
+    assert len(read_back(kafka_cluster.bootstrap_servers, dlq)) == 4
+    # handled (5) + dead-lettered and acknowledged (4): committed, nothing past them
+    assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: 9}
+
+
+async def test_trace_context_flows_into_the_handler_task(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    topic, _ = with_dlq(topic_factory)
+    produce(kafka_cluster.bootstrap_servers, topic, [(None, b"x", None, None)])
+    seen: list[Any] = []
+
+    async def handle(msg: Message) -> None:
+        # a task started by the handler inherits the process span as its context
+        inner = asyncio.create_task(_current_span_id())
+        seen.append((trace.get_current_span().get_span_context().span_id, await inner))
+
+    consumer = AsyncResilientConsumer(
+        _conf(kafka_cluster), [topic], handle, tracer_provider=provider
+    )
+    task = asyncio.create_task(consumer.run())
+    await _until(lambda: bool(seen), 60, "the record")
+    await _stop(consumer, task)
+    process = [s for s in exporter.get_finished_spans() if s.name.startswith("process")]
+    assert len(process) == 1
+    assert seen[0] == (process[0].context.span_id, process[0].context.span_id)
+
+
+async def _current_span_id() -> int:
+    from opentelemetry import trace
+
+    return int(trace.get_current_span().get_span_context().span_id)
