@@ -240,6 +240,8 @@ class LeadershipMonitor:
         self._clock = clock
         self._lock = threading.Lock()
         self._parts: dict[tuple[str, int], _Partition] = {}
+        # topic -> its partitions: a topic-wide error touches them without walking all
+        self._by_topic: dict[str, dict[int, _Partition]] = {}
         # partitions not STABLE: the only ones a tick or a query must re-evaluate
         self._unsettled: dict[tuple[str, int], _Partition] = {}
         self._topics: dict[str, _Topic] = {}
@@ -329,7 +331,7 @@ class LeadershipMonitor:
             elif partition is not None and partition >= 0:
                 keys = [(topic, partition)]
             else:
-                keys = [k for k in self._parts if k[0] == topic]
+                keys = [(topic, p) for p in self._by_topic.get(topic, ())]
                 if not keys:
                     self._unattributed += 1
             for key in keys:
@@ -473,6 +475,7 @@ class LeadershipMonitor:
         part = self._parts.get(key)
         if part is None:
             part = self._parts[key] = _Partition(since=now, seen=now)
+            self._by_topic.setdefault(key[0], {})[key[1]] = part
         return part
 
     def _maybe_sweep(self, now: float) -> None:
@@ -492,6 +495,10 @@ class LeadershipMonitor:
         ]
         for key in gone:
             del self._parts[key]
+            same_topic = self._by_topic[key[0]]
+            del same_topic[key[1]]
+            if not same_topic:
+                del self._by_topic[key[0]]
         self._forgotten += len(gone)
         for name in [n for n, t in self._topics.items() if t.seen < cutoff]:
             del self._topics[name]

@@ -238,3 +238,18 @@ def test_scale_rotating_topic_sets_keep_the_monitor_bounded() -> None:
     assert peak <= 2_500 * 6
     assert len(monitor.states()) <= 2_500 * 6
     assert monitor.snapshot()["forgotten_partitions"] >= 2_500 * 34
+
+
+def test_a_topic_wide_error_after_the_topic_is_forgotten_is_unattributed() -> None:
+    monitor, clock, changes = rig(forget_after_s=100)
+    monitor.on_stats(generated_stats({"gone": 3, "live": 2}))
+    clock.now += 500
+    monitor.on_stats(generated_stats({"live": 2}))
+    monitor.refresh()
+    assert set(monitor.states()) == {("live", 0), ("live", 1)}
+    err = KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION)
+    monitor.on_error(err, "gone")  # no partition: every KNOWN partition of the topic
+    assert monitor.snapshot()["unattributed_errors"] == 1
+    monitor.on_error(err, "live")
+    assert monitor.state("live", 0) is BURST and monitor.state("live", 1) is BURST
+    assert {(c.topic, c.partition) for c in changes} == {("live", 0), ("live", 1)}
