@@ -143,3 +143,41 @@ def _closed_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
     return port
+
+
+_BLOCKED = textwrap.dedent(
+    """
+    import sys
+    from kresilient.producer import ResilientProducer
+
+    producer = ResilientProducer({"bootstrap.servers": sys.argv[1]}, exit_timeout=1)
+    for i in range(3):
+        producer.produce("t", b"m%d" % i)
+    print('{"event": "ready"}', flush=True)
+    producer.flush()  # blocks: nothing listens; message.timeout.ms is two minutes
+    """
+)
+
+
+def test_sigterm_during_a_blocking_flush_exits_and_warns_with_counts(closed_port: int) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BLOCKED, f"127.0.0.1:{closed_port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "ready" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        # Without sliced flushes the handler would wait out the 120 s delivery timeout.
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    (warning,) = [line for line in out.splitlines() if "producer_not_closed" in line]
+    assert "failed=3" in warning and "delivered=0" in warning and "unaccounted=0" in warning

@@ -94,6 +94,8 @@ _POOL_MAX: Final = 65536
 #: Callbacks kresilient installs itself; a user's own are chained after kresilient's.
 _CHAINED_CALLBACKS: Final = ("error_cb", "stats_cb", "on_delivery", "logger")
 _DEFAULT_MAX_BYTES: Final = 1_000_000
+#: flush() waits in slices this long, so signal handlers run while it waits.
+_FLUSH_SLICE: Final = 0.5
 #: "Cluster unreachable" warnings are repeated at most once per this many seconds.
 _UNREACHABLE_LOG_INTERVAL: Final = 60.0
 _ERROR_LEVEL_CATEGORIES: Final = frozenset({ErrorCategory.AUTH, ErrorCategory.CONFIG})
@@ -821,10 +823,9 @@ class ResilientProducer:
         began = (self._produced(), self._refused)
         remaining = 0
         while self._producer is not None:
-            left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
             generation = self._recreations
             try:
-                remaining = self._producer.flush(left)
+                remaining = self._flush_slices(deadline)
             except (KafkaException, SystemError) as exc:
                 self._settle(exc, generation)  # raises unless the producer was recreated
                 continue
@@ -847,6 +848,20 @@ class ResilientProducer:
                 raise self._fatal
             return
         raise self._delivery_error(failures, remaining, unaccounted, timeout)
+
+    def _flush_slices(self, deadline: float | None) -> int:
+        """librdkafka's flush in slices of at most _FLUSH_SLICE seconds: Python runs signal
+        handlers only between C calls, so one long flush would hold off SIGTERM/Ctrl-C until
+        message.timeout.ms (two minutes by default)."""
+        producer = self._producer
+        while True:
+            if deadline is None:
+                left = _FLUSH_SLICE
+            else:
+                left = min(_FLUSH_SLICE, max(0.0, deadline - time.monotonic()))
+            remaining: int = producer.flush(left)
+            if not remaining or (deadline is not None and time.monotonic() >= deadline):
+                return remaining
 
     def _flush_dead_letters(self, deadline: float | None) -> list[DeliveryFailure]:
         dlq = self._dlq
