@@ -12,6 +12,11 @@ Arms (each on a fresh topic per round: ``--partitions`` partitions, RF=3,
 - ``kresilient_otel_1pct``: ``ResilientProducer`` with an SDK ``TracerProvider`` sampling 1%
   of root spans (``ParentBased(TraceIdRatioBased(0.01))``) and a batch processor whose
   exporter drops spans.
+- ``kresilient_sub`` / ``kresilient_old``: the ``kresilient`` arm in a fresh subprocess, with
+  this tree's code / with the tree given by ``--old-tree`` (e.g. a checkout of an older
+  commit) first on ``PYTHONPATH``: the layout-regression check, paired in the same run
+  (``--arms raw,kresilient_sub,kresilient_old --old-tree /path/to/old/checkout``). The
+  subprocess times itself exactly like the in-process arm (interpreter start excluded).
 
 The clock runs from the first ``produce`` to the return of ``flush()`` with every delivery
 report received and no failure. Rounds are interleaved with a shuffled order, one warm-up
@@ -34,6 +39,7 @@ import gc
 import json
 import os
 import socket
+import subprocess
 import sys
 import time
 import uuid
@@ -60,6 +66,41 @@ from kresilient.producer import ResilientProducer
 from kresilient.testing import KafkaCluster
 
 ARMS = ("raw", "kresilient", "kresilient_otel_1pct")
+SUBPROCESS_ARMS = ("kresilient_sub", "kresilient_old")
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_subprocess(
+    tree: Path, bootstrap: str, topic: str, size: int, n: int
+) -> tuple[float, float, float, int]:
+    """The ``kresilient`` arm in a child interpreter importing kresilient from ``tree``."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", bootstrap, topic, str(size), str(n)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=str(tree),
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"child arm failed ({tree}):\n{proc.stderr[-2000:]}")
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    return r["wall_s"], r["cpu_s"], r["gc_s"], r["gc_collections"]
+
+
+def child(argv: list[str]) -> None:
+    """``--child BOOTSTRAP TOPIC SIZE N``: run the kresilient arm once, print its timer."""
+    import kresilient
+
+    _quiet_structlog()
+    bootstrap, topic, size, n = argv[0], argv[1], int(argv[2]), int(argv[3])
+    t = run_kresilient({"bootstrap.servers": bootstrap}, topic, os.urandom(size), n)
+    out = {"wall_s": t.wall_s, "cpu_s": t.cpu_s, "gc_s": t.gc_s, "gc_collections": t.gc_collections}
+    print(f"# kresilient from {kresilient.__file__}", file=sys.stderr)
+    print(json.dumps(out))
+
+
 POLL_MASK = 1023
 
 
@@ -159,21 +200,26 @@ def end_to_end(args: argparse.Namespace) -> None:
                     n = args.messages if round_no >= 0 else min(args.messages, 100_000)
                     gc.collect()
                     try:
-                        if name == "raw":
-                            t = run_raw(config, topic, value, n)
-                        elif name == "kresilient":
-                            t = run_kresilient(user, topic, value, n)
+                        if name in SUBPROCESS_ARMS:
+                            tree = _ROOT if name == "kresilient_sub" else Path(args.old_tree)
+                            wall, cpu, gc_s, gc_n = run_subprocess(tree, bootstrap, topic, size, n)
                         else:
-                            t = run_kresilient(user, topic, value, n, provider)
+                            if name == "raw":
+                                t = run_raw(config, topic, value, n)
+                            elif name == "kresilient":
+                                t = run_kresilient(user, topic, value, n)
+                            else:
+                                t = run_kresilient(user, topic, value, n, provider)
+                            wall, cpu, gc_s, gc_n = t.wall_s, t.cpu_s, t.gc_s, t.gc_collections
                     finally:
                         cluster.delete_topic(topic)
                     return Sample(
                         arm=name,
                         round=round_no,
                         messages=n,
-                        wall_s=t.wall_s,
-                        cpu_s=t.cpu_s,
-                        extra={"gc_s": t.gc_s, "gc_collections": t.gc_collections},
+                        wall_s=wall,
+                        cpu_s=cpu,
+                        extra={"gc_s": gc_s, "gc_collections": gc_n},
                     )
 
                 return run
@@ -306,10 +352,23 @@ def main() -> None:
     parser.add_argument("--json", help="also write every sample to this file")
     parser.add_argument("--micro", action="store_true", help="enqueue cost only, no broker")
     parser.add_argument("--micro-messages", type=int, default=100_000)
+    parser.add_argument(
+        "--old-tree",
+        help="a checkout whose kresilient the kresilient_old arm imports (PYTHONPATH)",
+    )
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2:])
+        return
     args = parser.parse_args()
-    unknown = set(args.arms) - set(ARMS)
+    unknown = set(args.arms) - set(ARMS) - set(SUBPROCESS_ARMS)
     if unknown:
-        parser.error(f"unknown arm(s) {sorted(unknown)}; choose from {', '.join(ARMS)}")
+        parser.error(
+            f"unknown arm(s) {sorted(unknown)}; choose from {', '.join(ARMS + SUBPROCESS_ARMS)}"
+        )
+    if "kresilient_old" in args.arms and not args.old_tree:
+        parser.error("the kresilient_old arm needs --old-tree")
+    if args.micro and set(args.arms) & set(SUBPROCESS_ARMS):
+        parser.error("subprocess arms are end-to-end only")
     if args.micro:
         micro(args)
     else:
