@@ -3,7 +3,11 @@
 Installed with kresilient, so any project's tests get:
 
 - ``kafka_cluster`` (session): a :class:`kresilient.testing.KafkaCluster` of 3 KRaft nodes,
-  or the cluster named by ``KRESILIENT_BOOTSTRAP_SERVERS``.
+  or the cluster named by ``KRESILIENT_BOOTSTRAP_SERVERS``. Clients connect directly (no
+  fault proxy).
+- ``kafka_network_cluster`` (session, started on first use): a second 3-node cluster with
+  ``network_faults=True`` for ``cluster.network`` faults; skipped when
+  ``KRESILIENT_BOOTSTRAP_SERVERS`` is set. Its faults are healed after every test using it.
 - ``topic``: a fresh topic name, 1 partition, RF=3, ``min.insync.replicas=2``.
 - ``topic_factory``: ``topic_factory(partitions=1, replication_factor=3, config=None)``.
 - markers ``integration`` (needs a cluster) and ``chaos`` (kills, stops or freezes nodes;
@@ -57,9 +61,28 @@ def _kafka_cluster() -> Iterator[KafkaCluster]:
         cluster.close()
 
 
+@pytest.fixture(scope="session", name="kafka_network_cluster")
+def _kafka_network_cluster() -> Iterator[KafkaCluster]:
+    """A 3-node cluster whose every connection passes through fault proxies."""
+    if os.environ.get(BOOTSTRAP_ENV):
+        pytest.skip(
+            f"network faults need a cluster started by kresilient.testing; {BOOTSTRAP_ENV} "
+            "points at an external cluster"
+        )
+    cluster = KafkaCluster(network_faults=True)
+    try:
+        cluster.start_cluster()
+        yield cluster
+    finally:
+        cluster.close()
+
+
 @pytest.fixture(autouse=True)
 def _heal_after_chaos(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
+    if "kafka_network_cluster" in request.fixturenames:
+        network_cluster: KafkaCluster = request.getfixturevalue("kafka_network_cluster")
+        network_cluster.heal()
     if request.node.get_closest_marker("chaos") is None:
         return
     if "kafka_cluster" not in request.fixturenames:

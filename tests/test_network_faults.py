@@ -1,16 +1,15 @@
 """Network faults on a real cluster (issue 13): each with a negative control.
 
-A module-scoped ``KafkaCluster(network_faults=True)``: every client, inter-broker and
-controller connection passes through the fault proxies of ``kresilient.testing``.
+The plugin's ``kafka_network_cluster`` (``KafkaCluster(network_faults=True)``): every client,
+inter-broker and controller connection passes through the fault proxies.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 
 from kresilient import LeadershipState, ResilientProducer
 from kresilient.errors import ErrorCategory, classify
-from kresilient.testing import BOOTSTRAP_ENV, ChaosNotSupportedError, KafkaCluster
+from kresilient.testing import ChaosNotSupportedError, KafkaCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -27,20 +26,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 _REQUEST_TIMEOUT_MS = 4000
 
 
-@pytest.fixture(scope="module", name="net_cluster")
-def _net_cluster() -> Iterator[KafkaCluster]:
-    if os.environ.get(BOOTSTRAP_ENV):
-        pytest.skip(f"network faults need a cluster of our own; {BOOTSTRAP_ENV} is set")
-    with KafkaCluster(network_faults=True) as cluster:
-        yield cluster
-
-
-@pytest.fixture(autouse=True)
-def _heal_network(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    if "net_cluster" in request.fixturenames:
-        cluster: KafkaCluster = request.getfixturevalue("net_cluster")
-        cluster.heal()
+@pytest.fixture(name="net_cluster")
+def _net_cluster(kafka_network_cluster: KafkaCluster) -> KafkaCluster:
+    # The plugin's session cluster with network_faults=True; healed after each test.
+    return kafka_network_cluster
 
 
 def _topic(cluster: KafkaCluster, **config: Any) -> str:
@@ -251,3 +240,63 @@ def test_slow_follower_leaves_the_isr_and_rejoins_after_heal(net_cluster: KafkaC
 def test_network_requires_the_opt_in() -> None:
     with pytest.raises(ChaosNotSupportedError, match=r"network_faults=True"):
         _ = KafkaCluster().network  # never started: the check needs no cluster
+
+
+def test_lossy_network_loses_and_duplicates_nothing(net_cluster: KafkaCluster) -> None:
+    topic = _topic(net_cluster)
+    acked: list[int] = []
+    failed: list[Any] = []
+    consumed_during_fault: list[int] = []
+    stop = threading.Event()
+
+    def on_delivery(err: KafkaError | None, msg: Any) -> None:
+        (failed.append(err) if err is not None else acked.append(int(msg.value())))
+
+    def consume_loop() -> None:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": net_cluster.bootstrap_servers,
+                "group.id": f"lossy-{topic}",
+                "auto.offset.reset": "earliest",
+            }
+        )
+        consumer.subscribe([topic])
+        try:
+            while not stop.is_set():
+                for msg in consumer.consume(500, timeout=0.5):
+                    if msg.error() is None:
+                        consumed_during_fault.append(int(msg.value()))
+        finally:
+            consumer.close()
+
+    before = net_cluster.network.counters()
+    with ResilientProducer(
+        {"bootstrap.servers": net_cluster.bootstrap_servers, "linger.ms": 5}
+    ) as producer:
+        for node in net_cluster.node_ids:
+            net_cluster.network.loss(node, 5)
+            net_cluster.network.delay(node, 50, jitter_ms=50)
+        reader = threading.Thread(target=consume_loop)
+        reader.start()
+        try:
+            i = 0
+            end = time.monotonic() + 60  # the issue's 60 s of produce+consume on a lossy net
+            while time.monotonic() < end:
+                producer.produce(topic, str(i).encode(), on_delivery=on_delivery)
+                i += 1
+                producer.poll(0.002)  # ~300-500 messages a second
+        finally:
+            stop.set()
+            reader.join()
+            net_cluster.network.heal()
+        producer.flush(120)
+    after = net_cluster.network.counters()
+    # The fault was real: segments were lost and chunks delayed while we produced.
+    assert after["lost_segments"] - before["lost_segments"] > 20
+    assert after["delayed_chunks"] - before["delayed_chunks"] > 1000
+    assert consumed_during_fault, "nothing consumed while the network was lossy"
+    assert failed == []
+    assert sorted(acked) == list(range(i))
+    seen = _read_back(net_cluster, topic, len(acked))
+    lost, duplicated = i - len(set(seen)), len(seen) - len(set(seen))
+    assert seen == list(range(i)), f"lost {lost}, duplicated {duplicated}"

@@ -69,6 +69,8 @@ class _State:
         self.faults = {n: _NodeFaults() for n in node_ids}
         self.dropped_responses = dict.fromkeys(node_ids, 0)
         self.accepted: dict[tuple[int, str], int] = {}
+        self.lost_segments = 0
+        self.delayed_chunks = 0
         self.closed = False
         self.rng = random.Random()
 
@@ -88,8 +90,10 @@ class _State:
         for f in links:
             if f.delay_ms or f.jitter_ms:
                 hold += max(0.0, f.delay_ms + self.rng.uniform(-f.jitter_ms, f.jitter_ms)) / 1e3
+                self.delayed_chunks += 1
             if f.loss_percent and self.rng.random() * 100 < f.loss_percent:
                 hold += _RTO_S
+                self.lost_segments += 1
         return hold
 
 
@@ -404,6 +408,14 @@ class NetworkFaults:
         """
         with self._state.cond:
             return self._state.accepted.get((node, kind), 0)
+
+    def counters(self) -> dict[str, int]:
+        """Totals since start: ``lost_segments`` (RTO holds), ``delayed_chunks``."""
+        with self._state.cond:
+            return {
+                "lost_segments": self._state.lost_segments,
+                "delayed_chunks": self._state.delayed_chunks,
+            }
 
     def faulty(self) -> dict[int, str]:
         """Node id -> description of its active faults (nodes without faults omitted)."""
