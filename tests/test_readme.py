@@ -77,6 +77,8 @@ def _blocks() -> list[Block]:
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != BOOTSTRAP_ENV}
+    if "KRESILIENT_README_PYTHON" in os.environ:
+        env.pop("PYTHONPATH", None)  # a fresh venv sees only what pip installed into it
     env["PATH"] = str(Path(PYTHON).parent) + os.pathsep + env.get("PATH", "")
     env["PYTHONUNBUFFERED"] = "1"  # the consumer's prints are read while it runs
     env["PYSPARK_PYTHON"] = PYTHON
