@@ -235,12 +235,14 @@ def _add_cluster(sub: Any) -> None:
     cluster.add_argument(
         "--nodes",
         type=int,
+        metavar="N",
         default=3,
         help="Number of nodes, each a broker and a controller (default: 3).",
     )
     cluster.add_argument(
         "--port",
         type=int,
+        metavar="PORT",
         default=None,
         help=(
             "Client port of the first node: node N serves clients on PORT+N-1, so 9092 gives "
@@ -254,7 +256,7 @@ def _add_cluster(sub: Any) -> None:
 def _add_demo(sub: Any) -> None:
     demo = sub.add_parser(
         "demo",
-        help="Produce through a leader crash on a local cluster and prove nothing was lost.",
+        help="Produce through a fault on a local cluster and prove nothing was lost.",
         description=(
             "Start a local 3-node Kafka cluster, produce numbered messages with "
             "ResilientProducer, inject a fault on the partition leader a third of the way "
@@ -266,6 +268,7 @@ def _add_demo(sub: Any) -> None:
     demo.add_argument(
         "--messages",
         type=int,
+        metavar="N",
         default=200_000,
         help="How many messages to produce (default: 200000).",
     )
@@ -296,18 +299,19 @@ def _add_topic(sub: Any) -> None:
         help="Create a topic and wait until every partition has a leader.",
         description=(
             "Create a topic and wait until every partition has a leader. "
-            "min.insync.replicas defaults to 2 (1 when the replication factor is 1). "
+            "min.insync.replicas defaults to the smaller of 2 and the replication factor. "
             "Prints one line per topic created on stdout."
         ),
         epilog=_EXIT_CODES,
     )
     create.add_argument("name", metavar="NAME", help="Name of the topic to create.")
     create.add_argument(
-        "--partitions", type=int, default=1, help="Number of partitions (default: 1)."
+        "--partitions", type=int, default=1, metavar="N", help="Number of partitions (default: 1)."
     )
     create.add_argument(
         "--replication-factor",
         type=int,
+        metavar="N",
         default=3,
         help="Copies of each partition, at most the number of brokers (default: 3).",
     )
