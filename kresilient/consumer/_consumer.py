@@ -70,8 +70,7 @@ from kresilient.deadletter import (
 from kresilient.deadletter import dead_letter_producer_config as dead_letter_producer_config_of
 from kresilient.errors import BatchItemError, ConfigError, classify, translate
 from kresilient.leadership import LeadershipMonitor
-from kresilient.producer import ResilientProducer
-from kresilient.producer._support import LogBridge, Reachability, connect_failure
+from kresilient.producer import LogBridge, Reachability, ResilientProducer, connect_failure
 from kresilient.redaction import Redactor, redact_config
 from kresilient.telemetry import NO_PROPAGATION, Telemetry
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from kresilient.consumer._holds import Holds, LoopState
     from kresilient.consumer._offsets import OffsetKeeper
     from kresilient.leadership import LeadershipMonitor
-    from kresilient.producer._support import Reachability
+    from kresilient.producer import Reachability
     from kresilient.telemetry import Telemetry
 
 __all__ = ["ClientEvents"]
