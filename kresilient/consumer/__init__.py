@@ -33,5 +33,11 @@ Example::
 
 from __future__ import annotations
 
+from kresilient.consumer._breaker import CircuitBreaker
 from kresilient.consumer._consumer import *  # noqa: F403
-from kresilient.consumer._consumer import __all__ as __all__
+from kresilient.consumer._consumer import __all__ as _consumer_all
+from kresilient.consumer._failures import poison
+
+# CircuitBreaker (the running state of a CircuitBreakerPolicy) and poison (the classification
+# of a failure the retry policy does not retry) are shared with kresilient.aio.
+__all__ = [*_consumer_all, "CircuitBreaker", "poison"]
