@@ -7,12 +7,19 @@ restarts), a task:
    attempts, speculative copies and restarts) and calls ``init_transactions()``: the broker
    fences every older producer of that id and aborts its open transaction;
 2. reads the marker: the committed offset of group ``<prefix>-<P>`` on ``(topic, 0)``, read with
-   ``isolation.level=read_committed`` (stable: the fencing above completed any transaction);
+   ``isolation.level=read_committed`` (stable: the fencing above completed any transaction).
+   The broker deletes a member-less group's offsets after ``offsets.retention.minutes`` (7
+   days by default), so the same marker is also written, in the same transaction, as a record
+   keyed ``<prefix>-<P>`` to a compacted marker topic (``markerTopic``, default
+   ``<topic>.kresilient-markers``), which keeps a key's latest record forever. When the group
+   has no offset, the task reads the marker topic: a marker found there is the expired one;
+   none means this partition never committed;
 3. if the marker says ``B`` is committed (offset ``B + 1``), writes nothing and reports
    ``skipped`` (Spark replayed a batch whose partition had committed before a failure);
-4. otherwise begins a transaction, produces every row (dead letters inside it), commits the
-   marker ``B + 1`` with ``send_offsets_to_transaction`` and commits: rows and marker become
-   visible atomically, to ``read_committed`` consumers only.
+4. otherwise begins a transaction, produces every row (dead letters inside it), writes the
+   marker record ``B + 1``, commits the marker ``B + 1`` with ``send_offsets_to_transaction``
+   and commits: rows and both markers become visible atomically, to ``read_committed``
+   consumers only.
 
 Tripwires: the marker records the query id and the row count; a replay with another row count
 (non-deterministic input) or a marker written by another query (a reused prefix) fails the task
@@ -33,34 +40,46 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import structlog
 from confluent_kafka import (
+    OFFSET_BEGINNING,
     Consumer,
     KafkaError,
     KafkaException,
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+)
 
 from kresilient import _catalog as catalog
 from kresilient.errors import (
+    TOO_LARGE_CODES,
+    ConfigError,
     DeadLetterError,
     DeliveryError,
     FatalProducerError,
     KResilientError,
+    ReplayMismatchError,
     classify,
 )
+from kresilient.redaction import Redactor
 from kresilient.spark._options import ColumnLayout, SinkOptions
 from kresilient.spark._task import (
     TaskInfo,
     TaskReport,
     make_report,
     record_report,
+    scrubbed,
     task_info,
     task_span_attributes,
     tracer,
 )
 from kresilient.spark._write import (
+    RedactingLogger,
     _Collector,
     _dead_letter_headers,
     _delivery_failure,
@@ -72,17 +91,15 @@ from kresilient.spark._write import (
     _wait_for_room,
 )
 
-__all__ = ["ReplayMismatchError", "write_task_exactly_once"]
+__all__ = ["ReplayMismatchError", "ensure_marker_topic", "write_task_exactly_once"]
+
+_log = structlog.get_logger("kresilient.spark")
 
 _TIMEOUT = 60.0
 _MARKER_UNSET = -1001
 #: Room for the record batch header and per-record overhead under the topic's limit.
 _OVERHEAD = 1024
 _topic_limits: dict[tuple[str, str], int] = {}
-
-
-class ReplayMismatchError(KResilientError):
-    """A replayed micro-batch differs from the committed one, or the marker is another query's."""
 
 
 def transactional_prefix(options: SinkOptions, info: TaskInfo) -> str:
@@ -119,6 +136,100 @@ def _topic_limit(config: Mapping[str, Any], topic: str) -> int:
     return limit
 
 
+def ensure_marker_topic(config: Mapping[str, Any], name: str) -> None:
+    """Create the compacted marker topic if it is missing; refuse one that would lose markers.
+
+    Called on the driver when an exactly-once streaming query is planned. Raises
+    :class:`~kresilient.ConfigError` (key ``markerTopic``) when the topic cannot be created or
+    its ``cleanup.policy`` is not exactly ``compact`` (``delete`` would expire markers).
+    """
+    admin = AdminClient(_connection_config(config))
+    metadata = admin.list_topics(timeout=_TIMEOUT)  # all topics: never auto-creates one
+    if name not in metadata.topics:
+        replicas = min(3, len(metadata.brokers))
+        new = NewTopic(
+            name,
+            num_partitions=1,
+            replication_factor=replicas,
+            config={"cleanup.policy": "compact", "min.insync.replicas": str(min(2, replicas))},
+        )
+        try:
+            admin.create_topics([new], operation_timeout=_TIMEOUT)[name].result(timeout=_TIMEOUT)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise ConfigError(
+                    f"guarantee=exactly_once keeps its batch markers in the compacted topic "
+                    f"{name!r}, which could not be created ({exc.args[0].name()}): create it "
+                    "with cleanup.policy=compact, or name another with the markerTopic option",
+                    key="markertopic",
+                ) from None
+    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+    described = admin.describe_configs([resource])[resource].result(timeout=_TIMEOUT)
+    policy = described["cleanup.policy"].value
+    if policy.replace(" ", "") != "compact":
+        raise ConfigError(
+            f"marker topic {name!r} has cleanup.policy={policy}: exactly_once needs "
+            "cleanup.policy=compact (with delete, the broker would expire the batch markers "
+            "and a replay would duplicate committed rows)",
+            key="markertopic",
+        )
+
+
+def _read_durable_marker(
+    config: Mapping[str, Any], consumer: Consumer, marker_topic: str, key: str
+) -> tuple[int, dict[str, Any]] | None:
+    """The latest committed marker record of ``key`` in the marker topic (``None``: none).
+
+    Reads the whole (compacted) topic with ``consumer`` (``read_committed``) up to the high
+    watermark seen before, so no committed marker hides behind another task's open
+    transaction (the last stable offset waits for it). Only needed when the group offset is
+    missing: a partition's first batch, or offsets the broker expired.
+    """
+    tp = TopicPartition(marker_topic, 0)
+    probe = Consumer({**_connection_config(config), "group.id": key, "enable.auto.commit": False})
+    try:
+        if marker_topic not in probe.list_topics(timeout=_TIMEOUT).topics:
+            raise KResilientError(
+                f"the marker topic {marker_topic!r} does not exist: exactly_once cannot tell "
+                "which partitions of this micro-batch already committed (deleted? a new "
+                "markerTopic?). Restore it or start a new query (new checkpoint)"
+            )
+        _, end = probe.get_watermark_offsets(tp, timeout=_TIMEOUT)  # read_uncommitted: the HWM
+    finally:
+        probe.close()
+    if end <= 0:
+        return None
+    wanted = key.encode()
+    found: bytes | None = None
+    wait = max(int(config.get("transaction.timeout.ms", 60000)) / 1000, 60.0) + 30.0
+    deadline = time.monotonic() + wait
+    consumer.assign([TopicPartition(marker_topic, 0, OFFSET_BEGINNING)])
+    try:
+        while True:
+            for m in consumer.consume(num_messages=1000, timeout=0.5):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(err)
+                if m.key() == wanted:
+                    found = m.value()
+            (pos,) = consumer.position([tp])
+            if pos.offset >= end:
+                break
+            if time.monotonic() > deadline:
+                raise KResilientError(
+                    f"could not read the marker topic {marker_topic!r} to offset {end} within "
+                    f"{wait:.0f} s (a transaction stays open on it?)"
+                )
+    finally:
+        consumer.unassign()
+    if found is None:
+        return None
+    meta: dict[str, Any] = json.loads(found)
+    return int(meta["batch"]), meta
+
+
 def _read_marker(consumer: Consumer, topic: str) -> tuple[int, dict[str, Any]]:
     (tp,) = consumer.committed([TopicPartition(topic, 0)], timeout=_TIMEOUT)
     if tp.error is not None:
@@ -151,6 +262,24 @@ def write_task_exactly_once(
     context: Any = task_info,
 ) -> TaskReport:
     """Write one task's rows in one transaction, or skip them if this batch already committed."""
+    redactor = Redactor.for_config(config)
+    try:
+        return _write_task_exactly_once(options, layout, batches, config, context, redactor)
+    except BaseException as exc:
+        safe = scrubbed(exc, redactor)
+        if safe is None:
+            raise
+        raise safe from None
+
+
+def _write_task_exactly_once(
+    options: SinkOptions,
+    layout: ColumnLayout,
+    batches: Iterator[Any],
+    config: Mapping[str, Any],
+    context: Any,
+    redactor: Redactor,
+) -> TaskReport:
     started = time.monotonic()
     info: TaskInfo = context()
     if info.batch_id is None:
@@ -163,7 +292,7 @@ def write_task_exactly_once(
         limit = min(
             int(config.get("message.max.bytes", 1_000_000)), _topic_limit(config, topic) - _OVERHEAD
         )
-        collector = _Collector()
+        collector = _Collector(redactor)
         conf = {k: v for k, v in config.items() if k != "delivery.report.only.error"}
         conf.update(
             {
@@ -173,6 +302,7 @@ def write_task_exactly_once(
                 "delivery.report.only.error": True,
                 "on_delivery": collector.on_delivery,
                 "error_cb": collector.on_error,
+                "logger": RedactingLogger(redactor),
             }
         )
         # librdkafka requires message.timeout.ms <= transaction.timeout.ms.
@@ -195,7 +325,18 @@ def write_task_exactly_once(
         try:
             producer.init_transactions(_TIMEOUT)  # fences older attempts, aborts their txn
             marker, meta = _read_marker(consumer, topic)
-            _check_marker(meta, info, prefix)
+            if marker == _MARKER_UNSET:
+                durable = _read_durable_marker(config, consumer, options.marker_topic_name, name)
+                if durable is not None:
+                    marker, meta = durable
+                    _log.warning(
+                        "spark_marker_group_offset_missing",
+                        group=name,
+                        marker=marker,
+                        source=options.marker_topic_name,
+                        note="the broker expired the marker group's offset "
+                        "(offsets.retention.minutes); the durable marker record is used",
+                    )
             if marker != _MARKER_UNSET and marker >= info.batch_id + 1:
                 rows = sum(b.num_rows for b in batches)
                 if marker == info.batch_id + 1 and meta.get("rows", rows) != rows:
@@ -207,7 +348,7 @@ def write_task_exactly_once(
                 report = make_report(info, rows, {}, {}, started, skipped=True)
             else:
                 report = _write_transaction(
-                    producer, consumer, collector, options, layout, batches, info, topic
+                    producer, consumer, collector, options, layout, batches, info, topic, name
                 )
                 report.seconds = time.monotonic() - started
         finally:
@@ -227,6 +368,7 @@ def _write_transaction(
     batches: Iterator[Any],
     info: TaskInfo,
     topic: str,
+    name: str,
 ) -> TaskReport:
     started = time.monotonic()
     producer.begin_transaction()
@@ -243,12 +385,17 @@ def _write_transaction(
                 failures=[_delivery_failure(f, i) for i, f in enumerate(reported)],
             )
         topics = _dead_letter_in_transaction(producer, collector, options, local, info.attempt)
-        marker = TopicPartition(
-            topic,
-            0,
-            info.batch_id + 1 if info.batch_id is not None else 0,
-            metadata=json.dumps({"query": info.query_id, "rows": writer.rows}),
-        )
+        batch = info.batch_id + 1 if info.batch_id is not None else 0
+        meta = {"query": info.query_id, "rows": writer.rows}
+        # The durable marker, in the same transaction as the group offset below.
+        record = json.dumps({"batch": batch, **meta}).encode()
+        while True:
+            try:
+                producer.produce(options.marker_topic_name, record, name)
+                break
+            except BufferError:
+                _wait_for_room(producer)
+        marker = TopicPartition(topic, 0, batch, metadata=json.dumps(meta))
         producer.send_offsets_to_transaction([marker], consumer.consumer_group_metadata(), _TIMEOUT)
         _commit(producer)
     except BaseException:
@@ -274,7 +421,7 @@ def _dead_letter_in_transaction(
                 "disabled (set the 'deadLetterTopic' option)",
                 failures=[_delivery_failure(f, 0)],
             )
-        too_large = f.error.code() in (KafkaError.MSG_SIZE_TOO_LARGE,)
+        too_large = f.error.code() in TOO_LARGE_CODES
         value = None if too_large else f.value
         headers = _dead_letter_headers(f, attempt, value_dropped=too_large)
         while True:

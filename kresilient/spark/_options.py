@@ -11,7 +11,8 @@ The sink accepts what Spark's built-in Kafka sink accepts, so switching a job is
   ``timestamp`` (timestamp). Other columns are ignored, as the built-in sink ignores them.
 
 kresilient's own options have no ``kafka.`` prefix: ``deadLetterTopic``, ``guarantee``
-(``at_least_once`` or, for streaming, ``exactly_once``) and ``transactionalIdPrefix``. Spark
+(``at_least_once`` or, for streaming, ``exactly_once``), ``transactionalIdPrefix`` and
+``markerTopic``. Spark
 lower-cases option names; matching here is case-insensitive too.
 """
 
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from kresilient.errors import ConfigError
+from kresilient.errors import ConfigError, SchemaError
 
 __all__ = [
     "ColumnLayout",
@@ -58,17 +59,21 @@ _JAVA_ONLY_HINTS: Mapping[str, str] = MappingProxyType(
 
 #: The sink's own options (lower-cased, as Spark hands them over).
 _OWN_OPTIONS = frozenset(
-    {"topic", "includeheaders", "deadlettertopic", "guarantee", "transactionalidprefix", "path"}
+    {
+        "topic",
+        "includeheaders",
+        "deadlettertopic",
+        "guarantee",
+        "transactionalidprefix",
+        "markertopic",
+        "path",
+    }
 )
 
 #: Options Spark itself adds to a streaming query's options.
 _SPARK_OPTIONS = frozenset({"checkpointlocation", "queryname"})
 
 GUARANTEES = ("at_least_once", "exactly_once")
-
-
-class SchemaError(ConfigError):
-    """The DataFrame written to the sink has a column of the wrong type, or lacks ``value``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +91,12 @@ class SinkOptions:
     dead_letter_enabled: bool = True
     guarantee: str = "at_least_once"
     transactional_id_prefix: str | None = None
+    marker_topic: str | None = None  #: exactly_once: the compacted topic of durable markers
+
+    @property
+    def marker_topic_name(self) -> str:
+        """``markerTopic``, else ``<topic>.kresilient-markers`` (exactly_once only)."""
+        return self.marker_topic or f"{self.topic}.kresilient-markers"
 
     def dead_letter_topic_for(self, topic: str | None) -> str | None:
         """The dead-letter topic of a row aimed at ``topic`` (``None``: dead letters disabled).
@@ -140,7 +151,7 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         raise ConfigError(
             f"unknown option {unknown!r} for the kresilient sink: producer settings take the "
             f"'kafka.' prefix (e.g. 'kafka.{unknown}'); the sink's own options are "
-            "topic, deadLetterTopic, guarantee, transactionalIdPrefix",
+            "topic, deadLetterTopic, guarantee, transactionalIdPrefix, markerTopic",
             key=unknown,
         )
     if not producer.get("bootstrap.servers"):
@@ -168,6 +179,7 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         dead_letter_enabled=dlq_enabled,
         guarantee=guarantee,
         transactional_id_prefix=lowered.get("transactionalidprefix") or None,
+        marker_topic=(lowered.get("markertopic") or "").strip() or None,
     )
 
 

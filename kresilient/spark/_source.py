@@ -38,6 +38,7 @@ kresilient`` alone never imports them.
 from __future__ import annotations
 
 import atexit
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -59,6 +60,7 @@ import structlog
 from opentelemetry import trace
 
 from kresilient.errors import ConfigError
+from kresilient.redaction import SECRET_KEYS, Redactor
 from kresilient.spark._options import (
     ColumnLayout,
     SchemaError,
@@ -73,11 +75,12 @@ from kresilient.spark._summary import (
     store_summary,
     summarize,
 )
-from kresilient.spark._task import TaskReport
+from kresilient.spark._task import TaskReport, scrubbed
 from kresilient.spark._write import sink_producer_config, write_task
 
 __all__ = [
     "FORMAT",
+    "PLAN_REDACTION_REGEX",
     "KResilientDataSource",
     "SchemaError",
     "TaskReport",
@@ -99,6 +102,16 @@ class _Plan:
     """Everything a writer needs, checked on the driver before any task starts (picklable)."""
 
     def __init__(self, options: Mapping[str, str], schema: Any, summary_dir: str | None) -> None:
+        try:
+            self._check(options, schema, summary_dir)
+        except Exception as exc:
+            # The driver's error is what the user and Spark's logs see first.
+            safe = scrubbed(exc, Redactor.for_config(_kafka_options(options)))
+            if safe is None:
+                raise
+            raise safe from None
+
+    def _check(self, options: Mapping[str, str], schema: Any, summary_dir: str | None) -> None:
         self.options: SinkOptions = parse_options(options)
         self.layout: ColumnLayout = column_layout(
             [(f.name, f.dataType.simpleString()) for f in schema.fields],
@@ -222,15 +235,53 @@ class KResilientDataSource(DataSource):
         return _BatchWriter(plan)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> _StreamWriter:
-        """The streaming writer (append, update or complete mode: every row is appended)."""
-        return _StreamWriter(_Plan(self.options, schema, self.summary_dir))
+        """The streaming writer (append, update or complete mode: every row is appended).
+
+        With ``guarantee=exactly_once`` it also creates the compacted marker topic if needed.
+        """
+        plan = _Plan(self.options, schema, self.summary_dir)
+        if plan.options.guarantee == "exactly_once":
+            from kresilient.spark._eos import ensure_marker_topic
+
+            ensure_marker_topic(plan.config, plan.options.marker_topic_name)
+        return _StreamWriter(plan)
+
+
+def _kafka_options(options: Mapping[str, str]) -> dict[str, str]:
+    """The ``kafka.*`` options without their prefix (the producer's view, for redaction)."""
+    return {
+        str(k)[len("kafka.") :]: str(v)
+        for k, v in options.items()
+        if str(k).lower().startswith("kafka.")
+    }
+
+
+#: Spark shows a write's options in its plan (``EXPLAIN``, the SQL tab of the UI, event logs),
+#: hiding only those whose key or value matches ``spark.redaction.regex`` (``secret``,
+#: ``password``, ``token``) or ``spark.sql.redaction.options.regex``. Some librdkafka secrets
+#: match neither (``ssl.key.pem``, ``sasl.oauthbearer.assertion.private.key.pem`` ...):
+#: :func:`register` adds every secret key of :mod:`kresilient.redaction` to the latter.
+PLAN_REDACTION_REGEX = (
+    "(?i)^kafka\\.(?:" + "|".join(re.escape(k) for k in sorted(SECRET_KEYS)) + ")$"
+)
+_OPTIONS_REDACTION_CONF = "spark.sql.redaction.options.regex"
 
 
 def register(spark: Any) -> None:
-    """Register the ``kresilient`` format on ``spark`` (a ``SparkSession``).
+    """Register the ``kresilient`` format on ``spark`` (a ``SparkSession``); call it again in
+    any other thread that writes with it (Spark finds the format through the thread's active
+    session).
 
-    Also creates this driver program's summary directory, read by :func:`last_write_summary`.
+    Also creates this driver program's summary directory, read by :func:`last_write_summary`,
+    and extends the session's ``spark.sql.redaction.options.regex`` with
+    :data:`PLAN_REDACTION_REGEX`, so that no secret ``kafka.*`` option shows in a plan.
     """
+    _activate(spark)
+    current = spark.conf.get(_OPTIONS_REDACTION_CONF, None)
+    if not current:
+        spark.conf.set(_OPTIONS_REDACTION_CONF, f"(?i)url|{PLAN_REDACTION_REGEX}")
+    elif PLAN_REDACTION_REGEX not in current:
+        spark.conf.set(_OPTIONS_REDACTION_CONF, f"{current}|{PLAN_REDACTION_REGEX}")
     global _summary_dir
     if _summary_dir is None:
         _summary_dir = tempfile.mkdtemp(prefix="kresilient-spark-")
@@ -243,6 +294,19 @@ def register(spark: Any) -> None:
         {"summary_dir": _summary_dir, "__module__": __name__},
     )
     spark.dataSource.register(source)
+
+
+def _activate(spark: Any) -> None:
+    """Make ``spark`` the active session of the calling thread's JVM twin.
+
+    Spark looks a Python data source up in the *active* session, a JVM thread-local: a write
+    from another thread (or after py4j handed this thread a new JVM thread) fails with
+    ``DATA_SOURCE_NOT_FOUND`` although the format is registered. Calling :func:`register`
+    again in that thread fixes it.
+    """
+    jvm = getattr(spark, "_jvm", None)  # None on Spark Connect: the server resolves it
+    if jvm is not None:
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
 
 
 def last_write_summary() -> WriteSummary | None:

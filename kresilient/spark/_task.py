@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
 from opentelemetry import metrics, trace
 from pyspark.sql.datasource import WriterCommitMessage
 
+from kresilient.errors import KResilientError, classify
 from kresilient.spark._options import SinkOptions
 
 __all__ = [
@@ -17,6 +19,7 @@ __all__ = [
     "TaskReport",
     "make_report",
     "record_report",
+    "scrubbed",
     "task_info",
     "task_span_attributes",
     "tracer",
@@ -130,3 +133,30 @@ def record_report(options: SinkOptions, report: TaskReport) -> None:
             reasons=report.dead_letter_reasons,
             topics=report.dead_letter_topics,
         )
+
+
+def scrubbed(exc: BaseException, redactor: Callable[[str], str]) -> BaseException | None:
+    """``exc`` made safe to leave the task, or ``None`` when it holds no secret as it is.
+
+    Spark prints a failed task's Python traceback, chained causes included, into executor and
+    driver logs, the UI and the job's exception; librdkafka echoes configuration values (a
+    malformed ``sasl.oauthbearer.config``, say) into its error texts. When the formatted
+    traceback holds a secret, the message is redacted, the cause's text folded in redacted,
+    and the chain dropped (the caller raises the result ``from None``). A kresilient exception
+    keeps its type and classification; any other becomes a :class:`KResilientError` naming it.
+    """
+    if not isinstance(exc, Exception):
+        return None  # KeyboardInterrupt, SystemExit: never rewritten
+    text = "".join(traceback.format_exception(exc))
+    if redactor(text) == text:
+        return None
+    message = redactor(str(exc))
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    if cause is not None:
+        message += f" (caused by {type(cause).__name__}: {redactor(str(cause))})"
+    if isinstance(exc, KResilientError):
+        exc.args = (message,)
+        exc.message = message
+        exc.__cause__ = exc.__context__ = None
+        return exc
+    return KResilientError(f"{type(exc).__name__}: {message}", classification=classify(exc))

@@ -17,6 +17,7 @@ so a retry never inherits a broken one (the built-in sink's SPARK-27042).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -27,9 +28,14 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from kresilient.config import producer_config
-from kresilient.deadletter import dead_letter_headers
+from kresilient.deadletter import (
+    DeadLetterHandle,
+    DeadLetterRecord,
+    DeadLetterWriter,
+    dead_letter_headers,
+)
 from kresilient.errors import (
-    Action,
+    TOO_LARGE_CODES,
     Classification,
     DeadLetterError,
     DeliveryError,
@@ -38,20 +44,25 @@ from kresilient.errors import (
     KResilientError,
     UnsafeConfigError,
     classify,
+    failure_from_report,
+    is_unproducible,
     translate,
 )
+from kresilient.redaction import Redactor, redact_text
 from kresilient.spark._options import ColumnLayout, SinkOptions
 from kresilient.spark._task import (
     TaskInfo,
     TaskReport,
     make_report,
     record_report,
+    scrubbed,
     task_info,
     task_span_attributes,
     tracer,
 )
 
 __all__ = [
+    "RedactingLogger",
     "TaskInfo",
     "TaskReport",
     "discard_producers",
@@ -67,18 +78,9 @@ FORCED: Mapping[str, str] = {"acks": "all", "enable.idempotence": "true"}
 VALUE_DROPPED_HEADER = "kresilient.value.dropped.bytes"
 """On a dead letter whose value the dead-letter topic refused as too large: the value's size."""
 
-#: Errors that condemn one row, not the task (beyond what ``classify`` marks DEAD_LETTER): a
-#: ``partition`` column naming a partition the topic does not have is bad data in that row.
-_ROW_ERROR_NAMES = frozenset({"_UNKNOWN_PARTITION"})
 
-#: Size errors. From the broker they may be the batch's fault, not the row's: re-sent alone.
-_SIZE_ERROR_NAMES = frozenset({"MSG_SIZE_TOO_LARGE", "INVALID_MSG_SIZE", "RECORD_LIST_TOO_LARGE"})
-
-_ASIDE: Mapping[str, Any] = {
-    "batch.num.messages": 1,
-    "linger.ms": 0,
-    "message.max.bytes": 16 * 1024 * 1024,
-}
+_ASIDE: Mapping[str, Any] = {"batch.num.messages": 1, "linger.ms": 0}
+_DEAD_LETTER_MAX_BYTES = 16 * 1024 * 1024
 _MAX_CACHED = 4
 
 #: A deeper local queue than librdkafka's 100k messages (bounded to 256 MiB), so a task rarely
@@ -107,9 +109,13 @@ class _Failure:
 class _Collector:
     """Delivery-report sink for one producer: only failures arrive (delivery.report.only.error)."""
 
-    def __init__(self) -> None:
+    def __init__(self, redact: Callable[[str], str] = redact_text) -> None:
         self.failures: list[_Failure] = []
         self.fatal: KafkaError | None = None
+        self.redact = redact
+        #: Recent client-level errors, redacted, by name: why rows time out (authentication,
+        #: connection refused...). Named in the task's failure.
+        self.client_errors: dict[str, str] = {}
 
     def on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None:
@@ -118,9 +124,13 @@ class _Collector:
     def on_error(self, err: KafkaError) -> None:
         if err.fatal():
             self.fatal = err
+        # librdkafka echoes configuration values here (a malformed sasl.oauthbearer.config).
+        if err.name() in self.client_errors or len(self.client_errors) < 5:
+            self.client_errors[err.name()] = self.redact(err.str() or "")
 
     def reset(self) -> None:
         self.failures = []
+        self.client_errors = {}
 
 
 def _failure_from_report(
@@ -135,7 +145,7 @@ def _failure_from_report(
         headers=headers if headers is not None else msg.headers(),
         timestamp=ts if ts_type and ts > 0 else 0,
         error=err,
-        classification=classify(err),
+        classification=classify(err, context="delivery"),
     )
 
 
@@ -145,6 +155,25 @@ class _Entry:
     producer: Producer
     collector: _Collector
     single: tuple[Producer, _Collector] | None = None
+    redactor: Redactor | None = None  #: removes this config's secrets from any text
+    dead_letters: DeadLetterWriter | None = None
+
+    def dead_letter_writer(self, options: SinkOptions) -> DeadLetterWriter:
+        """The dead-letter writer of this producer's tasks (built on first use from the
+        user's ``kafka.*`` options, room for values up to 16 MiB: the dead-letter topic
+        decides what it accepts)."""
+        if self.dead_letters is None:
+            self.dead_letters = DeadLetterWriter(
+                dict(options.producer),
+                client_id="kresilient-spark",
+                message_max_bytes=_DEAD_LETTER_MAX_BYTES,
+            )
+        return self.dead_letters
+
+    def redact(self, text: str) -> str:
+        if self.redactor is None:
+            self.redactor = Redactor.for_config(self.config)
+        return self.redactor(text)
 
 
 _PRODUCERS: dict[tuple[tuple[str, str], ...], _Entry] = {}
@@ -198,16 +227,36 @@ def _acquire(cfg: Mapping[str, Any]) -> tuple[tuple[tuple[str, str], ...], _Entr
 
 
 def _new_producer(cfg: Mapping[str, Any]) -> tuple[Producer, _Collector]:
-    collector = _Collector()
+    redactor = Redactor.for_config(cfg)
+    collector = _Collector(redactor)
     conf = dict(cfg)
     conf["on_delivery"] = collector.on_delivery
     conf["error_cb"] = collector.on_error
-    return Producer(conf), collector
+    conf.setdefault("logger", RedactingLogger(redactor))
+    try:
+        return Producer(conf), collector
+    except KafkaException as exc:
+        # librdkafka echoes the offending value (a malformed sasl.oauthbearer.config...).
+        raise translate(exc, operation="produce", redactor=redactor) from None
+
+
+class RedactingLogger:
+    """librdkafka's log lines (``logger`` setting), redacted, into the ``kresilient.spark``
+    logger; without it librdkafka writes them raw to the worker's stderr, which Spark keeps
+    in the executor logs."""
+
+    __slots__ = ("_redact",)
+
+    def __init__(self, redact: Callable[[str], str]) -> None:
+        self._redact = redact
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        """The ``logging.Logger.log`` signature confluent-kafka calls."""
+        _log.log(level, "librdkafka", line=self._redact(fmt % args if args else fmt))
 
 
 def _aside_producer(entry: _Entry) -> tuple[Producer, _Collector]:
-    """The producer for rows set aside: one record per batch (``_TaskWriter.retry_alone``)
-    and room for large dead letters (the dead-letter topic decides what it accepts)."""
+    """The producer for rows re-sent alone: one record per batch (``_TaskWriter.retry_alone``)."""
     if entry.single is None:
         entry.single = _new_producer({**entry.config, **_ASIDE})
     entry.single[1].reset()
@@ -225,8 +274,13 @@ def _discard(key: tuple[tuple[str, str], ...]) -> None:
         try:
             producer.purge(in_queue=True, in_flight=False, blocking=False)
             producer.flush(2.0)
-        except Exception:  # best effort: the object is being thrown away
-            _log.debug("spark_producer_discard_failed", exc_info=True)
+        except Exception as exc:  # best effort: the object is being thrown away
+            _log.debug("spark_producer_discard_failed", error=entry.redact(str(exc)))
+    if entry.dead_letters is not None:
+        try:  # a failed task's dead letters were never counted: purging them loses nothing
+            entry.dead_letters.close(2.0)
+        except Exception as exc:
+            _log.debug("spark_dead_letter_writer_discard_failed", error=entry.redact(str(exc)))
 
 
 def discard_producers() -> None:
@@ -236,6 +290,9 @@ def discard_producers() -> None:
         entry.producer.flush(10.0)
         if entry.single is not None:
             entry.single[0].flush(10.0)
+        if entry.dead_letters is not None:
+            with contextlib.suppress(DeliveryError):  # every task flushed its own already
+                entry.dead_letters.close(10.0)
 
 
 atexit.register(discard_producers)
@@ -351,10 +408,11 @@ class _TaskWriter:
         timestamp: int,
         reason: str,
     ) -> None:
-        err = KafkaError(KafkaError._INVALID_ARG, f"invalid row: {reason}")
-        c = classify(err)
+        # INVALID_RECORD: the classification table's own POISON verdict for a record the
+        # broker could never accept (no second, Spark-only notion of "poison").
+        err = KafkaError(KafkaError.INVALID_RECORD, f"invalid row: {reason}")
         self.local_failures.append(
-            _Failure(None, partition, key, value, headers, timestamp, err, _as_poison(c), True)
+            _Failure(None, partition, key, value, headers, timestamp, err, classify(err), True)
         )
 
     # -- check ----------------------------------------------------------------------------
@@ -364,9 +422,7 @@ class _TaskWriter:
         self.local_failures = []
         # The broker refuses a whole batch when the batch exceeds the topic's
         # max.message.bytes: rows batched with an oversized one failed only by company.
-        batched = [
-            f for f in failures if not f.local and f.classification.name in _SIZE_ERROR_NAMES
-        ]
+        batched = [f for f in failures if not f.local and f.error.code() in TOO_LARGE_CODES]
         if batched:
             if len(batched) > 100:
                 _log.warning(
@@ -401,40 +457,41 @@ class _TaskWriter:
     def dead_letter(self, failures: list[_Failure], attempt: int) -> dict[str, int]:
         """Write ``failures`` to their dead-letter topics; raise unless all are acknowledged.
 
-        The dead letter keeps the row's key, value and headers plus kresilient's error headers
-        (:func:`kresilient.deadletter.dead_letter_headers`). A value the dead-letter topic
-        refuses as too large is dropped on a second try, its size kept in the
-        ``kresilient.value.dropped.bytes`` header, so an oversized row never fails the job.
+        Written by the library's one :class:`~kresilient.deadletter.DeadLetterWriter` (cached
+        with this task's producer). The dead letter keeps the row's key, value and headers
+        plus kresilient's error headers (:func:`kresilient.deadletter.dead_letter_headers`). A
+        value the dead-letter topic refuses as too large is dropped on a second try, its size
+        kept in the ``kresilient.value.dropped.bytes`` header, so an oversized row never fails
+        the job.
         """
-        producer, _ = _aside_producer(self.entry)
-        reports = [self._send_dead_letter(producer, f, attempt, keep_value=True) for f in failures]
-        producer.flush()
-        retry = [r for r in reports if r.error is not None and _too_large(r) and r.kept_value]
-        failed = [r for r in reports if r.error is not None and r not in retry]
-        if retry:
-            again = [
-                self._send_dead_letter(producer, r.failure, attempt, keep_value=False)
-                for r in retry
-            ]
-            producer.flush()
-            failed += [r for r in again if r.error is not None]
-        if failed or len(producer):
-            err = failed[0].error if failed else None
-            c = classify(err) if err is not None else classify(KafkaError(KafkaError._TIMED_OUT))
+        writer = self.entry.dead_letter_writer(self.options)
+        sent = [self._send_dead_letter(writer, f, attempt, keep_value=True) for f in failures]
+        _settle(writer)
+        again = [
+            self._send_dead_letter(writer, d.failure, attempt, keep_value=False)
+            for d in sent
+            if d.too_large() and d.kept_value
+        ]
+        if again:
+            _settle(writer)
+        failed = [d for d in sent if d.error() is not None and not d.too_large()]
+        failed += [d for d in again if d.error() is not None]
+        if failed:
+            first = failed[0].error()
             raise DeadLetterError(
-                f"{len(failed)} dead letter(s) to {failed[0].topic if failed else '?'!r} not "
-                f"acknowledged by Kafka ({c.name}: {c.remedy})",
-                topic=failed[0].topic if failed else None,
-                classification=c,
+                f"{len(failed)} dead letter(s) to {failed[0].topic!r} not acknowledged by Kafka"
+                f" ({first.message if first else '?'})",
+                topic=failed[0].topic,
+                classification=first.classification if first else None,
             )
         topics: dict[str, int] = {}
-        for r in reports:
-            topics[r.topic] = topics.get(r.topic, 0) + 1
+        for d in sent:
+            topics[d.topic] = topics.get(d.topic, 0) + 1
         return topics
 
     def _send_dead_letter(
-        self, producer: Producer, f: _Failure, attempt: int, *, keep_value: bool
-    ) -> _DeadLetterReport:
+        self, writer: DeadLetterWriter, f: _Failure, attempt: int, *, keep_value: bool
+    ) -> _DeadLetter:
         dlq = self.options.dead_letter_topic_for(f.topic)
         if dlq is None:
             raise DeliveryError(
@@ -443,37 +500,49 @@ class _TaskWriter:
                 "(set the 'deadLetterTopic' option)",
                 failures=[_delivery_failure(f, 0)],
             )
-        report = _DeadLetterReport(f, dlq, keep_value)
-        value = f.value if keep_value else None
-        headers = _dead_letter_headers(f, attempt, value_dropped=not keep_value)
-        while True:
-            try:
-                producer.produce(dlq, value, f.key, headers=headers, on_delivery=report)  # type: ignore[arg-type]
-                return report
-            except BufferError:
-                _wait_for_room(producer)
-            except KafkaException as exc:
-                report.error = exc.args[0]
-                return report
+        headers = _dead_letter_headers(
+            f, attempt, value_dropped=not keep_value, redactor=self.entry.redact
+        )
+        record = DeadLetterRecord(
+            topic=dlq,
+            key=_raw(f.key),
+            value=_raw(f.value) if keep_value else None,
+            headers=headers,
+        )
+        try:
+            return _DeadLetter(f, dlq, keep_value, writer.write(record), None)
+        except DeadLetterError as exc:  # refused before sending (too large for the writer...)
+            return _DeadLetter(f, dlq, keep_value, None, exc)
 
 
-class _DeadLetterReport:
-    """The outcome of one dead-letter record (its delivery callback)."""
-
-    __slots__ = ("error", "failure", "kept_value", "topic")
-
-    def __init__(self, failure: _Failure, topic: str, kept_value: bool) -> None:
-        self.failure = failure
-        self.topic = topic
-        self.kept_value = kept_value
-        self.error: KafkaError | None = None
-
-    def __call__(self, err: KafkaError | None, _msg: Any) -> None:
-        self.error = err
+def _raw(data: bytes | str | None) -> bytes | None:
+    return data.encode() if isinstance(data, str) else data
 
 
-def _too_large(report: _DeadLetterReport) -> bool:
-    return report.error is not None and report.error.name() in _SIZE_ERROR_NAMES
+def _settle(writer: DeadLetterWriter) -> None:
+    """Wait for every dead letter; each one's outcome is then read from its handle."""
+    with contextlib.suppress(DeliveryError):
+        writer.flush()
+
+
+@dataclass
+class _DeadLetter:
+    """One dead-letter write: its handle, or the refusal that kept it from being queued."""
+
+    failure: _Failure
+    topic: str
+    kept_value: bool
+    handle: DeadLetterHandle | None
+    refused: DeadLetterError | None
+
+    def error(self) -> DeadLetterError | None:
+        if self.handle is None:
+            return self.refused
+        return self.handle.exception(0)
+
+    def too_large(self) -> bool:
+        err = self.error()
+        return err is not None and err.classification.code in TOO_LARGE_CODES
 
 
 def _wait_for_room(producer: Producer) -> None:
@@ -494,16 +563,22 @@ def _flushed_failures(producer: Producer, collector: _Collector) -> list[_Failur
     fatal = collector.fatal
     if fatal is not None:
         raise FatalProducerError(
-            f"fatal producer error: {fatal.str()}",
+            f"fatal producer error: {collector.redact(fatal.str() or '')}",
             code=fatal.code(),
             name=fatal.name(),
             classification=classify(fatal),
         )
-    failures = collector.failures
+    failures, client_errors = collector.failures, collector.client_errors
     collector.reset()
     task_errors = [f for f in failures if not _is_row_error(f.classification)]
     if task_errors:
-        raise DeliveryError(failures=[_delivery_failure(f, i) for i, f in enumerate(task_errors)])
+        error = DeliveryError(failures=[_delivery_failure(f, i) for i, f in enumerate(task_errors)])
+        if client_errors:
+            seen = "; ".join(f"{n}: {t}" for n, t in client_errors.items())
+            error = DeliveryError(
+                f"{error.message} | client errors meanwhile: {seen}", failures=error.failures
+            )
+        raise error
     return failures
 
 
@@ -522,34 +597,32 @@ class _HeaderedReport:
 
 
 def _is_row_error(c: Classification) -> bool:
-    return c.action is Action.DEAD_LETTER or c.name in _ROW_ERROR_NAMES
-
-
-def _as_poison(c: Classification) -> Classification:
-    from dataclasses import replace
-
-    from kresilient.errors import ErrorCategory
-
-    return replace(c, category=ErrorCategory.POISON, action=Action.DEAD_LETTER, retriable=False)
+    """A row error is a row that can never be produced (kresilient's one definition, shared
+    with the producer and the consumer). A delivery timeout or a purge is NOT one: the row
+    may succeed on a retry (and may even have been written), so it fails the task."""
+    return is_unproducible(c)
 
 
 def _delivery_failure(f: _Failure, index: int) -> DeliveryFailure:
-    key = f.key.encode() if isinstance(f.key, str) else f.key
-    return DeliveryFailure(
+    return failure_from_report(
+        f.error,
+        None,
         topic=f.topic or "",
-        partition=f.partition if f.partition >= 0 else None,
-        offset=None,
-        key=key,
-        value_size=len(f.value) if f.value is not None else 0,
+        partition=f.partition,
+        key=f.key,
+        value=f.value,
         headers=f.headers,
         classification=f.classification,
-        error=f.error,
         message_id=index,
     )
 
 
 def _dead_letter_headers(
-    f: _Failure, attempt: int, *, value_dropped: bool
+    f: _Failure,
+    attempt: int,
+    *,
+    value_dropped: bool,
+    redactor: Callable[[str], str] | None = None,
 ) -> list[tuple[str, bytes | None]]:
     headers = list(
         dead_letter_headers(
@@ -558,7 +631,7 @@ def _dead_letter_headers(
             None,
             f.timestamp or None,
             None,
-            translate(f.error, topic=f.topic, operation="produce"),
+            translate(f.error, topic=f.topic, operation="produce", redactor=redactor),
             f.classification,
             attempt + 1,
             original_headers=f.headers,
@@ -588,9 +661,12 @@ def write_task(
             writer.write_batches(batches)
             failures = writer.flush_and_check()
             topics = writer.dead_letter(failures, info.attempt) if failures else {}
-        except BaseException:
+        except BaseException as exc:
             _discard(key)  # never hand a failed attempt's producer to the retry
-            raise
+            safe = scrubbed(exc, entry.redact)
+            if safe is None:
+                raise
+            raise safe from None
         report = make_report(info, writer.rows, _reasons(failures), topics, started)
         span.set_attribute("kresilient.spark.rows", report.rows)
         span.set_attribute("kresilient.spark.dead_lettered", report.dead_lettered)
