@@ -445,3 +445,38 @@ async def _current_span_id() -> int:
     from opentelemetry import trace
 
     return int(trace.get_current_span().get_span_context().span_id)
+
+
+async def test_negative_control_a_consumer_not_polling_past_max_poll_interval_is_rebalanced(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """The fault of the test above is real: confluent-kafka's own AIOConsumer awaiting its
+    work between polls for longer than max.poll.interval.ms leaves the group."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.aio import AIOConsumer
+
+    topic, _ = with_dlq(topic_factory, partitions=1)
+    produce(
+        kafka_cluster.bootstrap_servers, topic, [(None, b"%d" % i, None, None) for i in range(5)]
+    )
+    raw = AIOConsumer(
+        {
+            **_conf(kafka_cluster),
+            "max.poll.interval.ms": 7000,
+            "session.timeout.ms": 6000,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        await raw.subscribe([topic])
+        first = None
+        deadline = time.monotonic() + 60
+        while first is None and time.monotonic() < deadline:
+            first = await raw.poll(0.5)
+        assert first is not None and first.error() is None
+        await asyncio.sleep(11)  # the handler's await, without polling meanwhile
+        got = await raw.poll(1.0)
+        assert got is not None and got.error() is not None
+        assert got.error().code() == KafkaError._MAX_POLL_EXCEEDED
+    finally:
+        await raw.close()

@@ -163,6 +163,16 @@ async def test_cancelling_the_producing_task_during_an_outage_leaves_nothing_una
             failed = exc.failures
     finally:
         kafka_cluster.heal([topic])
+    # the cluster is back when a probe is acknowledged (reconnect backoff: it may time out)
+    deadline = time.monotonic() + 90
+    while True:
+        probe = await producer.produce(topic, b"probe")
+        try:
+            await producer.flush()
+            await probe
+            break
+        except Exception:
+            assert time.monotonic() < deadline, "the producer did not recover"
     await producer.close()
     failed_ids = {f.message_id for f in failed}
     acknowledged = set()
