@@ -229,7 +229,9 @@ def _check_input(
 def _broker_max_bytes(admin: _Admin, broker_id: int, deadline: float) -> int:
     resource = ConfigResource(ResourceType.BROKER, str(broker_id))
     try:
-        futures = admin.client.describe_configs([resource], request_timeout=_left(deadline))
+        futures = admin.client.describe_configs(
+            [resource], request_timeout=max(0.1, _left(deadline))
+        )
         entries = futures[resource].result(timeout=max(0.1, _left(deadline)))
         return int(entries["message.max.bytes"].value)
     except (KafkaException, KeyError, ValueError, TypeError):
@@ -268,7 +270,7 @@ def create_topic(
     config: Mapping[str, str | int | bool] | None = None,
     dead_letter: bool = False,
     if_not_exists: bool = False,
-    timeout: float = 10.0,
+    timeout: float = 8.0,
     client_config: Mapping[str, Any] | None = None,
 ) -> list[TopicResult]:
     """Create ``name`` (and with ``dead_letter=True`` also ``name + ".dlq"``) and wait until

@@ -102,24 +102,25 @@ def _ignore_stop_signals() -> None:
 
 
 def _cmd_cluster(args: argparse.Namespace) -> int:
-    from kresilient.testing import KafkaCluster
-
     if args.nodes < 1:
         _err(f"kresilient cluster: --nodes must be at least 1, got {args.nodes}")
         return 2
     if args.port is not None and not 1 <= args.port <= 65535 - args.nodes + 1:
         _err(f"kresilient cluster: --port {args.port} is not a usable port number")
         return 2
+    where = f"port {args.port}" if args.port is not None else "free ports"
+    # Said before the harness is even imported: the start is silent for 15-40 s otherwise.
+    _err(
+        f"Starting {args.nodes} Kafka node(s) on 127.0.0.1, {where} (usually 15-40 s; "
+        "the first run also downloads the broker jars through Maven) ..."
+    )
+    from kresilient.testing import KafkaCluster
+
     try:
         cluster = KafkaCluster(nodes=args.nodes, first_port=args.port)
     except ValueError as exc:
         _err(f"kresilient cluster: {exc}")
         return 2
-    where = f"port {args.port}" if args.port is not None else "free ports"
-    _err(
-        f"Starting {args.nodes} Kafka node(s) on 127.0.0.1, {where} (usually 15-40 s; "
-        "the first run also downloads the broker jars through Maven) ..."
-    )
     with _terminate_like_ctrl_c():
         try:
             with _ticker("still starting"):
@@ -352,9 +353,9 @@ def _add_topic(sub: Any) -> None:
     create.add_argument(
         "--timeout",
         type=_positive_float,
-        default=10.0,
+        default=8.0,
         metavar="SECONDS",
-        help="Give up after this many seconds, including reaching the cluster (default: 10).",
+        help="Give up after this many seconds, including reaching the cluster (default: 8).",
     )
     create.set_defaults(func=_cmd_topic_create)
 
