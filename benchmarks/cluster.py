@@ -1,12 +1,18 @@
-"""Measure the local cluster: start time (cached jars), failover after SIGKILL, RSS per node.
+"""Measure the local cluster: start time (cached jars), failover after SIGKILL, RSS per node,
+and the throughput cost of the network-fault proxies.
 
-    python benchmarks/cluster.py --rounds 5
+    python benchmarks/cluster.py --rounds 5               # lifecycle figures
+    python benchmarks/cluster.py --proxy --rounds 5       # proxy pass-through vs direct
 
 Prints a markdown table with the median, min and max of each figure over the rounds. Each
-round starts a fresh 3-node cluster, creates an RF=3 topic, SIGKILLs its leader and times
-until metadata shows a new leader, then restarts the node and times until the ISR is full.
-Figures are wall-clock on this machine and vary with load: compare them across runs on the
-same machine, not as absolutes.
+lifecycle round starts a fresh 3-node cluster, creates an RF=3 topic, SIGKILLs its leader and
+times until metadata shows a new leader, then restarts the node and times until the ISR is
+full. The proxy rounds use ONE ``KafkaCluster(network_faults=True)`` and produce the same
+load (idempotent, acks=all, 100-byte values) alternately through the fault proxies (no fault
+set: pass-through) and directly to the brokers' ADMIN listener (same JVMs, no proxy), and
+report the paired ratio proxy/direct. Benchmarks otherwise connect directly (the default
+``KafkaCluster()`` has no proxy). Figures are wall-clock on this machine and vary with load:
+compare them across runs on the same machine, not as absolutes.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+
+from confluent_kafka import Producer
 
 from kresilient.testing import KafkaCluster
 
@@ -41,11 +49,64 @@ def one_round() -> dict[str, float]:
     }
 
 
+def _produce_rate(bootstrap: str, topic: str, messages: int) -> float:
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "batch.size": 262144,
+        }
+    )
+    value = b"x" * 100
+    began = time.monotonic()
+    for _ in range(messages):
+        while True:
+            try:
+                producer.produce(topic, value)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError("messages left unacknowledged")
+    return messages / (time.monotonic() - began)
+
+
+def proxy_rounds(rounds: int, messages: int) -> list[dict[str, float]]:
+    rows = []
+    with KafkaCluster(network_faults=True) as cluster:
+        cluster.create_topic("bench-proxy", partitions=3, replication_factor=3)
+        direct_bootstrap = cluster._harness_bootstrap()  # ADMIN listener: no proxy
+        _produce_rate(cluster.bootstrap_servers, "bench-proxy", messages // 10)  # warm-up
+        for r in range(rounds):
+            # Alternate the order so drift in background load hits both arms alike.
+            order = ["proxy", "direct"] if r % 2 == 0 else ["direct", "proxy"]
+            rates = {}
+            for arm in order:
+                bootstrap = cluster.bootstrap_servers if arm == "proxy" else direct_bootstrap
+                rates[arm] = _produce_rate(bootstrap, "bench-proxy", messages)
+            rows.append(
+                {
+                    "direct_msgs_per_s": rates["direct"],
+                    "proxy_msgs_per_s": rates["proxy"],
+                    "ratio_proxy_over_direct": rates["proxy"] / rates["direct"],
+                }
+            )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--proxy", action="store_true", help="measure the fault proxies")
+    parser.add_argument("--messages", type=int, default=200_000, help="per proxy arm")
     args = parser.parse_args()
-    rows = [one_round() for _ in range(args.rounds)]
+    if args.proxy:
+        rows = proxy_rounds(args.rounds, args.messages)
+    else:
+        rows = [one_round() for _ in range(args.rounds)]
     print(f"| figure ({args.rounds} rounds) | median | min | max |")
     print("|---|---|---|---|")
     for key in rows[0]:
