@@ -90,6 +90,20 @@ def test_real_reservation_holds_distinct_listening_ports() -> None:
         s.bind(("127.0.0.1", picked[0]))  # control: released means free
 
 
+def test_port_of_a_down_node_is_held_yet_refuses_connections() -> None:
+    reservation = PortReservation()
+    (port,) = reservation.take_free(1)
+    reservation.release()
+    reservation.hold_again([port])  # the node is down: keep its port for the restart
+    try:
+        with socket.socket() as s, pytest.raises(ConnectionRefusedError):
+            s.connect(("127.0.0.1", port))  # a crashed broker refuses, it does not hang
+        with socket.socket() as s, pytest.raises(OSError):
+            s.bind(("127.0.0.1", port))
+    finally:
+        reservation.release()
+
+
 def test_taken_first_port_is_a_clear_error_naming_it() -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = int(taken.getsockname()[1])

@@ -17,14 +17,15 @@ class PortInUseError(OSError):
     """A fixed port asked for is already taken by another process."""
 
 
-def _listening(port: int) -> socket.socket:
+def _listening(port: int, *, listen: bool = True) -> socket.socket:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         # Rebinding a port a killed broker just left (TIME_WAIT) must work; listening keeps
         # everyone else (SO_REUSEADDR or not) from binding it while we hold it.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
-        s.listen(64)
+        if listen:
+            s.listen(64)
     except OSError:
         s.close()
         raise
@@ -63,11 +64,16 @@ class PortReservation:
         return out
 
     def hold_again(self, ports: Iterable[int]) -> None:
-        """Best effort: re-reserve ports of a node that is down (kept for its restart)."""
+        """Best effort: re-reserve ports of a node that is down (kept for its restart).
+
+        Bound but NOT listening: a client connecting to a crashed broker must still be
+        refused at once, not left hanging in a backlog; a bound port is still never chosen
+        as the local port of an outgoing connection, the usual thief.
+        """
         for port in ports:
             if port not in self._held:
                 try:
-                    self._held[port] = _listening(port)
+                    self._held[port] = _listening(port, listen=False)
                 except OSError:
                     continue
 
