@@ -155,6 +155,7 @@ def ensure_marker_topic(config: Mapping[str, Any], name: str) -> None:
         )
         try:
             admin.create_topics([new], operation_timeout=_TIMEOUT)[name].result(timeout=_TIMEOUT)
+            return  # created compacted just now (a describe could still miss it)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise ConfigError(
@@ -164,7 +165,17 @@ def ensure_marker_topic(config: Mapping[str, Any], name: str) -> None:
                     key="markertopic",
                 ) from None
     resource = ConfigResource(ConfigResource.Type.TOPIC, name)
-    described = admin.describe_configs([resource])[resource].result(timeout=_TIMEOUT)
+    deadline = time.monotonic() + _TIMEOUT
+    while True:  # a topic created a moment ago may not be known to every broker yet
+        try:
+            described = admin.describe_configs([resource])[resource].result(timeout=_TIMEOUT)
+            break
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     policy = described["cleanup.policy"].value
     if policy.replace(" ", "") != "compact":
         raise ConfigError(
@@ -337,6 +348,7 @@ def _write_task_exactly_once(
                         note="the broker expired the marker group's offset "
                         "(offsets.retention.minutes); the durable marker record is used",
                     )
+            _check_marker(meta, info, prefix)
             if marker != _MARKER_UNSET and marker >= info.batch_id + 1:
                 rows = sum(b.num_rows for b in batches)
                 if marker == info.batch_id + 1 and meta.get("rows", rows) != rows:
