@@ -65,6 +65,8 @@ TP = tuple[str, int]
 
 #: Records consumed per step (one worker-thread round trip).
 _BATCH: Final = 500
+#: Records a partition's worker handles per turn of the concurrency semaphore.
+_RUN: Final = 64
 #: A partition with this many records waiting is paused until it is down to half.
 _MAX_BUFFERED: Final = 2_000
 #: Same replay remedy as the sync consumer's POISON (duplicate of consumer/_failures.poison).
@@ -73,6 +75,9 @@ _POISON_REMEDY: Final = (
     "(deserialization/validation): fix the record or the handler, then `kresilient dlq replay`"
 )
 _DEAD_LETTER_RETRY_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+_UNSTARTED: Final = object()
 
 
 def _poison(classification: Classification) -> Classification:
@@ -141,39 +146,49 @@ class _Partition:
 
 
 class _Timed:
-    """Runs a handler coroutine and warns when one step of it blocks the event loop."""
+    """Drives a handler coroutine and warns when one step of it blocks the event loop.
 
-    __slots__ = ("_coro", "_msg", "_owner")
+    ``step``: what the coroutine yielded on a first ``send(None)`` already made by the
+    caller (the fast path starts handlers itself and builds this only if they suspend).
+    """
 
-    def __init__(self, coro: Any, msg: Message, owner: AsyncResilientConsumer) -> None:
+    __slots__ = ("_coro", "_msg", "_owner", "_step")
+
+    def __init__(
+        self, coro: Any, msg: Message, owner: AsyncResilientConsumer, step: Any = _UNSTARTED
+    ) -> None:
         self._coro = coro
         self._msg = msg
         self._owner = owner
+        self._step = step
 
     def __await__(self) -> Generator[Any, Any, object]:
         coro = self._coro
-        threshold = self._owner._blocking_threshold
+        owner = self._owner
+        threshold = owner._blocking_threshold
         clock = time.perf_counter
         value: Any = None
         error: BaseException | None = None
-        owner = self._owner
+        step = self._step
         while True:
-            owner._current = self._msg  # which record a blocked step belongs to
-            began = clock()
-            try:
-                step = coro.throw(error) if error is not None else coro.send(value)
-            except StopIteration as stop:
+            if step is _UNSTARTED:
+                owner._current = self._msg  # which record a blocked step belongs to
+                began = clock()
+                try:
+                    step = coro.throw(error) if error is not None else coro.send(value)
+                except StopIteration as stop:
+                    if clock() - began > threshold:
+                        owner._blocked(clock() - began)
+                    return stop.value
                 if clock() - began > threshold:
                     owner._blocked(clock() - began)
-                return stop.value
-            if clock() - began > threshold:
-                owner._blocked(clock() - began)
             try:
                 value = yield step
                 error = None
             except BaseException as exc:  # cancellation and throw() go into the handler
                 value = None
                 error = exc
+            step = _UNSTARTED
 
 
 class AsyncResilientConsumer:
@@ -304,6 +319,7 @@ class AsyncResilientConsumer:
         self.retries = 0
         self.blocked_warnings = 0
         self._current: Message | None = None
+        self._traced = False
 
     # ------------------------------------------------------------------ public API
 
@@ -338,9 +354,9 @@ class AsyncResilientConsumer:
         try:
             await self._kafka(self._open)
             while not self._stop and self._error is None:
+                self._traced = self._tel.enabled  # a provider set late is picked up here
                 batch = await self._kafka(self._step, self._pending_ops())
-                for msg in batch:
-                    self._dispatch(msg)
+                self._dispatch(batch)
         except asyncio.CancelledError as exc:
             cancelled = exc
         finally:
@@ -423,7 +439,12 @@ class AsyncResilientConsumer:
         """Let the revoked partitions' handlers in hand finish, then commit them (sync)."""
         tps = [(p.topic, p.partition) for p in partitions]
         loop = self._loop
-        if loop is not None and not loop.is_closed():
+        busy = [part for tp in tps if (part := self._parts.get(tp)) is not None and part.task]
+        if not busy:  # nothing in hand (e.g. at close): no hop to the loop needed
+            for tp in tps:
+                if (part := self._parts.get(tp)) is not None:
+                    part.revoked = True
+        elif loop is not None and not loop.is_closed():
             future = asyncio.run_coroutine_threadsafe(self._finish(tps), loop)
             try:
                 future.result(self._shutdown_timeout + 5)
@@ -471,42 +492,85 @@ class AsyncResilientConsumer:
                 resume.append(TopicPartition(*tp))
         return self._take_done(), pause, resume
 
-    def _dispatch(self, msg: Message) -> None:
+    def _dispatch(self, batch: list[Message]) -> None:
+        """Queue each record behind its partition's; start the partition's worker if idle."""
+        parts = self._parts
+        for msg in batch:
+            if msg.error() is not None:
+                self._consume_error(msg)
+                continue
+            part = parts.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
+            if part is None or part.revoked:
+                continue  # fetched before a revoke: the new owner reads it again
+            part.queue.append(msg)
+            if part.task is None:
+                part.task = asyncio.create_task(self._work(part), name=f"kresilient {part.tp}")
+
+    def _consume_error(self, msg: Message) -> None:
         err = msg.error()
-        if err is not None:
-            if err.code() != KafkaError._PARTITION_EOF:
-                if err.fatal():
-                    self._error = translate(
-                        KafkaException(err), operation="consume", redactor=self._scrub
-                    )
-                self._log.warning("consume_error", error=err.name(), reason=self._scrub(err.str()))
+        assert err is not None
+        if err.code() == KafkaError._PARTITION_EOF:
             return
-        topic, partition = msg.topic(), msg.partition()
-        assert topic is not None and partition is not None
-        part = self._parts.get((topic, partition))
-        if part is None or part.revoked:
-            return  # fetched before a revoke: the new owner reads it again
-        part.queue.append(msg)
-        if part.task is None:
-            part.task = asyncio.create_task(
-                self._work(part), name=f"kresilient {topic}[{partition}]"
-            )
+        if err.fatal():
+            self._error = translate(KafkaException(err), operation="consume", redactor=self._scrub)
+        self._log.warning("consume_error", error=err.name(), reason=self._scrub(err.str()))
 
     async def _work(self, part: _Partition) -> None:
         """One partition's records, one at a time, in order."""
+        sem = self._sem
+        assert sem is not None
+        handler, breaker = self._handler, self._breaker
+        clock, threshold = time.perf_counter, self._blocking_threshold
         try:
             while part.queue and not part.revoked and not self._stop and self._error is None:
-                msg = part.queue.popleft()
-                if await self._process(msg, part):
-                    part.done = (msg.offset() or 0) + 1
+                # A run of records per acquisition: one task switch per run, not per record
+                # (max_concurrency bounds handlers running at once, not their order).
+                async with sem:
+                    for _ in range(_RUN):
+                        if not part.queue or part.revoked or self._stop or self._error:
+                            break
+                        msg = part.queue.popleft()
+                        if self._traced:
+                            ok = await self._process(msg, part)
+                        else:  # the untraced success path: no span scope, no retry state
+                            # The first step runs here; a trampoline only if it suspends.
+                            coro: Any = handler(msg)
+                            self._current = msg
+                            began = clock()
+                            try:
+                                step = coro.send(None)
+                                if clock() - began > threshold:
+                                    self._blocked(clock() - began)
+                                await _Timed(coro, msg, self, step)
+                            except StopIteration:
+                                if clock() - began > threshold:
+                                    self._blocked(clock() - began)
+                                failed = None
+                            except Exception as exc:
+                                failed = exc
+                            else:
+                                failed = None
+                            if failed is None:
+                                ok = True
+                                self.processed += 1
+                                if breaker is not None:
+                                    breaker.success()
+                            else:  # retries, dead letter: the full path (counts itself)
+                                ok = await self._process(msg, part, failed)
+                        if ok:
+                            part.done = (msg.offset() or 0) + 1
         finally:
             part.task = None
 
-    async def _process(self, msg: Message, part: _Partition) -> bool:
-        """Handle one record (retries, dead letter). True: its offset may be stored."""
-        assert self._sem is not None
-        retrying = self._retry.retrying()
-        state = tenacity.RetryCallState(retrying, None, (), {})
+    async def _process(
+        self, msg: Message, part: _Partition, first: Exception | None = None
+    ) -> bool:
+        """Handle one record (retries, dead letter). True: its offset may be stored.
+
+        ``first``: the exception of a first attempt already made (the untraced fast path).
+        """
+        retrying: tenacity.Retrying | None = None
+        state: tenacity.RetryCallState | None = None
         attempt = 0
         while True:
             attempt += 1
@@ -514,13 +578,18 @@ class AsyncResilientConsumer:
             delay: float | None = None  # None: no further attempt
             with self._tel.process_span(msg, group=self.group_id):
                 try:
-                    # the semaphore bounds handlers running, not records waiting for a retry
-                    async with self._sem:
-                        await _Timed(self._handler(msg), msg, self)
+                    if first is not None:
+                        failed: Exception = first
+                        first = None
+                        raise failed
+                    await _Timed(self._handler(msg), msg, self)
                 except Exception as exc:
                     failure = exc
                     classification = classify(exc)
                     self._tel.set_error(exc, classification)
+                    if retrying is None or state is None:  # built on the first failure only
+                        retrying = self._retry.retrying()
+                        state = tenacity.RetryCallState(retrying, None, (), {})
                     state.attempt_number = attempt
                     state.set_exception((type(exc), exc, exc.__traceback__))
                     if not retrying.retry(state):
@@ -542,6 +611,7 @@ class AsyncResilientConsumer:
                 return await self._dead_letter_record(msg, part, failure, classification, attempt)
             if self._stop or part.revoked:
                 return False  # shutting down mid-retries: uncommitted, read again later
+            assert state is not None
             state.idle_for += delay
             self.retries += 1
             self._log.info(
@@ -555,11 +625,21 @@ class AsyncResilientConsumer:
             )
             part.held = True  # paused while it waits; the consumer keeps polling
             try:
-                await self._sleep(delay, part)
+                await self._idle(delay, part)
             finally:
                 part.held = False
             if self._stop or part.revoked:
                 return False
+
+    async def _idle(self, delay: float, part: _Partition) -> None:
+        """Wait without holding a concurrency slot (other partitions' handlers run)."""
+        sem = self._sem
+        assert sem is not None
+        sem.release()
+        try:
+            await self._sleep(delay, part)
+        finally:
+            await sem.acquire()
 
     async def _sleep(self, delay: float, part: _Partition) -> None:
         """Wait ``delay`` s, cut short by stop() or the partition's revocation."""
@@ -632,7 +712,7 @@ class AsyncResilientConsumer:
                 )
                 if self._stop or part.revoked:
                     return False
-                await self._sleep(delay, part)
+                await self._idle(delay, part)
         finally:
             part.held = False
         self.dead_lettered += 1
@@ -715,10 +795,12 @@ class AsyncResilientConsumer:
 
         def close() -> None:
             self._store(done)
-            self._commit("shutdown")
-            consumer, self._consumer = self._consumer, None
+            consumer = self._consumer
             if consumer is not None:
-                consumer.close()  # leaves the group (on_revoke runs: nothing left in hand)
+                # Leaves the group; the revoke callback it runs commits what was stored
+                # (synchronously), so no separate commit round trip first.
+                consumer.close()
+                self._consumer = None
 
         try:
             await asyncio.shield(loop.run_in_executor(self._kx, close))

@@ -1,0 +1,295 @@
+"""asyncio throughput: kresilient.aio against confluent-kafka's own AIOProducer / AIOConsumer.
+
+Producer arms (a fresh topic per arm and round: ``--partitions`` partitions, RF=3,
+``min.insync.replicas=2``); the clock runs from the first produce until EVERY message's
+delivery was awaited without error:
+
+- ``raw_aio``: ``confluent_kafka.aio.AIOProducer`` with the configuration ResilientProducer
+  applies (acks=all, idempotence, ...), ``await produce()`` per message (its futures kept),
+  ``await flush()``, then every future awaited;
+- ``kresilient_aio``: :class:`kresilient.aio.AsyncResilientProducer`, ``await produce()`` per
+  message (handles kept), ``await flush()``, then every handle awaited;
+- ``sync``: :class:`kresilient.ResilientProducer` ``produce()`` + ``flush()`` (reported, not
+  a target).
+
+Consumer arms (the same pre-filled topic, a fresh group per arm and round); the clock runs
+until every record was handled (a no-op ``async def``) and its offset stored after handling:
+
+- ``raw_aio_consumer``: ``AIOConsumer`` with ``enable.auto.offset.store=false``:
+  ``await consume(500)``, ``await handler(msg)`` per record, then ``await store_offsets()`` of
+  the batch (commit after processing, background auto-commit), ``close()`` (commit, leave);
+- ``kresilient_aio_consumer``: :class:`kresilient.aio.AsyncResilientConsumer` (default
+  ``max_concurrency=1``), ``stop()`` after the last record: shutdown commits and leaves.
+
+Rounds are interleaved with a shuffled arm order, one warm-up round discarded; the headline is
+the paired per-round ratio to the raw arm (median and IQR), see benchmarks/_common.py.
+
+    .venv/bin/python benchmarks/asyncio.py --messages 50000 --rounds 3    # quick look
+    .venv/bin/python benchmarks/asyncio.py                                # 200k x 10 rounds
+
+Starts a local 3-node cluster unless ``KRESILIENT_BOOTSTRAP_SERVERS`` names one.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# This file is named like the stdlib module it benchmarks: run as a script, its directory is
+# sys.path[0] and `import asyncio` (here and in confluent_kafka.aio) would import this file.
+# Keep the directory, but after the standard library.
+_HERE = str(Path(__file__).resolve().parent)
+sys.path[:] = [p for p in sys.path if p not in ("", _HERE)] + [_HERE]
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import gc  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import uuid  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import structlog  # noqa: E402
+from _common import (  # noqa: E402
+    Sample,
+    Timer,
+    contention,
+    environment,
+    markdown_table,
+    run_interleaved,
+)
+from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.aio import AIOConsumer, AIOProducer  # noqa: E402
+
+from kresilient.aio import AsyncResilientConsumer, AsyncResilientProducer  # noqa: E402
+from kresilient.config import consumer_config, producer_config  # noqa: E402
+from kresilient.producer import ResilientProducer  # noqa: E402
+
+PRODUCER_ARMS = ("raw_aio", "kresilient_aio", "sync")
+CONSUMER_ARMS = ("raw_aio_consumer", "kresilient_aio_consumer")
+
+
+def _quiet() -> None:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+
+
+async def _raw_producer(bootstrap: str, topic: str, value: bytes, n: int) -> Timer:
+    config = producer_config({"bootstrap.servers": bootstrap})
+    producer = AIOProducer(config)
+    with Timer() as t:
+        futures = [await producer.produce(topic, value) for _ in range(n)]
+        await producer.flush()
+        for f in futures:
+            await f  # raises on a failed delivery
+    await producer.close()
+    return t
+
+
+async def _kresilient_producer(bootstrap: str, topic: str, value: bytes, n: int) -> Timer:
+    producer = AsyncResilientProducer({"bootstrap.servers": bootstrap})
+    with Timer() as t:
+        handles = [await producer.produce(topic, value) for _ in range(n)]
+        await producer.flush()
+        for h in handles:
+            await h
+    await producer.close()
+    return t
+
+
+def _sync_producer(bootstrap: str, topic: str, value: bytes, n: int) -> Timer:
+    producer = ResilientProducer({"bootstrap.servers": bootstrap})
+    with Timer() as t:
+        for _ in range(n):
+            producer.produce(topic, value)
+        producer.flush()
+    producer.close()
+    return t
+
+
+async def _noop(_msg: Any) -> None:
+    return None
+
+
+async def _raw_consumer(bootstrap: str, topic: str, n: int) -> Timer:
+    config = consumer_config({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex})
+    seen = 0
+    with Timer() as t:  # from creation to close, as the kresilient arm's run()
+        consumer = AIOConsumer(config)
+        await consumer.subscribe([topic])
+        while seen < n:
+            batch = await consumer.consume(500, 0.5)
+            last: dict[tuple[str, int], Any] = {}
+            for msg in batch:
+                if msg.error() is not None:
+                    continue
+                await _noop(msg)
+                last[(msg.topic(), msg.partition())] = msg
+                seen += 1
+            if last:
+                await consumer.store_offsets(
+                    offsets=[
+                        _tp(topic_, part, m.offset() + 1) for (topic_, part), m in last.items()
+                    ]
+                )
+        await consumer.close()  # commit and leave the group, as the kresilient arm does
+    return t
+
+
+def _tp(topic: str, partition: int, offset: int) -> Any:
+    from confluent_kafka import TopicPartition
+
+    return TopicPartition(topic, partition, offset)
+
+
+async def _kresilient_consumer(bootstrap: str, topic: str, n: int) -> Timer:
+    seen = 0
+    consumer: AsyncResilientConsumer
+
+    async def handle(_msg: Any) -> None:
+        nonlocal seen
+        seen += 1
+        if seen >= n:
+            consumer.stop()
+
+    consumer = AsyncResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex},
+        [topic],
+        handle,
+        dead_letter=None,
+        handle_signals=False,
+    )
+    with Timer() as t:
+        await consumer.run()
+    return t
+
+
+def _fill(bootstrap: str, topic: str, value: bytes, n: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for _ in range(n):
+        while True:
+            try:
+                producer.produce(topic, value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(120) == 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=200_000, help="per arm and round")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1024]
+    )
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument(
+        "--arms", type=lambda s: s.split(","), default=list(PRODUCER_ARMS + CONSUMER_ARMS)
+    )
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+    _quiet()
+    load_before = os.getloadavg()[0]
+    cluster = None
+    bootstrap = os.environ.get("KRESILIENT_BOOTSTRAP_SERVERS")
+    if not bootstrap:
+        from kresilient.testing import KafkaCluster
+
+        cluster = KafkaCluster()
+        cluster.start_cluster()
+        bootstrap = cluster.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    def create(topic: str) -> None:
+        futures = admin.create_topics(
+            [NewTopic(topic, args.partitions, 3, config={"min.insync.replicas": "2"})]
+        )
+        for f in futures.values():
+            f.result()
+
+    def delete(topic: str) -> None:
+        for f in admin.delete_topics([topic]).values():
+            f.result()
+
+    results: dict[tuple[str, int], list[Sample]] = {}
+    try:
+        for size in args.sizes:
+            value = os.urandom(size)
+            source = f"bench-aio-source-{size}-{uuid.uuid4().hex[:6]}"
+            if any(a in CONSUMER_ARMS for a in args.arms):
+                create(source)
+                _fill(bootstrap, source, value, args.messages)
+
+            def arm(
+                name: str, size: int = size, value: bytes = value, source: str = source
+            ) -> Callable[[int], Sample]:
+                def run(round_no: int) -> Sample:
+                    n = args.messages if round_no >= 0 else min(args.messages, 20_000)
+                    gc.collect()
+                    if name in CONSUMER_ARMS:
+                        fn = _raw_consumer if name == "raw_aio_consumer" else _kresilient_consumer
+                        t = asyncio.run(fn(bootstrap, source, n))
+                    else:
+                        topic = f"bench-aio-{name}-{size}-{round_no}-{uuid.uuid4().hex[:6]}"
+                        create(topic)
+                        try:
+                            if name == "sync":
+                                t = _sync_producer(bootstrap, topic, value, n)
+                            elif name == "raw_aio":
+                                t = asyncio.run(_raw_producer(bootstrap, topic, value, n))
+                            else:
+                                t = asyncio.run(_kresilient_producer(bootstrap, topic, value, n))
+                        finally:
+                            delete(topic)
+                    sample = Sample(
+                        arm=name,
+                        round=round_no,
+                        messages=n,
+                        wall_s=t.wall_s,
+                        cpu_s=t.cpu_s,
+                        extra={"gc_s": t.gc_s},
+                    )
+                    tag = "warm-up" if round_no < 0 else f"round {round_no}"
+                    print(
+                        f"  {size} B {tag:8s} {name:24s} {sample.rate:10,.0f} msg/s "
+                        f"{sample.cpu_us_per_msg:6.2f} CPU µs/msg",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return sample
+
+                return run
+
+            producer_arms = {a: arm(a) for a in args.arms if a in PRODUCER_ARMS}
+            consumer_arms = {a: arm(a) for a in args.arms if a in CONSUMER_ARMS}
+            if producer_arms:
+                results[("producer", size)] = run_interleaved(
+                    producer_arms, rounds=args.rounds, seed=args.seed
+                )
+            if consumer_arms:
+                results[("consumer", size)] = run_interleaved(
+                    consumer_arms, rounds=args.rounds, seed=args.seed
+                )
+                delete(source)
+    finally:
+        if cluster is not None:
+            cluster.close()
+    label = contention(load_before, os.getloadavg()[0])
+    print(f"## asyncio throughput, RF=3, acks=all ({label})\n")
+    print(
+        f"{args.messages:,} messages per arm and round, {args.rounds} rounds (+1 warm-up), "
+        f"{args.partitions} partitions.\n"
+    )
+    for (kind, size), samples in results.items():
+        baseline = "raw_aio" if kind == "producer" else "raw_aio_consumer"
+        print(markdown_table(samples, baseline=baseline, title=f"{kind}, {size} B values"))
+        print()
+    print("Environment: " + ", ".join(f"{k}={v}" for k, v in environment().items()))
+
+
+if __name__ == "__main__":
+    main()
