@@ -480,3 +480,18 @@ async def test_negative_control_a_consumer_not_polling_past_max_poll_interval_is
         assert got.error().code() == KafkaError._MAX_POLL_EXCEEDED
     finally:
         await raw.close()
+
+
+async def test_a_missing_dead_letter_topic_fails_at_start(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    from kresilient.errors import ConfigError
+
+    topic = topic_factory()  # no <topic>.dlq
+
+    async def handle(msg: Message) -> None:
+        pass
+
+    consumer = AsyncResilientConsumer(_conf(kafka_cluster), [topic], handle)
+    with pytest.raises(ConfigError, match=r"dead-letter topic\(s\) .*\.dlq.* do not exist"):
+        await asyncio.wait_for(consumer.run(), 60)

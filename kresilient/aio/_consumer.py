@@ -63,6 +63,8 @@ __all__ = ["AsyncResilientConsumer"]
 AsyncHandler = Callable[[Message], Awaitable[object]]
 TP = tuple[str, int]
 
+#: Seconds the start-up metadata request (dead-letter topics exist?) may take.
+_METADATA_TIMEOUT_S: Final = 30.0
 #: Records consumed per step (one worker-thread round trip).
 _BATCH: Final = 500
 #: Records a partition's worker handles per turn of the concurrency semaphore.
@@ -381,6 +383,9 @@ class AsyncResilientConsumer:
             self._consumer = Consumer(conf)
         except KafkaException as exc:
             raise translate(exc, operation="configure", redactor=self._scrub) from None
+        policy = self._dead_letter
+        if policy is not None and policy.require_topic:
+            self._check_dead_letter_topics(self._consumer, policy)
         self._consumer.subscribe(
             self._topics,
             on_assign=self._on_assign,
@@ -388,6 +393,29 @@ class AsyncResilientConsumer:
             on_lost=self._on_lost,
         )
         self._log.info("consumer_started", topics=self._topics)
+
+    def _check_dead_letter_topics(self, consumer: Consumer, policy: DeadLetterPolicy) -> None:
+        """Fail fast when a dead-letter topic is missing (not at the first poison record).
+
+        DUPLICATE (minimal) of ResilientConsumer._check_dead_letter_topics (private there).
+        """
+        wanted = sorted({policy.topic_for(t) for t in self._topics if not t.startswith("^")})
+        if not wanted:
+            return
+        try:
+            metadata = consumer.list_topics(timeout=_METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            raise translate(exc, operation="consume", redactor=self._scrub) from None
+        missing = [
+            t for t in wanted if t not in metadata.topics or metadata.topics[t].error is not None
+        ]
+        if missing:
+            raise ConfigError(
+                f"dead-letter topic(s) {missing} do not exist: create them (replicated like "
+                "the source topics, e.g. `kresilient topic create NAME --dlq`) or pass "
+                "DeadLetterPolicy(require_topic=False)",
+                key=None,
+            )
 
     def _step(
         self, ops: tuple[list[TopicPartition], list[TopicPartition], list[TopicPartition]]
