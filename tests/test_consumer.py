@@ -101,6 +101,10 @@ def test_health_before_run(make: Any) -> None:
         assert health["processed"] == 0  # the 0.1 dict access, for one minor version
     with pytest.warns(DeprecationWarning), pytest.raises(KeyError):
         health["nope"]
+    with pytest.warns(DeprecationWarning):
+        assert "processed" in health and health.get("retries") == 0
+    with pytest.warns(DeprecationWarning):
+        assert dict(health)["group_id"] == "unit"  # type: ignore[call-overload]
 
 
 def test_batch_item_error_is_the_one_in_errors() -> None:

@@ -145,6 +145,15 @@ class ConsumerHealth:
         self._deprecated()
         return iter(self.as_dict())
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """Deprecated dict access (see the class docstring)."""
+        self._deprecated()
+        return getattr(self, key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self._deprecated()
+        return isinstance(key, str) and key in self.__dataclass_fields__
+
 
 def drop_unassigned(msgs: list[Message], assigned: set[TP]) -> tuple[list[Message], list[Message]]:
     """Split fetched messages into (those of ``assigned`` partitions, the others).
