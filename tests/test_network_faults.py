@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from kresilient import LeadershipState, ResilientProducer
-from kresilient.errors import ErrorCategory, classify
+from kresilient.errors import DeliveryError, ErrorCategory, classify
 from kresilient.testing import ChaosNotSupportedError, KafkaCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -300,3 +300,52 @@ def test_lossy_network_loses_and_duplicates_nothing(net_cluster: KafkaCluster) -
     seen = _read_back(net_cluster, topic, len(acked))
     lost, duplicated = i - len(set(seen)), len(seen) - len(set(seen))
     assert seen == list(range(i)), f"lost {lost}, duplicated {duplicated}"
+
+
+def test_both_followers_slow_acks_all_never_succeeds_on_one_replica(
+    net_cluster: KafkaCluster,
+) -> None:
+    topic = _topic(net_cluster)
+    leader = net_cluster.leader(topic)
+    followers = [r for r in net_cluster.replicas(topic) if r != leader]
+    acked: list[int] = []
+    errors: list[KafkaError] = []
+
+    def on_delivery(err: KafkaError | None, msg: Any) -> None:
+        (errors.append(err) if err is not None else acked.append(int(msg.value())))
+
+    config = {
+        "bootstrap.servers": net_cluster.bootstrap_servers,
+        "message.timeout.ms": 8000,
+        "socket.timeout.ms": _REQUEST_TIMEOUT_MS,
+    }
+    with ResilientProducer(config) as producer:
+        producer.produce(topic, b"-1", on_delivery=on_delivery)
+        producer.flush(60)
+        assert acked == [-1]  # control: acks=all works with the followers in sync
+        try:
+            for f in followers:
+                # Replication only: two of three controllers slowed by 7 s would lose the
+                # KRaft quorum, and with it the controller that shrinks the ISR.
+                net_cluster.network.delay(f, 7000, links=["replication"])
+            # Followers only fall behind when there is something to fetch: acks=1 writes.
+            lagger = Producer({"bootstrap.servers": net_cluster.bootstrap_servers, "acks": 1})
+            for _ in range(20):
+                lagger.produce(topic, b"-2")
+            assert lagger.flush(60) == 0
+            isr = net_cluster.wait_for_isr_shrink(topic, without=followers[0], timeout=90)
+            isr = net_cluster.wait_for_isr_shrink(topic, without=followers[1], timeout=90)
+            assert isr == [leader]
+            for i in range(10):
+                producer.produce(topic, str(i).encode(), on_delivery=on_delivery)
+            with pytest.raises(DeliveryError):
+                producer.flush(60)
+        finally:
+            net_cluster.network.heal()
+    assert acked == [-1], "acks=all succeeded with one replica in sync"
+    # (the 20 acks=1 writes above are not the producer under test)
+    assert len(errors) == 10
+    for err in errors:  # NOT_ENOUGH_REPLICAS retried until the timeout: classified, bounded
+        c = classify(err, context="delivery")
+        assert c.category is not ErrorCategory.UNKNOWN, err
+    net_cluster.wait_for_isr(topic, size=3, timeout=120)

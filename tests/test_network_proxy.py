@@ -202,8 +202,12 @@ def test_hold_time_follows_the_fault_table() -> None:
     state.faults[1].delay_ms, state.faults[1].jitter_ms = 100, 50
     holds = [state.hold_seconds("client", 1, None) for _ in range(500)]
     assert 0.05 <= min(holds) < 0.07 and 0.13 < max(holds) <= 0.15
+    state.faults[1].delay_kinds = frozenset({"internal"})  # delay(..., links=["replication"])
+    assert state.hold_seconds("client", 1, None) == 0
+    assert state.hold_seconds("internal", 1, None) >= 0.05
+    state.faults[1].delay_ms = state.faults[1].jitter_ms = 0
     state.faults[2].loss_percent = 10
-    lost = sum(state.hold_seconds("internal", 1, 2) >= 0.25 for _ in range(2000))
+    lost = sum(state.hold_seconds("internal", 1, 2) >= 0.2 for _ in range(2000))
     assert 120 < lost < 280  # ~10% of segments lost on node 2's side of the link
 
 
@@ -217,6 +221,8 @@ def test_fault_arguments_are_checked(rig) -> None:  # type: ignore[no-untyped-de
         network.loss(1, 150)
     with pytest.raises(ValueError, match="delay"):
         network.delay(1, -5)
+    with pytest.raises(ValueError, match="links must be among"):
+        network.delay(1, 5, links=["replicaton"])
     network.isolate(1)
     assert 1 in network.faulty()
     network.heal()

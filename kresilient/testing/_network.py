@@ -33,7 +33,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
@@ -48,12 +48,21 @@ _RTO_S = 0.2
 _CHUNK = 65536
 
 
+_LINKS: dict[str, Kind] = {
+    "clients": "client",
+    "replication": "internal",
+    "controller": "controller",
+}
+_ALL_KINDS: frozenset[Kind] = frozenset(_LINKS.values())
+
+
 @dataclass
 class _NodeFaults:
     isolate_clients: bool = False
     isolate_peers: bool = False
     delay_ms: float = 0.0
     jitter_ms: float = 0.0
+    delay_kinds: frozenset[Kind] = _ALL_KINDS
     loss_percent: float = 0.0
     drop_responses: bool = False
 
@@ -88,7 +97,7 @@ class _State:
             links.append(self.faults[source])
         hold = 0.0
         for f in links:
-            if f.delay_ms or f.jitter_ms:
+            if (f.delay_ms or f.jitter_ms) and kind in f.delay_kinds:
                 hold += max(0.0, f.delay_ms + self.rng.uniform(-f.jitter_ms, f.jitter_ms)) / 1e3
                 self.delayed_chunks += 1
             if f.loss_percent and self.rng.random() * 100 < f.loss_percent:
@@ -365,11 +374,29 @@ class NetworkFaults:
             raise ValueError("isolate() needs clients=True and/or peers=True")
         return self._set(node, isolate_clients=clients, isolate_peers=peers)
 
-    def delay(self, node: int, ms: float, *, jitter_ms: float = 0.0) -> _Fault:
-        """Delay every chunk on the node's links (clients and peers) by ``ms`` +- jitter."""
+    def delay(
+        self,
+        node: int,
+        ms: float,
+        *,
+        jitter_ms: float = 0.0,
+        links: Iterable[str] = ("clients", "replication", "controller"),
+    ) -> _Fault:
+        """Delay every chunk on the node's links by ``ms`` +- jitter.
+
+        ``links`` narrows it to some of ``"clients"``, ``"replication"`` (the inter-broker
+        listener: fetches either way) and ``"controller"`` (the KRaft quorum, heartbeats).
+        Slowing only replication keeps the controller quorum healthy, e.g. to make followers
+        fall out of the ISR without losing the quorum that shrinks it.
+        """
         if ms < 0 or jitter_ms < 0:
             raise ValueError(f"delay needs ms >= 0 and jitter_ms >= 0, got {ms}, {jitter_ms}")
-        return self._set(node, delay_ms=float(ms), jitter_ms=float(jitter_ms))
+        wanted = list(links)
+        unknown = sorted(set(wanted) - set(_LINKS))
+        if unknown or not wanted:
+            raise ValueError(f"links must be among {sorted(_LINKS)}, got {wanted}")
+        kinds = frozenset(_LINKS[x] for x in wanted)
+        return self._set(node, delay_ms=float(ms), jitter_ms=float(jitter_ms), delay_kinds=kinds)
 
     def loss(self, node: int, percent: float) -> _Fault:
         """Lose ``percent`` % of segments on the node's links (each loss costs a 200 ms RTO)."""
