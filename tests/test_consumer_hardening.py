@@ -8,7 +8,6 @@ thin proxy around the real ``confluent_kafka.Consumer`` (it only chooses WHEN th
 
 from __future__ import annotations
 
-import inspect
 import os
 import signal
 import subprocess
@@ -557,12 +556,6 @@ def test_dead_letter_writer_as_dead_letter_producer_keeps_the_original_tracepare
     _byte_for_byte(got)
 
 
-@pytest.mark.xfail(
-    "propagate" not in inspect.signature(ResilientProducer.produce).parameters,
-    strict=True,
-    reason="needs ResilientProducer.produce(..., propagate=False) (producer helper): a traced "
-    "producer re-injects its own traceparent into every record it writes",
-)
 def test_user_dead_letter_producer_keeps_the_original_traceparent(
     kafka_cluster: KafkaCluster, topic_factory: TopicFactory
 ) -> None:

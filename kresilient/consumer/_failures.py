@@ -16,7 +16,6 @@ Two collaborators, composed by the consumer with explicit constructor arguments:
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -79,8 +78,8 @@ class DeadLetterSink:
     dead-letter span is then the PRODUCER span) or a :class:`~kresilient.ResilientProducer`
     (traced: its own ``send`` span becomes the child of the ``dead_letter`` span). A producer
     must not rewrite the record's ``traceparent``: the consumer's own is built with
-    ``NO_PROPAGATION``; a user-supplied one is asked not to propagate (``propagate=False``)
-    when its ``produce`` supports it (issue 11, defect 8). ``owned``: closed by the consumer.
+    ``NO_PROPAGATION``; a user-supplied one is asked not to propagate (``propagate=False``,
+    issue 11 defect 8). ``owned``: closed by the consumer.
     """
 
     __slots__ = ("_no_propagation", "_writer", "owned", "span_kind", "target")
@@ -92,12 +91,7 @@ class DeadLetterSink:
         self.owned = owned
         self._writer = isinstance(target, DeadLetterWriter)
         self.span_kind: Final = "producer" if self._writer else "internal"
-        self._no_propagation = (
-            propagates
-            and not self._writer
-            and "propagate"
-            in inspect.signature(cast("ResilientProducer", target).produce).parameters
-        )
+        self._no_propagation = propagates and not self._writer
 
     def send(self, record: DeadLetterRecord) -> Any:
         """Queue ``record``; return its handle (``done()``, ``exception(0)``).

@@ -345,11 +345,16 @@ class ResilientProducer:
         partition: int | None = None,
         timestamp: int | None = None,
         on_delivery: Callable[[KafkaError | None, Any], None] | None = None,
+        *,
+        propagate: bool = True,
     ) -> DeliveryHandle:
         """Queue one message; return its :class:`DeliveryHandle` (never blocks on the network).
 
         ``on_delivery(err, msg)`` is called like confluent-kafka's (the handle is already
         done inside it); an exception it raises is logged and counted, never propagated.
+        ``propagate=False`` sends ``headers`` exactly as given (the ``send`` span is still
+        recorded, but its context is not injected): for forwarding a record byte for byte, such
+        as a dead letter whose ``traceparent`` must stay the original's.
 
         Raises :class:`~kresilient.MessageTooLargeError` (without a dead-letter topic), a
         BACKPRESSURE :class:`~kresilient.ProduceError` when the local queue stayed full for
@@ -370,9 +375,11 @@ class ResilientProducer:
                 handle = _lean_handle(self._proxy)
             handle._id = n
         else:
-            handle, headers = self._full_handle(
+            handle, sent = self._full_handle(
                 n, topic, key, value, headers, partition, on_delivery
             )
+            if propagate:
+                headers = sent
         part = -1 if partition is None else partition
         ts = 0 if timestamp is None else timestamp
         try:
