@@ -221,6 +221,8 @@ class ResilientConsumer:
         shutdown_timeout: seconds to wait for outstanding dead-letter writes on revoke/close.
         record_message_key: put the message key on process spans
             (``messaging.kafka.message.key``); off by default, keys often carry personal data.
+        metric_partition_attribute: put ``messaging.destination.partition.id`` on metrics too
+            (spans always carry it); off by default: one series per partition.
     """
 
     def __init__(
@@ -251,6 +253,7 @@ class ResilientConsumer:
         link_mode: Literal["parent", "link"] = "parent",
         shutdown_timeout: float = 30.0,
         record_message_key: bool = False,
+        metric_partition_attribute: bool = False,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ConfigError("pass exactly one of handler= and batch_handler=")
@@ -328,6 +331,8 @@ class ResilientConsumer:
             consumer_group=self.group_id,
             link_mode=link_mode,
             record_message_key=record_message_key,
+            metric_partition_attribute=metric_partition_attribute,
+            redactor=self._redact,  # span statuses and events carry no secret either
             logger=log,
         )
         self._monitor.add_listener(self._tel.leadership_listener())
