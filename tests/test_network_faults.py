@@ -6,6 +6,8 @@ inter-broker and controller connection passes through the fault proxies.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -228,12 +230,36 @@ def test_slow_follower_leaves_the_isr_and_rejoins_after_heal(net_cluster: KafkaC
     follower = [r for r in net_cluster.replicas(topic) if r != leader][-1]
     assert follower in net_cluster.isr(topic)  # control: in sync before the fault
     p = Producer({"bootstrap.servers": net_cluster.bootstrap_servers, "acks": "all"})
-    with net_cluster.network.delay(follower, 7000):  # > replica.lag.time.max.ms (5 s)
+    # > replica.lag.time.max.ms (5 s), on its replication links (clients stay fast).
+    with net_cluster.network.delay(follower, 7000, links=["replication"]):
         for i in range(50):
             p.produce(topic, str(i).encode())
         p.flush(60)
         isr = net_cluster.wait_for_isr_shrink(topic, without=follower, timeout=90)
         assert follower not in isr and len(isr) == 2
+        # `kresilient audit` reports it (KR060: under-replicated).
+        audit = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kresilient.cli",
+                "audit",
+                "-b",
+                net_cluster.bootstrap_servers,
+                "--topic",
+                topic,
+                "--format",
+                "json",
+                "--timeout",
+                "30",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert audit.returncode in (0, 1), audit.stdout + audit.stderr
+        assert "KR060" in audit.stdout and "under-replicated" in audit.stdout, audit.stdout
     assert follower in net_cluster.wait_for_isr(topic, size=3, timeout=120)
 
 
