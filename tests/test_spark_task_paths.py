@@ -51,6 +51,15 @@ def _batch(ids: range, *, sizes: dict[int, int] | None = None, **columns: Any) -
     return pa.RecordBatch.from_arrays(arrays, names)
 
 
+def _spark_type(t: Any) -> str:
+    """The Spark type name (``simpleString``) Spark would hand the sink for Arrow type ``t``."""
+    if pa.types.is_list(t):
+        return "array<struct<key:string,value:binary>>"
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    return {"binary": "binary", "string": "string", "int32": "int"}[str(t)]
+
+
 def _run(
     bootstrap: str,
     batches: list[Any],
@@ -59,9 +68,9 @@ def _run(
     **options: str,
 ) -> TaskReport:
     opts = parse_options({"kafka.bootstrap.servers": bootstrap, **options})
-    fields = [(f.name, str(f.type).replace("large_", "")) for f in batches[0].schema]
-    types = {"binary": "binary", "string": "string", "int32": "int"}
-    layout = column_layout([(n, types.get(t, t)) for n, t in fields], topic_option=opts.topic)
+    layout = column_layout(
+        [(f.name, _spark_type(f.type)) for f in batches[0].schema], topic_option=opts.topic
+    )
     cfg = sink_producer_config(opts)
     task = info or TaskInfo(partition_id=0, attempt=0)
     try:
@@ -302,3 +311,46 @@ def test_exactly_once_marker_topic_with_delete_policy_is_refused(
     created = f"t-markers-{uuid.uuid4().hex[:8]}"
     ensure_marker_topic({"bootstrap.servers": bootstrap}, created)  # created compacted
     ensure_marker_topic({"bootstrap.servers": bootstrap}, created)  # and accepted as it is
+
+
+# --------------------------------------------------------------------------- lean path
+def test_header_lists_from_sliced_arrow_with_nulls_and_empties() -> None:
+    from kresilient.spark._write import _header_lists
+
+    htype = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    rows = [[{"key": "a", "value": b"1"}], None, [], [{"key": "b", "value": None}] * 2]
+    column = pa.array(rows * 3, htype).slice(2, 6)  # an offset into the child arrays
+    assert _header_lists(column) == [
+        None,
+        [("b", None), ("b", None)],
+        [("a", b"1")],
+        None,
+        None,
+        [("b", None), ("b", None)],
+    ]
+
+
+def test_broker_refused_row_dead_letter_keeps_its_headers_and_timestamp(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """A row with headers and a timestamp refused by the broker (too large for the topic, so
+    reported by a delivery report, which carries neither): its dead letter still has the
+    row's own headers and original timestamp, recovered from the Arrow batch."""
+    from kresilient.deadletter import ORIGINAL_TIMESTAMP
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = topic_factory(config={"max.message.bytes": 16384})
+    dlq = topic_factory()
+    ids = range(40)
+    htype = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    headers = pa.array([[{"key": "id", "value": str(i).encode()}] for i in ids], htype)
+    stamps = pa.array([1_700_000_000_000_000 + i * 1000 for i in ids], pa.timestamp("us"))
+    batch = _batch(ids, sizes={17: 20_000}, headers=headers, timestamp=stamps)
+    report = _run(
+        bootstrap, [batch], topic=topic, deadLetterTopic=dlq, **{"kafka.batch.size": "8192"}
+    )
+    assert (report.written, report.dead_lettered) == (39, 1)
+    assert report.dead_letter_reasons == {"MSG_SIZE_TOO_LARGE": 1}
+    (found,) = _headers_of(bootstrap, dlq)
+    assert found["id"] == b"17"
+    assert found[ORIGINAL_TIMESTAMP] == str(1_700_000_000_000 + 17).encode()

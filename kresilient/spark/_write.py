@@ -188,8 +188,9 @@ def sink_producer_config(options: SinkOptions) -> dict[str, Any]:
             raise translate_config(name, given)
     cfg = producer_config(dict(options.producer))
     cfg.update(FORCED)
-    # Only failures need a Python callback: a delivery report per row would cost CPU the
-    # executors need (success is proven by flush() returning with an empty queue).
+    # Only failures need a Python callback (success is proven by flush() returning with an
+    # empty queue). confluent-kafka applies this in its C callback, not in librdkafka: each
+    # delivered row still costs a delivery event, but no Python call or object.
     cfg["delivery.report.only.error"] = True
     if "statistics.interval.ms" not in options.producer:
         cfg["statistics.interval.ms"] = "0"  # nobody reads statistics inside a Spark task
@@ -343,20 +344,33 @@ class _TaskWriter:
             else batch.column(lay.topic).to_pylist()
         )
         partitions = self._column(batch, lay.partition, n, None)
-        headers = self._column(batch, lay.headers, n, None)
-        stamps: Iterable[Any] = repeat(0, n)
-        if lay.timestamp is not None:
-            import pyarrow as pa
-
-            # Spark sends microseconds; Kafka takes milliseconds (truncate, as Java does).
-            ms = batch.column(lay.timestamp).cast(pa.timestamp("ms"), safe=False)
-            col = ms.cast(pa.int64())
-            stamps = col.to_pylist()
+        headers = _header_lists(batch.column(lay.headers)) if lay.headers is not None else None
+        stamps = _millis(batch.column(lay.timestamp)) if lay.timestamp is not None else None
+        # Delivery reports carry neither headers nor the timestamp: one callback per Arrow
+        # batch (not per row) recovers a failed row's from the batch (failures only).
+        report = (
+            _BatchReport(self.collector, values, headers, stamps)
+            if headers is not None or stamps is not None
+            else None
+        )
+        produce = self.producer.produce
         for topic, value, key, part, hdrs, ts in zip(
-            topics, values, keys, partitions, headers, stamps, strict=False
+            topics,
+            values,
+            keys,
+            partitions,
+            headers if headers is not None else repeat(None, n),
+            stamps if stamps is not None else repeat(0, n),
+            strict=False,
         ):
-            h = [(x["key"], x["value"]) for x in hdrs] if hdrs else None
-            self._produce_one(topic, value, key, -1 if part is None else part, h, ts or 0)
+            p = -1 if part is None else part
+            if topic is None:
+                self._invalid_row(value, key, p, hdrs, ts or 0, "null topic")
+                continue
+            try:  # positional: topic, value, key, partition, callback, (alias), timestamp, headers
+                produce(topic, value, key, p, report, None, ts or 0, hdrs)
+            except (BufferError, KafkaException):
+                self._produce_one(topic, value, key, p, hdrs, ts or 0, report)
 
     def _write_simple(self, topic: str, values: list[Any], keys: Iterable[Any]) -> None:
         produce = self.producer.produce
@@ -364,28 +378,23 @@ class _TaskWriter:
             try:
                 produce(topic, value, key)
             except (BufferError, KafkaException):
-                self._produce_one(topic, value, key, -1, None, 0)
+                self._produce_one(topic, value, key, -1, None, 0, None)
 
     def _produce_one(
         self,
-        topic: str | None,
+        topic: str,
         value: Any,
         key: Any,
         partition: int,
         headers: list[tuple[str, bytes | None]] | None,
         timestamp: int,
+        report: _BatchReport | None,
     ) -> None:
-        if topic is None:
-            self._invalid_row(value, key, partition, headers, timestamp, "null topic")
-            return
-        kwargs: dict[str, Any] = {"partition": partition, "timestamp": timestamp}
-        if headers is not None:
-            # Delivery reports do not carry headers: keep this row's for its dead letter.
-            kwargs["headers"] = headers
-            kwargs["on_delivery"] = _HeaderedReport(self.collector, headers)
+        """The slow path of one row: wait for room, or classify a local refusal."""
         while True:
             try:
-                self.producer.produce(topic, value, key, **kwargs)
+                produce = self.producer.produce
+                produce(topic, value, key, partition, report, None, timestamp, headers)  # type: ignore[arg-type]
                 return
             except BufferError:
                 _wait_for_room(self.producer)
@@ -448,6 +457,7 @@ class _TaskWriter:
                         partition=f.partition,
                         timestamp=f.timestamp,
                         headers=f.headers,  # type: ignore[arg-type]
+                        on_delivery=_Resent(collector, f),
                     )
                     break
                 except BufferError:
@@ -546,13 +556,14 @@ class _DeadLetter:
 
 
 def _wait_for_room(producer: Producer) -> None:
-    """The local queue is full: serve callbacks, then give the network threads a moment.
+    """The local queue is full: wait until delivery reports free some room.
 
-    Not ``poll(timeout)``: with ``delivery.report.only.error`` successful deliveries raise no
-    event, so a blocking poll would sleep its whole timeout while the queue drains.
+    ``poll(timeout)`` returns as soon as a report is served. confluent-kafka applies
+    ``delivery.report.only.error`` in its own callback, not in librdkafka: every delivered
+    row still raises a delivery event (only the Python call is skipped), so the poll wakes
+    as the queue drains.
     """
-    producer.poll(0)
-    time.sleep(0.001)
+    producer.poll(0.05)
 
 
 def _flushed_failures(producer: Producer, collector: _Collector) -> list[_Failure]:
@@ -582,18 +593,86 @@ def _flushed_failures(producer: Producer, collector: _Collector) -> list[_Failur
     return failures
 
 
-class _HeaderedReport:
-    """Per-row delivery callback used only for rows with headers (reports drop headers)."""
+class _Resent:
+    """Delivery callback of a row re-sent alone: a report carries neither its headers nor its
+    timestamp, the first failure does (rare path: one object per re-sent row)."""
 
-    __slots__ = ("collector", "headers")
+    __slots__ = ("collector", "first")
 
-    def __init__(self, collector: _Collector, headers: list[tuple[str, bytes | None]]) -> None:
+    def __init__(self, collector: _Collector, first: _Failure) -> None:
         self.collector = collector
-        self.headers = headers
+        self.first = first
 
     def __call__(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None:
-            self.collector.failures.append(_failure_from_report(err, msg, self.headers))
+            failure = _failure_from_report(err, msg, self.first.headers)
+            failure.timestamp = self.first.timestamp
+            self.collector.failures.append(failure)
+
+
+class _BatchReport:
+    """Delivery callback shared by the rows of one Arrow batch that has headers or timestamps.
+
+    Only failures reach it (``delivery.report.only.error``). A report carries the row's topic,
+    partition, key and value but not its headers nor its timestamp, so the failed row is found
+    in the batch by its value and key (the first one not yet matched: rows equal in both are
+    interchangeable here) and its headers and timestamp taken from there.
+    """
+
+    __slots__ = ("collector", "headers", "matched", "stamps", "values")
+
+    def __init__(
+        self,
+        collector: _Collector,
+        values: list[Any],
+        headers: list[list[tuple[str, bytes | None]] | None] | None,
+        stamps: list[int | None] | None,
+    ) -> None:
+        self.collector = collector
+        self.values = values
+        self.headers = headers
+        self.stamps = stamps
+        self.matched: set[int] = set()
+
+    def __call__(self, err: KafkaError | None, msg: Any) -> None:
+        if err is None:
+            return
+        row = self._row(msg.value(), msg.key())
+        failure = _failure_from_report(
+            err, msg, self.headers[row] if row is not None and self.headers is not None else None
+        )
+        if row is not None and self.stamps is not None:
+            failure.timestamp = self.stamps[row] or 0
+        self.collector.failures.append(failure)
+
+    def _row(self, value: bytes | None, key: bytes | None) -> int | None:
+        # Values are compared as bytes (a string column arrives as str).
+        for i, v in enumerate(self.values):
+            if i not in self.matched and _raw(v) == value:
+                self.matched.add(i)
+                return i
+        return None
+
+
+def _header_lists(column: Any) -> list[list[tuple[str, bytes | None]] | None]:
+    """An Arrow ``list<struct<key, value>>`` column as one header list per row (``None``: no
+    headers), built from the flat child arrays: no dict per header as ``to_pylist()`` makes."""
+    offsets = column.offsets.to_pylist()  # absolute positions into column.values
+    pairs = list(
+        zip(
+            column.values.field("key").to_pylist(),
+            column.values.field("value").to_pylist(),
+            strict=True,
+        )
+    )
+    return [pairs[offsets[i] : offsets[i + 1]] or None for i in range(len(column))]
+
+
+def _millis(column: Any) -> list[int | None]:
+    """Spark's microsecond timestamps as Kafka's milliseconds (truncated, as Java does)."""
+    import pyarrow as pa
+
+    return column.cast(pa.timestamp("ms"), safe=False).cast(pa.int64()).to_pylist()  # type: ignore[no-any-return]
 
 
 def _is_row_error(c: Classification) -> bool:
