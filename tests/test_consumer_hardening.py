@@ -460,6 +460,46 @@ def test_failure_span_carries_the_handler_exception_not_an_internal_class(
     assert durations and {a.get("error.type") for a, _ in durations} == {"ValueError"}
 
 
+def test_failure_span_that_stops_the_consumer_carries_the_handler_exception(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Without a dead-letter topic the failure stops the consumer: the failure handling raises
+    inside the span. On 9c6e9f3 the span then carried ``error.type=kresilient.consumer._Handled``,
+    an empty status description and a second exception event (issue 23, defect 2)."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _ = with_dlq(topic_factory, partitions=1)
+    produce(bootstrap, topic, [(b"k", b"not json", None, 0)])
+    otel = Otel()
+
+    def handle(msg: Message) -> None:
+        raise ValueError("record 0 is not an order")  # not retried; no DLQ: run() raises it
+
+    consumer = ResilientConsumer(
+        config(kafka_cluster),
+        [topic],
+        handle,
+        dead_letter=None,
+        tracer_provider=otel.tracer_provider,
+        meter_provider=otel.meter_provider,
+        install_signal_handlers=False,
+    )
+    try:
+        runner = Runner(consumer)
+        runner.join(120)
+        span = otel.span(f"process {topic}")
+        durations = otel.points("messaging.process.duration")
+    finally:
+        otel.shutdown()
+    assert isinstance(runner.error, ValueError)
+    attrs = dict(span.attributes or {})
+    assert attrs["error.type"] == "ValueError", attrs
+    assert span.status.description and "not an order" in span.status.description
+    exceptions = [e for e in span.events if e.name == "exception"]
+    assert len(exceptions) == 1, span.events
+    assert (exceptions[0].attributes or {})["exception.type"] == "ValueError"
+    assert {a.get("error.type") for a, _ in durations} == {"ValueError"}
+
+
 def test_record_message_key_opt_in(
     kafka_cluster: KafkaCluster, topic_factory: TopicFactory
 ) -> None:
