@@ -579,6 +579,8 @@ class ResilientConsumer:
                 recheck = now + 1.0
             process(msgs)
             watchdog.started = 0.0
+        # from here on a 2nd signal is only logged (no window before _shutdown sets it too)
+        self._signals.shutting_down = True
 
     def _drop_unassigned(self, msgs: list[Message]) -> list[Message]:
         try:
