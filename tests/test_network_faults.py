@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, Producer
 
 from kresilient import LeadershipState, ResilientProducer
 from kresilient.errors import DeliveryError, ErrorCategory, classify
@@ -375,3 +375,83 @@ def test_both_followers_slow_acks_all_never_succeeds_on_one_replica(
         c = classify(err, context="delivery")
         assert c.category is not ErrorCategory.UNKNOWN, err
     net_cluster.wait_for_isr(topic, size=3, timeout=120)
+
+
+def test_consumer_cut_from_its_coordinator_rebalances_and_skips_nothing(
+    net_cluster: KafkaCluster,
+) -> None:
+    from confluent_kafka import ConsumerGroupState, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from kresilient import ResilientConsumer
+
+    topic = _topic(net_cluster)
+    group = f"cut-{topic}"
+    total = 300
+    p = Producer({"bootstrap.servers": net_cluster.bootstrap_servers})
+    for i in range(total):
+        p.produce(topic, str(i).encode())
+    assert p.flush(60) == 0
+    # The harness's own listener: the fault below does not touch this admin client.
+    admin = AdminClient({"bootstrap.servers": net_cluster._harness_bootstrap()})
+
+    def group_state() -> Any:
+        return admin.describe_consumer_groups([group])[group].result(timeout=10)
+
+    handled: list[int] = []
+    first_pass = threading.Event()
+
+    def handle(msg: Any) -> None:
+        handled.append(int(msg.offset()))
+        if len(handled) >= 100:
+            first_pass.wait(120)  # hold here: commits stop at what was processed so far
+
+    consumer = ResilientConsumer(
+        {
+            "bootstrap.servers": net_cluster.bootstrap_servers,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+            "socket.timeout.ms": _REQUEST_TIMEOUT_MS,
+        },
+        [topic],
+        handle,
+        dead_letter=None,
+        install_signal_handlers=False,
+    )
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    try:
+        _wait("100 messages handled", lambda: len(handled) >= 100, 90, lambda: time.sleep(0.05))
+        coordinator = group_state().coordinator.id
+        with net_cluster.network.isolate(coordinator, peers=False):
+            # Longer than session.timeout.ms: the coordinator evicts the member.
+            _wait(
+                "the coordinator to evict the cut-off member",
+                lambda: group_state().state == ConsumerGroupState.EMPTY,
+                90,
+                lambda: time.sleep(0.2),
+            )
+            (committed,) = (
+                admin.list_consumer_group_offsets(
+                    [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0)])]
+                )[group]
+                .result(timeout=10)
+                .topic_partitions
+            )
+            first_pass.set()
+        _wait(
+            "every message handled after the heal",
+            lambda: set(range(total)) <= set(handled),
+            120,
+            lambda: time.sleep(0.1),
+        )
+    finally:
+        first_pass.set()
+        consumer.stop()
+        runner.join(60)
+    assert set(range(total)) <= set(handled), "a message was skipped"
+    redone = [o for o in set(handled) if handled.count(o) > 1]
+    # Duplicates only from work after the last commit before the cut.
+    assert all(o >= max(committed.offset, 0) for o in redone), (committed.offset, redone)
