@@ -15,6 +15,17 @@ Run::
     .venv/bin/python benchmarks/spark_sink.py                 # 2M rows x {100 B, 1 KiB}, 3 rounds
     .venv/bin/python benchmarks/spark_sink.py --quick         # 200k rows, 2 rounds
     .venv/bin/python benchmarks/spark_sink.py --bootstrap-servers host:port  # existing cluster
+    .venv/bin/python benchmarks/spark_sink.py --headers       # both arms write a headers column
+    .venv/bin/python benchmarks/spark_sink.py --task-layouts --bootstrap-servers host:port
+
+Each arm is warmed up with one full-size write of its own (JIT, producers, connections,
+broker page cache and log segments) before the measured rounds, so round 0 does not run on
+cold brokers.
+
+``--task-layouts`` measures the kresilient Python path alone, without Spark: the executor's
+``write_task`` is driven with the same Arrow batches (plain, with a ``headers`` column, with a
+``timestamp`` column) and the process CPU time per row is reported (paired, interleaved
+rounds), i.e. the task thread's cost of each column layout.
 """
 
 from __future__ import annotations
@@ -119,7 +130,7 @@ def _spark(jars: list[str], cores: int) -> Any:
     return spark
 
 
-def _frame(spark: Any, rows: int, size: int, partitions: int) -> Any:
+def _frame(spark: Any, rows: int, size: int, partitions: int, headers: bool = False) -> Any:
     from pyspark.sql import functions as F
 
     # Values: `size` bytes of distinct hex digests (sha256 of "<id>-<i>"): no repeats, so lz4
@@ -132,6 +143,17 @@ def _frame(spark: Any, rows: int, size: int, partitions: int) -> Any:
         F.expr("unhex(lpad(hex(id), 16, '0'))").alias("key"),
         F.expr(f"substring(concat_ws('', {digests}), 1, {size})").cast("binary").alias("value"),
     )
+    if headers:  # two headers per row, as a tracing or routing layer would add
+        df = df.withColumn(
+            "headers",
+            F.array(
+                F.struct(F.lit("source").alias("key"), F.lit(b"spark").alias("value")),
+                F.struct(
+                    F.lit("id").alias("key"),
+                    F.expr("substring(key, 1, 8)").alias("value"),
+                ),
+            ),
+        )
     df = df.cache()
     df.count()
     return df
@@ -191,12 +213,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         register(spark)
         bs = cluster.bootstrap_servers
         for size in args.sizes:
-            df = _frame(spark, args.rows, size, args.cores)
+            df = _frame(spark, args.rows, size, args.cores, args.headers)
             times: dict[str, list[float]] = {"builtin": [], "kresilient": []}
-            for arm in ("builtin", "kresilient"):  # warm-up: JIT, producers, connections
+            for arm in ("builtin", "kresilient"):  # warm-up at full size, per arm
                 warm = f"bench-warm-{arm}-{uuid.uuid4().hex[:6]}"
                 cluster.create_topic(warm, args.partitions, 3, {"min.insync.replicas": 2})
-                _write(df.limit(20000), arm, bs, warm, settings)
+                _write(df, arm, bs, warm, settings)
                 cluster.delete_topic(warm)
             for r in range(args.rounds):
                 order = ("builtin", "kresilient") if r % 2 == 0 else ("kresilient", "builtin")
@@ -238,6 +260,96 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def _task_batches(rows: int, size: int, layout: str) -> list[Any]:
+    import pyarrow as pa
+
+    out = []
+    per = 10_000  # Spark's spark.sql.execution.arrow.maxRecordsPerBatch
+    for start in range(0, rows, per):
+        ids = range(start, min(rows, start + per))
+        cols = [
+            pa.array([i.to_bytes(8, "big") for i in ids], pa.binary()),
+            pa.array([(b"%064x" % i) * (size // 64 + 1) for i in ids], pa.binary()),
+        ]
+        names = ["key", "value"]
+        if layout == "headers":
+            htype = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+            cols.append(
+                pa.array(
+                    [
+                        [{"key": "source", "value": b"spark"}, {"key": "id", "value": b"%d" % i}]
+                        for i in ids
+                    ],
+                    htype,
+                )
+            )
+            names.append("headers")
+        elif layout == "timestamp":
+            cols.append(pa.array([1_700_000_000_000_000 + i for i in ids], pa.timestamp("us")))
+            names.append("timestamp")
+        out.append(pa.RecordBatch.from_arrays(cols, names))
+    return out
+
+
+def run_task_layouts(args: argparse.Namespace) -> dict[str, Any]:
+    """CPU time per row of the Python path (``write_task``) for each column layout."""
+    from kresilient.spark._options import column_layout, parse_options
+    from kresilient.spark._task import TaskInfo
+    from kresilient.spark._write import discard_producers, sink_producer_config, write_task
+
+    types = {"headers": "array<struct<key:string,value:binary>>", "timestamp": "timestamp"}
+    layouts = ("plain", "headers", "timestamp")
+    results: dict[str, Any] = {"rows": args.rows, "rounds": args.rounds, "sizes": {}}
+    with _cluster(args.bootstrap_servers) as cluster:
+        for size in args.sizes:
+            batches = {name: _task_batches(args.rows, size, name) for name in layouts}
+            cpu: dict[str, list[float]] = {name: [] for name in layouts}
+            for r in range(args.rounds + 1):  # round 0: full-size warm-up, not counted
+                order = layouts if r % 2 == 0 else tuple(reversed(layouts))
+                for name in order:
+                    topic = f"bench-task-{name}-{r}-{uuid.uuid4().hex[:6]}"
+                    cluster.create_topic(topic, args.partitions, 3, {"min.insync.replicas": 2})
+                    opts = parse_options(
+                        {
+                            "kafka.bootstrap.servers": cluster.bootstrap_servers,
+                            "topic": topic,
+                            "kafka.linger.ms": str(args.linger_ms),
+                            "kafka.batch.size": str(args.batch_size),
+                            "kafka.compression.type": args.compression,
+                        }
+                    )
+                    fields = [("key", "binary"), ("value", "binary")]
+                    if name != "plain":
+                        fields.append((name, types[name]))
+                    layout = column_layout(fields, topic_option=topic)
+                    began = time.process_time()
+                    write_task(
+                        opts,
+                        layout,
+                        iter(batches[name]),
+                        config=sink_producer_config(opts),
+                        context=lambda: TaskInfo(partition_id=0, attempt=0),
+                    )
+                    used = time.process_time() - began
+                    discard_producers()
+                    cluster.delete_topic(topic)
+                    if r > 0:
+                        cpu[name].append(used / args.rows * 1e6)
+                    print(f"size={size}B round={r} {name:9s} {used / args.rows * 1e6:6.2f} us/row")
+            med = {name: statistics.median(v) for name, v in cpu.items()}
+            results["sizes"][str(size)] = {
+                "cpu_us_per_row": cpu,
+                "median_us_per_row": med,
+                "headers_vs_plain": [
+                    h / p for h, p in zip(cpu["headers"], cpu["plain"], strict=True)
+                ],
+                "timestamp_vs_plain": [
+                    t / p for t, p in zip(cpu["timestamp"], cpu["plain"], strict=True)
+                ],
+            }
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rows", type=int, default=2_000_000)
@@ -250,10 +362,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compression", default="lz4")
     p.add_argument("--bootstrap-servers", default=None, help="use this cluster (default: start)")
     p.add_argument("--quick", action="store_true", help="200k rows, 2 rounds")
+    p.add_argument("--headers", action="store_true", help="both arms write a headers column")
+    p.add_argument(
+        "--task-layouts",
+        action="store_true",
+        help="CPU per row of kresilient's write_task alone (no Spark): plain/headers/timestamp",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.rounds = 200_000, 2
+    if args.task_layouts:
+        results = run_task_layouts(args)
+        for size, r in results["sizes"].items():
+            m = r["median_us_per_row"]
+            print(
+                f"{size:>5} B: CPU us/row plain {m['plain']:.2f}, headers {m['headers']:.2f} "
+                f"({statistics.median(r['headers_vs_plain']):.2f}x), timestamp "
+                f"{m['timestamp']:.2f} ({statistics.median(r['timestamp_vs_plain']):.2f}x)"
+            )
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+        return 0
     results = run(args)
     label = " (CONTENDED: machine load was high, figures are indicative)" * results["contended"]
     print(f"\nSpark sink benchmark, {args.rows} rows, local[{args.cores}]{label}")
