@@ -495,3 +495,42 @@ async def test_a_missing_dead_letter_topic_fails_at_start(
     consumer = AsyncResilientConsumer(_conf(kafka_cluster), [topic], handle)
     with pytest.raises(ConfigError, match=r"dead-letter topic\(s\) .*\.dlq.* do not exist"):
         await asyncio.wait_for(consumer.run(), 60)
+
+
+async def test_with_auto_commit_off_stored_offsets_are_committed_on_an_interval(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, _ = with_dlq(topic_factory)
+    produce(
+        kafka_cluster.bootstrap_servers, topic, [(None, b"%d" % i, None, None) for i in range(10)]
+    )
+    handled: list[int] = []
+    release = asyncio.Event()
+
+    async def handle(msg: Message) -> None:
+        if msg.offset() == 9:
+            await release.wait()  # the last one stays in hand: only 0..8 may be committed
+        handled.append(msg.offset() or 0)
+
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    conf = _conf(
+        kafka_cluster, group, **{"enable.auto.commit": False, "auto.commit.interval.ms": 200}
+    )
+    consumer = AsyncResilientConsumer(conf, [topic], handle)
+    task = asyncio.create_task(consumer.run())
+    loop = asyncio.get_running_loop()
+
+    async def committed_now() -> int:
+        got = await loop.run_in_executor(
+            None, committed, kafka_cluster.bootstrap_servers, group, topic, [0]
+        )
+        return got[0]
+
+    deadline = time.monotonic() + 60
+    while await committed_now() != 9:  # committed while running, not only at close
+        assert time.monotonic() < deadline, "nothing committed on the interval"
+        await asyncio.sleep(0.2)
+    assert handled == list(range(9))
+    release.set()
+    await _stop(consumer, task)
+    assert await committed_now() == 10

@@ -65,6 +65,8 @@ TP = tuple[str, int]
 
 #: Seconds the start-up metadata request (dead-letter topics exist?) may take.
 _METADATA_TIMEOUT_S: Final = 30.0
+#: At most this long the poll loop waits for handlers to work through a batch.
+_DRAIN_WAIT_S: Final = 0.05
 #: Records consumed per step (one worker-thread round trip).
 _BATCH: Final = 500
 #: Records a partition's worker handles per turn of the concurrency semaphore.
@@ -322,6 +324,13 @@ class AsyncResilientConsumer:
         self.blocked_warnings = 0
         self._current: Message | None = None
         self._traced = False
+        self._queued = 0  # records waiting in partition queues (all partitions)
+        self._flowing = False  # the last consume returned records (worker thread only)
+        self._closing = False
+        self._commit_interval = float(cfg.get("auto.commit.interval.ms", 5000)) / 1000.0
+        self._next_commit = 0.0
+        self._auto_commit = str(cfg.get("enable.auto.commit", "true")).lower() in ("true", "1")
+        self._drained = asyncio.Event()  # binds to the loop on first use (3.10+)
 
     # ------------------------------------------------------------------ public API
 
@@ -359,6 +368,12 @@ class AsyncResilientConsumer:
                 self._traced = self._tel.enabled  # a provider set late is picked up here
                 batch = await self._kafka(self._step, self._pending_ops())
                 self._dispatch(batch)
+                if self._queued:
+                    # Let the handlers work through the batch before the next consume (the
+                    # worker thread and the loop would only contend for the GIL), but never
+                    # longer than _DRAIN_WAIT_S: polling must go on while handlers await.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._drained.wait(), _DRAIN_WAIT_S)
         except asyncio.CancelledError as exc:
             cancelled = exc
         finally:
@@ -425,11 +440,22 @@ class AsyncResilientConsumer:
         assert consumer is not None
         store, pause, resume = ops
         self._store(store)
+        if store and not self._auto_commit and time.monotonic() >= self._next_commit:
+            # enable.auto.commit=false: commit what was stored every auto.commit.interval.ms
+            self._next_commit = time.monotonic() + self._commit_interval
+            try:
+                consumer.commit(asynchronous=True)
+            except KafkaException as exc:
+                self._log.warning("commit_failed", reason="interval", error=self._scrub(str(exc)))
         if pause:
             consumer.pause(pause)
         if resume:
             consumer.resume(resume)
-        return list(consumer.consume(_BATCH, 0.1))
+        # Records flowing: a short wait, so a stop() or a drained batch is acted on soon.
+        # Idle: a longer one, so an idle consumer costs ~10 wake-ups a second.
+        batch = consumer.consume(_BATCH, 0.02 if self._flowing else 0.1)
+        self._flowing = bool(batch)
+        return batch
 
     def _store(self, offsets: list[TopicPartition]) -> None:
         if not offsets or self._consumer is None:
@@ -479,7 +505,11 @@ class AsyncResilientConsumer:
             except Exception as exc:  # the loop is gone or stuck: commit what is recorded
                 self._log.warning("revoke_wait_failed", error=type(exc).__name__)
         self._store(self._take_done(tps))
-        self._commit("revoke")
+        if not (self._closing and self._auto_commit):
+            # A rebalance: commit now, so the next owner starts exactly after our work. At
+            # close() with auto-commit on, librdkafka commits the stored offsets itself
+            # before it leaves the group (one round trip fewer).
+            self._commit("revoke")
         for tp in tps:
             self._parts.pop(tp, None)
         self._log.info("partitions_revoked", partitions=len(tps))
@@ -491,8 +521,16 @@ class AsyncResilientConsumer:
             part = self._parts.pop((p.topic, p.partition), None)
             if part is not None:
                 part.revoked = True
-                part.queue.clear()
+                loop = self._loop
+                if loop is not None and not loop.is_closed():  # queues belong to the loop
+                    loop.call_soon_threadsafe(self._drop_queue, part)
         self._log.warning("partitions_lost", partitions=len(partitions))
+
+    def _drop_queue(self, part: _Partition) -> None:
+        self._queued -= len(part.queue)
+        part.queue.clear()
+        if not self._queued:
+            self._drained.set()
 
     def _take_done(self, tps: Iterable[TP] | None = None) -> list[TopicPartition]:
         out = []
@@ -523,6 +561,7 @@ class AsyncResilientConsumer:
     def _dispatch(self, batch: list[Message]) -> None:
         """Queue each record behind its partition's; start the partition's worker if idle."""
         parts = self._parts
+        queued = 0
         for msg in batch:
             if msg.error() is not None:
                 self._consume_error(msg)
@@ -531,8 +570,12 @@ class AsyncResilientConsumer:
             if part is None or part.revoked:
                 continue  # fetched before a revoke: the new owner reads it again
             part.queue.append(msg)
+            queued += 1
             if part.task is None:
                 part.task = asyncio.create_task(self._work(part), name=f"kresilient {part.tp}")
+        if queued:
+            self._queued += queued
+            self._drained.clear()
 
     def _consume_error(self, msg: Message) -> None:
         err = msg.error()
@@ -558,6 +601,9 @@ class AsyncResilientConsumer:
                         if not part.queue or part.revoked or self._stop or self._error:
                             break
                         msg = part.queue.popleft()
+                        self._queued -= 1
+                        if not self._queued:
+                            self._drained.set()
                         if self._traced:
                             ok = await self._process(msg, part)
                         else:  # the untraced success path: no span scope, no retry state
@@ -797,7 +843,7 @@ class AsyncResilientConsumer:
         ]
         for part in parts:
             part.revoked = True
-            part.queue.clear()  # not started: the next owner (or the restart) reads them
+            self._drop_queue(part)  # not started: the next owner (or the restart) reads them
         tasks = [p.task for p in parts if p.task is not None]
         for part in parts:
             part.cut.set()  # end retry and dead-letter waits
@@ -824,6 +870,7 @@ class AsyncResilientConsumer:
         def close() -> None:
             self._store(done)
             consumer = self._consumer
+            self._closing = True
             if consumer is not None:
                 # Leaves the group; the revoke callback it runs commits what was stored
                 # (synchronously), so no separate commit round trip first.
