@@ -24,8 +24,8 @@ cold brokers.
 
 ``--task-layouts`` measures the kresilient Python path alone, without Spark: the executor's
 ``write_task`` is driven with the same Arrow batches (plain, with a ``headers`` column, with a
-``timestamp`` column) and the process CPU time per row is reported (paired, interleaved
-rounds), i.e. the task thread's cost of each column layout.
+``timestamp`` column) and the process CPU time and the task thread's CPU time per row are
+reported (interleaved rounds after a full-size warm-up round): the cost of each column layout.
 """
 
 from __future__ import annotations
@@ -304,6 +304,7 @@ def run_task_layouts(args: argparse.Namespace) -> dict[str, Any]:
         for size in args.sizes:
             batches = {name: _task_batches(args.rows, size, name) for name in layouts}
             cpu: dict[str, list[float]] = {name: [] for name in layouts}
+            thread: dict[str, list[float]] = {name: [] for name in layouts}
             for r in range(args.rounds + 1):  # round 0: full-size warm-up, not counted
                 order = layouts if r % 2 == 0 else tuple(reversed(layouts))
                 for name in order:
@@ -322,7 +323,7 @@ def run_task_layouts(args: argparse.Namespace) -> dict[str, Any]:
                     if name != "plain":
                         fields.append((name, types[name]))
                     layout = column_layout(fields, topic_option=topic)
-                    began = time.process_time()
+                    began, began_thread = time.process_time(), time.thread_time()
                     write_task(
                         opts,
                         layout,
@@ -331,15 +332,29 @@ def run_task_layouts(args: argparse.Namespace) -> dict[str, Any]:
                         context=lambda: TaskInfo(partition_id=0, attempt=0),
                     )
                     used = time.process_time() - began
+                    used_thread = time.thread_time() - began_thread
                     discard_producers()
                     cluster.delete_topic(topic)
                     if r > 0:
                         cpu[name].append(used / args.rows * 1e6)
-                    print(f"size={size}B round={r} {name:9s} {used / args.rows * 1e6:6.2f} us/row")
+                        thread[name].append(used_thread / args.rows * 1e6)
+                    print(
+                        f"size={size}B round={r} {name:9s} process {used / args.rows * 1e6:6.2f} "
+                        f"task thread {used_thread / args.rows * 1e6:6.2f} us/row"
+                    )
             med = {name: statistics.median(v) for name, v in cpu.items()}
+            med_thread = {name: statistics.median(v) for name, v in thread.items()}
             results["sizes"][str(size)] = {
                 "cpu_us_per_row": cpu,
                 "median_us_per_row": med,
+                "thread_us_per_row": thread,
+                "median_thread_us_per_row": med_thread,
+                "thread_headers_vs_plain": [
+                    h / p for h, p in zip(thread["headers"], thread["plain"], strict=True)
+                ],
+                "thread_timestamp_vs_plain": [
+                    t / p for t, p in zip(thread["timestamp"], thread["plain"], strict=True)
+                ],
                 "headers_vs_plain": [
                     h / p for h, p in zip(cpu["headers"], cpu["plain"], strict=True)
                 ],
@@ -375,12 +390,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.task_layouts:
         results = run_task_layouts(args)
         for size, r in results["sizes"].items():
-            m = r["median_us_per_row"]
-            print(
-                f"{size:>5} B: CPU us/row plain {m['plain']:.2f}, headers {m['headers']:.2f} "
-                f"({statistics.median(r['headers_vs_plain']):.2f}x), timestamp "
-                f"{m['timestamp']:.2f} ({statistics.median(r['timestamp_vs_plain']):.2f}x)"
-            )
+            for label, key, ratio in (
+                ("process CPU", "median_us_per_row", ""),
+                ("task thread", "median_thread_us_per_row", "thread_"),
+            ):
+                m = r[key]
+                hx = statistics.median(r[ratio + "headers_vs_plain"])
+                print(
+                    f"{size:>5} B {label} us/row: plain {m['plain']:.2f}, headers "
+                    f"{m['headers']:.2f} ({hx:.2f}x), "
+                    f"timestamp {m['timestamp']:.2f} "
+                    f"({statistics.median(r[ratio + 'timestamp_vs_plain']):.2f}x)"
+                )
         if args.json:
             args.json.write_text(json.dumps(results, indent=2))
         return 0

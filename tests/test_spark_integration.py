@@ -256,7 +256,10 @@ def test_builtin_sink_columns_topic_partition_headers_timestamp(
     from pyspark.sql import functions as F
 
     rows = 1_000
-    even, odd = topic_factory(partitions=3), topic_factory(partitions=3)
+    # retention.ms=-1: the rows carry 2023 timestamps, which time-based retention would delete
+    # (the broker rolls and deletes even the active segment) while the test reads them back.
+    forever = {"retention.ms": -1}
+    even, odd = (topic_factory(partitions=3, config=forever) for _ in range(2))
     dlq = topic_factory(partitions=1)
     df = spark.range(rows, numPartitions=2).select(
         F.expr("unhex(lpad(hex(id), 16, '0'))").alias("key"),
@@ -292,8 +295,10 @@ def test_builtin_sink_columns_topic_partition_headers_timestamp(
                 end = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
                 c.assign([TopicPartition(topic, p, 0)])
                 got = []
-                while len(got) < end:
+                deadline = time.monotonic() + 120
+                while len(got) < end and time.monotonic() < deadline:
                     got += [m for m in c.consume(num_messages=500, timeout=2.0) if not m.error()]
+                assert len(got) == end, f"read {len(got)} of {end} records of {topic}[{p}]"
                 for m in got:
                     row = int.from_bytes(m.key(), "big")
                     assert row % 2 == parity and row % 3 == p
