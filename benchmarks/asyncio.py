@@ -19,7 +19,9 @@ until every record was handled (a no-op ``async def``) and its offset stored aft
   ``await consume(500)``, ``await handler(msg)`` per record, then ``await store_offsets()`` of
   the batch (commit after processing, background auto-commit), ``close()`` (commit, leave);
 - ``kresilient_aio_consumer``: :class:`kresilient.aio.AsyncResilientConsumer` (default
-  ``max_concurrency=1``), ``stop()`` after the last record: shutdown commits and leaves.
+  ``max_concurrency=1``), ``stop()`` after the last record: shutdown commits and leaves;
+- ``kresilient_aio_consumer_untimed``: the same with ``blocking_warning_s=None`` (no per-step
+  timing of the handler).
 
 Rounds are interleaved with a shuffled arm order, one warm-up round discarded; the headline is
 the paired per-round ratio to the raw arm (median and IQR), see benchmarks/_common.py.
@@ -70,7 +72,7 @@ from kresilient.config import consumer_config, producer_config  # noqa: E402
 from kresilient.producer import ResilientProducer  # noqa: E402
 
 PRODUCER_ARMS = ("raw_aio", "kresilient_aio", "sync")
-CONSUMER_ARMS = ("raw_aio_consumer", "kresilient_aio_consumer")
+CONSUMER_ARMS = ("raw_aio_consumer", "kresilient_aio_consumer", "kresilient_aio_consumer_untimed")
 
 
 def _quiet() -> None:
@@ -145,7 +147,9 @@ def _tp(topic: str, partition: int, offset: int) -> Any:
     return TopicPartition(topic, partition, offset)
 
 
-async def _kresilient_consumer(bootstrap: str, topic: str, n: int) -> Timer:
+async def _kresilient_consumer(
+    bootstrap: str, topic: str, n: int, blocking_warning_s: float | None = 0.5
+) -> Timer:
     seen = 0
     consumer: AsyncResilientConsumer
 
@@ -161,6 +165,7 @@ async def _kresilient_consumer(bootstrap: str, topic: str, n: int) -> Timer:
         handle,
         dead_letter=None,
         handle_signals=False,
+        blocking_warning_s=blocking_warning_s,
     )
     with Timer() as t:
         await consumer.run()
@@ -231,8 +236,13 @@ def main() -> None:
                     n = args.messages if round_no >= 0 else min(args.messages, 20_000)
                     gc.collect()
                     if name in CONSUMER_ARMS:
-                        fn = _raw_consumer if name == "raw_aio_consumer" else _kresilient_consumer
-                        t = asyncio.run(fn(bootstrap, source, n))
+                        if name == "raw_aio_consumer":
+                            t = asyncio.run(_raw_consumer(bootstrap, source, n))
+                        else:
+                            timed = name == "kresilient_aio_consumer"
+                            t = asyncio.run(
+                                _kresilient_consumer(bootstrap, source, n, 0.5 if timed else None)
+                            )
                     else:
                         topic = f"bench-aio-{name}-{size}-{round_no}-{uuid.uuid4().hex[:6]}"
                         create(topic)

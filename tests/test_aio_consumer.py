@@ -534,3 +534,25 @@ async def test_with_auto_commit_off_stored_offsets_are_committed_on_an_interval(
     release.set()
     await _stop(consumer, task)
     assert await committed_now() == 10
+
+
+async def test_blocking_warning_none_turns_the_step_timing_off(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, _ = with_dlq(topic_factory)
+    produce(kafka_cluster.bootstrap_servers, topic, [(None, b"x", None, None)])
+    done = asyncio.Event()
+
+    async def resize_images(msg: Message) -> None:
+        time.sleep(0.3)
+        done.set()
+
+    with capture_logs() as logs:
+        consumer = AsyncResilientConsumer(
+            _conf(kafka_cluster), [topic], resize_images, blocking_warning_s=None
+        )
+        task = asyncio.create_task(consumer.run())
+        await asyncio.wait_for(done.wait(), 60)
+        await _stop(consumer, task)
+    assert not [e for e in logs if e["event"] == "handler_blocked_event_loop"]
+    assert consumer.processed == 1

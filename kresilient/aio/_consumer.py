@@ -218,7 +218,8 @@ class AsyncResilientConsumer:
         dead_letter_producer_config: overrides for the dead-letter producer
             (see :func:`kresilient.deadletter.dead_letter_producer_config`).
         blocking_warning_s: a handler step that holds the event loop longer than this logs
-            ``handler_blocked_event_loop`` (WARNING) naming the handler.
+            ``handler_blocked_event_loop`` (WARNING) naming the handler; ``None`` turns the
+            step timing off (about 0.5 µs a record).
         shutdown_timeout: seconds a shutdown (stop, SIGTERM, cancellation) or a revoke waits
             for the handlers in hand before leaving their records uncommitted.
         handle_signals: on :meth:`run` in the main thread, SIGTERM/SIGINT stop the consumer
@@ -248,7 +249,7 @@ class AsyncResilientConsumer:
         circuit_breaker: CircuitBreakerPolicy | None = CircuitBreakerPolicy(),  # noqa: B008
         max_concurrency: int = 1,
         dead_letter_producer_config: Mapping[str, Any] | None = None,
-        blocking_warning_s: float = 0.5,
+        blocking_warning_s: float | None = 0.5,
         shutdown_timeout: float = 30.0,
         handle_signals: bool = True,
         logger: Any = None,
@@ -291,7 +292,9 @@ class AsyncResilientConsumer:
         self._dead_letter = dead_letter
         self._breaker = _Breaker(circuit_breaker) if circuit_breaker is not None else None
         self._max_concurrency = max_concurrency
-        self._blocking_threshold = float(blocking_warning_s)
+        # None: no step timing (saves ~0.5 us a record; blocking handlers go unnoticed)
+        self._timing = blocking_warning_s is not None
+        self._blocking_threshold = float(blocking_warning_s or 0.0)
         self._shutdown_timeout = float(shutdown_timeout)
         self._handle_signals = handle_signals
         self._dlq_overrides = dead_letter_producer_config
@@ -591,7 +594,7 @@ class AsyncResilientConsumer:
         sem = self._sem
         assert sem is not None
         handler, breaker = self._handler, self._breaker
-        clock, threshold = time.perf_counter, self._blocking_threshold
+        clock, threshold, timing = time.perf_counter, self._blocking_threshold, self._timing
         try:
             while part.queue and not part.revoked and not self._stop and self._error is None:
                 # A run of records per acquisition: one task switch per run, not per record
@@ -606,6 +609,16 @@ class AsyncResilientConsumer:
                             self._drained.set()
                         if self._traced:
                             ok = await self._process(msg, part)
+                        elif not timing:  # untraced, untimed: a plain await
+                            try:
+                                await handler(msg)
+                            except Exception as exc:
+                                ok = await self._process(msg, part, exc)
+                            else:
+                                ok = True
+                                self.processed += 1
+                                if breaker is not None:
+                                    breaker.success()
                         else:  # the untraced success path: no span scope, no retry state
                             # The first step runs here; a trampoline only if it suspends.
                             coro: Any = handler(msg)
@@ -656,7 +669,10 @@ class AsyncResilientConsumer:
                         failed: Exception = first
                         first = None
                         raise failed
-                    await _Timed(self._handler(msg), msg, self)
+                    if self._timing:
+                        await _Timed(self._handler(msg), msg, self)
+                    else:
+                        await self._handler(msg)
                 except Exception as exc:
                     failure = exc
                     classification = classify(exc)
