@@ -38,6 +38,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from kresilient.errors import ConfigError, KafkaClientError
+from kresilient.producer import connect_failure
 
 __all__ = [
     "DEAD_LETTER_HEADER_ALLOWANCE",
@@ -64,20 +65,18 @@ dead letter carries on top of the original record."""
 _BROKER_DEFAULT_MAX_BYTES: Final = 1048588  # Kafka's message.max.bytes default
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
-# librdkafka's connection errors look like
-# "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused (after 0ms ...)"
-_ERROR_HOST = re.compile(r"^(?:[A-Za-z]+://)?(?P<host>[^/\s]+)/[^:]+: (?P<text>.*)$")
-_REASONS: Final = (
-    ("Connection refused", "connection refused: nothing listens on that port"),
-    ("Failed to resolve", "DNS cannot resolve the name"),
-    ("Name or service not known", "DNS cannot resolve the name"),
-    ("timed out", "connection timed out: a firewall, a wrong port or a down host"),
-    ("SSL", "TLS handshake failed: check security.protocol and the CA"),
-    ("SASL", "authentication failed: check sasl.* settings"),
-    ("Disconnected", "the broker closed the connection: check security.protocol"),
-    ("No route to host", "no route to host"),
-    ("Network is unreachable", "network unreachable"),
-)
+# The reason words of kresilient.producer.connect_failure, said for a person at a terminal.
+_REASONS: Final = {
+    "refused": "connection refused: nothing listens on that port",
+    "DNS": "DNS cannot resolve the name",
+    "timeout": "connection timed out: a firewall, a wrong port or a host that is down",
+    "TLS": "TLS handshake failed: check security.protocol and the ssl.* settings",
+    "auth": "authentication failed: check the sasl.* settings",
+    "disconnected": "the broker closed the connection: check security.protocol",
+    "other": "connection failed",
+}
+# librdkafka names a broker "sasl_ssl://host:port/id" when the protocol is not plaintext.
+_PROTOCOL = re.compile(r"^[A-Za-z_]+://")
 
 # librdkafka would otherwise print every failed reconnect to stderr; the one line that
 # matters is built from error_cb instead.
@@ -118,15 +117,11 @@ def describe_unreachable(servers: str, errors: Iterable[str]) -> str:
     """
     reasons: dict[str, str] = {}
     for text in errors:
-        match = _ERROR_HOST.match(text)
-        if match is None:
-            continue
-        host = match.group("host")
-        for needle, reason in _REASONS:
-            if needle in match.group("text"):
-                reasons[host] = reason
-                break
-    hosts = [h.strip() for h in servers.split(",") if h.strip()]
+        parsed = connect_failure(_PROTOCOL.sub("", text))
+        if parsed is not None:
+            host, reason = parsed
+            reasons[host] = _REASONS.get(reason, reason)
+    hosts = [_PROTOCOL.sub("", h.strip()) for h in servers.split(",") if h.strip()]
     parts = [f"{host} ({reasons.get(host, 'no answer')})" for host in hosts]
     return (
         f"cannot reach Kafka at {', '.join(parts)}; "

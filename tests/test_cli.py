@@ -302,16 +302,18 @@ def test_dead_letter_topic_config_follows_the_source() -> None:
 
 def test_describe_unreachable_names_each_host_once() -> None:
     line = describe_unreachable(
-        "a:1,b:2,c:3",
+        "a:1,b:2,c:3,ssl://d:4",
         [
             "a:1/bootstrap: Connect to ipv4#10.0.0.1:1 failed: Connection refused (after 0ms)",
             "b:2/bootstrap: Failed to resolve 'b:2': Name or service not known (after 1ms)",
+            "ssl://d:4/bootstrap: SSL handshake failed: error:0A000086 (after 5ms)",
             "1/1 brokers are down",
         ],
     )
     assert "a:1 (connection refused" in line
     assert "b:2 (DNS cannot resolve the name)" in line
     assert "c:3 (no answer)" in line
+    assert "d:4 (TLS handshake failed" in line
     assert "\n" not in line
 
 
