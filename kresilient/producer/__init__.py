@@ -36,17 +36,31 @@ from kresilient.producer._producer import (
     ProducerHealth,
     ResilientProducer,
 )
+from kresilient.producer._spool import (
+    MESSAGE_ID_HEADER,
+    POSSIBLE_DUPLICATE_HEADER,
+    FlushResult,
+    Spool,
+    SpoolCorruptError,
+    SpoolError,
+)
 from kresilient.producer._support import LogBridge, Reachability, connect_failure
 
 # LogBridge (librdkafka log lines into structlog, redacted, connection failures summarised),
 # Reachability ("cluster unreachable" warnings naming hosts and reasons) and connect_failure
 # are public for the other clients (consumer, admin) that route librdkafka output the same way.
 __all__ = [
+    "MESSAGE_ID_HEADER",
+    "POSSIBLE_DUPLICATE_HEADER",
     "DeliveryHandle",
     "DeliveryResult",
+    "FlushResult",
     "LogBridge",
     "ProducerHealth",
     "Reachability",
     "ResilientProducer",
+    "Spool",
+    "SpoolCorruptError",
+    "SpoolError",
     "connect_failure",
 ]

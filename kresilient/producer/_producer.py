@@ -69,6 +69,7 @@ from kresilient.leadership import LeadershipMonitor, LeadershipState
 from kresilient.producer._dlq import OversizedDeadLetters
 from kresilient.producer._handle import DeliveryHandle, DeliveryResult, _FullHandle, handle_extras
 from kresilient.producer._health import BrokerStats, ProducerHealth, broker_stats
+from kresilient.producer._spool import FlushResult, Spool, SpoolDriver
 from kresilient.producer._support import (
     LogBridge,
     Reachability,
@@ -188,6 +189,12 @@ class ResilientProducer:
             and unaccounted). On the first producer, a SIGTERM handler that exits through
             ``SystemExit(143)`` is installed if the application has none (see
             docs/producer.md, "Forgetting close()").
+        spool: a :class:`~kresilient.producer.Spool`: every message is stored in this local
+            write-ahead log before it is handed to librdkafka and removed once acknowledged;
+            messages a crashed predecessor left are re-sent first; messages whose delivery
+            timed out (cluster down) stay stored and are re-sent instead of being reported
+            failed; ``flush()`` returns a :class:`~kresilient.producer.FlushResult`
+            (docs/durability.md). Without a spool nothing changes on the per-message path.
     """
 
     def __init__(
@@ -206,6 +213,7 @@ class ResilientProducer:
         backpressure_timeout: float = 60.0,
         dead_letter_max_bytes: int = 16 * 1024 * 1024,
         exit_timeout: float = 10.0,
+        spool: Spool | None = None,
     ) -> None:
         base_log = logger if logger is not None else structlog.get_logger("kresilient.producer")
         allow = tuple([allow_unsafe] if isinstance(allow_unsafe, str) else allow_unsafe)
@@ -300,6 +308,19 @@ class ResilientProducer:
         self._produce: Callable[..., None] = _closed_produce
         self._poll: Callable[[float], int] = _no_poll
         self._install(self._new_producer())
+        self._spooler: SpoolDriver | None = None
+        if spool is not None:
+            timeout_ms = int(cfg.get("message.timeout.ms", 300_000))
+            self._spool_close_timeout = timeout_ms / 1000.0 + 5.0
+            self._spooler = SpoolDriver(
+                self._proxy,
+                spool,
+                log=self._log,
+                new_handle=functools.partial(_lean_handle, self._proxy),
+                backpressure_timeout=backpressure_timeout,
+            )
+            # An instance attribute shadows the method: the unspooled path stays untouched.
+            self.produce = self._spooler.produce  # type: ignore[method-assign]
         _LIVE.add(self)
         _install_sigterm_handler()
         self._log.info(
@@ -798,6 +819,8 @@ class ResilientProducer:
         dlq = self._dlq
         if dlq is not None:
             served += dlq.poll(0)
+        if self._spooler is not None:
+            self._spooler.settle()
         return served
 
     def _take_failures(self) -> list[DeliveryFailure]:
@@ -815,8 +838,13 @@ class ResilientProducer:
     def _produced(self) -> int:
         return int(self._ids.__reduce__()[1][0]) - 1
 
-    def flush(self, timeout: float | None = None) -> None:
+    def flush(self, timeout: float | None = None) -> FlushResult | None:
         """Wait until every queued message is delivered or failed (``timeout``: seconds).
+
+        With a spool: stores what is batched first, then waits; returns a
+        :class:`~kresilient.producer.FlushResult` (``delivered`` since the last flush,
+        ``spooled``: stored, not acknowledged yet) instead of raising for messages still on
+        their way, which are never lost. ``timeout=None`` waits until ``spooled == 0``.
 
         Raises :class:`~kresilient.DeliveryError` listing every message that failed since the
         previous flush (each with its classification), and also when messages are still queued
@@ -826,6 +854,8 @@ class ResilientProducer:
         ``close()``. If anything else is raised (the dead-letter producer failing, a signal),
         the failures collected so far are kept for the next ``flush()``/``close()``.
         """
+        if self._spooler is not None:
+            return self._flush_spooled(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         began = (self._produced(), self._refused)
         remaining = 0
@@ -853,8 +883,52 @@ class ResilientProducer:
         if not failures and not remaining and not unaccounted:
             if self._fatal is not None:
                 raise self._fatal
-            return
+            return None
         raise self._delivery_error(failures, remaining, unaccounted, timeout)
+
+    def _flush_spooled(self, timeout: float | None) -> FlushResult:
+        """flush() of a spooled producer: store the batch, wait, report what is left."""
+        spooler = self._spooler
+        assert spooler is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        began = (self._produced(), self._refused)
+        spooler.commit()  # raises SpoolError if the batch could not be stored
+        while self._producer is not None:
+            generation = self._recreations
+            left = _FLUSH_SLICE
+            if deadline is not None:
+                left = min(left, max(0.0, deadline - time.monotonic()))
+            try:
+                if len(self._producer):
+                    self._producer.flush(left)
+                else:  # nothing in librdkafka: waiting for a re-send, serve callbacks
+                    self._poll(min(left, 0.05))
+            except (KafkaException, SystemError) as exc:
+                self._settle(exc, generation)  # raises unless the producer was recreated
+            if self._pending_fatal is not None or self._reported:
+                self._settle(None, generation)
+            spooler.settle()
+            if not spooler.unsettled():
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        failures = self._take_failures()
+        with self._lock:
+            unaccounted, self._unaccounted = self._unaccounted, 0
+        try:
+            failures.extend(self._flush_dead_letters(deadline))
+        except BaseException:
+            self._give_back(failures, unaccounted)
+            raise
+        spooled = spooler.unsettled()
+        if not spooled:
+            self._mark = (began[0], self._failed_total, began[1])
+        result = FlushResult(delivered=spooler.take_delivered(), spooled=spooled)
+        if failures or unaccounted:
+            raise self._delivery_error(failures, 0, unaccounted, timeout)
+        if self._fatal is not None:
+            raise self._fatal
+        return result
 
     def _flush_slices(self, deadline: float | None) -> int:
         """librdkafka's flush in slices of at most _FLUSH_SLICE seconds: Python runs signal
@@ -927,6 +1001,9 @@ class ResilientProducer:
         """Close; return (failures, messages unaccounted, an unexpected error met meanwhile)."""
         failures: list[DeliveryFailure] = []
         error: Exception | None = None
+        if self._spooler is not None and timeout is None:
+            # Bounded: what Kafka does not take stays stored for the next producer.
+            timeout = self._spool_close_timeout
         try:
             self.flush(timeout)
         except DeliveryError as exc:
@@ -945,6 +1022,11 @@ class ResilientProducer:
                 dlq.close(timeout)
             except DeliveryError as exc:
                 failures.extend(exc.failures)
+            except Exception as exc:
+                error = error or exc
+        if self._spooler is not None:
+            try:  # purged in-flight messages stay stored (possibly persisted), not lost
+                self._spooler.close()
             except Exception as exc:
                 error = error or exc
         with self._lock:
@@ -1018,6 +1100,11 @@ class ResilientProducer:
     def __len__(self) -> int:
         """Messages queued, in flight, or awaiting their delivery report."""
         return len(self._producer) if self._producer is not None else 0
+
+    @property
+    def spool(self) -> Spool | None:
+        """The :class:`~kresilient.producer.Spool` given at construction, if any."""
+        return self._spooler.spool if self._spooler is not None else None
 
     @property
     def leadership(self) -> LeadershipMonitor:
