@@ -556,3 +556,35 @@ async def test_blocking_warning_none_turns_the_step_timing_off(
         await _stop(consumer, task)
     assert not [e for e in logs if e["event"] == "handler_blocked_event_loop"]
     assert consumer.processed == 1
+
+
+async def test_sigterm_stops_gracefully_and_the_previous_handler_is_restored(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    import os
+    import signal
+
+    topic, _ = with_dlq(topic_factory)
+    produce(
+        kafka_cluster.bootstrap_servers, topic, [(None, b"%d" % i, None, None) for i in range(20)]
+    )
+    handled: list[int] = []
+
+    async def handle(msg: Message) -> None:
+        handled.append(msg.offset() or 0)
+
+    def previous(_signum: int, _frame: Any) -> None:
+        raise AssertionError("the application's handler must not run while run() owns SIGTERM")
+
+    old = signal.signal(signal.SIGTERM, previous)
+    try:
+        group = f"g-{uuid.uuid4().hex[:10]}"
+        consumer = AsyncResilientConsumer(_conf(kafka_cluster, group), [topic], handle)
+        task = asyncio.create_task(consumer.run())
+        await _until(lambda: len(handled) == 20, 60, "every record")
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.wait_for(task, 60)  # returns (no exception): a graceful stop
+        assert signal.getsignal(signal.SIGTERM) is previous
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: 20}

@@ -330,6 +330,7 @@ class AsyncResilientConsumer:
         self._queued = 0  # records waiting in partition queues (all partitions)
         self._flowing = False  # the last consume returned records (worker thread only)
         self._closing = False
+        self._previous_signals: dict[signal.Signals, Any] = {}
         self._commit_interval = float(cfg.get("auto.commit.interval.ms", 5000)) / 1000.0
         self._next_commit = 0.0
         self._auto_commit = str(cfg.get("enable.auto.commit", "true")).lower() in ("true", "1")
@@ -380,8 +381,7 @@ class AsyncResilientConsumer:
         except asyncio.CancelledError as exc:
             cancelled = exc
         finally:
-            for sig in signals:
-                loop.remove_signal_handler(sig)
+            self._restore_signals(loop, signals)
             await self._shutdown()
         if cancelled is not None:
             raise cancelled
@@ -911,12 +911,26 @@ class AsyncResilientConsumer:
             return []
         installed: list[signal.Signals] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.getsignal(sig)
             try:
                 loop.add_signal_handler(sig, self.stop)
             except (NotImplementedError, RuntimeError, ValueError):
                 continue
             installed.append(sig)
+            self._previous_signals[sig] = previous
         return installed
+
+    def _restore_signals(
+        self, loop: asyncio.AbstractEventLoop, signals: list[signal.Signals]
+    ) -> None:
+        # remove_signal_handler resets to SIG_DFL; put back what was there before run()
+        # (e.g. the sync producer's SIGTERM safety net)
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+            previous = self._previous_signals.pop(sig, None)
+            if previous is not None:
+                with contextlib.suppress(ValueError, TypeError, OSError):
+                    signal.signal(sig, previous)
 
     def __repr__(self) -> str:
         return (

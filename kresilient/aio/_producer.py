@@ -196,8 +196,10 @@ def _poll_forever(
         producer = producer_ref()
         if producer is None:
             return
+        began = time.monotonic()
         try:
-            producer.poll(0.1)
+            if not producer.poll(0.1) and time.monotonic() - began < 0.01:
+                stop.wait(0.05)  # closed underneath us (poll returns at once): do not spin
         except KResilientError as exc:  # fatal: produce()/flush() raise it to the caller
             log.warning("producer_poll_failed", error=type(exc).__name__)
             stop.wait(0.1)
@@ -413,6 +415,8 @@ class AsyncResilientProducer:
         Before the first statistics it asks the cluster for metadata (bounded at one second),
         which would otherwise block the loop.
         """
+        if self._closed:  # no metadata request when closed: nothing blocks
+            return self._sync.health()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._worker, self._sync.health)
 
