@@ -35,6 +35,7 @@ from typing import Any, Final, Literal
 
 from confluent_kafka import KafkaError, KafkaException
 
+from kresilient.dedupe import MESSAGE_ID_HEADER, POSSIBLE_DUPLICATE_HEADER
 from kresilient.errors import (
     Classification,
     DeliveryFailure,
@@ -53,12 +54,6 @@ __all__ = [
     "SpoolCorruptError",
     "SpoolError",
 ]
-
-#: Header carrying a spooled message's stable id (``<spool id>-<sequence>``, ASCII).
-MESSAGE_ID_HEADER: Final = "kresilient.message.id"
-#: Header ``b"true"`` on a message that may already be in Kafka (re-sent after a crash,
-#: a timeout or a purge of a message that may have been written).
-POSSIBLE_DUPLICATE_HEADER: Final = "kresilient.possible.duplicate"
 
 Durability = Literal["group", "fsync", "os"]
 _DURABILITY: Final = ("group", "fsync", "os")
@@ -607,7 +602,7 @@ class SpoolDriver:
             except (sqlite3.Error, OSError, SpoolError) as exc:
                 with self._state:
                     self._deletes[:0] = deletes
-                error = self._store_failed(exc, records, [r[0] for r in batch])
+                error = self._store_failed(exc, records, [r[0] for r in batch], raise_for)
                 if any(r[0] is raise_for for r in batch):
                     raise error from exc
                 self._store_error = error
@@ -623,7 +618,11 @@ class SpoolDriver:
                 self._pump()
 
     def _store_failed(
-        self, exc: BaseException, records: list[tuple[Any, ...]], handles: list[Any]
+        self,
+        exc: BaseException,
+        records: list[tuple[Any, ...]],
+        handles: list[Any],
+        raise_for: Any,
     ) -> SpoolError:
         """A commit failed: nothing of the batch was stored or handed to Kafka; say so."""
         full = isinstance(exc, sqlite3.Error) and "full" in str(exc).lower()
@@ -645,6 +644,9 @@ class SpoolDriver:
                 topic=topic,
                 classification=c,
             )
+            if handle is raise_for:  # produce() raises for this one: not listed twice
+                owner._refused += 1
+                continue
             failures.append(
                 failure_from_report(
                     err,
