@@ -153,13 +153,25 @@ def test_graceful_stop_moves_leadership_before_the_process_exits(
     leader = kafka_cluster.leader(topic)
     kafka_cluster.stop(leader)
     assert not kafka_cluster.running(leader)
-    # The controller approves a controlled shutdown only after moving the node's
-    # leaderships away; a crash gets no approval, only fencing after the session timeout.
-    # (The log is the evidence: a metadata read right after the exit may lag by a
-    # heartbeat, and a deadline on it would be a timing assertion.)
-    log = kafka_cluster.logs(leader)
-    assert "The controller has asked us to exit controlled shutdown" in log
-    assert "Timed out waiting for the controller to approve controlled shutdown" not in log
+    # A controlled shutdown is a metadata record: the controller marks the node
+    # inControlledShutdown=1 and moves its leaderships in the same step; a crash gets no
+    # such record, only fencing (fenced=1) after broker.session.timeout.ms. Every
+    # controller replays the record into its log. (A metadata read right after the exit
+    # may lag by a heartbeat: a deadline on it would be a timing assertion.)
+    record = f"BrokerRegistrationChangeRecord(brokerId={leader}, "
+    others = [n for n in kafka_cluster.node_ids if n != leader]
+
+    def marked() -> bool:
+        return any(
+            record in line and "inControlledShutdown=1" in line
+            for n in others
+            for line in kafka_cluster.logs(n).splitlines()
+        )
+
+    deadline = time.monotonic() + 30
+    while not marked() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked(), f"no controlled-shutdown record for node {leader}"
     assert kafka_cluster.wait_for_leader(topic, not_on=leader, timeout=30) != leader
     kafka_cluster.start(leader)
     kafka_cluster.wait_for_isr(topic, size=3)

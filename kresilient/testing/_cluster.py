@@ -760,7 +760,11 @@ class KafkaCluster:
             replication_factor=replication_factor,
             config={k: _prop(v) for k, v in (config or {}).items()},
         )
-        futures = self._admin_client().create_topics([new], operation_timeout=timeout)
+        # request_timeout: the admin default (socket.timeout.ms, 5 s here) is too short
+        # to find the controller right after a node restart on a loaded machine.
+        futures = self._admin_client().create_topics(
+            [new], operation_timeout=timeout, request_timeout=timeout
+        )
         try:
             futures[name].result(timeout=timeout)
         except KafkaException as exc:
@@ -771,7 +775,9 @@ class KafkaCluster:
 
     def delete_topic(self, name: str, *, timeout: float = 30.0) -> None:
         """Delete a topic (waiting for the controller to accept the deletion)."""
-        futures = self._admin_client().delete_topics([name], operation_timeout=timeout)
+        futures = self._admin_client().delete_topics(
+            [name], operation_timeout=timeout, request_timeout=timeout
+        )
         futures[name].result(timeout=timeout)
 
     def _partition(self, topic: str, partition: int) -> Any:
