@@ -314,6 +314,7 @@ class AsyncResilientConsumer:
         self._stop = False
         self._error: BaseException | None = None
         self._running = False
+        self._ran = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: Consumer | None = None
         self._writer: DeadLetterWriter | None = None
@@ -354,14 +355,14 @@ class AsyncResilientConsumer:
     async def run(self) -> None:
         """Consume until :meth:`stop`, SIGTERM/SIGINT or cancellation; then shut down cleanly.
 
-        Raises :class:`~kresilient.CircuitBreakerOpenError` when the breaker opens, a
-        :class:`~kresilient.DeadLetterError`-classified error when ``dead_letter=None`` and a
-        record fails, or a fatal consumer error; in every case after committing what was
-        handled. Re-raises ``CancelledError`` after the same shutdown when cancelled.
+        Raises :class:`~kresilient.CircuitBreakerOpenError` when the breaker opens, the
+        handler's exception when ``dead_letter=None`` and a record exhausted its retries, or a
+        fatal consumer error; in every case after committing what was handled. Re-raises
+        ``CancelledError`` after the same shutdown when cancelled. One call per instance.
         """
-        if self._running:
-            raise RuntimeError("run() is already running")
-        self._running = True
+        if self._running or self._ran:
+            raise RuntimeError("run() can be called once per AsyncResilientConsumer")
+        self._running = self._ran = True
         loop = self._loop = asyncio.get_running_loop()
         self._sem = asyncio.Semaphore(self._max_concurrency)
         signals = self._install_signals(loop)
