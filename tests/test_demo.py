@@ -31,11 +31,9 @@ def test_demo_survives_a_leader_kill() -> None:
 
 @pytest.mark.parametrize("fault", ["isolate", "ack-loss"])
 def test_demo_survives_a_network_fault(fault: str) -> None:
-    # `kresilient demo --fault` lives in cli.py; the demo module takes the fault directly.
     env = {k: v for k, v in os.environ.items() if k != BOOTSTRAP_ENV}
-    code = f"from kresilient.testing._demo import main; raise SystemExit(main(20000, {fault!r}))"
     out = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-m", "kresilient.cli", "demo", "--fault", fault, "--messages", "20000"],
         capture_output=True,
         text=True,
         env=env,
