@@ -72,7 +72,7 @@ from kresilient.errors import BatchItemError, ConfigError, classify, translate
 from kresilient.leadership import LeadershipMonitor
 from kresilient.producer import LogBridge, Reachability, ResilientProducer, connect_failure
 from kresilient.redaction import Redactor, redact_config
-from kresilient.telemetry import NO_PROPAGATION, Telemetry
+from kresilient.telemetry import Telemetry
 
 __all__ = [
     "NOT_RETRIED",
@@ -302,11 +302,12 @@ class ResilientConsumer:
         self._breaker = CircuitBreaker(circuit_breaker) if circuit_breaker is not None else None
         self._user_dlq = dead_letter_producer
         # derived (and validated) now: a bad override is a ConfigError here, not in run()
+        self._dlq_overrides = dict(dead_letter_producer_config or {})
         self._dlq_config = (
             dead_letter_producer_config_of(
                 config,
-                client_id=self.client_id,
-                overrides=dict(dead_letter_producer_config or {}),
+                client_id=self.client_id or None,
+                overrides=self._dlq_overrides,
                 allow_unsafe=allow_unsafe,
                 logger=base_log,
             )
@@ -316,8 +317,6 @@ class ResilientConsumer:
         self._max_batch = max_batch_size
         self._poll_timeout = poll_timeout
         self._shutdown_timeout = shutdown_timeout
-        self._tel_args = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
-        self._record_key = record_message_key
 
         max_age = cfg.get("metadata.max.age.ms")
         self._monitor = LeadershipMonitor(
@@ -462,21 +461,22 @@ class ResilientConsumer:
         if policy is not None:
             if policy.require_topic:
                 self._check_dead_letter_topics(policy)
-            target = self._user_dlq
+            target: ResilientProducer | DeadLetterWriter | None = self._user_dlq
             if target is None:
-                assert self._dlq_config is not None
-                conf = self._dlq_config
-                # NO_PROPAGATION: the record keeps its original traceparent; the write's own
-                # context goes to kresilient.traceparent (see kresilient.deadletter)
-                target = ResilientProducer(
-                    conf,
+                # THE dead-letter writer (issue 12): byte for byte, acks=all + idempotence; its
+                # send span is recorded by the sink through this consumer's telemetry
+                target = DeadLetterWriter(
+                    self._user_config,
+                    client_id=self.client_id or None,
+                    overrides=self._dlq_overrides,
+                    allow_unsafe=self._allow_unsafe,
                     logger=self._log,
-                    propagator=NO_PROPAGATION,
-                    record_message_key=self._record_key,
-                    **self._tel_args,
                 )
             self._sink = self._failures.sink = self._events.sink = DeadLetterSink(
-                target, owned=self._user_dlq is None, propagates=self._user_dlq is not None
+                target,
+                owned=self._user_dlq is None,
+                propagates=self._user_dlq is not None,
+                tel=self._tel if isinstance(target, DeadLetterWriter) else None,
             )
         self._consumer.subscribe(
             self._topics,

@@ -40,7 +40,7 @@ from kresilient.errors import (
 if TYPE_CHECKING:
     from kresilient.consumer._offsets import OffsetKeeper
     from kresilient.consumer._support import Deserializing
-    from kresilient.deadletter import DeadLetterRecord
+    from kresilient.deadletter import DeadLetterHandle, DeadLetterRecord
     from kresilient.producer import ResilientProducer
     from kresilient.telemetry import Telemetry
 
@@ -71,26 +71,52 @@ def poison(classification: Classification) -> Classification:
     )
 
 
+class _Ack:
+    """The acknowledged coordinates of a dead-letter write, shaped like a delivered message
+    for :meth:`~kresilient.telemetry.Telemetry.producer_delivered`."""
+
+    __slots__ = ("_offset", "_partition")
+
+    def __init__(self, partition: int | None, offset: int | None) -> None:
+        self._partition = partition
+        self._offset = offset
+
+    def partition(self) -> int | None:
+        return self._partition
+
+    def offset(self) -> int | None:
+        return self._offset
+
+
 class DeadLetterSink:
     """Writes dead-letter records byte for byte, whichever client it is given.
 
-    ``target``: a :class:`~kresilient.deadletter.DeadLetterWriter` (untraced: the consumer's
-    dead-letter span is then the PRODUCER span) or a :class:`~kresilient.ResilientProducer`
-    (traced: its own ``send`` span becomes the child of the ``dead_letter`` span). A producer
-    must not rewrite the record's ``traceparent``: the consumer's own is built with
-    ``NO_PROPAGATION``; a user-supplied one is asked not to propagate (``propagate=False``,
-    issue 11 defect 8). ``owned``: closed by the consumer.
+    ``target``: a :class:`~kresilient.deadletter.DeadLetterWriter` (the consumer's own by
+    default, or a user's: untraced itself, so the sink records the PRODUCER span
+    ``send {dlq}`` through the consumer's telemetry, child of the ``dead_letter`` span, ended
+    at the acknowledgement with partition and offset) or a :class:`~kresilient.ResilientProducer`
+    (traced: its own ``send`` span becomes the child of the ``dead_letter`` span; it is asked
+    not to propagate its trace context into the record, ``propagate=False``, issue 11 defect
+    8). ``owned``: closed by the consumer.
     """
 
-    __slots__ = ("_no_propagation", "_writer", "owned", "span_kind", "target")
+    __slots__ = ("_no_propagation", "_tel", "_writer", "owned", "span_kind", "target")
 
     def __init__(
-        self, target: ResilientProducer | DeadLetterWriter, *, owned: bool, propagates: bool
+        self,
+        target: ResilientProducer | DeadLetterWriter,
+        *,
+        owned: bool,
+        propagates: bool,
+        tel: Telemetry | None = None,
     ) -> None:
         self.target = target
         self.owned = owned
         self._writer = isinstance(target, DeadLetterWriter)
-        self.span_kind: Final = "producer" if self._writer else "internal"
+        self._tel = tel
+        # the dead_letter span is INTERNAL whenever a send span is recorded under it (the
+        # producer's own, or the sink's for a writer); PRODUCER only for an untraced writer
+        self.span_kind: Final = "producer" if self._writer and tel is None else "internal"
         self._no_propagation = propagates and not self._writer
 
     def send(self, record: DeadLetterRecord) -> Any:
@@ -99,7 +125,33 @@ class DeadLetterSink:
         Raises :class:`~kresilient.DeadLetterError` when the client refuses the record.
         """
         if self._writer:
-            return cast(DeadLetterWriter, self.target).write(record)
+            writer = cast(DeadLetterWriter, self.target)
+            tel = self._tel
+            if tel is None:
+                return writer.write(record)
+            # the send span: started now (child of the current dead_letter span), ended at the
+            # acknowledgement; the headers it would inject are dropped (byte for byte)
+            value = record.value
+            _, token = tel.producer_send(
+                record.topic, record.key, len(value) if value else 0, record.headers
+            )
+            if token is None:
+                return writer.write(record)
+
+            def delivered(handle: DeadLetterHandle) -> None:
+                error = handle.exception(0)
+                if error is None:
+                    result = handle.result(0)
+                    ack = _Ack(result.partition, result.offset)
+                    tel.producer_delivered(token, None, cast(Any, ack))
+                else:
+                    tel.producer_delivered(token, error, None, error.classification)
+
+            try:
+                return writer.write(record, on_delivery=delivered)
+            except DeadLetterError as refused:
+                tel.producer_delivered(token, refused, None, refused.classification)
+                raise
         producer = cast("ResilientProducer", self.target)
         kwargs: dict[str, Any] = {"key": record.key, "headers": record.headers}
         if self._no_propagation:
