@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kresilient.cli import main
+from kresilient.lint import Settings, exit_code
+from kresilient.lint.audit import AuditOptions, ClusterSnapshot, check_snapshot, take_snapshot
 from kresilient.testing import KafkaCluster
 
 
@@ -133,4 +136,260 @@ def test_unreachable_cluster_exits_2(capsys: pytest.CaptureFixture[str]) -> None
     code = main(["audit", "-b", "127.0.0.1:1", "--timeout", "2"])
     out = capsys.readouterr().out
     assert code == 2
-    assert "KR065 [error] admin request failed" in out
+    assert "KR065 [error] cannot reach Kafka at 127.0.0.1:1 (connection refused" in out
+
+
+# ----------------------------------------------------------------------------- offline partition
+
+
+def _produce_per_partition(bootstrap: str, topic: str, partitions: int, count: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for p in range(partitions):
+        for i in range(count):
+            producer.produce(topic, value=b"m%d" % i, partition=p)
+    assert producer.flush(30) == 0
+
+
+def _commit(bootstrap: str, group: str, offsets: list[TopicPartition]) -> None:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the group coordinator may still be loading on a busy machine
+            try:
+                consumer.commit(offsets=offsets, asynchronous=False)
+                return
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+    finally:
+        consumer.close()
+
+
+def _lag_messages(findings: list[dict[str, Any]]) -> dict[str, str]:
+    return {
+        f["message"].split(" on ")[1].split(" ")[0]: f["message"]
+        for f in findings
+        if f["rule"] == "KR064"
+    }
+
+
+@pytest.mark.integration
+@pytest.mark.chaos
+def test_offline_partition_keeps_every_other_lag_and_exits_1(
+    kafka_cluster: KafkaCluster,
+    topic_factory: Callable[..., str],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 23 defect 1: one partition without a leader (its only replica stopped) made the
+    audit drop every lag finding behind one vague KR065 and exit 2."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    fragile = topic_factory(partitions=3, replication_factor=1)
+    healthy = topic_factory(partitions=2)
+    _produce_per_partition(bootstrap, fragile, 3, 30)
+    _produce_per_partition(bootstrap, healthy, 2, 30)
+    group = f"audit-offline-{fragile}"
+    _commit(
+        bootstrap,
+        group,
+        [TopicPartition(fragile, p, 0) for p in range(3)]
+        + [TopicPartition(healthy, p, 0) for p in range(2)],
+    )
+    args = ["-b", bootstrap, "--topic", fragile, "--topic", healthy, "--group", group]
+    args += ["--lag-threshold", "10"]
+    code, findings = _audit(capsys, *args)  # negative control: all partitions online
+    assert not {"KR061", "KR065", "KR066"} & {f["rule"] for f in findings}
+    lags = _lag_messages(findings)
+    assert f"lags 90 message(s) on {fragile}" in lags[fragile]
+    assert f"lags 60 message(s) on {healthy}" in lags[healthy]
+
+    victim = kafka_cluster.replicas(fragile, 0)[0]
+    down = [p for p in range(3) if kafka_cluster.replicas(fragile, p)[0] == victim]
+    kafka_cluster.stop(victim)
+    try:
+        reported: list[dict[str, Any]] = []
+
+        def offline_and_lag_known() -> bool:
+            nonlocal code, reported
+            code, reported = _audit(capsys, *args)
+            rules = {(f["rule"], f["path"].rsplit("/", 1)[-1]) for f in reported}
+            return ("KR061", str(down[0])) in rules and healthy in _lag_messages(reported)
+
+        assert _wait_for(offline_and_lag_known), reported
+        assert code == 1, reported
+        assert "KR065" not in {f["rule"] for f in reported}, reported
+        lags = _lag_messages(reported)
+        assert f"lags 60 message(s) on {healthy}" in lags[healthy]
+        if len(down) < 3:
+            assert f"lags {30 * (3 - len(down))} message(s) on {fragile}" in lags[fragile]
+        (unknown,) = [f for f in reported if f["rule"] == "KR066"]
+        assert unknown["path"].endswith(f"/group/{group}")
+        assert f"lag unknown on {len(down)} partition(s)" in unknown["message"]
+        for p in down:
+            assert f"{fragile}/{p}: partition offline (no leader)" in unknown["message"]
+    finally:
+        kafka_cluster.start(victim)
+
+
+# ----------------------------------------------------------------------------- fake admin
+
+
+class _Done:
+    """A finished future (``concurrent.futures.Future`` costs a lock each: slow at 10k)."""
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _done(value: Any = None, error: BaseException | None = None) -> _Done:
+    return _Done(value, error)
+
+
+class _CountingDict(dict[Any, Any]):
+    """A mapping that counts how often it is walked (``items()``)."""
+
+    walks = 0
+
+    def items(self) -> Any:
+        type(self).walks += 1
+        return super().items()
+
+
+class _FakeAdmin:
+    """Just enough of confluent-kafka's AdminClient for ``take_snapshot``: ``topics`` maps a
+    topic to its partition count, ``leaderless`` partitions have no leader, ``committed``
+    maps a group to {(topic, partition): offset}, end offsets are ``end``; ``broken_groups``
+    and ``broken_partitions`` fail their requests."""
+
+    def __init__(
+        self,
+        topics: dict[str, int],
+        committed: dict[str, dict[tuple[str, int], int]],
+        *,
+        end: int = 100,
+        leaderless: frozenset[tuple[str, int]] = frozenset(),
+        broken_groups: frozenset[str] = frozenset(),
+        broken_partitions: frozenset[tuple[str, int]] = frozenset(),
+    ) -> None:
+        self.topics, self.committed, self.end = topics, committed, end
+        self.leaderless, self.broken_groups = leaderless, broken_groups
+        self.broken_partitions = broken_partitions
+        self.list_offsets_calls: list[int] = []
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def list_topics(self, timeout: float = -1) -> Any:
+        def part(topic: str, p: int) -> Any:
+            leader = -1 if (topic, p) in self.leaderless else 1
+            return SimpleNamespace(leader=leader, replicas=[1, 2, 3], isrs=[1, 2, 3])
+
+        topics = {
+            name: SimpleNamespace(error=None, partitions={p: part(name, p) for p in range(n)})
+            for name, n in self.topics.items()
+        }
+        return SimpleNamespace(topics=topics, brokers={1: None, 2: None, 3: None})
+
+    def describe_cluster(self, request_timeout: float = -1) -> _Done:
+        nodes = [SimpleNamespace(id=i, rack=None) for i in (1, 2, 3)]
+        return _done(SimpleNamespace(nodes=nodes))
+
+    def describe_configs(self, resources: list[Any], request_timeout: float = -1) -> Any:
+        return {r: _done({}) for r in resources}
+
+    def list_consumer_groups(self, request_timeout: float = -1) -> _Done:
+        return _done(SimpleNamespace(valid=[SimpleNamespace(group_id=g) for g in self.committed]))
+
+    def list_consumer_group_offsets(self, request: list[Any], request_timeout: float = -1) -> Any:
+        group = request[0].group_id
+        if group in self.broken_groups:
+            return {
+                group: _done(
+                    error=KafkaException(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED))
+                )
+            }
+        parts = [TopicPartition(t, p, o) for (t, p), o in self.committed[group].items()]
+        return {group: _done(SimpleNamespace(topic_partitions=parts))}
+
+    def list_offsets(self, request: dict[TopicPartition, Any], request_timeout: float = -1) -> Any:
+        self.list_offsets_calls.append(len(request))
+        out = _CountingDict()
+        for tp in request:
+            if (tp.topic, tp.partition) in self.broken_partitions:
+                error = KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE))
+                out[tp] = _done(error=error)
+            else:
+                out[tp] = _done(SimpleNamespace(offset=self.end))
+        return out
+
+
+def _snapshot(admin: _FakeAdmin, **options: Any) -> ClusterSnapshot:
+    return take_snapshot({"bootstrap.servers": "fake:9092"}, AuditOptions(**options), admin=admin)
+
+
+def test_lag_of_10k_committed_partitions_is_one_pass_fake_admin() -> None:
+    """Issue 23 defect 10: the end offsets were scanned once per committed partition
+    (10,000 x 10,000 comparisons); now they are walked once, keyed by partition."""
+    topics = {f"t{i:03d}": 100 for i in range(100)}
+    committed = {"big": {(t, p): p for t in topics for p in range(100)}}
+    admin = _FakeAdmin(topics, committed, end=100)
+    _CountingDict.walks = 0
+    snap = _snapshot(admin)
+    assert admin.list_offsets_calls == [10_000]
+    assert _CountingDict.walks == 1
+    assert snap.group_lag == {"big": dict.fromkeys(topics, sum(100 - p for p in range(100)))}
+    assert not snap.lag_unknown and not snap.errors and not snap.incomplete
+
+
+def test_offline_and_failing_partitions_leave_the_other_lags_fake_admin() -> None:
+    topics = {"a": 3, "b": 2}
+    committed = {
+        "g1": {("a", 0): 0, ("a", 1): 10, ("a", 2): 20, ("b", 0): 0, ("b", 1): 0},
+        "g2": {("b", 1): 50, ("gone", 0): 5},
+        "g3": {("a", 0): 0},
+    }
+    admin = _FakeAdmin(
+        topics,
+        committed,
+        leaderless=frozenset({("a", 0)}),
+        broken_partitions=frozenset({("b", 0)}),
+        broken_groups=frozenset({"g3"}),
+    )
+    snap = _snapshot(admin)
+    assert snap.group_lag == {"g1": {"a": 170, "b": 100}, "g2": {"b": 50}}
+    assert snap.lag_unknown == {
+        "g1": {
+            ("a", 0): "partition offline (no leader)",
+            ("b", 0): "end offset not read: LEADER_NOT_AVAILABLE: Broker: Leader not available",
+        },
+        "g2": {("gone", 0): "topic does not exist"},
+    }
+    assert [where for where, _ in snap.incomplete] == [("group", "g3")]
+    assert not snap.errors
+    findings = check_snapshot(snap, options=AuditOptions(lag_threshold=60))
+    rules = [(f.rule, f.path.rsplit("/", 1)[-1]) for f in findings]
+    assert ("KR061", "0") in rules  # a/0 has no leader
+    assert ("KR064", "g1") in rules and ("KR066", "g1") in rules and ("KR066", "g3") in rules
+    assert "KR065" not in {f.rule for f in findings}
+    assert exit_code(findings, Settings()) == 1
+    (g1_lag,) = [f for f in findings if f.rule == "KR064" and "on a " in f.message]
+    assert (
+        "lags 170 message(s) on a" in g1_lag.message and "1 partition(s) unknown" in g1_lag.message
+    )
+
+
+def test_unreachable_metadata_is_the_only_exit_2_fake_admin() -> None:
+    class Down(_FakeAdmin):
+        def list_topics(self, timeout: float = -1) -> Any:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+    snap = _snapshot(Down({}, {}))
+    assert snap.errors and not snap.partitions
+    findings = check_snapshot(snap)
+    assert [f.rule for f in findings] == ["KR065"]
+    assert exit_code(findings, Settings()) == 2

@@ -235,7 +235,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         action="store_true",
         help="also audit internal topics (__consumer_offsets ...)",
     )
-    audit.add_argument("--timeout", type=float, default=15.0, metavar="SECONDS")
+    audit.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
     _common(audit)
     audit.set_defaults(func=run_audit)
 

@@ -165,7 +165,9 @@ files and Python sources (configs passed to confluent-kafka and kresilient clien
 - Output: `--format text` (`path:line:col: ID [severity] message`), `json`, `sarif`
   (SARIF 2.1.0 for code scanning), `github` (workflow annotations); `-o FILE`.
 - Exit code: 0 clean, 1 a finding at or above `--fail-on` (default `error`), 2 a usage error,
-  a file that cannot be parsed (KR000) or a cluster that cannot be reached (KR065).
+  a file that cannot be parsed (KR000) or a cluster that cannot be reached (KR065). An audit
+  that could read only part of the cluster reports the rest and names what is missing (KR066,
+  exit 1): one offline partition never hides the lag of the others.
 - Settings in `pyproject.toml` (found by walking up from the current directory or the linted
   paths):
 

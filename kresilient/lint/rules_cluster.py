@@ -478,10 +478,26 @@ for _meta in (
         kinds=frozenset({"cluster"}),
         scope="audit",
         input_error=True,
-        summary="The cluster could not be reached or an admin request failed.",
-        why="Nothing could be checked.",
+        summary="The cluster could not be reached (the message names each host and why).",
+        why="Nothing could be checked: no broker answered the first metadata request within "
+        "--timeout (connection refused, a name that does not resolve, TLS or "
+        "authentication failure, or no answer).",
         fix="Check --bootstrap-servers, network access, credentials (--command-config) and "
         "ACLs (Describe on Cluster, Topic, Group).",
+    ),
+    Rule(
+        id="KR066",
+        name="audit-incomplete",
+        severity=E,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="Part of the cluster could not be checked: a partition's lag (offline "
+        "partition), a group's offsets or a topic's configs could not be read (live audit).",
+        why="The rest of the audit is reported, but a lag or a setting that could not be "
+        "read may be the one in trouble; an offline partition's consumers are stalled.",
+        fix="Bring the partition's replicas back (see KR061), or grant the missing ACL "
+        "(Describe on Group / Topic, DescribeConfigs), then audit again.",
     ),
 ):
     register(_meta)
