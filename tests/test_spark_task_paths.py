@@ -328,6 +328,9 @@ def test_header_lists_from_sliced_arrow_with_nulls_and_empties() -> None:
         None,
         [("b", None), ("b", None)],
     ]
+    uniform = pa.array([[{"key": "k", "value": b"%d" % i}] * 2 for i in range(6)], htype)
+    assert _header_lists(uniform.slice(3, 2)) == [[("k", b"3")] * 2, [("k", b"4")] * 2]
+    assert _header_lists(pa.array([[], []], htype)) == [None, None]
 
 
 def test_broker_refused_row_dead_letter_keeps_its_headers_and_timestamp(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -656,16 +657,53 @@ class _BatchReport:
 
 def _header_lists(column: Any) -> list[list[tuple[str, bytes | None]] | None]:
     """An Arrow ``list<struct<key, value>>`` column as one header list per row (``None``: no
-    headers), built from the flat child arrays: no dict per header as ``to_pylist()`` makes."""
+    headers), built from the flat child arrays: no dict per header as ``to_pylist()`` makes.
+
+    When every row has the same number of headers (the usual case: a fixed set added by one
+    layer), the lists are cut with ``zip`` over one iterator instead of a slice per row. The
+    cyclic garbage collector is paused meanwhile: these lists and tuples cannot form cycles,
+    and its passes over the millions of containers just made cost 4x the building itself
+    (measured: 1.3 vs 0.26 us per row of two headers).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_header_lists(column)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build_header_lists(column: Any) -> list[list[tuple[str, bytes | None]] | None]:
+    import pyarrow.compute as pc
+
+    n = len(column)
+    if n and column.null_count == 0:
+        bounds = pc.min_max(pc.list_value_length(column))
+        width = bounds["min"].as_py()
+        if width == bounds["max"].as_py():
+            if width == 0:
+                return [None] * n
+            flat = column.flatten()  # this slice's headers only
+            pairs = zip(_names(flat.field("key")), flat.field("value").to_pylist(), strict=True)
+            return list(map(list, zip(*[pairs] * width, strict=True)))
     offsets = column.offsets.to_pylist()  # absolute positions into column.values
-    pairs = list(
+    every = list(
         zip(
-            column.values.field("key").to_pylist(),
+            _names(column.values.field("key")),
             column.values.field("value").to_pylist(),
             strict=True,
         )
     )
-    return [pairs[offsets[i] : offsets[i + 1]] or None for i in range(len(column))]
+    return [every[offsets[i] : offsets[i + 1]] or None for i in range(n)]
+
+
+def _names(keys: Any) -> list[Any]:
+    """Header names as Python strings, one object per distinct name: confluent-kafka caches a
+    string's UTF-8 form in the object, so a name repeated on every row is encoded once."""
+    encoded = keys.dictionary_encode()
+    names = encoded.dictionary.to_pylist()
+    return [None if i is None else names[i] for i in encoded.indices.to_pylist()]
 
 
 def _millis(column: Any) -> list[int | None]:
