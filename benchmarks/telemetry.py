@@ -39,10 +39,13 @@ Scale (issue 23 defects 8 and 9; same script on the old tree with ``PYTHONPATH=<
   alone, ``on_stats(str)`` per tick (what ``stats_cb`` costs), ``on_stats(dict)`` (the monitor
   alone), ``snapshot()``, the monitor's memory per partition, and the share of one core at
   ``statistics.interval.ms=5000`` (thread CPU time). ``--baseline-leadership PATH`` runs
-  another tree's ``leadership.py`` beside it, paired round by round.
+  another tree's ``leadership.py`` beside it, paired round by round. ``--rotate N``: instead,
+  N topic sets of ``--partitions`` partitions, one set live at a time: the memory still held.
 
     .venv/bin/python benchmarks/telemetry.py --scale memory --clients 1000 --partitions 12
-    .venv/bin/python benchmarks/telemetry.py --scale leadership --partitions 50000 --ticks 5 \
+    .venv/bin/python benchmarks/telemetry.py --scale leadership --partitions 50000 --ticks 7 \
+        --baseline-leadership /work/old9c/kresilient/leadership.py
+    .venv/bin/python benchmarks/telemetry.py --scale leadership --partitions 5000 --rotate 40 \
         --baseline-leadership /work/old9c/kresilient/leadership.py
 """
 
@@ -207,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=1000, help="--scale memory")
     ap.add_argument("--partitions", type=int, default=12, help="--scale memory/leadership")
     ap.add_argument("--ticks", type=int, default=5, help="--scale leadership")
+    ap.add_argument("--rotate", type=int, default=0, metavar="N",
+                    help="--scale leadership: N rotating topic sets instead of the tick timing")
     ap.add_argument("--baseline-leadership", metavar="PATH",
                     help="--scale leadership: also run another tree's leadership.py, paired")
     ap.add_argument("--metric-partitions", action="store_true",
@@ -566,6 +571,33 @@ def _load_leadership(path: str | None) -> Any:
     return module
 
 
+def _scale_rotation(args: argparse.Namespace, arms: dict[str, Any]) -> int:
+    """--rotate N: N topic sets of --partitions partitions, one set live at a time (12 ticks
+    of 15 s each), like a client moving through short-lived topics; memory held at the end."""
+    import gc
+    import tracemalloc
+
+    template = generated_statistics(args.partitions, topics=10)
+    print(f"rotation: {args.rotate} topic sets x {args.partitions} partitions, one set live at a "
+          "time, 12 statistics ticks 15 s apart per set (generated documents)")
+    print(f"{'arm':<10}{'partitions kept':>17}{'held MiB':>10}")
+    for name, module in arms.items():
+        now = [1000.0]
+        gc.collect()
+        tracemalloc.start()
+        monitor = module.LeadershipMonitor(clock=lambda now=now: now[0])
+        for i in range(args.rotate):
+            doc = template.replace('"bench-', f'"rot{i}-')  # same shape, new topic names
+            for _ in range(12):
+                now[0] += 15
+                monitor.on_stats(doc)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        print(f"{name:<10}{len(monitor.states()):>17}{held / 2**20:>10.1f}")
+    return 0
+
+
 def scale_leadership(args: argparse.Namespace) -> int:
     import gc
     import tracemalloc
@@ -577,6 +609,8 @@ def scale_leadership(args: argparse.Namespace) -> int:
     arms = {"this": _load_leadership(None)}
     if args.baseline_leadership:
         arms["baseline"] = _load_leadership(args.baseline_leadership)
+    if args.rotate:
+        return _scale_rotation(args, arms)
     now = [1000.0]
     monitors, held = {}, {}
     for name, module in arms.items():

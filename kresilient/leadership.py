@@ -295,6 +295,7 @@ class LeadershipMonitor:
                     if isinstance(name, str) and isinstance(tdoc, Mapping):
                         self._stats_topic(name, tdoc, now, changes, stale_changes)
             self._evaluate_all(now, changes)
+            self._maybe_sweep(now)
         self._emit(changes, stale_changes)
 
     def on_error(

@@ -187,6 +187,19 @@ def test_partitions_absent_from_the_statistics_are_forgotten() -> None:
     assert monitor.snapshot()["forgotten_partitions"] == 100
 
 
+def test_statistics_alone_forget_partitions_without_any_query() -> None:
+    """A client nobody asks for health(): the statistics ticks themselves forget."""
+    monitor, clock, _ = rig()  # default forget_after_s: 600 s
+    monitor.on_stats(generated_stats({"old": 3, "kept": 1}))
+    for _ in range(1000):
+        clock.now += 1
+        monitor.on_stats(generated_stats({"kept": 1}))
+    # leader() reads under the lock without evaluating or sweeping
+    assert monitor.leader("old", 0) is None
+    assert monitor.leader("kept", 0) == 1
+    assert monitor.metadata_age_ms("old") is None
+
+
 def test_a_partition_leaving_during_a_burst_settles_before_it_is_forgotten() -> None:
     monitor, clock, changes = rig(forget_after_s=100)
     monitor.on_stats(generated_stats({"t": 1}, leader=1))
