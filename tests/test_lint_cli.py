@@ -233,3 +233,80 @@ def test_python_module_entry_point(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 1 and "KR006" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- nothing checked
+
+
+def test_empty_directory_is_exit_2_not_a_clean_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 22 point 7: an empty directory gave "0 finding(s)", exit 0."""
+    monkeypatch.chdir(tmp_path)
+    Path("empty").mkdir()
+    code, out, err = _run(capsys, "empty")
+    assert code == 2
+    assert "kresilient lint: no Kafka configuration found in empty: no file of a kind" in err
+    assert "0 file(s) read" in out
+
+
+def test_directory_without_kafka_settings_is_exit_2_and_lists_what_it_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("ci.yaml").write_text("name: build\non: [push]\n")
+    Path("package.json").write_text('{"name": "web", "version": "1.0.0"}\n')
+    Path("README.md").write_text("acks=0\n")  # not a kind lint reads in a directory walk
+    code, out, err = _run(capsys, ".", "--verbose")
+    assert code == 2
+    assert "no Kafka configuration found in .: 2 file(s) read, none holds Kafka settings" in err
+    assert "skipped ci.yaml: no Kafka settings found" in err
+    assert "skipped package.json: no Kafka settings found" in err
+    assert "2 file(s) read: 0 with Kafka settings, 2 skipped (no Kafka settings)" in out
+    for fmt in ("json", "sarif"):
+        code, out, err = _run(capsys, ".", "--format", fmt)
+        assert code == 2 and "no Kafka configuration found" in err
+        parsed = json.loads(out)  # stdout stays one parseable document
+        if fmt == "sarif":
+            (invocation,) = parsed["runs"][0]["invocations"]
+            assert invocation["executionSuccessful"] is False
+            assert invocation["properties"]["filesSkipped"] == 2
+        else:
+            assert parsed == []
+    assert _run(capsys, ".", "--allow-no-config")[0] == 0  # what a pre-commit hook may want
+
+
+def test_summary_counts_files_read_skipped_and_unreadable(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Path("notes.yaml").write_text("shopping: [milk, eggs]\n")
+    code, out, _ = _run(capsys, ".")
+    assert code == 2  # broken.json
+    assert (
+        "4 file(s) read: 2 with Kafka settings, 1 skipped (no Kafka settings), "
+        "1 not readable (KR000)" in out.splitlines()[-1]
+    )
+
+
+@pytest.mark.parametrize("option", ["--select", "--ignore"])
+@pytest.mark.parametrize("ids", ["KR9", "KR07", "KR0,KR9999", "XX1"])
+def test_unknown_rule_prefix_is_a_usage_error_naming_it(
+    project: Path, capsys: pytest.CaptureFixture[str], option: str, ids: str
+) -> None:
+    """``--select KR9`` matched no rule and the run checked nothing, exit 0."""
+    code, out, err = _run(capsys, option, ids, "producer.properties")
+    bad = ids.split(",")[-1]
+    assert code == 2
+    assert f"{option}: unknown rule id or prefix {bad!r}" in err
+    assert out == ""
+
+
+def test_unknown_rule_prefix_in_pyproject_is_a_usage_error(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    Path("pyproject.toml").write_text('[tool.kresilient.lint]\nselect = ["KR9"]\n')
+    code, _, err = _run(capsys, "producer.properties")
+    assert code == 2
+    assert "unknown rule id or prefix 'KR9'" in err
+    Path("pyproject.toml").write_text('[tool.kresilient.lint]\nselect = ["KR00"]\n')
+    assert _run(capsys, "producer.properties")[0] == 1  # a real prefix: KR006 acks=0

@@ -13,7 +13,7 @@ Rules live in :data:`RULES` (stable ids ``KR000``...); every rule is documented 
 from __future__ import annotations
 
 from kresilient.lint.engine import detect_kind, exit_code, lint_paths, lint_text
-from kresilient.lint.model import ConfigUnit, Entry, Finding, Severity
+from kresilient.lint.model import ConfigUnit, Entry, Finding, LintStats, Severity
 from kresilient.lint.output import FORMATS, render
 from kresilient.lint.registry import RULES, Rule
 from kresilient.lint.settings import Settings, load_settings
@@ -24,6 +24,7 @@ __all__ = [
     "ConfigUnit",
     "Entry",
     "Finding",
+    "LintStats",
     "Rule",
     "Settings",
     "Severity",

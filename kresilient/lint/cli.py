@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from kresilient.errors import ConfigError
 from kresilient.lint.audit import AuditOptions, audit
 from kresilient.lint.engine import exit_code, lint_paths
-from kresilient.lint.model import KINDS, Finding, Severity
+from kresilient.lint.model import KINDS, Finding, LintStats, Severity
 from kresilient.lint.output import FORMATS, render
-from kresilient.lint.readers import read_text
+from kresilient.lint.readers import KNOWN_EXTENSIONS, read_text
 from kresilient.lint.registry import RULES, iter_rules
 from kresilient.lint.settings import Settings, load_settings
 
@@ -98,9 +98,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def _settings(args: argparse.Namespace, starts: Sequence[str]) -> Settings:
     settings = load_settings(args.config, starts=[".", *starts])
-    for ids in (args.select or ()) + (args.ignore or ()):
-        if not ids.startswith("KR") or (len(ids) == 5 and ids not in RULES):
-            raise ConfigError(f"unknown rule id or prefix {ids!r}", key="select")
+    for option, ids in (("--select", args.select or ()), ("--ignore", args.ignore or ())):
+        for prefix in ids:
+            check_rule_prefix(prefix, option)
     return settings.replace(
         fail_on=args.fail_on,
         select=args.select,
@@ -109,13 +109,15 @@ def _settings(args: argparse.Namespace, starts: Sequence[str]) -> Settings:
     )
 
 
-def _emit(findings: list[Finding], args: argparse.Namespace, tool: str) -> None:
-    report = render(findings, args.format, tool)
+def _emit(
+    findings: list[Finding], args: argparse.Namespace, tool: str, stats: LintStats | None = None
+) -> None:
+    report = render(findings, args.format, tool, stats=stats)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(report)
         if args.format != "text":
-            sys.stdout.write(render(findings, "text", tool))
+            sys.stdout.write(render(findings, "text", tool, stats=stats))
     else:
         sys.stdout.write(report)
 
@@ -137,9 +139,42 @@ def run_lint(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"kresilient lint: {exc}", file=sys.stderr)
         return 2
-    findings = lint_paths(paths, settings)
-    _emit(findings, args, "lint")
+    stats = LintStats()
+    findings = lint_paths(paths, settings, stats=stats)
+    _emit(findings, args, "lint", stats)
+    if args.verbose:
+        for path in stats.skipped:
+            print(f"kresilient lint: skipped {path}: no Kafka settings found", file=sys.stderr)
+    nothing = not stats.with_config and not any(f.rule == "KR000" for f in findings)
+    if nothing and not args.allow_no_config:
+        # Exit 2, not 0: a clean result must mean "checked and clean", never "nothing read".
+        print(f"kresilient lint: {nothing_found(paths, stats)}", file=sys.stderr)
+        return 2
     return exit_code(findings, settings)
+
+
+def nothing_found(paths: Sequence[str], stats: LintStats) -> str:
+    """The message for a run that found no Kafka configuration in ``paths``."""
+    where = ", ".join(paths)
+    if not stats.files_read:
+        return (
+            f"no Kafka configuration found in {where}: no file of a kind lint reads "
+            f"({', '.join(KNOWN_EXTENSIONS)}, .env)"
+        )
+    return (
+        f"no Kafka configuration found in {where}: {stats.files_read} file(s) read, none "
+        "holds Kafka settings (use --verbose to list them)"
+    )
+
+
+def check_rule_prefix(prefix: str, option: str) -> None:
+    """Raise ConfigError unless ``prefix`` is a rule id or the prefix of at least one."""
+    if not prefix.startswith("KR") or not any(r.startswith(prefix) for r in RULES):
+        raise ConfigError(
+            f"{option}: unknown rule id or prefix {prefix!r} (no rule id starts with it; "
+            "see kresilient lint --list-rules)",
+            key=option.lstrip("-"),
+        )
 
 
 def run_audit(args: argparse.Namespace) -> int:
@@ -197,6 +232,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     lint.add_argument("--kind", choices=KINDS, help="treat every config as this kind")
     lint.add_argument("--explain", metavar="ID", help="explain one rule and exit")
     lint.add_argument("--list-rules", action="store_true", help="list every rule and exit")
+    lint.add_argument(
+        "--allow-no-config",
+        action="store_true",
+        help="exit 0, not 2, when no file holds Kafka settings (for a pre-commit hook that "
+        "passes every changed file)",
+    )
+    lint.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="also list, on stderr, each file read that holds no Kafka settings",
+    )
     _common(lint)
     lint.set_defaults(func=run_lint)
 

@@ -8,7 +8,14 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from kresilient import _catalog as catalog
 from kresilient.lint import rules_client, rules_cluster  # noqa: F401  (register the rules)
-from kresilient.lint.model import TOPIC_SPEC_KEYS, ConfigUnit, Finding, Kind, has_lone_surrogate
+from kresilient.lint.model import (
+    TOPIC_SPEC_KEYS,
+    ConfigUnit,
+    Finding,
+    Kind,
+    LintStats,
+    has_lone_surrogate,
+)
 from kresilient.lint.readers import detect_format, read_text
 from kresilient.lint.registry import RULES, iter_rules
 from kresilient.lint.settings import Settings, Suppressions, parse_suppressions
@@ -236,26 +243,43 @@ def _apply_suppressions(
     return kept
 
 
-def lint_paths(paths: Sequence[str], settings: Settings | None = None) -> list[Finding]:
-    """Lint files and directories; findings sorted by path, line, column and rule."""
+def lint_paths(
+    paths: Sequence[str], settings: Settings | None = None, *, stats: LintStats | None = None
+) -> list[Finding]:
+    """Lint files and directories; findings sorted by path, line, column and rule.
+
+    ``stats``, when given, is filled with what was read (see :class:`LintStats`).
+    """
     settings = settings or Settings()
+    stats = stats if stats is not None else LintStats()
     findings: list[Finding] = []
     units: list[ConfigUnit] = []
     suppressions: dict[str, Suppressions] = {}
     for path in discover(paths, settings.exclude):
         display = os.path.relpath(path) if not os.path.isabs(path) else path
+        stats.files_read += 1
         data, problem = _read_file(path, settings.max_file_size)
+        failure: Finding | None = None
         if problem is not None:  # about the file, not a place in it: no line
-            findings.append(_parse_error(display, 0, 0, problem))
+            failure = _parse_error(display, 0, 0, problem)
+        elif len(data) > settings.max_file_size:
+            failure = _size_error(display, len(data), settings)
+        text, _, line, col = _decode(data) if failure is None else (None, None, 0, 0)
+        if failure is None and text is None:
+            failure = _parse_error(display, line, col, "not valid UTF-8")
+        if failure is not None or text is None:
+            stats.failed += 1
+            findings.extend([failure] if failure else [])
             continue
-        if len(data) > settings.max_file_size:
-            findings.append(_size_error(display, len(data), settings))
-            continue
-        text, _, line, col = _decode(data)
-        if text is None:
-            findings.append(_parse_error(display, line, col, "not valid UTF-8"))
-            continue
-        findings.extend(lint_text(text, display, settings, units_out=units))
+        before = len(units)
+        file_findings = lint_text(text, display, settings, units_out=units)
+        findings.extend(file_findings)
+        if any(f.rule == "KR000" for f in file_findings):
+            stats.failed += 1
+        elif len(units) > before:
+            stats.with_config += 1
+        else:
+            stats.skipped.append(display)
         suppressions[display] = parse_suppressions(
             text, python=detect_format(display, text) == "python"
         )

@@ -168,6 +168,21 @@ class Finding:
         return (self.path, self.line, self.col, self.rule)
 
 
+@dataclass(kw_only=True, slots=True)
+class LintStats:
+    """What a lint run read, so "0 findings" never hides "0 files understood".
+
+    ``files_read``: files opened; of those, ``with_config`` held Kafka settings, ``failed``
+    could not be read or parsed (a KR000), and ``skipped`` lists the rest: files of a known
+    kind that hold no Kafka settings.
+    """
+
+    files_read: int = 0
+    with_config: int = 0
+    failed: int = 0
+    skipped: list[str] = field(default_factory=list)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParseError:
     """Where and why a file could not be parsed (no file content in ``message``)."""

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from kresilient import _catalog as catalog
-from kresilient.lint.model import Finding, Severity
+from kresilient.lint.model import Finding, LintStats, Severity
 from kresilient.lint.registry import RULES, Rule, iter_rules
 
 __all__ = ["FORMATS", "render"]
@@ -23,16 +23,30 @@ def _where(f: Finding) -> str:
     return f"{f.path}:{f.line}:{f.col}" if f.line > 0 else f.path
 
 
-def render_text(findings: Sequence[Finding], tool: str = "lint") -> str:
-    """``path:line:col: KR006 [error] message`` per finding, then a summary line."""
+def _files(stats: LintStats) -> str:
+    read = f"{stats.files_read} file(s) read: {stats.with_config} with Kafka settings"
+    return (
+        f"{read}, {len(stats.skipped)} skipped (no Kafka settings), "
+        f"{stats.failed} not readable (KR000)"
+    )
+
+
+def render_text(
+    findings: Sequence[Finding], tool: str = "lint", *, stats: LintStats | None = None
+) -> str:
+    """``path:line:col: KR006 [error] message`` per finding, then a summary line (with the
+    files read and skipped when ``stats`` is given)."""
     lines = [f"{_where(f)}: {f.rule} [{f.severity.label}] {f.message}" for f in findings]
     counts = {s: sum(1 for f in findings if f.severity is s) for s in Severity}
     summary = ", ".join(f"{counts[s]} {s.label}" for s in reversed(Severity))
-    lines.append(f"kresilient {tool}: {len(findings)} finding(s) ({summary})")
+    files = f"; {_files(stats)}" if stats is not None else ""
+    lines.append(f"kresilient {tool}: {len(findings)} finding(s) ({summary}){files}")
     return "\n".join(lines) + "\n"
 
 
-def render_json(findings: Sequence[Finding], tool: str = "lint") -> str:
+def render_json(
+    findings: Sequence[Finding], tool: str = "lint", *, stats: LintStats | None = None
+) -> str:
     """A JSON list of findings: rule, name, severity, path, line, column, message, key."""
     return (
         json.dumps(
@@ -60,7 +74,9 @@ def _github_escape(text: str, prop: bool = False) -> str:
     return text.replace(":", "%3A").replace(",", "%2C") if prop else text
 
 
-def render_github(findings: Sequence[Finding], tool: str = "lint") -> str:
+def render_github(
+    findings: Sequence[Finding], tool: str = "lint", *, stats: LintStats | None = None
+) -> str:
     """GitHub Actions workflow commands (``::error file=...,line=...::message``)."""
     out = []
     for f in findings:
@@ -95,8 +111,11 @@ def _artifact(path: str) -> dict[str, str]:
     return {"uri": pathlib.PurePath(path).as_posix(), "uriBaseId": "%SRCROOT%"}
 
 
-def render_sarif(findings: Sequence[Finding], tool: str = "lint") -> str:
-    """A SARIF 2.1.0 log with every rule's metadata and help, one result per finding."""
+def render_sarif(
+    findings: Sequence[Finding], tool: str = "lint", *, stats: LintStats | None = None
+) -> str:
+    """A SARIF 2.1.0 log with every rule's metadata and help, one result per finding (the
+    files read and skipped in the invocation's properties when ``stats`` is given)."""
     from kresilient import __version__
 
     rules = list(iter_rules())
@@ -124,9 +143,7 @@ def render_sarif(findings: Sequence[Finding], tool: str = "lint") -> str:
                 "rules": [_sarif_rule(r) for r in rules],
             }
         },
-        "invocations": [
-            {"executionSuccessful": not any(RULES[f.rule].input_error for f in findings)}
-        ],
+        "invocations": [_invocation(findings, stats)],
         "columnKind": "unicodeCodePoints",
         "results": results,
     }
@@ -136,7 +153,33 @@ def render_sarif(findings: Sequence[Finding], tool: str = "lint") -> str:
     return json.dumps(log, indent=2) + "\n"
 
 
-FORMATS: dict[str, Callable[[Sequence[Finding], str], str]] = {
+def _invocation(findings: Sequence[Finding], stats: LintStats | None) -> dict[str, Any]:
+    ok = not any(RULES[f.rule].input_error for f in findings)
+    invocation: dict[str, Any] = {"executionSuccessful": ok}
+    if stats is not None:
+        invocation["properties"] = {
+            "filesRead": stats.files_read,
+            "filesWithKafkaSettings": stats.with_config,
+            "filesSkipped": len(stats.skipped),
+            "filesNotReadable": stats.failed,
+        }
+        if not stats.with_config and ok:
+            invocation["executionSuccessful"] = False
+            invocation["toolExecutionNotifications"] = [
+                {"level": "error", "message": {"text": "no Kafka configuration found"}}
+            ]
+    return invocation
+
+
+class Renderer(Protocol):
+    """A report renderer: ``(findings, tool, *, stats=None) -> str``."""
+
+    def __call__(
+        self, findings: Sequence[Finding], tool: str = ..., *, stats: LintStats | None = ...
+    ) -> str: ...
+
+
+FORMATS: dict[str, Renderer] = {
     "text": render_text,
     "json": render_json,
     "sarif": render_sarif,
@@ -144,9 +187,11 @@ FORMATS: dict[str, Callable[[Sequence[Finding], str], str]] = {
 }
 
 
-def render(findings: Sequence[Finding], fmt: str, tool: str = "lint") -> str:
-    """Render ``findings`` in one of :data:`FORMATS`."""
-    return FORMATS[fmt](findings, tool)
+def render(
+    findings: Sequence[Finding], fmt: str, tool: str = "lint", *, stats: LintStats | None = None
+) -> str:
+    """Render ``findings`` in one of :data:`FORMATS` (``stats``: what a lint run read)."""
+    return FORMATS[fmt](findings, tool, stats=stats)
 
 
 _DOC_HEADER = """\
@@ -164,8 +209,13 @@ files and Python sources (configs passed to confluent-kafka and kresilient clien
 
 - Output: `--format text` (`path:line:col: ID [severity] message`), `json`, `sarif`
   (SARIF 2.1.0 for code scanning), `github` (workflow annotations); `-o FILE`.
-- Exit code: 0 clean, 1 a finding at or above `--fail-on` (default `error`), 2 a usage error,
-  a file that cannot be parsed (KR000) or a cluster that cannot be reached (KR065). An audit
+- Exit code: 0 clean, 1 a finding at or above `--fail-on` (default `error`), 2 a usage error
+  (an unknown option, rule id or prefix), a file that cannot be parsed (KR000), no Kafka
+  configuration found in the paths (`--allow-no-config` makes that 0, for a pre-commit hook
+  that passes every changed file) or a cluster that cannot be reached (KR065).
+- The text summary counts the files read, those with Kafka settings, those skipped (no Kafka
+  settings; `--verbose` lists them) and those not readable, so "0 findings" never hides
+  "0 files understood". An audit
   that could read only part of the cluster reports the rest and names what is missing (KR066,
   exit 1): one offline partition never hides the lag of the others.
 - Settings in `pyproject.toml` (found by walking up from the current directory or the linted

@@ -29,7 +29,7 @@ from kresilient.lint.model import (
 )
 from kresilient.lint.pyreader import read_python
 
-__all__ = ["ParseError", "ReadResult", "detect_format", "read_text"]
+__all__ = ["KNOWN_EXTENSIONS", "ParseError", "ReadResult", "detect_format", "read_text"]
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -689,6 +689,10 @@ _EXTENSIONS: dict[str, str] = {
     ".py": "python",
     ".pyi": "python",
 }
+
+
+#: The file name extensions a directory walk picks up (``.env`` files are matched by name).
+KNOWN_EXTENSIONS: tuple[str, ...] = tuple(sorted(_EXTENSIONS))
 
 
 def detect_format(path: str, text: str | None = None) -> str | None:

@@ -97,8 +97,11 @@ def _ids(value: object, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{where}: expected a list of rule ids", key=where)
     for prefix in value:
-        if not re.fullmatch(r"KR\d{0,3}", prefix) or (len(prefix) == 5 and prefix not in RULES):
-            raise ConfigError(f"{where}: unknown rule id or prefix {prefix!r}", key=where)
+        if not re.fullmatch(r"KR\d{0,3}", prefix) or not any(r.startswith(prefix) for r in RULES):
+            raise ConfigError(
+                f"{where}: unknown rule id or prefix {prefix!r} (no rule id starts with it)",
+                key=where,
+            )
     return tuple(value)
 
 
