@@ -1,0 +1,128 @@
+"""All three brokers stopped for longer than the delivery timeout while a spooled producer
+keeps producing: nothing is reported lost, everything is delivered after the restart.
+
+Issue 20 acceptance 2, scaled for CI time: ``message.timeout.ms=10000`` and the cluster down
+for ~30 s (three delivery timeouts) instead of 3 minutes with the default timeout; the
+mechanism (delivery timed out -> kept in the spool -> re-sent) is the same. A producer
+without a spool in the same outage is the negative control: it reports the messages failed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from _producer_helpers import header_dict, read_back
+
+from kresilient.dedupe import Deduplicator
+from kresilient.errors import ClusterError, DeliveryError, ErrorCategory
+from kresilient.producer import ResilientProducer, Spool
+from kresilient.testing import KafkaCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+
+TIMEOUT_MS = 10_000
+DOWN_S = 30.0
+KEYS = 20
+
+
+def _restart_all(cluster: KafkaCluster, topic: str) -> None:
+    """Start every stopped node. In parallel: a combined KRaft node alone has no controller
+    quorum and gives up. ``KafkaCluster.start`` checks every node while it waits, so a
+    sibling caught between "expected up" and its new process can make one call raise; the
+    node it started is running anyway, and a node that did not come up is started again once
+    the others form a quorum (then ``heal`` waits for full ISRs)."""
+    down = [n for n in cluster.node_ids if not cluster.running(n)]
+    failed: list[BaseException] = []
+
+    def start(node: int) -> None:
+        try:
+            cluster.start(node)
+        except ClusterError as exc:
+            failed.append(exc)
+
+    starters = [threading.Thread(target=start, args=(n,)) for n in down]
+    for t in starters:
+        t.start()
+    for t in starters:
+        t.join(200)
+    cluster.heal([topic], timeout=180)
+
+
+def test_cluster_down_longer_than_delivery_timeout_loses_nothing(
+    kafka_cluster, topic_factory, tmp_path: Path
+) -> None:
+    topic = topic_factory(partitions=3)
+    control_topic = topic_factory(partitions=1)
+    config = {
+        "bootstrap.servers": kafka_cluster.bootstrap_servers,
+        "message.timeout.ms": TIMEOUT_MS,
+    }
+    spooled = ResilientProducer(config, spool=Spool(tmp_path / "spool.db"))
+    control = ResilientProducer(config)
+    produced = 0
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def keep_producing() -> None:
+        nonlocal produced
+        try:
+            while not stop.is_set():
+                for _ in range(100):
+                    spooled.produce(topic, b"%07d" % produced, key=b"k%02d" % (produced % KEYS))
+                    produced += 1
+                spooled.poll(0.1)  # paces the stream: ~1,000 messages a second
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    worker = threading.Thread(target=keep_producing)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while produced < 3_000:
+            assert time.monotonic() < deadline and not errors, errors
+            time.sleep(0.05)  # waiting for the producer thread's progress (a condition)
+        for node in kafka_cluster.node_ids:
+            kafka_cluster.stop(node)
+        down_at = time.monotonic()
+        for i in range(100):
+            control.produce(control_topic, b"c%d" % i)
+        with pytest.raises(DeliveryError) as lost:  # negative control: the outage is real
+            control.flush(TIMEOUT_MS / 1000 + 10)
+        assert {f.classification.category for f in lost.value.failures} == {
+            ErrorCategory.DELIVERY_TIMEOUT
+        }
+        while time.monotonic() - down_at < DOWN_S:
+            assert not errors, errors
+            time.sleep(0.5)  # the outage lasts DOWN_S; the producer thread keeps producing
+        during = produced
+        assert spooled._spooler is not None and spooled._spooler.kept_failures > 0
+    finally:
+        _restart_all(kafka_cluster, topic)
+        stop.set()
+        worker.join(60)
+    assert not errors, errors
+    result = spooled.flush(180)
+    assert result is not None and result.complete, result
+    spooled.close()
+    control.close(0)
+    assert produced > during > 3_000
+
+    records = read_back(kafka_cluster.bootstrap_servers, topic)
+    seen: dict[int, int] = defaultdict(int)
+    order: dict[bytes, list[int]] = defaultdict(list)
+    dedupe = Deduplicator()
+    for msg in records:
+        i = int(msg.value())
+        seen[i] += 1
+        if seen[i] > 1:
+            assert header_dict(msg).get("kresilient.possible.duplicate") == b"true"
+        if not dedupe.is_duplicate(msg):
+            dedupe.processed(msg)
+            order[msg.key()].append(i)
+    assert set(seen) == set(range(produced))
+    for key, indices in order.items():
+        assert indices == sorted(indices) and len(indices) == len(set(indices)), key
