@@ -25,6 +25,13 @@ def _snapshot(raw: dict[str, Any]) -> ClusterSnapshot:
             for t, p, lead, r, i in raw.get("partitions", [])
         ],
         group_lag=raw.get("group_lag", {}),
+        lag_unknown={
+            group: {
+                (tp.rsplit("/", 1)[0], int(tp.rsplit("/", 1)[1])): why for tp, why in parts.items()
+            }
+            for group, parts in raw.get("lag_unknown", {}).items()
+        },
+        incomplete=[(tuple(where), message) for where, message in raw.get("incomplete", [])],
         errors=raw.get("errors", []),
     )
 
