@@ -140,6 +140,23 @@ async def test_trace_context_of_the_calling_task_goes_into_the_headers(
     assert f"{request_span.context.trace_id:032x}".encode() in traceparent
 
 
+async def test_propagate_false_sends_the_headers_exactly_as_given(
+    kafka_cluster: KafkaCluster, topic: str
+) -> None:
+    provider = TracerProvider()
+    tracer = provider.get_tracer("test")
+    original = [("traceparent", b"00-0123456789abcdef0123456789abcdef-0123456789abcdef-01")]
+    async with AsyncResilientProducer(
+        _conf(kafka_cluster), tracer_provider=provider, propagator=TraceContextTextMapPropagator()
+    ) as producer:
+        with tracer.start_as_current_span("forwarding"):
+            await (await producer.produce(topic, b"as-is", headers=original, propagate=False))
+            await (await producer.produce(topic, b"traced", headers=original))
+    as_is, traced = read_back(kafka_cluster.bootstrap_servers, topic)
+    assert as_is.headers() == original
+    assert traced.headers() != original  # negative control: by default the context goes in
+
+
 async def test_full_queue_is_awaited_not_spun_and_nothing_is_lost(
     kafka_cluster: KafkaCluster, topic: str
 ) -> None:

@@ -342,8 +342,13 @@ class AsyncResilientProducer:
         headers: Any = None,
         partition: int | None = None,
         timestamp: int | None = None,
+        *,
+        propagate: bool = True,
     ) -> AsyncDeliveryHandle:
         """Queue one message; return its :class:`AsyncDeliveryHandle` once it is queued.
+
+        ``propagate=False`` sends ``headers`` exactly as given (no ``traceparent`` injected),
+        as :meth:`kresilient.ResilientProducer.produce`.
 
         Awaits (without blocking the loop) while the local queue is full. Raises what
         :meth:`kresilient.ResilientProducer.produce` raises (``MessageTooLargeError`` without a
@@ -361,7 +366,14 @@ class AsyncResilientProducer:
         # No await between here and the return: once the sync producer has the message, this
         # coroutine cannot be cancelled before the caller has the handle.
         handle._sync = self._sync.produce(
-            topic, value, key, headers, partition, timestamp, on_delivery=handle
+            topic,
+            value,
+            key,
+            headers,
+            partition,
+            timestamp,
+            on_delivery=handle,
+            propagate=propagate,
         )
         bridge.in_flight += 1
         bridge.in_flight_bytes += size
