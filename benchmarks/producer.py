@@ -47,9 +47,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# benchmarks/asyncio.py would shadow the standard library's asyncio (imported by
+# confluent_kafka): this directory comes off sys.path until the third-party imports are done.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from _common import (
+from confluent_kafka import Producer  # noqa: E402
+
+from kresilient.config import producer_config  # noqa: E402
+from kresilient.producer import ResilientProducer  # noqa: E402
+from kresilient.testing import KafkaCluster  # noqa: E402
+
+sys.path.append(str(_HERE))
+from _common import (  # noqa: E402
     Sample,
     Timer,
     contention,
@@ -59,11 +69,6 @@ from _common import (
     peak_rss_mib,
     run_interleaved,
 )
-from confluent_kafka import Producer
-
-from kresilient.config import producer_config
-from kresilient.producer import ResilientProducer
-from kresilient.testing import KafkaCluster
 
 ARMS = ("raw", "kresilient", "kresilient_otel_1pct")
 SUBPROCESS_ARMS = ("kresilient_sub", "kresilient_old")
