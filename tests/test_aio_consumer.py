@@ -588,3 +588,28 @@ async def test_sigterm_stops_gracefully_and_the_previous_handler_is_restored(
     finally:
         signal.signal(signal.SIGTERM, old)
     assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: 20}
+
+
+class _Abort(BaseException):
+    """Not an Exception: what a handler may raise by accident (like a stray CancelledError)."""
+
+
+async def test_a_handler_base_exception_stops_the_consumer_without_skipping_the_record(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, _ = with_dlq(topic_factory)
+    produce(
+        kafka_cluster.bootstrap_servers, topic, [(None, b"%d" % i, None, None) for i in range(10)]
+    )
+
+    async def handle(msg: Message) -> None:
+        if msg.offset() == 4:
+            raise _Abort("handler gave up")
+
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    consumer = AsyncResilientConsumer(_conf(kafka_cluster, group), [topic], handle)
+    with pytest.raises(_Abort):
+        await asyncio.wait_for(consumer.run(), 60)
+    assert consumer.processed == 4
+    # committed up to the record that did not finish, never past it
+    assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: 4}

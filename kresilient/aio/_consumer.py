@@ -490,7 +490,10 @@ class AsyncResilientConsumer:
     def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Worker thread, inside consume(): only dict stores (the loop is awaiting this step).
         for p in partitions:
-            self._parts[(p.topic, p.partition)] = _Partition((p.topic, p.partition))
+            part = self._parts[(p.topic, p.partition)] = _Partition((p.topic, p.partition))
+            # librdkafka may keep a pause from a previous assignment of this partition:
+            # the next step resumes it (harmless when it was not paused)
+            part.paused = True
         self._log.info("partitions_assigned", partitions=len(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -608,47 +611,77 @@ class AsyncResilientConsumer:
                         self._queued -= 1
                         if not self._queued:
                             self._drained.set()
-                        if self._traced:
-                            ok = await self._process(msg, part)
-                        elif not timing:  # untraced, untimed: a plain await
-                            try:
-                                await handler(msg)
-                            except Exception as exc:
-                                ok = await self._process(msg, part, exc)
-                            else:
-                                ok = True
-                                self.processed += 1
-                                if breaker is not None:
-                                    breaker.success()
-                        else:  # the untraced success path: no span scope, no retry state
-                            # The first step runs here; a trampoline only if it suspends.
-                            coro: Any = handler(msg)
-                            self._current = msg
-                            began = clock()
-                            try:
-                                step = coro.send(None)
-                                if clock() - began > threshold:
-                                    self._blocked(clock() - began)
-                                await _Timed(coro, msg, self, step)
-                            except StopIteration:
-                                if clock() - began > threshold:
-                                    self._blocked(clock() - began)
-                                failed = None
-                            except Exception as exc:
-                                failed = exc
-                            else:
-                                failed = None
-                            if failed is None:
-                                ok = True
-                                self.processed += 1
-                                if breaker is not None:
-                                    breaker.success()
-                            else:  # retries, dead letter: the full path (counts itself)
-                                ok = await self._process(msg, part, failed)
+                        try:
+                            if self._traced:
+                                ok = await self._process(msg, part)
+                            elif not timing:  # untraced, untimed: a plain await
+                                try:
+                                    await handler(msg)
+                                except Exception as exc:
+                                    ok = await self._process(msg, part, exc)
+                                else:
+                                    ok = True
+                                    self.processed += 1
+                                    if breaker is not None:
+                                        breaker.success()
+                            else:  # the untraced success path: no span scope, no retry state
+                                # The first step runs here; a trampoline only if it suspends.
+                                coro: Any = handler(msg)
+                                self._current = msg
+                                began = clock()
+                                try:
+                                    step = coro.send(None)
+                                    if clock() - began > threshold:
+                                        self._blocked(clock() - began)
+                                    await _Timed(coro, msg, self, step)
+                                except StopIteration:
+                                    if clock() - began > threshold:
+                                        self._blocked(clock() - began)
+                                    failed = None
+                                except Exception as exc:
+                                    failed = exc
+                                else:
+                                    failed = None
+                                if failed is None:
+                                    ok = True
+                                    self.processed += 1
+                                    if breaker is not None:
+                                        breaker.success()
+                                else:  # retries, dead letter: the full path (counts itself)
+                                    ok = await self._process(msg, part, failed)
+                        except BaseException as exc:  # not an Exception: never skip it
+                            if self._interrupted(msg, part, exc):
+                                raise
+                            return
                         if ok:
                             part.done = (msg.offset() or 0) + 1
         finally:
             part.task = None
+
+    def _interrupted(self, msg: Message, part: _Partition, exc: BaseException) -> bool:
+        """A handler ended with a BaseException (the task's cancellation, KeyboardInterrupt,
+        a CancelledError of its own ...): the record goes back in front of its partition's
+        queue, so nothing after it is stored or committed; anything but the shutdown's own
+        cancellation stops the consumer with that exception (``run()`` raises it). True: the
+        worker re-raises it (its own cancellation, KeyboardInterrupt, SystemExit)."""
+        part.queue.appendleft(msg)
+        self._queued += 1
+        self._drained.clear()
+        task = asyncio.current_task()
+        if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
+            return True  # our shutdown (or the application's) cancelled it: not an error
+        if self._error is None:
+            self._error = exc
+            self._log.error(
+                "handler_interrupted",
+                handler=self._handler_name,
+                topic=msg.topic(),
+                partition=msg.partition(),
+                offset=msg.offset(),
+                error_type=type(exc).__name__,
+            )
+        self.stop()
+        return isinstance(exc, (KeyboardInterrupt, SystemExit))
 
     async def _process(
         self, msg: Message, part: _Partition, first: Exception | None = None
