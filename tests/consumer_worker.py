@@ -5,6 +5,9 @@ Every handled message is appended to ``--out`` as ``partition offset value`` wit
 means "processed" even if the process is SIGKILLed right after (the kernel has the bytes).
 SIGTERM stops the consumer gracefully (exit code 0).
 
+Crash loops (tests/test_crash_loop.py): ``--die-on V`` calls ``os._exit(1)`` when the handler
+gets value ``V`` (after appending ``died P O``); ``--max-process-deaths N`` (0: off).
+
 Shutdown tests (tests/test_consumer_hardening.py): ``--poison V`` makes the handler raise
 ``ValueError`` for value ``V`` (dead-lettered at once); ``--slow-dead-letters`` holds dead-letter
 writes back (``linger.ms`` 60 s), commits only on close and prints ``waiting-for-dead-letters``
@@ -36,6 +39,9 @@ def main() -> int:
     parser.add_argument("--poison", default=None, help="a value the handler rejects")
     parser.add_argument("--slow-dead-letters", action="store_true")
     parser.add_argument("--announce-after", type=int, default=0)
+    parser.add_argument("--die-on", default=None, help="a value on which os._exit(1) is called")
+    parser.add_argument("--max-process-deaths", type=int, default=3, help="0: protection off")
+    parser.add_argument("--instance-id", default=None, help="group.instance.id (static member)")
     args = parser.parse_args()
 
     fd = os.open(args.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -43,6 +49,7 @@ def main() -> int:
     pause = args.sleep
 
     poison = args.poison.encode() if args.poison is not None else None
+    die_on = args.die_on.encode() if args.die_on is not None else None
     calls = 0
 
     def handle(msg: Any) -> None:
@@ -54,6 +61,9 @@ def main() -> int:
             time.sleep(pause)
         if poison is not None and msg.value() == poison:
             raise ValueError("poison")
+        if die_on is not None and msg.value() == die_on:
+            os.write(fd, b"died %d %d\n" % (msg.partition(), msg.offset()))
+            os._exit(1)  # a crash no Python code sees (OOM kill, segfault, os._exit in a lib)
         os.write(fd, b"%d %d %s\n" % (msg.partition(), msg.offset(), msg.value()))
 
     conf: dict[str, Any] = {
@@ -64,7 +74,9 @@ def main() -> int:
         "session.timeout.ms": 6000,
         "heartbeat.interval.ms": 1000,
     }
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"max_process_deaths": args.max_process_deaths or None}
+    if args.instance_id:
+        conf["group.instance.id"] = args.instance_id
     consumer: ResilientConsumer
     announced = False
 
@@ -87,6 +99,8 @@ def main() -> int:
             "stats_cb": stats,
         }
         extra["shutdown_timeout"] = 5.0
+        # "only the final commit": no crash-loop probe commits either
+        extra["max_process_deaths"] = None
 
     consumer = ResilientConsumer(conf, [args.topic], handle, **extra)
     print("started", flush=True)

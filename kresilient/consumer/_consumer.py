@@ -46,6 +46,7 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from kresilient._ratelimit import RateLimiter
 from kresilient.consumer._batch import BatchProcessor
 from kresilient.consumer._breaker import CircuitBreaker
+from kresilient.consumer._crashloop import CLEAN, CrashGuard
 from kresilient.consumer._events import ClientEvents
 from kresilient.consumer._failures import DeadLetterSink, FailureHandler
 from kresilient.consumer._holds import TP, Hold, Holds, LoopState, Verdict
@@ -254,6 +255,8 @@ class ResilientConsumer:
         shutdown_timeout: float = 30.0,
         record_message_key: bool = False,
         metric_partition_attribute: bool = False,
+        max_process_deaths: int | None = 3,
+        crash_probe_records: int = 100,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ConfigError("pass exactly one of handler= and batch_handler=")
@@ -262,6 +265,8 @@ class ResilientConsumer:
             raise ConfigError("topics must name at least one topic")
         if max_batch_size < 1 or poll_timeout <= 0:
             raise ConfigError("max_batch_size must be >= 1 and poll_timeout > 0")
+        if (max_process_deaths is not None and max_process_deaths < 1) or crash_probe_records < 1:
+            raise ConfigError("max_process_deaths must be None or >= 1, crash_probe_records >= 1")
         base_log = logger if logger is not None else structlog.get_logger("kresilient.consumer")
         # every log line, exception and repr of this consumer goes through it (issue 11, 5)
         self._redact = Redactor.for_config(config)
@@ -373,6 +378,21 @@ class ResilientConsumer:
             dead_letter.topic_for if dead_letter is not None else lambda _t: None,
             self._redact,
         )
+        self._crash: CrashGuard | None = None
+        if max_process_deaths is not None and not self._batch_mode:
+            self._crash = CrashGuard(
+                self._consumer,
+                offsets,
+                max_deaths=max_process_deaths,
+                window=crash_probe_records,
+                log=log,
+                redact=self._redact,
+            )
+            offsets.clean_marker = CLEAN
+        self._guarded: Callable[[Any], object] = (
+            self._crash.wrap(self._call) if self._crash is not None else self._call
+        )
+        self._inner: Callable[[Any], object] = self._call
         self._failures = failures = FailureHandler(
             group_id=self.group_id,
             state=state,
@@ -401,6 +421,7 @@ class ResilientConsumer:
             listeners={"assign": on_assign, "revoke": on_revoke, "lost": on_lost},
             shutdown_timeout=shutdown_timeout,
         )
+        events.crash = self._crash
         self._batches = BatchProcessor(
             call=self._call,
             state=state,
@@ -606,7 +627,10 @@ class ResilientConsumer:
     def _process(self, msgs: list[Message]) -> None:
         """Handle one consumed batch message by message (the hot path: keep it lean)."""
         state = self._state
-        call = self._traced_call if state.traced else self._call
+        crash = self._crash
+        # while a partition is probed after an unclean end, handler calls go through the guard
+        self._inner = self._guarded if crash is not None and crash.probes else self._call
+        call = self._traced_call if state.traced else self._inner
         holds = self._holds.by_tp
         on_failure = self._failures.on_failure
         state.batch = msgs
@@ -657,7 +681,7 @@ class ResilientConsumer:
         stop: BaseException | None = None
         with self._tel.process_span(cast(Any, msg), group=self.group_id):
             try:
-                self._call(msg)
+                self._inner(msg)
             except Exception as exc:
                 self._tel.set_error(exc, classify(exc))
                 try:

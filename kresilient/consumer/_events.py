@@ -20,6 +20,7 @@ from kresilient._ratelimit import RateLimiter
 from kresilient.errors import KResilientError, classify, translate
 
 if TYPE_CHECKING:
+    from kresilient.consumer._crashloop import CrashGuard
     from kresilient.consumer._failures import DeadLetterSink
     from kresilient.consumer._holds import Holds, LoopState
     from kresilient.consumer._offsets import OffsetKeeper
@@ -77,6 +78,8 @@ class ClientEvents:
         self.sink: DeadLetterSink | None = None
         #: the last connection failure librdkafka reported (redacted), for error messages
         self.last_connect_error: str | None = None
+        #: crash-loop protection (reads the committed markers of assigned partitions)
+        self.crash: CrashGuard | None = None
 
     # ------------------------------------------------------------------ callbacks
 
@@ -159,6 +162,8 @@ class ClientEvents:
         # librdkafka keeps an application pause across unassign/assign: make sure a newly
         # assigned partition is not left paused by a resume that was missed (issue 11, 2)
         self.holds.resume_unheld(partitions)
+        if self.crash is not None:
+            self.crash.on_assign(partitions)
         self.log.info("partitions_assigned", partitions=_names(partitions))
         listener = self.listeners["assign"]
         if listener is not None:
@@ -176,6 +181,9 @@ class ClientEvents:
                 self.log.warning("dead_letter_wait_failed", error=self.redact(repr(exc)))
         self.holds.release([tp for tp in self.holds.by_tp if tp in revoked])
         self.offsets.commit_sync("revoke")
+        self.offsets.forget_stored(revoked)
+        if self.crash is not None:
+            self.crash.forget(list(revoked))
         self.log.info("partitions_revoked", partitions=_names(partitions))
         listener = self.listeners["revoke"]
         if listener is not None:
@@ -187,6 +195,8 @@ class ClientEvents:
         lost = [(p.topic, p.partition) for p in partitions]
         self.holds.release(lost)  # resumed: the pause would outlive the loss (issue 11, 2)
         self.offsets.drop(lost)
+        if self.crash is not None:
+            self.crash.forget(lost)
         self.log.warning(
             "partitions_lost",
             partitions=_names(partitions),

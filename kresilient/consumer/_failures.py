@@ -24,6 +24,7 @@ import tenacity
 from confluent_kafka import Message
 
 from kresilient.consumer._breaker import CircuitBreaker
+from kresilient.consumer._crashloop import is_crash_loop
 from kresilient.consumer._holds import TP, Hold, Holds, LoopState
 from kresilient.deadletter import DeadLetterPolicy, DeadLetterWriter, build_dead_letter_record
 from kresilient.errors import (
@@ -246,7 +247,10 @@ class FailureHandler:
         state.set_exception((type(exc), exc, exc.__traceback__))
         classification = classify(exc)
         retrying = self.retrying
-        if not retrying.retry(state):
+        if is_crash_loop(exc):  # the process died on it max_process_deaths times: no retry
+            classification = exc.classification  # type: ignore[attr-defined]
+            hold.attempts = int(getattr(exc, "deaths", hold.attempts))
+        elif not retrying.retry(state):
             classification = poison(classification)
         else:
             delay = float(retrying.wait(state))

@@ -44,6 +44,11 @@ class OffsetKeeper:
         self._dlq_topic = dead_letter_topic
         self._redact = redact
         self.pending: dict[TP, PendingDeadLetters] = {}
+        #: the offset stored (or committed with a marker) last, per partition of this owner
+        self.stored: dict[TP, int] = {}
+        #: offset metadata of the commits on revoke and close (crash-loop protection's clean
+        #: marker); ``None``: those commits are librdkafka's commit of the stored offsets
+        self.clean_marker: str | None = None
         self.dead_lettered = 0
         self.commit_failures = 0
         self.last_commit_error: CommitError | None = None
@@ -62,6 +67,7 @@ class OffsetKeeper:
         """Batch end: ``last`` maps each partition to its last processed message."""
         store = self._consumer.store_offsets
         pending = self.pending
+        stored = self.stored
         for tp, msg in last.items():
             if pending:
                 waiting = pending.get(tp)
@@ -72,6 +78,8 @@ class OffsetKeeper:
                 store(message=msg)
             except KafkaException as exc:
                 self._store_failed(exc, tp)
+            else:
+                stored[tp] = msg.offset() + 1  # type: ignore[operator]
 
     def _store_now(self, tp: TP, offset: int, epoch: int | None = None) -> None:
         part = (
@@ -83,6 +91,38 @@ class OffsetKeeper:
             self._consumer.store_offsets(offsets=[part])
         except KafkaException as exc:
             self._store_failed(exc, tp)
+        else:
+            self.stored[tp] = offset
+
+    def commit_marker(self, tp: TP, offset: int | None, metadata: str) -> None:
+        """Commit ``tp`` synchronously with ``metadata`` (crash-loop protection).
+
+        The committed offset is ``offset`` (``None``: the stored one), never past an
+        unacknowledged dead letter nor past what was stored; a failure is logged (the handler
+        still runs: the marker is a safety net, not a precondition of progress)."""
+        floor = self.stored.get(tp)
+        pending = self.pending.get(tp)
+        if pending is not None:
+            floor = pending.floor() if floor is None else min(floor, pending.floor())
+        target = offset if floor is None or offset is None else min(offset, max(floor, 0))
+        if target is None or target < 0:
+            if offset is None:
+                return  # nothing processed yet on this partition: nothing to commit
+            target = offset
+        part = TopicPartition(tp[0], tp[1], target, metadata=metadata)
+        try:
+            # stored with the metadata too: librdkafka would otherwise commit its stored
+            # offset again with the stored (empty) metadata, erasing the marker
+            self._consumer.store_offsets(offsets=[part])
+            result = self._consumer.commit(offsets=[part], asynchronous=False)
+        except KafkaException as exc:
+            self.commit_failed(exc, "crash_marker")
+            return
+        failed = [p for p in result or [] if p.error is not None]
+        if failed:
+            self.commit_failed(failed[0].error, "crash_marker")
+            return
+        self.stored[tp] = target
 
     def _store_failed(self, exc: KafkaException, tp: TP) -> None:
         # _STATE / UNKNOWN_PARTITION: the partition was revoked meanwhile; its new owner starts
@@ -157,6 +197,12 @@ class OffsetKeeper:
         """Forget partitions that were lost (their new owner consumes them again)."""
         for tp in tps:
             self.pending.pop(tp, None)
+            self.stored.pop(tp, None)
+
+    def forget_stored(self, tps: Iterable[TP]) -> None:
+        """Revoked partitions (committed on revoke) belong to their new owner now."""
+        for tp in tps:
+            self.stored.pop(tp, None)
 
     def pending_count(self) -> int:
         """Unacknowledged dead-letter records."""
@@ -175,8 +221,21 @@ class OffsetKeeper:
     def commit_sync(self, reason: str) -> None:
         """Commit stored offsets and wait (on revoke and on close)."""
         start = time.perf_counter()
+        marker = self.clean_marker
         try:
-            result = self._consumer.commit(asynchronous=False)
+            if marker is not None and self.stored:
+                # the stored offsets, stored again and committed with the clean-end marker
+                parts = [
+                    TopicPartition(tp[0], tp[1], offset, metadata=marker)
+                    for tp, offset in self.stored.items()
+                ]
+                try:
+                    self._consumer.store_offsets(offsets=parts)
+                except KafkaException as exc:  # committed explicitly all the same
+                    self._log.debug("offset_store_failed", error=self._redact(str(exc)))
+                result = self._consumer.commit(offsets=parts, asynchronous=False)
+            else:
+                result = self._consumer.commit(asynchronous=False)
         except KafkaException as exc:
             if not _no_offset(exc):
                 self.commit_failed(exc, reason)

@@ -1,0 +1,251 @@
+"""Crash-loop protection of :class:`~kresilient.ResilientConsumer` (issue 17, item 2).
+
+A record that kills the process (OOM kill, a segfault in a C extension, ``os._exit`` in a
+library) never fails in Python: without a persisted count it gets a fresh retry budget after
+every restart and stalls its partition forever. The count is kept where the partition's
+progress already is: the committed offset's metadata.
+
+* A clean end (revoke, close) commits the stored offsets with the ``clean`` marker.
+* A partition assigned without that marker (the previous owner died, was cut off, never
+  committed) is *probed*: for its next ``window`` records, before each handler call the
+  record's offset, its deaths so far and the time of its first attempt are committed
+  synchronously (the committed OFFSET is still only what was processed or durably
+  dead-lettered; the metadata names the record in flight). When the probe ends, one commit
+  without the record marker closes it.
+* At the next assignment, a marker naming record ``x`` means the process died while ``x`` was
+  in flight: one more death. Once ``max_deaths`` are counted, ``x`` is dead-lettered
+  (``kresilient.error.category=crash_loop``) without calling the handler, and the partition
+  continues.
+
+Attribution: the death that made a partition suspect (unclean end, no record marker yet) is
+attributed to the first record that dies while probed, so a record that kills the process on
+every start is dead-lettered after exactly ``max_deaths`` deaths. A process killed for another
+reason while a record was in flight (SIGKILL by an orchestrator) counts as a death of that
+record too; the default of 3 absorbs one or two such coincidences.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from kresilient.consumer._holds import TP
+from kresilient.errors import Action, Classification, ErrorCategory, KResilientError
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
+
+    from kresilient.consumer._offsets import OffsetKeeper
+
+__all__ = ["CLEAN", "CRASH_LOOP", "CrashGuard", "is_crash_loop", "parse_marker"]
+
+#: Prefix of every kresilient offset-metadata marker (other committers' metadata is ignored).
+PREFIX: Final = "kresilient.v1 "
+#: The marker of a clean end (revoke, close).
+CLEAN: Final = PREFIX + '{"clean":1}'
+#: The marker that closes a probe (the records after it were not probed).
+_PROBE_END: Final = PREFIX + "{}"
+#: Committed-offset lookups on assignment.
+_COMMITTED_TIMEOUT: Final = 10.0
+
+_REMEDY: Final = (
+    "The process died (OOM kill, crash in a C extension, os._exit ...) while handling this "
+    "record, once per start: fix the handler or the record, then `kresilient dlq replay`"
+)
+
+
+class _Category(enum.Enum):
+    """Stand-in until :class:`~kresilient.errors.ErrorCategory` has ``CRASH_LOOP``: the
+    dead-letter header and telemetry read only ``category.value``."""
+
+    CRASH_LOOP = "crash_loop"
+
+
+def _crash_category() -> ErrorCategory:
+    known = getattr(ErrorCategory, "CRASH_LOOP", None)
+    return cast(ErrorCategory, known if known is not None else _Category.CRASH_LOOP)
+
+
+#: The classification of a record dead-lettered for killing the process.
+CRASH_LOOP: Final = Classification(
+    code=None,
+    name="CRASH_LOOP",
+    category=_crash_category(),
+    retriable=False,
+    refresh_metadata=False,
+    possibly_persisted=False,
+    fatal=False,
+    action=Action.DEAD_LETTER,
+    remedy=_REMEDY,
+)
+
+
+def is_crash_loop(exc: BaseException) -> bool:
+    """Whether ``exc`` is the stand-in failure of a crash-loop record."""
+    return isinstance(exc, KResilientError) and exc.classification is CRASH_LOOP
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Marker:
+    """What the committed metadata says about a partition."""
+
+    clean: bool = False
+    offset: int | None = None  #: the record in flight when the marker was committed
+    deaths: int = 0  #: deaths of that record counted before that attempt
+    first_ms: int | None = None  #: wall-clock ms of its first attempt
+
+
+def parse_marker(metadata: str | None) -> Marker | None:
+    """The kresilient marker in committed-offset metadata (``None``: none, or not ours)."""
+    if not metadata or not metadata.startswith(PREFIX):
+        return None
+    try:
+        data = json.loads(metadata[len(PREFIX) :])
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    if data.get("clean"):
+        return Marker(clean=True)
+    x, d, t = data.get("x"), data.get("d", 0), data.get("t")
+    if not isinstance(x, int) or not isinstance(d, int):
+        return Marker()
+    return Marker(offset=x, deaths=d, first_ms=t if isinstance(t, int) else None)
+
+
+def _marker(offset: int, deaths: int, first_ms: int) -> str:
+    return PREFIX + json.dumps({"x": offset, "d": deaths, "t": first_ms}, separators=(",", ":"))
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class Probe:
+    """A partition whose next records are handled with a persisted in-flight marker."""
+
+    tp: TP
+    remaining: int  #: records still to probe
+    base: int  #: deaths attributed to the first record that dies (see the module docstring)
+    suspect: int | None = None  #: the record that was in flight at the last death
+    deaths: int = 0  #: the suspect's deaths, this one included
+    first_ms: int | None = None
+
+
+class CrashGuard:
+    """Probes partitions after an unclean end and dead-letters crash-loop records.
+
+    ``probes`` is read on the hot path (empty in steady state). ``call`` wraps the handler.
+    """
+
+    def __init__(
+        self,
+        consumer: Any,
+        offsets: OffsetKeeper,
+        *,
+        max_deaths: int,
+        window: int,
+        log: Any,
+        redact: Callable[[str], str],
+    ) -> None:
+        self._consumer = consumer
+        self._offsets = offsets
+        self.max_deaths = max_deaths
+        self.window = window
+        self._log = log
+        self._redact = redact
+        self.probes: dict[TP, Probe] = {}
+        self.crash_loops = 0
+
+    # ------------------------------------------------------------------ assignment
+
+    def on_assign(self, partitions: list[TopicPartition]) -> None:
+        """Read the committed markers of newly assigned partitions; probe the unclean ones."""
+        if not partitions:
+            return
+        asked = [TopicPartition(p.topic, p.partition) for p in partitions]
+        try:
+            committed = self._consumer.committed(asked, timeout=_COMMITTED_TIMEOUT)
+        except KafkaException as exc:
+            # cannot tell how the previous owner ended: probe (costs a commit per record)
+            self._log.warning("crash_marker_unknown", error=self._redact(str(exc)), note="probing")
+            committed = [TopicPartition(p.topic, p.partition, 0) for p in asked]
+        for part in committed:
+            tp = (part.topic, part.partition)
+            marker = parse_marker(part.metadata)
+            if marker is not None and marker.clean:
+                self.probes.pop(tp, None)
+                continue
+            probe = Probe(tp=tp, remaining=self.window, base=0 if part.offset < 0 else 1)
+            if marker is not None and marker.offset is not None and marker.offset >= part.offset:
+                probe.base = 0
+                probe.suspect = marker.offset
+                probe.deaths = marker.deaths + 1
+                probe.first_ms = marker.first_ms
+                self._log.warning(
+                    "process_died_handling_record",
+                    topic=tp[0],
+                    partition=tp[1],
+                    offset=marker.offset,
+                    deaths=probe.deaths,
+                    max_process_deaths=self.max_deaths,
+                )
+            self.probes[tp] = probe
+
+    def forget(self, tps: list[TP]) -> None:
+        """Revoked or lost partitions are no longer probed here."""
+        for tp in tps:
+            self.probes.pop(tp, None)
+
+    # ------------------------------------------------------------------ per record
+
+    def wrap(self, call: Callable[[Any], object]) -> Callable[[Any], object]:
+        """``call`` with the probe around it (use only while ``probes`` is not empty)."""
+
+        def guarded(msg: Message) -> object:
+            tp = (msg.topic(), msg.partition())
+            probe = self.probes.get(tp)  # type: ignore[arg-type]
+            if probe is None:
+                return call(msg)
+            try:
+                self._before(probe, msg)
+                result = call(msg)
+                # stored at once: the next record's marker commit carries exact progress
+                self._offsets.store(probe.tp, msg.offset() + 1, msg.leader_epoch())  # type: ignore[operator]
+                return result
+            finally:
+                if probe.suspect is None:
+                    probe.remaining -= 1
+                    if probe.remaining <= 0 and self.probes.get(probe.tp) is probe:
+                        del self.probes[probe.tp]
+                        self._offsets.commit_marker(probe.tp, None, _PROBE_END)
+
+        return guarded
+
+    def _before(self, probe: Probe, msg: Message) -> None:
+        offset = msg.offset()
+        assert offset is not None
+        now_ms = int(time.time() * 1000)
+        if probe.suspect is not None and offset > probe.suspect:
+            probe.suspect = None  # the suspect was handled (or dead-lettered) without a death
+        if probe.suspect is not None and offset == probe.suspect:
+            deaths, first = probe.deaths, probe.first_ms or now_ms
+            if deaths >= self.max_deaths:
+                probe.suspect = None
+                self.crash_loops += 1
+                error = KResilientError(
+                    f"the process died {deaths} times while handling {msg.topic()}"
+                    f"[{msg.partition()}]@{offset} (max_process_deaths={self.max_deaths}): "
+                    "dead-lettered without calling the handler again",
+                    classification=CRASH_LOOP,
+                )
+                setattr(error, "deaths", deaths)  # noqa: B010 - the dead letter's attempts
+                raise error
+        elif probe.suspect is not None and offset < probe.suspect:
+            deaths, first = 0, now_ms  # handled again before the suspect (pending dead letters)
+        else:
+            deaths, first = probe.base, now_ms
+        self._offsets.commit_marker(probe.tp, offset, _marker(offset, deaths, first))
