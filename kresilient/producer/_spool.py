@@ -255,7 +255,12 @@ class Spool:
                 if not isinstance(records, list) or len(records) != n:
                     raise sqlite3.DatabaseError(f"segment {seg_id}: wrong record count")
                 loaded.append((seg_id, records, nbytes))
-            return conn, str(meta["id"]), int(meta["seq"]), loaded
+            # The sequence is written to meta only when segments are deleted or rewritten; the
+            # stored segments carry it otherwise (one statement per commit instead of two).
+            next_seq = int(meta["seq"])
+            if loaded:
+                next_seq = max(next_seq, max(r[0] for r in loaded[-1][1]) + 1)
+            return conn, str(meta["id"]), next_seq, loaded
         except sqlite3.DatabaseError as exc:
             if conn is not None:
                 conn.close()
@@ -297,16 +302,17 @@ class Spool:
         """Store one segment (and delete acknowledged ones) in one transaction."""
         data = marshal.dumps(records)
         last_seq = records[-1][0] + 1 if records else self.next_seq
+        row = (seg_id, len(records), nbytes, zlib.crc32(data), data)
         with self._lock:
             conn = self._connection()
+            if not deletes:  # one statement: its own transaction (autocommit)
+                conn.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?)", row)
+                self.next_seq = last_seq
+                return
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                conn.execute(
-                    "INSERT INTO segments VALUES (?, ?, ?, ?, ?)",
-                    (seg_id, len(records), nbytes, zlib.crc32(data), data),
-                )
-                if deletes:
-                    conn.executemany("DELETE FROM segments WHERE id = ?", [(i,) for i in deletes])
+                conn.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?)", row)
+                conn.executemany("DELETE FROM segments WHERE id = ?", [(i,) for i in deletes])
                 conn.execute("UPDATE meta SET v = ? WHERE k = 'seq'", (str(last_seq),))
                 conn.execute("COMMIT")
             except BaseException:
@@ -324,6 +330,7 @@ class Spool:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 conn.executemany("DELETE FROM segments WHERE id = ?", [(i,) for i in seg_ids])
+                conn.execute("UPDATE meta SET v = ? WHERE k = 'seq'", (str(self.next_seq),))
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -335,10 +342,13 @@ class Spool:
         data = marshal.dumps(records)
         with self._lock:
             conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
             conn.execute(
                 "UPDATE segments SET n = ?, nbytes = ?, crc = ?, data = ? WHERE id = ?",
                 (len(records), nbytes, zlib.crc32(data), data, seg_id),
             )
+            conn.execute("UPDATE meta SET v = ? WHERE k = 'seq'", (str(self.next_seq),))
+            conn.execute("COMMIT")
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
