@@ -613,3 +613,46 @@ async def test_a_handler_base_exception_stops_the_consumer_without_skipping_the_
     assert consumer.processed == 4
     # committed up to the record that did not finish, never past it
     assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: 4}
+
+
+async def test_a_rebalance_mid_stream_finishes_and_commits_in_hand_work_no_loss_no_duplicate(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """A second member joins while the first has handlers in flight: the revoked partitions'
+    records in hand finish and are committed synchronously before they move, the queued ones
+    are left to the new owner. Every record handled exactly once across both."""
+    topic, _ = with_dlq(topic_factory, partitions=4)
+    n = 3000
+    produce(
+        kafka_cluster.bootstrap_servers,
+        topic,
+        [(b"%d" % i, b"%d" % i, None, None) for i in range(n)],
+    )
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    seen: dict[str, list[tuple[int, int]]] = {"a": [], "b": []}
+
+    def handler(name: str) -> Any:
+        async def handle(msg: Message) -> None:
+            await asyncio.sleep(0.01)  # ~8 s in all: the second member joins mid-stream
+            seen[name].append((msg.partition() or 0, msg.offset() or 0))
+
+        return handle
+
+    a = AsyncResilientConsumer(
+        _conf(kafka_cluster, group), [topic], handler("a"), max_concurrency=4
+    )
+    task_a = asyncio.create_task(a.run())
+    await _until(lambda: len(seen["a"]) >= 300, 60, "the first member to progress")
+    b = AsyncResilientConsumer(
+        _conf(kafka_cluster, group), [topic], handler("b"), max_concurrency=4
+    )
+    task_b = asyncio.create_task(b.run())
+    await _until(lambda: len(seen["a"]) + len(seen["b"]) >= n, 120, "every record")
+    await _stop(b, task_b)
+    await _stop(a, task_a)
+    assert seen["b"], "negative control: the second member never got a partition"
+    assert len(seen["a"]) < n
+    handled = seen["a"] + seen["b"]
+    assert len(handled) == len(set(handled)) == n  # none lost, none handled twice
+    high = ends(kafka_cluster.bootstrap_servers, topic)
+    assert committed(kafka_cluster.bootstrap_servers, group, topic, high) == high
