@@ -41,6 +41,7 @@ from types import TracebackType
 from typing import Any, Final, Literal, cast
 
 import structlog
+import tenacity
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from kresilient._ratelimit import RateLimiter
@@ -77,6 +78,7 @@ from kresilient.telemetry import Telemetry
 
 __all__ = [
     "NOT_RETRIED",
+    "OUTAGE_RETRY",
     "BatchItemError",
     "ConsumerHealth",
     "ResilientConsumer",
@@ -88,6 +90,12 @@ BatchHandler = Callable[[list[Message]], object]
 RebalanceListener = Callable[[list[TopicPartition]], object]
 
 _DEFAULT_RETRY: Final = RetryPolicy()
+#: A Schema Registry outage: hold the record until the registry answers (backoff to 10 s).
+OUTAGE_RETRY: Final = RetryPolicy(
+    stop=tenacity.stop_never,
+    wait=tenacity.wait_exponential(multiplier=0.5, max=10),
+    retry=tenacity.retry_always,
+)
 _DEFAULT_DEAD_LETTER: Final = DeadLetterPolicy()
 _DEFAULT_BREAKER: Final = CircuitBreakerPolicy()
 #: "Cluster unreachable" warnings are repeated at most once per this many seconds.
@@ -196,6 +204,11 @@ class ResilientConsumer:
         batch_handler: instead of ``handler``: called with a list of messages of ONE
             partition, in offset order; raise :class:`BatchItemError` to name the failed item.
         retry: the :class:`RetryPolicy`.
+        outage_retry: the policy for failures that are a Schema Registry outage (5xx, 429,
+            timeout, connection failure, 401/403 anywhere in the exception chain): the record's
+            partition is held (paused, polling on) and retried under it; default
+            :data:`OUTAGE_RETRY`, until the registry answers. ``None``: such failures are
+            handled like any other (the deserializer's are dead-lettered at once).
         dead_letter: the :class:`~kresilient.DeadLetterPolicy`; ``None``: no dead-letter
             topic, a message that exhausts its retries stops the consumer (its offset is not
             committed) and ``run()`` raises its exception.
@@ -224,6 +237,13 @@ class ResilientConsumer:
             (``messaging.kafka.message.key``); off by default, keys often carry personal data.
         metric_partition_attribute: put ``messaging.destination.partition.id`` on metrics too
             (spans always carry it); off by default: one series per partition.
+        max_process_deaths: crash-loop protection: a record during whose handling the process
+            died this many times is dead-lettered (``kresilient.error.category=crash_loop``)
+            at the next start, without calling the handler. ``None``: off. Per-message
+            handlers only (a batch handler is not probed).
+        crash_probe_records: after an unclean end (the previous owner died or was cut off),
+            this many records per partition are handled with their in-flight marker committed
+            synchronously before the handler call (docs/consumer.md, crash loops).
     """
 
     def __init__(
@@ -234,6 +254,7 @@ class ResilientConsumer:
         *,
         batch_handler: BatchHandler | None = None,
         retry: RetryPolicy = _DEFAULT_RETRY,
+        outage_retry: RetryPolicy | None = OUTAGE_RETRY,
         dead_letter: DeadLetterPolicy | None = _DEFAULT_DEAD_LETTER,
         circuit_breaker: CircuitBreakerPolicy | None = _DEFAULT_BREAKER,
         key_deserializer: Deserializer | None = None,
@@ -399,6 +420,7 @@ class ResilientConsumer:
             holds=holds,
             offsets=offsets,
             retrying=retry.retrying(),
+            outage_retrying=outage_retry.retrying() if outage_retry is not None else None,
             policy=dead_letter,
             breaker=self._breaker,
             deser=self._deser,

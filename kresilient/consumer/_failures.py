@@ -26,6 +26,7 @@ from confluent_kafka import Message
 from kresilient.consumer._breaker import CircuitBreaker
 from kresilient.consumer._crashloop import is_crash_loop
 from kresilient.consumer._holds import TP, Hold, Holds, LoopState
+from kresilient.consumer._registry import is_outage, registry_classification
 from kresilient.deadletter import DeadLetterPolicy, DeadLetterWriter, build_dead_letter_record
 from kresilient.errors import (
     Action,
@@ -191,6 +192,7 @@ class FailureHandler:
         holds: Holds,
         offsets: OffsetKeeper,
         retrying: tenacity.Retrying,
+        outage_retrying: tenacity.Retrying | None = None,
         policy: DeadLetterPolicy | None,
         breaker: CircuitBreaker | None,
         deser: Deserializing | None,
@@ -204,6 +206,7 @@ class FailureHandler:
         self.holds = holds
         self.offsets = offsets
         self.retrying = retrying
+        self.outage_retrying = outage_retrying
         self.policy = policy
         self.breaker = breaker
         self.deser = deser
@@ -241,13 +244,26 @@ class FailureHandler:
             )
             holds[tp] = hold
         hold.attempts += 1
+        outage = registry_classification(exc) if self.outage_retrying is not None else None
+        if outage is not None and is_outage(outage):
+            # the Schema Registry is down, not the record: hold under the outage policy
+            if self._outage_retry(hold, exc, outage, now):
+                return
+            classification = outage
+            del holds[tp]
+            self._dead_letter(tp, hold.attempts, batch or [msg], exc, classification)
+            if not was_excluded:
+                excluded.discard(tp)
+            return
         state = hold.state
         assert state is not None
-        state.attempt_number = hold.attempts
+        state.attempt_number = hold.attempts - hold.outages
         state.set_exception((type(exc), exc, exc.__traceback__))
-        classification = classify(exc)
+        classification = outage if outage is not None else classify(exc)
         retrying = self.retrying
-        if is_crash_loop(exc):  # the process died on it max_process_deaths times: no retry
+        if outage is not None:  # registry said 4xx (schema unknown): poison, at once
+            pass
+        elif is_crash_loop(exc):  # the process died on it max_process_deaths times: no retry
             classification = exc.classification  # type: ignore[attr-defined]
             hold.attempts = int(getattr(exc, "deaths", hold.attempts))
         elif not retrying.retry(state):
@@ -263,6 +279,28 @@ class FailureHandler:
         self._dead_letter(tp, hold.attempts, batch or [msg], exc, classification)
         if not was_excluded:
             excluded.discard(tp)  # the rest of the partition flows and is stored
+
+    def _outage_retry(
+        self, hold: Hold, exc: BaseException, classification: Classification, now: float
+    ) -> bool:
+        """Schedule the next attempt of a record failed by an outage; False: policy gave up."""
+        retrying = self.outage_retrying
+        assert retrying is not None
+        hold.outages += 1
+        state = hold.outage_state
+        if state is None:
+            state = hold.outage_state = tenacity.RetryCallState(retrying, None, (), {})
+        state.attempt_number = hold.outages
+        state.set_exception((type(exc), exc, exc.__traceback__))
+        if not retrying.retry(state):
+            return False
+        delay = float(retrying.wait(state))
+        state.upcoming_sleep = delay
+        if retrying.stop(state):
+            return False
+        state.idle_for += delay
+        self._schedule_retry(hold, exc, classification, now + delay, delay)
+        return True
 
     def _schedule_retry(
         self,

@@ -49,6 +49,8 @@ class Hold:
     resumed: bool = False  #: resumed, waiting for the redelivery of ``offset``
     state: tenacity.RetryCallState | None = None
     first_failure: float = 0.0  #: monotonic time of the first failure of ``offset``
+    outages: int = 0  #: of ``attempts``, failures that were a dependency outage (registry)
+    outage_state: tenacity.RetryCallState | None = None
 
     def verdict(self, offset: int) -> Verdict:
         """Decide about a message at ``offset`` that arrived for this partition."""
