@@ -29,6 +29,13 @@ directory carries an owner marker; directories of owners that died without clean
 ``KafkaCluster(network_faults=True)`` puts a fault-injecting proxy in front of every
 listener; :attr:`KafkaCluster.network` then isolates, delays, drops responses (see
 :mod:`kresilient.testing._network`).
+
+``KafkaCluster(security="sasl_ssl")`` (SCRAM-SHA-512 over TLS) or ``security="ssl"`` (mutual
+TLS) secures the client listener: a CA and certificates are generated per cluster, the
+``StandardAuthorizer`` denies whatever no ACL allows, and :meth:`KafkaCluster.create_user`,
+:meth:`~KafkaCluster.grant`, :meth:`~KafkaCluster.revoke` and
+:meth:`~KafkaCluster.client_config` give each test a user holding only the ACLs it needs
+(see docs/security.md).
 """
 
 from __future__ import annotations
@@ -51,23 +58,39 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._acl import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+)
+from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
+from confluent_kafka.admin._scram import (
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
 from confluent_kafka.cimpl import NewTopic
 
 from kresilient.errors import ChaosNotSupportedError, ClusterError
 from kresilient.testing import _launcher
 from kresilient.testing._broker_jars import KAFKA_VERSION, kafka_libs
 from kresilient.testing._network import NetworkFaults, _Proxy, _State
+from kresilient.testing._pki import CertificateAuthority, ClientCertificate, new_secret
 from kresilient.testing._ports import PortInUseError, PortReservation
 from kresilient.testing._wire import PartitionView, broker_metadata
 
 __all__ = [
     "BOOTSTRAP_ENV",
     "KAFKA_VERSION",
+    "SUPER_USER",
+    "CertificateAuthority",
     "ChaosNotSupportedError",
+    "ClientCertificate",
     "ClusterError",
     "KafkaCluster",
     "NetworkFaults",
@@ -83,6 +106,12 @@ _DIR_PREFIX = "kresilient-kafka-"
 _OWNER_FILE = "kresilient-owner"
 _START_ATTEMPTS = 3
 _T = TypeVar("_T")
+
+Security = Literal["plaintext", "sasl_ssl", "ssl"]
+SUPER_USER = "admin"
+"""The harness's super user on a secured cluster (``client_config()`` without a user)."""
+_SCRAM = "SCRAM-SHA-512"
+_SECURITY_PROTOCOL = {"sasl_ssl": "SASL_SSL", "ssl": "SSL"}
 
 
 class _NotYet(ClusterError):
@@ -256,6 +285,15 @@ class KafkaCluster:
         network_faults: route every client, inter-broker and controller connection through
             fault-injecting proxies so :attr:`network` can isolate, delay, lose and drop
             responses. Off by default: clients then connect to the brokers directly.
+        security: ``"plaintext"`` (default, no cost), ``"sasl_ssl"`` (SCRAM-SHA-512 over
+            TLS) or ``"ssl"`` (mutual TLS, the certificate's CN is the user). The client
+            listener is secured, ACLs are enforced (``allow.everyone.if.no.acl.found=false``)
+            and :data:`SUPER_USER` may do anything. Inter-broker, controller and the
+            harness's own ADMIN listener stay PLAINTEXT on 127.0.0.1 (their ANONYMOUS
+            principal is a super user): tests exercise the secured client path only. A secured
+            cluster is always started, never taken from ``$KRESILIENT_BOOTSTRAP_SERVERS``.
+        users: SCRAM users (name -> password) created when the storage is formatted
+            (``sasl_ssl``); in ``ssl`` mode a client certificate is issued for each name.
     """
 
     def __init__(
@@ -269,6 +307,8 @@ class KafkaCluster:
         bootstrap_servers: str | None = None,
         first_port: int | None = None,
         network_faults: bool = False,
+        security: Security = "plaintext",
+        users: Mapping[str, str] | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {nodes}")
@@ -279,7 +319,26 @@ class KafkaCluster:
         self._extra = dict(broker_config or {})
         self._heap = heap
         self._start_timeout = start_timeout
-        self._external = bootstrap_servers or os.environ.get(BOOTSTRAP_ENV) or None
+        if security not in ("plaintext", "sasl_ssl", "ssl"):
+            raise ValueError(f"security must be 'plaintext', 'sasl_ssl' or 'ssl', got {security!r}")
+        if security != "plaintext" and bootstrap_servers:
+            raise ValueError("a secured cluster is started by KafkaCluster, not an external one")
+        self.security: Security = security
+        """``"plaintext"``, ``"sasl_ssl"`` or ``"ssl"``."""
+        # A secured cluster needs its own CA, users and authorizer: never the shared one.
+        env = os.environ.get(BOOTSTRAP_ENV) if security == "plaintext" else None
+        self._external = bootstrap_servers or env or None
+        self._users: dict[str, str] = {}
+        if security != "plaintext":
+            self._users[SUPER_USER] = new_secret("kresilient-admin")
+            for name, password in (users or {}).items():
+                self._check_user_name(name)
+                self._users[name] = password
+        elif users:
+            raise ValueError("users need security='sasl_ssl' or 'ssl'")
+        self._ca: CertificateAuthority | None = None
+        self._certs: dict[str, ClientCertificate] = {}
+        self._node_admins: dict[int, AdminClient] = {}
         self._first_port = first_port
         self._network_faults = network_faults
         self._nodes: dict[int, _Node] = {}
@@ -397,7 +456,8 @@ class KafkaCluster:
                 raise ClusterError(f"cannot use first_port={self._first_port}: {exc}") from exc
         else:
             client = ports.take_free(n)
-        per_node = 6 if self._network_faults else 1
+        secured = self.security != "plaintext"
+        per_node = 6 if self._network_faults else 3 if secured else 1
         rest = ports.take_free(per_node * n)
         assert self._root is not None
         for i, node_id in enumerate(range(1, n + 1)):
@@ -413,6 +473,11 @@ class KafkaCluster:
                     node.controller_proxy_port,
                     node.admin_port,
                 ) = mine[1:]
+            elif secured:
+                # The secured CLIENT listener is what clients reach; INTERNAL (replication)
+                # and ADMIN (the harness) stay plaintext on loopback.
+                node.direct_client_port = node.client_port
+                node.internal_port, node.admin_port = mine[1:]
             self._nodes[node_id] = node
 
     def _start_proxies(self) -> None:
@@ -441,6 +506,8 @@ class KafkaCluster:
         self._reserve()
         if self._network_faults:
             self._start_proxies()
+        if self.security != "plaintext":
+            self._make_pki()
         (self._root / "log4j2.properties").write_text(_LOG4J2)
         if self._network_faults:
             voters = ",".join(
@@ -466,6 +533,7 @@ class KafkaCluster:
                         cluster_id,
                         "-c",
                         str(node.config_path),
+                        *self._scram_format_args(),
                     ],
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
@@ -478,13 +546,14 @@ class KafkaCluster:
             if proc.returncode != 0:
                 raise ClusterError(
                     f"formatting the storage of node {node.node_id} failed "
-                    f"(exit {proc.returncode}):\n{out.decode(errors='replace')[-3000:]}"
+                    f"(exit {proc.returncode}):\n"
+                    f"{self._hide_passwords(out.decode(errors='replace')[-3000:])}"
                 )
         for node in self._nodes.values():
             self._spawn(node)
 
     def _listeners(self, node: _Node) -> dict[str, str | int | bool]:
-        if not self._network_faults:
+        if not node.admin_port:
             return {
                 "listeners": (
                     f"PLAINTEXT://127.0.0.1:{node.client_port},"
@@ -495,7 +564,10 @@ class KafkaCluster:
                 "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             }
         # Clients reach CLIENT and peers reach INTERNAL only through the proxies (advertised);
-        # the harness reads metadata on ADMIN, which no fault touches.
+        # the harness reads metadata on ADMIN, which no fault touches. A secured cluster
+        # without faults has the same listeners, advertised directly.
+        client_protocol = _SECURITY_PROTOCOL.get(self.security, "PLAINTEXT")
+        internal = node.internal_proxy_port or node.internal_port
         return {
             "listeners": (
                 f"CLIENT://127.0.0.1:{node.direct_client_port},"
@@ -505,12 +577,12 @@ class KafkaCluster:
             ),
             "advertised.listeners": (
                 f"CLIENT://127.0.0.1:{node.client_port},"
-                f"INTERNAL://127.0.0.1:{node.internal_proxy_port},"
+                f"INTERNAL://127.0.0.1:{internal},"
                 f"ADMIN://127.0.0.1:{node.admin_port}"
             ),
             "inter.broker.listener.name": "INTERNAL",
             "listener.security.protocol.map": (
-                "CONTROLLER:PLAINTEXT,CLIENT:PLAINTEXT,INTERNAL:PLAINTEXT,ADMIN:PLAINTEXT"
+                f"CONTROLLER:PLAINTEXT,CLIENT:{client_protocol},INTERNAL:PLAINTEXT,ADMIN:PLAINTEXT"
             ),
         }
 
@@ -551,6 +623,7 @@ class KafkaCluster:
             "log.segment.bytes": 67108864,
             "log.retention.check.interval.ms": 60000,
         }
+        settings.update(self._security_settings())
         settings.update(self._extra)
         # Java .properties have no inline comments: write plain key=value lines only.
         return "".join(f"{k}={_prop(v)}\n" for k, v in settings.items())
@@ -600,6 +673,7 @@ class KafkaCluster:
     def _teardown(self) -> None:
         """Undo a launch: processes, proxies, ports, data directory (before a retry)."""
         self._admin = None
+        self._node_admins.clear()
         if self._network is not None:
             self._network.close()
             self._network = None
@@ -720,7 +794,9 @@ class KafkaCluster:
         # A fresh cluster answers the first InitProducerId with COORDINATOR_LOAD_IN_PROGRESS
         # for a while; "ready" means an idempotent acks=all write is acknowledged.
         conf: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap_servers,
+            # On a secured cluster: the super user over the secured listener, so a broken
+            # TLS/SASL setup fails the start instead of the first test.
+            **self.client_config(),
             "enable.idempotence": True,
             "acks": "all",
             "message.timeout.ms": int(timeout * 1000),
@@ -738,6 +814,342 @@ class KafkaCluster:
         producer.flush(timeout)
         if outcome and outcome[0] is not None:
             raise ClusterError(f"the readiness write to {_PROBE_TOPIC} failed: {outcome[0]}")
+
+    # ------------------------------------------------------------------ security
+    @staticmethod
+    def _check_user_name(name: str) -> None:
+        if not name or any(c in name for c in ",=[]\n\r ") or name.startswith("CN="):
+            raise ValueError(f"user names are plain words without ',=[] ', got {name!r}")
+
+    def _require_secured(self, what: str) -> None:
+        if self.security == "plaintext":
+            raise ClusterError(
+                f"{what} needs a secured cluster: KafkaCluster(security='sasl_ssl') or "
+                "KafkaCluster(security='ssl')"
+            )
+
+    def _make_pki(self) -> None:
+        assert self._root is not None
+        self._ca = CertificateAuthority(self._root / "pki")
+        self._keystore_password = new_secret("kresilient-keystore")
+        self._keystore = self._ca.broker_keystore(self._keystore_password)
+        self._certs.clear()
+        if self.security == "ssl":
+            for name, password in self._users.items():
+                self._certs[name] = self._ca.client_certificate(name, password)
+
+    def _scram_format_args(self) -> list[str]:
+        if self.security != "sasl_ssl":
+            return []
+        args: list[str] = []
+        for name, password in self._users.items():
+            args += ["--add-scram", f"{_SCRAM}=[name={name},password={password}]"]
+        return args
+
+    def _hide_passwords(self, text: str) -> str:
+        for secret in (*self._users.values(), getattr(self, "_keystore_password", "")):
+            if secret:
+                text = text.replace(secret, "[REDACTED]")
+        return text
+
+    def _security_settings(self) -> dict[str, str | int | bool]:
+        if self.security == "plaintext":
+            return {}
+        assert self._ca is not None
+        prefix = "listener.name.client."
+        settings: dict[str, str | int | bool] = {
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found": "false",
+            # ANONYMOUS is the principal of the plaintext INTERNAL, CONTROLLER and ADMIN
+            # listeners (brokers, controllers, the harness): loopback only, never advertised
+            # to a client that bootstraps from the secured CLIENT listener.
+            "super.users": f"User:ANONYMOUS;User:{SUPER_USER}",
+            # mTLS: principal "User:alice" for CN=alice, so ACLs read the same in both modes.
+            "ssl.principal.mapping.rules": "RULE:^CN=([^,]+)$/$1/,DEFAULT",
+            f"{prefix}ssl.keystore.type": "PKCS12",
+            f"{prefix}ssl.keystore.location": str(self._keystore),
+            f"{prefix}ssl.keystore.password": self._keystore_password,
+            f"{prefix}ssl.key.password": self._keystore_password,
+            f"{prefix}ssl.truststore.type": "PEM",
+            f"{prefix}ssl.truststore.location": str(self._ca.ca_path),
+        }
+        if self.security == "ssl":
+            settings[f"{prefix}ssl.client.auth"] = "required"
+        else:
+            settings[f"{prefix}sasl.enabled.mechanisms"] = _SCRAM
+            settings[f"{prefix}scram-sha-512.sasl.jaas.config"] = (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            )
+        return settings
+
+    @property
+    def ca_path(self) -> Path:
+        """The CA certificate (PEM) that signed the brokers' certificate."""
+        self._require_secured("ca_path")
+        assert self._ca is not None, "the cluster is not started"
+        return self._ca.ca_path
+
+    @property
+    def users(self) -> list[str]:
+        """Names of the users this cluster knows (secured clusters; the super user first)."""
+        return list(self._users)
+
+    def password(self, user: str) -> str:
+        """The user's SCRAM password (``sasl_ssl``) or private-key password (``ssl``)."""
+        self._require_secured("password()")
+        try:
+            return self._users[user]
+        except KeyError:
+            raise ClusterError(f"no user {user!r}; users are {self.users}") from None
+
+    def client_config(self, user: str | None = None) -> dict[str, str]:
+        """Client settings that connect as ``user`` (default: the harness's super user).
+
+        Plaintext cluster: just ``bootstrap.servers``. ``sasl_ssl``: security.protocol,
+        SCRAM mechanism, username, password and ``ssl.ca.location``. ``ssl``: the CA and the
+        user's certificate, encrypted key and key password. Hostname verification stays on.
+        """
+        config = {"bootstrap.servers": self.bootstrap_servers}
+        if self.security == "plaintext":
+            if user is not None:
+                raise ClusterError("client_config(user) needs a secured cluster")
+            return config
+        name = user or SUPER_USER
+        password = self.password(name)
+        config["security.protocol"] = _SECURITY_PROTOCOL[self.security]
+        config["ssl.ca.location"] = str(self.ca_path)
+        if self.security == "sasl_ssl":
+            config["sasl.mechanism"] = _SCRAM
+            config["sasl.username"] = name
+            config["sasl.password"] = password
+        else:
+            config.update(self._certs[name].client_settings())
+        return config
+
+    def issue_certificate(self, user: str, *, expired: bool = False) -> ClientCertificate:
+        """A client certificate for ``user`` signed by this cluster's CA (``expired=True``:
+        validity ended yesterday). Its key password is the user's password."""
+        self._require_secured("issue_certificate()")
+        assert self._ca is not None, "the cluster is not started"
+        return self._ca.client_certificate(user, self.password(user), expired=expired)
+
+    def create_user(self, name: str, password: str | None = None, *, timeout: float = 30.0) -> str:
+        """Create a user with no ACLs; returns its password (random when not given).
+
+        ``sasl_ssl``: a SCRAM-SHA-512 credential, returned once every node accepts a login
+        with it. ``ssl``: a client certificate ``CN=<name>`` (password protects its key).
+        """
+        self._require_secured("create_user()")
+        self._check_user_name(name)
+        password = password or new_secret(f"kresilient-{name}")
+        with self._lock:
+            self._users[name] = password
+            if self.security == "ssl":
+                self._certs[name] = self.issue_certificate(name)
+                return password
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
+        futures = self._admin_client().alter_user_scram_credentials(
+            [UserScramCredentialUpsertion(name, info, password.encode())],
+            request_timeout=timeout,
+        )
+        for future in futures.values():
+            try:
+                future.result(timeout=timeout)
+            except KafkaException as exc:
+                raise ClusterError(f"creating user {name!r} failed: {exc.args[0]}") from None
+        for node in self._nodes.values():
+            self._poll_until(
+                f"node {node.node_id} to accept a login as {name!r}",
+                lambda node=node: self._login_works(node, name),  # type: ignore[misc]
+                timeout,
+            )
+        return password
+
+    def _login_works(self, node: _Node, user: str) -> bool:
+        conf: dict[str, Any] = {
+            **self.client_config(user),
+            "bootstrap.servers": f"127.0.0.1:{node.client_port}",
+            "logger": _QUIET,
+            "error_cb": _ignore_error,
+            "socket.timeout.ms": 3000,
+        }
+        admin = AdminClient(conf)
+        try:
+            admin.list_topics(timeout=3)
+        except KafkaException:
+            return False
+        return True
+
+    def _bindings(
+        self,
+        user: str,
+        *,
+        topic: str | None,
+        group: str | None,
+        transactional_id: str | None,
+        cluster: bool,
+        operations: Iterable[str],
+        prefixed: bool,
+    ) -> list[AclBinding]:
+        resources: list[tuple[ResourceType, str]] = []
+        if topic is not None:
+            resources.append((ResourceType.TOPIC, topic))
+        if group is not None:
+            resources.append((ResourceType.GROUP, group))
+        if transactional_id is not None:
+            resources.append((ResourceType.TRANSACTIONAL_ID, transactional_id))
+        if cluster:
+            resources.append((ResourceType.BROKER, "kafka-cluster"))
+        if not resources:
+            raise ValueError("name a resource: topic=, group=, transactional_id= or cluster=True")
+        ops = [operations] if isinstance(operations, str) else list(operations)
+        if not ops:
+            raise ValueError("operations must name at least one operation, e.g. ('WRITE',)")
+        pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
+        bindings: list[AclBinding] = []
+        for kind, name in resources:
+            for op in ops:
+                try:
+                    operation = AclOperation[op.upper().replace("-", "_")]
+                except KeyError:
+                    known = [o.name for o in AclOperation if o.name not in ("UNKNOWN", "ANY")]
+                    raise ValueError(f"unknown ACL operation {op!r}; known: {known}") from None
+                bindings.append(
+                    AclBinding(
+                        kind,
+                        name,
+                        pattern,
+                        f"User:{user}",
+                        "*",
+                        operation,
+                        AclPermissionType.ALLOW,
+                    )
+                )
+        return bindings
+
+    def grant(
+        self,
+        user: str,
+        *,
+        topic: str | None = None,
+        group: str | None = None,
+        transactional_id: str | None = None,
+        cluster: bool = False,
+        operations: Iterable[str] = ("ALL",),
+        prefixed: bool = False,
+        timeout: float = 30.0,
+    ) -> None:
+        """Allow ``user`` the ``operations`` (``"READ"``, ``"WRITE"``, ``"DESCRIBE"``, ...) on
+        each named resource (``prefixed=True``: every resource starting with the name).
+
+        Returns once every node answers DescribeAcls with the new bindings, so the next
+        request a test makes is judged by them.
+        """
+        self._require_secured("grant()")
+        bindings = self._bindings(
+            user,
+            topic=topic,
+            group=group,
+            transactional_id=transactional_id,
+            cluster=cluster,
+            operations=operations,
+            prefixed=prefixed,
+        )
+        futures = self._admin_client().create_acls(bindings, request_timeout=timeout)
+        for binding, future in futures.items():
+            try:
+                future.result(timeout=timeout)
+            except KafkaException as exc:
+                raise ClusterError(f"granting {binding} failed: {exc.args[0]}") from None
+        self._wait_acls(bindings, present=True, timeout=timeout)
+
+    def revoke(
+        self,
+        user: str,
+        *,
+        topic: str | None = None,
+        group: str | None = None,
+        transactional_id: str | None = None,
+        cluster: bool = False,
+        operations: Iterable[str] = ("ALL",),
+        prefixed: bool = False,
+        timeout: float = 30.0,
+    ) -> None:
+        """Remove ALLOW bindings given by :meth:`grant` (same arguments); waits like it."""
+        self._require_secured("revoke()")
+        bindings = self._bindings(
+            user,
+            topic=topic,
+            group=group,
+            transactional_id=transactional_id,
+            cluster=cluster,
+            operations=operations,
+            prefixed=prefixed,
+        )
+        filters = [
+            AclBindingFilter(
+                b.restype,
+                b.name,
+                b.resource_pattern_type,
+                b.principal,
+                b.host,
+                b.operation,
+                b.permission_type,
+            )
+            for b in bindings
+        ]
+        futures = self._admin_client().delete_acls(filters, request_timeout=timeout)
+        for binding, future in futures.items():
+            try:
+                future.result(timeout=timeout)
+            except KafkaException as exc:
+                raise ClusterError(f"revoking {binding} failed: {exc.args[0]}") from None
+        self._wait_acls(bindings, present=False, timeout=timeout)
+
+    def _node_admin(self, node: _Node) -> AdminClient:
+        admin = self._node_admins.get(node.node_id)
+        if admin is None:
+            conf: dict[str, Any] = {
+                "bootstrap.servers": f"127.0.0.1:{node.harness_port}",
+                "logger": _QUIET,
+                "error_cb": _ignore_error,
+                "socket.timeout.ms": 5000,
+            }
+            admin = AdminClient(conf)
+            self._node_admins[node.node_id] = admin
+        return admin
+
+    def _wait_acls(self, bindings: list[AclBinding], *, present: bool, timeout: float) -> None:
+        # Each broker applies ACL changes from the metadata log on its own schedule: ask each
+        # node (a bootstrap of one node answers from that node) until all agree.
+        wanted = {str(b) for b in bindings}
+
+        def settled() -> bool:
+            for node in self._nodes.values():
+                if node.process is None or node.process.poll() is not None or node.frozen:
+                    continue
+                for b in bindings:
+                    flt = AclBindingFilter(
+                        b.restype,
+                        b.name,
+                        b.resource_pattern_type,
+                        b.principal,
+                        None,  # type: ignore[arg-type]  # None matches any host
+                        AclOperation.ANY,
+                        AclPermissionType.ANY,
+                    )
+                    found = (
+                        self._node_admin(node)
+                        .describe_acls(flt, request_timeout=5)
+                        .result(timeout=10)
+                    )
+                    shown = {str(x) for x in found} & wanted
+                    if (str(b) in shown) != present:
+                        return False
+            return True
+
+        verb = "show" if present else "drop"
+        self._poll_until(f"every node to {verb} the ACL change", settled, timeout, 0.1)
 
     # ------------------------------------------------------------------ topics
     def create_topic(
