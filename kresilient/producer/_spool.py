@@ -523,6 +523,10 @@ class SpoolDriver:
             _check_types(topic, value, key, headers)
         if self._closed:
             _closed_error(topic)
+        if self._store_error is not None:  # a group commit failed on the spool thread
+            error, self._store_error = self._store_error, None
+            if error is not None:
+                raise error  # before this message is taken: it was not stored either
         owner = self._owner
         size = (
             (len(value) if value is not None else 0)
@@ -543,7 +547,11 @@ class SpoolDriver:
             size += sum(len(k) + (len(v) if v is not None else 0) for k, v in hl)
             sent = hl
         if self._bytes + self._batch_bytes + size > self._max:
-            self._wait_for_room(size, topic)
+            try:
+                self._wait_for_room(size, topic)
+            except BaseException as exc:
+                owner._end_span(handle, exc, getattr(exc, "classification", None))
+                raise
         record = (handle, topic, value, key, part, ts, sent)
         with self._lock:
             batch = self._batch
@@ -556,9 +564,6 @@ class SpoolDriver:
             self._wake.set()
         if not n & 1023:
             owner.poll(0)
-            error, self._store_error = self._store_error, None
-            if error is not None:  # a group commit failed on the spool thread
-                raise error
         return handle
 
     def _wait_for_room(self, size: int, topic: str) -> None:
@@ -654,6 +659,7 @@ class SpoolDriver:
                 topic=topic,
                 classification=c,
             )
+            owner._end_span(handle, handle._error, c)
             if handle is raise_for:  # produce() raises for this one: not listed twice
                 owner._refused += 1
                 continue
