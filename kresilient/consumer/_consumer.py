@@ -52,6 +52,7 @@ from kresilient.consumer._events import ClientEvents
 from kresilient.consumer._failures import DeadLetterSink, FailureHandler
 from kresilient.consumer._holds import TP, Hold, Holds, LoopState, Verdict
 from kresilient.consumer._offsets import OffsetKeeper
+from kresilient.consumer._probes import Probes
 from kresilient.consumer._support import (
     NOT_RETRIED,
     Deserializer,
@@ -241,6 +242,12 @@ class ResilientConsumer:
             died this many times is dead-lettered (``kresilient.error.category=crash_loop``)
             at the next start, without calling the handler. ``None``: off. Per-message
             handlers only (a batch handler is not probed).
+        health_port: serve ``GET /live`` and ``GET /ready`` on this port while :meth:`run`
+            runs (0: any free port, see :attr:`health_port`); ``None``: no server.
+        health_host: the address the probe server binds (127.0.0.1 by default; a Kubernetes
+            ``httpGet`` probe reaches the pod IP, so pass ``"0.0.0.0"`` there).
+        stall_after_s: ``/ready`` turns 503 when a handler runs, a retry hold is overdue, or
+            a lagging partition makes no progress for longer than this.
         crash_probe_records: after an unclean end (the previous owner died or was cut off),
             this many records per partition are handled with their in-flight marker committed
             synchronously before the handler call (docs/consumer.md, crash loops).
@@ -278,6 +285,9 @@ class ResilientConsumer:
         metric_partition_attribute: bool = False,
         max_process_deaths: int | None = 3,
         crash_probe_records: int = 100,
+        health_port: int | None = None,
+        health_host: str = "127.0.0.1",
+        stall_after_s: float = 60.0,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ConfigError("pass exactly one of handler= and batch_handler=")
@@ -444,6 +454,20 @@ class ResilientConsumer:
             shutdown_timeout=shutdown_timeout,
         )
         events.crash = self._crash
+        self._probes = Probes(
+            self._consumer,
+            offsets,
+            holds,
+            state,
+            stall_after_s=stall_after_s,
+            max_poll_s=max_poll_interval(cfg),
+            batch_started=lambda: self._watchdog.started,
+            group=self.group_id,
+        )
+        events.probes = self._probes
+        self._health_addr = (health_host, health_port)
+        self._health_port: int | None = None
+        self._meter_provider = meter_provider
         self._batches = BatchProcessor(
             call=self._call,
             state=state,
@@ -529,6 +553,14 @@ class ResilientConsumer:
         )
         self._next_commit = time.monotonic() + self._commit_interval
         self._watchdog.start()
+        probes = self._probes
+        probes.last_poll = time.monotonic()
+        probes.running = True
+        probes.register_metrics(self._meter_provider)
+        host, port = self._health_addr
+        if port is not None:
+            self._health_port = probes.serve(host, port)
+            self._log.info("health_probes_serving", host=host, port=self._health_port)
         self._log.info("consumer_started", topics=self._topics)
 
     def _check_dead_letter_topics(self, policy: DeadLetterPolicy) -> None:
@@ -586,10 +618,15 @@ class ResilientConsumer:
         offsets = self._offsets
         holds = self._holds
         size = self._max_batch
-        recheck = 0.0
+        probes = self._probes
+        recheck = tick = 0.0
         while not state.stop_requested:
             if events.fatal is not None:
                 raise events.fatal
+            probes.last_poll = now = time.monotonic()
+            if now >= tick:
+                probes.tick(now)
+                tick = now + 1.0
             timeout = self._poll_timeout
             if holds.by_tp:
                 timeout = holds.service(timeout)
@@ -811,6 +848,7 @@ class ResilientConsumer:
 
     def _shutdown(self, error: BaseException | None) -> None:
         self._signals.shutting_down = True  # a 2nd signal no longer interrupts (3rd aborts)
+        self._probes.running = False
         self._log.info(
             "consumer_stopping",
             dead_letters_pending=self._offsets.pending_count(),
@@ -841,6 +879,7 @@ class ResilientConsumer:
                         "shutdown_step_failed", step=name, error=self._redact(repr(exc))
                     )
         finally:  # a third signal aborts (KeyboardInterrupt, logged by SignalHandlers)
+            self._probes.close()
             self._closed = True
             self._signals.restore()
         self._log.info(
@@ -903,6 +942,11 @@ class ResilientConsumer:
             circuit_breaker=breaker.snapshot() if breaker is not None else None,
             leadership=self._monitor.snapshot(),
         )
+
+    @property
+    def health_port(self) -> int | None:
+        """The port ``/live`` and ``/ready`` are served on (once :meth:`run` started)."""
+        return self._health_port
 
     @property
     def consumer(self) -> Consumer:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kresilient.consumer._failures import DeadLetterSink
     from kresilient.consumer._holds import Holds, LoopState
     from kresilient.consumer._offsets import OffsetKeeper
+    from kresilient.consumer._probes import Probes
     from kresilient.leadership import LeadershipMonitor
     from kresilient.producer import Reachability
     from kresilient.telemetry import Telemetry
@@ -80,6 +81,8 @@ class ClientEvents:
         self.last_connect_error: str | None = None
         #: crash-loop protection (reads the committed markers of assigned partitions)
         self.crash: CrashGuard | None = None
+        #: the probes' per-partition figures (set by the consumer)
+        self.probes: Probes | None = None
 
     # ------------------------------------------------------------------ callbacks
 
@@ -164,6 +167,8 @@ class ClientEvents:
         self.holds.resume_unheld(partitions)
         if self.crash is not None:
             self.crash.on_assign(partitions)
+        if self.probes is not None:
+            self.probes.on_assign(partitions)
         self.log.info("partitions_assigned", partitions=_names(partitions))
         listener = self.listeners["assign"]
         if listener is not None:
@@ -184,6 +189,8 @@ class ClientEvents:
         self.offsets.forget_stored(revoked)
         if self.crash is not None:
             self.crash.forget(list(revoked))
+        if self.probes is not None:
+            self.probes.forget(revoked)
         self.log.info("partitions_revoked", partitions=_names(partitions))
         listener = self.listeners["revoke"]
         if listener is not None:
@@ -197,6 +204,8 @@ class ClientEvents:
         self.offsets.drop(lost)
         if self.crash is not None:
             self.crash.forget(lost)
+        if self.probes is not None:
+            self.probes.forget(lost)
         self.log.warning(
             "partitions_lost",
             partitions=_names(partitions),

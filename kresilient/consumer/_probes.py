@@ -1,0 +1,277 @@
+"""Liveness/readiness probes and per-partition lag metrics (issue 17, item 5).
+
+``ResilientConsumer(..., health_port=8080)`` serves, over plain HTTP:
+
+* ``GET /live``: 200 while the consume loop polled within ``max.poll.interval.ms`` (a retry
+  hold keeps polling, so it stays live); 503 once the loop stopped polling (a hanging handler,
+  a deadlock) or the consumer stopped;
+* ``GET /ready``: 200 once the consumer joined its group and no partition is stalled; 503
+  with the stalled partitions named when a batch has been in a handler for longer than
+  ``stall_after_s``, a retry hold is overdue by that long, or a partition with lag made no
+  progress for that long (racecar #309: a consumer-wide check misses one stuck partition).
+
+The body is JSON (``status``, ``reasons``, per-partition ``lag`` and ``since_progress_s``).
+The loop thread updates the per-partition figures once a second (cheap: cached watermarks,
+no request); the server thread only reads them.
+
+Metrics (observable gauges, with ``messaging.destination.partition.id``):
+``messaging.kafka.consumer.lag`` (``{message}``: high watermark minus the stored offset) and
+``kresilient.consumer.time_since_progress`` (``s``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any, Final
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from kresilient.consumer._holds import TP
+
+if TYPE_CHECKING:
+    from kresilient.consumer._holds import Holds, LoopState
+    from kresilient.consumer._offsets import OffsetKeeper
+
+__all__ = ["LAG_METRIC", "PROGRESS_METRIC", "Probes"]
+
+#: The consumer-lag gauge (the name the issue and older OTel Kafka conventions use; the current
+#: messaging semantic conventions define no lag metric).
+LAG_METRIC: Final = "messaging.kafka.consumer.lag"
+PROGRESS_METRIC: Final = "kresilient.consumer.time_since_progress"
+_INSTRUMENTATION: Final = "kresilient"
+
+
+@dataclass(slots=True)
+class _Partition:
+    lag: int | None = None
+    stored: int | None = None
+    since: float = 0.0  #: monotonic time of the last progress (or of becoming caught up)
+
+
+class Probes:
+    """The figures behind ``/live``, ``/ready`` and the lag gauges of one consumer."""
+
+    def __init__(
+        self,
+        consumer: Any,
+        offsets: OffsetKeeper,
+        holds: Holds,
+        state: LoopState,
+        *,
+        stall_after_s: float,
+        max_poll_s: float,
+        batch_started: Callable[[], float],
+        group: str,
+    ) -> None:
+        self._consumer = consumer
+        self._offsets = offsets
+        self._holds = holds
+        self._state = state
+        self.stall_after_s = stall_after_s
+        self.max_poll_s = max_poll_s
+        self._batch_started = batch_started
+        self._group = group
+        self.last_poll = 0.0  #: set by the loop at every iteration
+        self.running = False
+        self.joined = False
+        self.parts: dict[TP, _Partition] = {}
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ loop thread
+
+    def on_assign(self, partitions: Iterable[TopicPartition]) -> None:
+        now = time.monotonic()
+        self.joined = True
+        for p in partitions:
+            self.parts[(p.topic, p.partition)] = _Partition(since=now)
+
+    def forget(self, tps: Iterable[TP]) -> None:
+        for tp in tps:
+            self.parts.pop(tp, None)
+
+    def tick(self, now: float) -> None:
+        """Lag and progress per partition (the loop thread, about once a second)."""
+        stored = self._offsets.stored
+        for tp, part in list(self.parts.items()):
+            offset = stored.get(tp)
+            if offset is not None and offset != part.stored:
+                part.stored = offset
+                part.since = now
+            try:
+                _, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(tp[0], tp[1]), cached=True
+                )
+                if offset is None:  # nothing stored yet: the position handed out so far
+                    (pos,) = self._consumer.position([TopicPartition(tp[0], tp[1])])
+                    offset = pos.offset if pos.offset >= 0 else None
+            except (KafkaException, RuntimeError):
+                continue
+            if high is None or high < 0 or offset is None:
+                continue
+            lag = max(high - offset, 0)
+            if lag == 0 or part.lag == 0:
+                part.since = now  # caught up, or work just arrived: not stalled yet
+            part.lag = lag
+
+    # ------------------------------------------------------------------ any thread
+
+    def live(self, now: float | None = None) -> tuple[bool, list[str]]:
+        now = time.monotonic() if now is None else now
+        if not self.running:
+            return False, ["the consume loop is not running"]
+        quiet = now - self.last_poll
+        if quiet > self.max_poll_s:
+            return False, [
+                f"the loop has not polled for {quiet:.1f} s (max.poll.interval.ms "
+                f"{self.max_poll_s * 1000:.0f})"
+            ]
+        return True, []
+
+    def ready(self, now: float | None = None) -> tuple[bool, list[str]]:
+        now = time.monotonic() if now is None else now
+        alive, reasons = self.live(now)
+        if not alive:
+            return False, reasons
+        if not self.joined:
+            return False, ["not yet joined the consumer group"]
+        limit = self.stall_after_s
+        started = self._batch_started()
+        if started and now - started > limit:
+            names = sorted({f"{m.topic()}[{m.partition()}]" for m in list(self._state.batch)})
+            reasons.append(
+                f"a handler has been running for {now - started:.1f} s on {', '.join(names)}"
+            )
+        for hold in list(self._holds.by_tp.values()):
+            if not hold.resumed and now - hold.due > limit:
+                reasons.append(
+                    f"{hold.tp[0]}[{hold.tp[1]}] held at {hold.offset}, retry overdue by "
+                    f"{now - hold.due:.1f} s"
+                )
+        held = self._holds.by_tp
+        for tp, part in list(self.parts.items()):
+            if part.lag and tp not in held and now - part.since > limit:
+                reasons.append(
+                    f"{tp[0]}[{tp[1]}] lag {part.lag} without progress for {now - part.since:.1f} s"
+                )
+        return not reasons, reasons
+
+    def report(self, now: float | None = None) -> dict[str, Any]:
+        now = time.monotonic() if now is None else now
+        return {
+            "partitions": {
+                f"{tp[0]}[{tp[1]}]": {
+                    "lag": part.lag,
+                    "since_progress_s": round(now - part.since, 3),
+                }
+                for tp, part in list(self.parts.items())
+            }
+        }
+
+    # ------------------------------------------------------------------ metrics
+
+    def register_metrics(self, meter_provider: Any) -> None:
+        """Observable gauges on ``meter_provider`` (the global one when ``None``)."""
+        try:
+            from opentelemetry import metrics
+
+            provider = (
+                meter_provider if meter_provider is not None else metrics.get_meter_provider()
+            )
+            meter = provider.get_meter(_INSTRUMENTATION)
+            meter.create_observable_gauge(
+                LAG_METRIC,
+                callbacks=[self._observe_lag],
+                unit="{message}",
+                description="High watermark minus the offset stored after processing",
+            )
+            meter.create_observable_gauge(
+                PROGRESS_METRIC,
+                callbacks=[self._observe_progress],
+                unit="s",
+                description="Seconds since the partition last made progress (0 when caught up)",
+            )
+        except Exception:  # telemetry never breaks the consumer
+            return
+
+    def _attrs(self, tp: TP) -> dict[str, Any]:
+        return {
+            "messaging.system": "kafka",
+            "messaging.destination.name": tp[0],
+            "messaging.destination.partition.id": str(tp[1]),
+            "messaging.consumer.group.name": self._group,
+        }
+
+    def _observe_lag(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [
+            Observation(part.lag, self._attrs(tp))
+            for tp, part in list(self.parts.items())
+            if part.lag is not None
+        ]
+
+    def _observe_progress(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        now = time.monotonic()
+        return [
+            Observation(0.0 if not part.lag else round(now - part.since, 3), self._attrs(tp))
+            for tp, part in list(self.parts.items())
+        ]
+
+    # ------------------------------------------------------------------ HTTP
+
+    def serve(self, host: str, port: int) -> int:
+        """Start the HTTP server on ``host:port`` (0: any free port); return the port."""
+        probes = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0].rstrip("/")
+                if path == "/live":
+                    ok, reasons = probes.live()
+                elif path == "/ready":
+                    ok, reasons = probes.ready()
+                else:
+                    self._send(404, {"status": "not found", "paths": ["/live", "/ready"]})
+                    return
+                body: dict[str, Any] = {"status": "ok" if ok else "unavailable"}
+                body["reasons"] = reasons
+                body.update(probes.report())
+                self._send(200 if ok else 503, body)
+
+            def _send(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *_args: Any) -> None:  # probes are polled every few seconds
+                pass
+
+        server = ThreadingHTTPServer((host, port), Handler)
+        server.daemon_threads = True
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="kresilient-probes", daemon=True
+        )
+        self._thread.start()
+        return int(server.server_address[1])
+
+    def close(self) -> None:
+        """Stop the HTTP server (idempotent)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
