@@ -26,36 +26,29 @@ until every record was handled (a no-op ``async def``) and its offset stored aft
 Rounds are interleaved with a shuffled arm order, one warm-up round discarded; the headline is
 the paired per-round ratio to the raw arm (median and IQR), see benchmarks/_common.py.
 
-    .venv/bin/python benchmarks/asyncio.py --messages 50000 --rounds 3    # quick look
-    .venv/bin/python benchmarks/asyncio.py                                # 200k x 10 rounds
+    .venv/bin/python benchmarks/async_clients.py --messages 50000 --rounds 3    # quick look
+    .venv/bin/python benchmarks/async_clients.py                                # 200k x 10 rounds
 
 Starts a local 3-node cluster unless ``KRESILIENT_BOOTSTRAP_SERVERS`` names one.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import gc
+import logging
+import os
 import sys
+import uuid
+from collections.abc import Callable
 from pathlib import Path
-
-# This file is named like the stdlib module it benchmarks: run as a script, its directory is
-# sys.path[0] and `import asyncio` (here and in confluent_kafka.aio) would import this file.
-# Keep the directory, but after the standard library.
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if p not in ("", _HERE)] + [_HERE]
-
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import gc  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import uuid  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import structlog  # noqa: E402
-from _common import (  # noqa: E402
+import structlog
+from _common import (
     Sample,
     Timer,
     contention,
@@ -63,13 +56,13 @@ from _common import (  # noqa: E402
     markdown_table,
     run_interleaved,
 )
-from confluent_kafka import Producer  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-from confluent_kafka.aio import AIOConsumer, AIOProducer  # noqa: E402
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.aio import AIOConsumer, AIOProducer
 
-from kresilient.aio import AsyncResilientConsumer, AsyncResilientProducer  # noqa: E402
-from kresilient.config import consumer_config, producer_config  # noqa: E402
-from kresilient.producer import ResilientProducer  # noqa: E402
+from kresilient.aio import AsyncResilientConsumer, AsyncResilientProducer
+from kresilient.config import consumer_config, producer_config
+from kresilient.producer import ResilientProducer
 
 PRODUCER_ARMS = ("raw_aio", "kresilient_aio", "sync")
 CONSUMER_ARMS = ("raw_aio_consumer", "kresilient_aio_consumer", "kresilient_aio_consumer_untimed")
