@@ -1,44 +1,65 @@
-"""``kresilient dlq inspect`` and ``kresilient dlq replay``: look at and bring back dead letters.
+"""Look at dead letters and bring them back: ``kresilient dlq inspect`` / ``dlq replay``, and
+the same from Python with :func:`inspect_dead_letters` and :func:`replay_dead_letters`.
 
 ::
 
     kresilient dlq inspect orders.dlq -b 127.0.0.1:9092            # records, headers, counts
-    kresilient dlq inspect orders.dlq --json                        # one JSON object per line
+    kresilient dlq inspect orders.dlq --json --show-data            # JSON lines, keys and values
     kresilient dlq replay --from orders.dlq --to orders \\
         --filter category=poison --filter exception=JSONDecodeError --dry-run
 
+From Python (no argument parsing involved)::
+
+    from kresilient.deadletter_cli import inspect_dead_letters, replay_dead_letters
+
+    seen = inspect_dead_letters("orders.dlq", bootstrap_servers="127.0.0.1:9092", limit=5)
+    print(seen.read, seen.by_error)
+    done = replay_dead_letters(
+        "orders.dlq", bootstrap_servers="127.0.0.1:9092", target="orders",
+        filters=["category=poison"], group="orders-replay",
+    )
+    assert done.ok, done.failures
+
 Both read the dead-letter topic from its beginning (or a group's committed offsets with
-``--group``) up to the end offsets seen at start, with a consumer that commits nothing (replay
-``--group`` commits after every replayed record was acknowledged). Records of the kresilient,
-Spring Kafka (``kafka_dlt-*``) and Kafka Streams (``__streams.errors.*``) formats are decoded.
-Replay writes each selected record's ORIGINAL key, value and headers (the dead-letter headers
-stripped) with a :class:`~kresilient.ResilientProducer`.
+``group``) up to the end offsets seen at start, with a consumer that commits nothing. Replay
+writes each selected record's ORIGINAL key, value and headers (the dead-letter headers
+stripped) with a :class:`~kresilient.ResilientProducer`. With ``group`` it then commits, per
+partition, up to the first record it did not replay (cut by ``limit``, without an original
+topic, or failed): nothing is ever skipped, and records after such a record in its partition
+are held back for the next run instead of being sent twice. Records the filters exclude
+count as done for the group. Records of the kresilient, Spring Kafka (``kafka_dlt-*``) and
+Kafka Streams (``__streams.errors.*``) formats are decoded.
 
 Filters (repeatable, all must match): ``FIELD=VALUE`` (equal, case-insensitive) or
 ``FIELD~TEXT`` (contains), FIELD one of ``category``, ``exception`` (full or short class
 name), ``message``, ``topic`` (original), ``partition`` (original), ``group``, ``attempts``,
-``format``.
+``format``; from Python also any ``Callable[[DeadLetterInfo], bool]``.
 
-Connection: ``-b/--bootstrap-servers`` (default ``$KRESILIENT_BOOTSTRAP_SERVERS``),
-``--command-config FILE`` (client properties, e.g. security) and ``-X key=value``.
+A cluster that cannot be reached is given up within ``timeout`` seconds (10 by default) with
+one line naming each bootstrap host and why (connection refused, name not resolved, ...);
+librdkafka's own log lines never reach the terminal. Results go to stdout, logs to stderr.
 Exit codes: 0 done, 1 some records could not be replayed, 2 usage or connection error.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
+import logging
 import os
+import re
 import struct
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
+import structlog
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from kresilient.deadletter import (
@@ -48,9 +69,19 @@ from kresilient.deadletter import (
     DeadLetterInfo,
     parse_dead_letter_headers,
 )
-from kresilient.errors import ConfigError, DeliveryError, KResilientError
+from kresilient.errors import ConfigError, DeliveryError, KafkaClientError, KResilientError
+from kresilient.lint.connect import ConnectionErrors, fetch_metadata, quiet_client_config
 
-__all__ = ["main_inspect", "main_replay", "register"]
+__all__ = [
+    "InspectResult",
+    "InspectedRecord",
+    "ReplayResult",
+    "inspect_dead_letters",
+    "main_inspect",
+    "main_replay",
+    "register",
+    "replay_dead_letters",
+]
 
 _BOOTSTRAP_ENV: Final = "KRESILIENT_BOOTSTRAP_SERVERS"
 _FIELDS: Final = (
@@ -67,196 +98,222 @@ _SPRING_BINARY: Final = frozenset(
     {SPRING_ORIGINAL_PARTITION, SPRING_ORIGINAL_OFFSET, SPRING_ORIGINAL_TIMESTAMP}
 )
 _MESSAGE_WIDTH: Final = 160
+DEFAULT_TIMEOUT: Final = 10.0
+
+Filter = str | Callable[[DeadLetterInfo], bool]
+Progress = Callable[[int, int], None]
 
 
-# --------------------------------------------------------------------------- CLI wiring
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``dlq inspect`` and ``dlq replay`` to the ``kresilient`` CLI."""
-    dlq = subparsers.add_parser(
-        "dlq", help="inspect or replay dead-letter topics", description=__doc__.split("\n")[0]
-    )
-    sub = dlq.add_subparsers(dest="dlq_command", metavar="SUBCOMMAND")
-    dlq.set_defaults(func=lambda _args: _usage(dlq))
-
-    inspect = sub.add_parser(
-        "inspect",
-        help="show dead-letter records: decoded headers, sizes, counts by error",
-        description="Show the records of a dead-letter topic and count them by error.",
-    )
-    inspect.add_argument("topic", metavar="TOPIC", help="the dead-letter topic")
-    inspect.add_argument(
-        "--limit", type=int, default=50, help="records to print (default 50; counts cover all)"
-    )
-    inspect.add_argument("--brief", action="store_true", help="no per-header listing")
-    inspect.add_argument("--json", action="store_true", help="JSON lines: records, then counts")
-    _connection(inspect)
-    inspect.set_defaults(func=main_inspect)
-
-    replay = sub.add_parser(
-        "replay",
-        help="write dead-letter records back (original key, value, headers)",
-        description="Write selected dead-letter records back to a topic.",
-    )
-    replay.add_argument("--from", dest="source", required=True, metavar="TOPIC.dlq")
-    replay.add_argument(
-        "--to",
-        dest="target",
-        metavar="TOPIC",
-        help="destination (default: each record's original topic)",
-    )
-    replay.add_argument(
-        "--filter",
-        dest="filters",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE|FIELD~TEXT",
-        help=f"select records (repeatable, AND); FIELD in {', '.join(_FIELDS)}",
-    )
-    replay.add_argument("--dry-run", action="store_true", help="only count what would be sent")
-    replay.add_argument("--limit", type=int, default=None, help="replay at most N records")
-    replay.add_argument(
-        "--keep-timestamp", action="store_true", help="reuse the original record timestamp"
-    )
-    _connection(replay)
-    replay.set_defaults(func=main_replay)
-
-
-def _connection(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--bootstrap-servers",
-        "-b",
-        default=os.environ.get(_BOOTSTRAP_ENV),
-        metavar="HOSTS",
-        help=f"default ${_BOOTSTRAP_ENV}",
-    )
-    parser.add_argument(
-        "--command-config", metavar="FILE", help="client properties file (security settings)"
-    )
-    parser.add_argument(
-        "-X",
-        dest="property",
-        action="append",
-        metavar="KEY=VALUE",
-        help="extra client property (repeatable)",
-    )
-    parser.add_argument(
-        "--group",
-        default=None,
-        help="read from (and, for replay, commit to) this consumer group's offsets",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds to wait for the cluster"
-    )
-
-
-def _usage(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 2
-
-
-def _client_config(args: argparse.Namespace) -> dict[str, str]:
-    if not args.bootstrap_servers:
-        raise ConfigError(
-            f"no bootstrap servers: pass -b HOSTS or set ${_BOOTSTRAP_ENV}",
-            key="bootstrap.servers",
-        )
-    config: dict[str, str] = {}
-    if args.command_config:
-        with open(args.command_config, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                text = line.strip()
-                if not text or text[0] in "#!":
-                    continue
-                key, sep, value = text.partition("=")
-                if not sep:
-                    raise ConfigError(
-                        f"{args.command_config}:{number}: expected key=value", key=key.strip()
-                    )
-                config[key.strip()] = value.strip()
-    for item in args.property or ():
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"-X expects key=value, got {item!r}", key=key)
-        config[key.strip()] = value.strip()
-    config["bootstrap.servers"] = args.bootstrap_servers
-    return config
-
-
-# --------------------------------------------------------------------------- reading
+# --------------------------------------------------------------------------- results
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Record:
-    msg: Message
+class InspectedRecord:
+    """One dead-letter record as read: where it is, its bytes and its decoded headers."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
     info: DeadLetterInfo
 
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        """Bytes of key, value and headers (names and values)."""
+        hsize = sum(len(k) + (len(v) if v is not None else 0) for k, v in self.headers)
+        return len(self.key or b""), len(self.value or b""), hsize
 
-def _read(
-    config: dict[str, str], topic: str, group: str | None, timeout: float
-) -> Iterator[_Record]:
-    """Every record of ``topic`` up to the end offsets seen at start (from the group's
-    committed offsets when ``group`` is given, else from the beginning)."""
-    conf: dict[str, Any] = dict(config)
-    conf.update(
-        {
-            "group.id": group or f"kresilient-dlq-{uuid.uuid4().hex[:12]}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "enable.partition.eof": False,
+    def as_dict(self, *, data: bool = False) -> dict[str, Any]:
+        """The JSON form; ``data=True`` adds the key and value (see :func:`bytes_json`)."""
+        info = self.info
+        ksize, vsize, hsize = self.sizes
+        out: dict[str, Any] = {
+            "partition": self.partition,
+            "offset": self.offset,
+            "key_bytes": ksize,
+            "value_bytes": vsize,
+            "header_bytes": hsize,
+            "format": info.format,
+            "original_topic": info.original_topic,
+            "original_partition": info.original_partition,
+            "original_offset": info.original_offset,
+            "original_timestamp": info.original_timestamp,
+            "consumer_group": info.consumer_group,
+            "exception_type": info.exception_type,
+            "exception_message": info.exception_message,
+            "error_category": info.error_category,
+            "attempts": info.attempts,
+            "failed_at": info.failed_at,
+            "trace_context": dict(info.trace_context),
+            "headers": [[k, _header_text(k, v)] for k, v in self.headers],
         }
-    )
-    consumer = Consumer(conf)
+        if data:
+            out["key"] = bytes_json(self.key)
+            out["value"] = bytes_json(self.value)
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class InspectResult:
+    """What :func:`inspect_dead_letters` read.
+
+    ``read`` records in all (every count covers all of them); ``records`` holds the first
+    ``limit`` of them and ``not_shown`` the rest. ``not_dead_letters`` had no dead-letter
+    headers of a known format; ``read_errors`` counts errors the consumer reported instead
+    of a record, by reason. ``by_error`` maps (category, exception type) to a count, most
+    frequent first; ``by_source_topic`` maps each original topic to a count.
+    """
+
+    topic: str
+    read: int
+    records: tuple[InspectedRecord, ...]
+    not_shown: int
+    not_dead_letters: int
+    read_errors: Mapping[str, int]
+    key_bytes: int
+    value_bytes: int
+    header_bytes: int
+    by_error: Mapping[tuple[str, str], int]
+    by_source_topic: Mapping[str, int]
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON summary (no records)."""
+        return {
+            "topic": self.topic,
+            "records": self.read,
+            "shown": len(self.records),
+            "not_shown": self.not_shown,
+            "not_dead_letters": self.not_dead_letters,
+            "read_errors": dict(self.read_errors),
+            "key_bytes": self.key_bytes,
+            "value_bytes": self.value_bytes,
+            "header_bytes": self.header_bytes,
+            "by_error": [
+                {"category": c, "exception": e, "count": n} for (c, e), n in self.by_error.items()
+            ],
+            "by_source_topic": dict(self.by_source_topic),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayResult:
+    """What :func:`replay_dead_letters` did with each record it read.
+
+    Every record read is counted exactly once: ``read == replayed + filtered_out + limited
+    + no_topic + held_back + failed``. ``replayed`` were delivered (in a dry run: would be
+    sent), ``filtered_out`` did not match the filters, ``limited`` matched but were over
+    ``limit`` (left for a later run), ``no_topic`` had no original topic and no ``target``
+    was given, ``held_back`` came after a record left behind in their partition (with
+    ``group`` only: sent by the next run, not twice), ``failed`` could not be written, with
+    ``failures`` counting them by reason. ``committed`` is the group's new position per
+    partition (next offset to read), ``None`` without ``group``, in a dry run, or when the
+    commit failed (``commit_error`` says why; a next run replays those records again).
+    """
+
+    source: str
+    dry_run: bool
+    read: int
+    replayed: int
+    by_target: Mapping[str, int]
+    filtered_out: int
+    limited: int
+    no_topic: int
+    held_back: int
+    failed: int
+    failures: Mapping[str, int]
+    read_errors: Mapping[str, int]
+    limit: int | None = None
+    group: str | None = None
+    committed: Mapping[int, int] | None = None
+    commit_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when no record failed and the group's commit (if any) succeeded."""
+        return self.failed == 0 and self.commit_error is None
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON form."""
+        return {
+            "source": self.source,
+            "dry_run": self.dry_run,
+            "read": self.read,
+            "replayed": self.replayed,
+            "by_target": dict(self.by_target),
+            "filtered_out": self.filtered_out,
+            "limited": self.limited,
+            "limit": self.limit,
+            "no_topic": self.no_topic,
+            "held_back": self.held_back,
+            "failed": self.failed,
+            "failures": dict(self.failures),
+            "read_errors": dict(self.read_errors),
+            "group": self.group,
+            "commit_error": self.commit_error,
+            "committed": None
+            if self.committed is None
+            else {str(p): o for p, o in sorted(self.committed.items())},
+        }
+
+
+# --------------------------------------------------------------------------- rendering bytes
+
+_CONTROL: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def show_bytes(data: bytes | None, width: int = _MESSAGE_WIDTH) -> str:
+    """A one-line, terminal-safe rendering of a key or value: UTF-8 text as a JSON string
+    (control characters and line separators escaped), anything else as hex; cut at
+    ``width`` characters, saying how long the whole is."""
+    if data is None:
+        return "null"
     try:
-        metadata = consumer.list_topics(topic, timeout=timeout)
-        meta = metadata.topics.get(topic)
-        if meta is None or meta.error is not None:
-            reason = meta.error.str() if meta is not None and meta.error is not None else "missing"
-            raise ConfigError(f"topic {topic!r} is not readable: {reason}", key=None)
-        parts = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
-        starts: dict[int, int] = {}
-        ends: dict[int, int] = {}
-        for tp in parts:
-            low, high = consumer.get_watermark_offsets(tp, timeout=timeout)
-            starts[tp.partition], ends[tp.partition] = low, high
-        if group is not None:
-            for tp in consumer.committed(parts, timeout=timeout):
-                if tp.offset >= 0:
-                    starts[tp.partition] = max(starts[tp.partition], tp.offset)
-        todo = {p for p in ends if starts[p] < ends[p]}
-        if not todo:
-            return
-        consumer.assign(
-            [
-                TopicPartition(topic, p, starts[p] if group is not None else OFFSET_BEGINNING)
-                for p in sorted(todo)
-            ]
-        )
-        idle_deadline = time.monotonic() + timeout
-        while todo:
-            msgs = consumer.consume(500, 1.0)
-            if not msgs:
-                if time.monotonic() > idle_deadline:
-                    raise KResilientError(
-                        f"no records from {topic} for {timeout:g} s while "
-                        f"{sorted(todo)} were not read to their end offsets"
-                    )
-                continue
-            idle_deadline = time.monotonic() + timeout
-            for msg in msgs:
-                if msg.error() is not None:
-                    continue
-                p, offset = msg.partition(), msg.offset()
-                assert p is not None and offset is not None
-                if p not in todo or offset >= ends[p]:
-                    continue
-                yield _Record(msg=msg, info=parse_dead_letter_headers(msg.headers()))
-                if offset + 1 >= ends[p]:
-                    todo.discard(p)
-    finally:
-        consumer.close()
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        shown = data[: width // 3].hex(" ")
+        more = " ..." if len(data) > width // 3 else ""
+        return f"hex {shown}{more} ({len(data)} bytes, not UTF-8)"
+    # json.dumps escapes what is below U+0020; C1 controls and U+2028/9 are escaped here.
+    quoted = _CONTROL.sub(_json_escape, json.dumps(text[:width], ensure_ascii=False))
+    return quoted if len(text) <= width else f"{quoted} ... ({len(data)} bytes)"
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def bytes_json(data: bytes | None) -> dict[str, str] | None:
+    """A key or value for JSON output: ``{"text": ...}`` when it is UTF-8, else
+    ``{"base64": ...}`` (byte for byte, never cut)."""
+    if data is None:
+        return None
+    try:
+        return {"text": data.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def _header_text(name: str, value: bytes | None) -> str:
+    if value is None:
+        return "null"
+    if name in _SPRING_BINARY and len(value) in (4, 8):
+        return str(struct.unpack(">i" if len(value) == 4 else ">q", value)[0])
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        return "0x" + value.hex()
+    if name.endswith("stacktrace"):
+        lines = text.strip().splitlines()
+        text = (lines[-1] if lines else "") + f"  [{len(lines)} lines]"
+    text = _CONTROL.sub(_escape, text)
+    return text if len(text) <= _MESSAGE_WIDTH else text[:_MESSAGE_WIDTH] + "..."
 
 
 # --------------------------------------------------------------------------- filters
@@ -278,7 +335,8 @@ def _field(info: DeadLetterInfo, name: str) -> list[str]:
     return [v for v in table[name](info) if v is not None]
 
 
-def _parse_filter(text: str) -> Callable[[DeadLetterInfo], bool]:
+def parse_filter(text: str) -> Callable[[DeadLetterInfo], bool]:
+    """``"FIELD=VALUE"`` / ``"FIELD~TEXT"`` as a predicate; ConfigError for anything else."""
     for op in ("=", "~"):
         name, sep, wanted = text.partition(op)
         name = name.strip().lower()
@@ -293,22 +351,224 @@ def _parse_filter(text: str) -> Callable[[DeadLetterInfo], bool]:
     )
 
 
+def _predicates(filters: Sequence[Filter]) -> list[Callable[[DeadLetterInfo], bool]]:
+    return [parse_filter(f) if isinstance(f, str) else f for f in filters]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Record:
+    msg: Message
+    info: DeadLetterInfo
+
+
+class _Reader:
+    """A non-committing consumer over one topic, from the beginning (or ``group``'s committed
+    offsets) up to the end offsets seen at start; also answers "does topic X exist"."""
+
+    def __init__(
+        self, config: Mapping[str, Any], topic: str, group: str | None, timeout: float
+    ) -> None:
+        self.topic, self.group, self.timeout = topic, group, timeout
+        self.errors = ConnectionErrors(str(config.get("bootstrap.servers", "")))
+        conf = dict(config)
+        conf.update(
+            {
+                "group.id": group or f"kresilient-dlq-{uuid.uuid4().hex[:12]}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": False,
+            }
+        )
+        self.consumer = Consumer(quiet_client_config(conf, self.errors, timeout))
+        self.read_errors: Counter[str] = Counter()
+        self._exists: dict[str, str | None] = {}
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> None:
+        metadata = fetch_metadata(self.consumer, self.errors, self.timeout, self.topic)
+        meta = metadata.topics.get(self.topic)
+        if meta is None or meta.error is not None:
+            reason = meta.error.str() if meta is not None and meta.error is not None else "missing"
+            raise ConfigError(f"topic {self.topic!r} cannot be read: {reason}", key=None)
+        parts = [TopicPartition(self.topic, p) for p in sorted(meta.partitions)]
+        self.starts: dict[int, int] = {}
+        self.ends: dict[int, int] = {}
+        for tp in parts:
+            try:
+                low, high = self.consumer.get_watermark_offsets(tp, timeout=self.timeout)
+            except KafkaException as exc:
+                raise KafkaClientError(
+                    f"cannot read the offsets of {self.topic}[{tp.partition}]: "
+                    f"{exc.args[0].str() if exc.args else exc}",
+                    topic=self.topic,
+                    partition=tp.partition,
+                ) from None
+            self.starts[tp.partition], self.ends[tp.partition] = low, high
+        if self.group is not None:
+            for tp in self.consumer.committed(parts, timeout=self.timeout):
+                if tp.offset >= 0:
+                    self.starts[tp.partition] = max(self.starts[tp.partition], tp.offset)
+        self.total = sum(max(0, self.ends[p] - self.starts[p]) for p in self.ends)
+
+    def records(self, progress: Progress | None = None) -> Iterator[_Record]:
+        """Every record up to the end offsets seen at start, in offset order per partition."""
+        todo = {p for p in self.ends if self.starts[p] < self.ends[p]}
+        if not todo:
+            return
+        self.consumer.assign(
+            [
+                TopicPartition(
+                    self.topic, p, self.starts[p] if self.group is not None else OFFSET_BEGINNING
+                )
+                for p in sorted(todo)
+            ]
+        )
+        done = 0
+        idle_deadline = time.monotonic() + self.timeout
+        while todo:
+            msgs = self.consumer.consume(500, 1.0)
+            if not msgs:
+                if time.monotonic() > idle_deadline:
+                    raise KResilientError(
+                        f"no records from {self.topic} for {self.timeout:g} s while "
+                        f"partition(s) {sorted(todo)} were not read to their end offsets"
+                    )
+                continue
+            idle_deadline = time.monotonic() + self.timeout
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    self.read_errors[f"{err.name()}: {err.str()}"] += 1
+                    continue
+                p, offset = msg.partition(), msg.offset()
+                assert p is not None and offset is not None
+                if p not in todo or offset >= self.ends[p]:
+                    continue
+                yield _Record(msg=msg, info=parse_dead_letter_headers(msg.headers()))
+                done += 1
+                if offset + 1 >= self.ends[p]:
+                    todo.discard(p)
+            if progress is not None:
+                progress(done, self.total)
+
+    def missing(self, topic: str) -> str | None:
+        """Why records cannot be written to ``topic`` (it does not exist), else None."""
+        if topic not in self._exists:
+            try:
+                meta = self.consumer.list_topics(topic, timeout=self.timeout).topics.get(topic)
+            except KafkaException as exc:
+                self._exists[topic] = f"topic {topic} not checked: {exc.args[0].str()}"
+            else:
+                if meta is None or meta.error is not None:
+                    why = meta.error.name() if meta is not None and meta.error else "missing"
+                    self._exists[topic] = f"topic {topic} does not exist ({why})"
+                else:
+                    self._exists[topic] = None
+        return self._exists[topic]
+
+    def commit(self, positions: Mapping[int, int]) -> None:
+        """Commit ``positions`` (partition -> next offset to read) for the group."""
+        self.consumer.commit(
+            offsets=[TopicPartition(self.topic, p, o) for p, o in sorted(positions.items())],
+            asynchronous=False,
+        )
+
+    def close(self) -> None:
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self.consumer.close()
+
+    def __enter__(self) -> _Reader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _client_config(
+    bootstrap_servers: str | None, config: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    if not bootstrap_servers:
+        raise ConfigError(
+            f"no bootstrap servers: pass -b HOSTS or set ${_BOOTSTRAP_ENV}",
+            key="bootstrap.servers",
+        )
+    conf = dict(config or {})
+    conf["bootstrap.servers"] = bootstrap_servers
+    return conf
+
+
 # --------------------------------------------------------------------------- inspect
 
 
-def _decode(name: str, value: bytes | None) -> str:
-    if value is None:
-        return "null"
-    if name in _SPRING_BINARY and len(value) in (4, 8):
-        return str(struct.unpack(">i" if len(value) == 4 else ">q", value)[0])
-    try:
-        text = value.decode("utf-8")
-    except UnicodeDecodeError:
-        return "0x" + value.hex()
-    if name.endswith("stacktrace"):
-        lines = text.strip().splitlines()
-        return (lines[-1] if lines else "") + f"  [{len(lines)} lines]"
-    return text if len(text) <= _MESSAGE_WIDTH else text[:_MESSAGE_WIDTH] + "..."
+def inspect_dead_letters(
+    topic: str,
+    *,
+    bootstrap_servers: str,
+    config: Mapping[str, Any] | None = None,
+    group: str | None = None,
+    limit: int = 50,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: Progress | None = None,
+) -> InspectResult:
+    """Read the dead-letter ``topic`` and count its records by error and source topic.
+
+    Keeps the first ``limit`` records (all counts cover every record). ``config``: extra
+    client properties (security settings). ``group``: start from its committed offsets
+    (nothing is committed). ``timeout``: seconds to wait for the cluster, and without
+    records while reading. ``progress(done, total)`` is called as records arrive.
+
+    Raises :class:`~kresilient.errors.KafkaClientError` (its ``message`` one line naming each
+    host and why) when the cluster cannot be reached, :class:`~kresilient.errors.ConfigError`
+    for a missing topic or bad input.
+    """
+    conf = _client_config(bootstrap_servers, config)
+    by_error: Counter[tuple[str, str]] = Counter()
+    by_source: Counter[str] = Counter()
+    kept: list[InspectedRecord] = []
+    total = key_bytes = value_bytes = header_bytes = not_dead = 0
+    with _Reader(conf, topic, group, timeout) as reader:
+        for record in reader.records(progress):
+            total += 1
+            msg, info = record.msg, record.info
+            item = InspectedRecord(
+                topic=topic,
+                partition=msg.partition() or 0,
+                offset=msg.offset() or 0,
+                key=msg.key(),
+                value=msg.value(),
+                headers=tuple(_headers(msg)),
+                info=info,
+            )
+            k, v, h = item.sizes
+            key_bytes, value_bytes, header_bytes = key_bytes + k, value_bytes + v, header_bytes + h
+            if not info.is_dead_letter:
+                not_dead += 1
+            by_error[(info.error_category or "-", info.exception_type or "-")] += 1
+            by_source[info.original_topic or "-"] += 1
+            if len(kept) < limit:
+                kept.append(item)
+        read_errors = dict(reader.read_errors)
+    return InspectResult(
+        topic=topic,
+        read=total,
+        records=tuple(kept),
+        not_shown=total - len(kept),
+        not_dead_letters=not_dead,
+        read_errors=read_errors,
+        key_bytes=key_bytes,
+        value_bytes=value_bytes,
+        header_bytes=header_bytes,
+        by_error=dict(by_error.most_common()),
+        by_source_topic=dict(by_source.most_common()),
+    )
 
 
 def _headers(msg: Message) -> list[tuple[str, bytes | None]]:
@@ -317,245 +577,549 @@ def _headers(msg: Message) -> list[tuple[str, bytes | None]]:
     return [(k, v.encode("utf-8") if isinstance(v, str) else v) for k, v in items]
 
 
-def _sizes(msg: Message) -> tuple[int, int, int]:
-    key, value, headers = msg.key(), msg.value(), _headers(msg)
-    hsize = sum(len(k) + (len(v) if v is not None else 0) for k, v in headers)
-    return len(key or b""), len(value or b""), hsize
+# --------------------------------------------------------------------------- replay
 
 
-def _as_json(record: _Record) -> dict[str, Any]:
-    msg, info = record.msg, record.info
-    ksize, vsize, hsize = _sizes(msg)
-    return {
-        "partition": msg.partition(),
-        "offset": msg.offset(),
-        "key_bytes": ksize,
-        "value_bytes": vsize,
-        "header_bytes": hsize,
-        "format": info.format,
-        "original_topic": info.original_topic,
-        "original_partition": info.original_partition,
-        "original_offset": info.original_offset,
-        "original_timestamp": info.original_timestamp,
-        "consumer_group": info.consumer_group,
-        "exception_type": info.exception_type,
-        "exception_message": info.exception_message,
-        "error_category": info.error_category,
-        "attempts": info.attempts,
-        "failed_at": info.failed_at,
-        "trace_context": dict(info.trace_context),
-        "headers": [[k, _decode(k, v)] for k, v in _headers(msg)],
-    }
+def replay_dead_letters(
+    source: str,
+    *,
+    bootstrap_servers: str,
+    target: str | None = None,
+    filters: Sequence[Filter] = (),
+    group: str | None = None,
+    limit: int | None = None,
+    dry_run: bool = False,
+    keep_timestamp: bool = False,
+    config: Mapping[str, Any] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    logger: Any = None,
+    progress: Progress | None = None,
+) -> ReplayResult:
+    """Write the selected dead letters of ``source`` back: each record's original key, value
+    and headers, to ``target`` or to the record's original topic.
+
+    ``filters``: ``"FIELD=VALUE"``/``"FIELD~TEXT"`` strings or predicates on
+    :class:`~kresilient.deadletter.DeadLetterInfo`, all of which must match. ``limit``: at
+    most this many records are sent; the rest stay for a later run. ``group``: start from its
+    committed offsets and commit, per partition, up to the first record not replayed (see
+    the module docstring). ``keep_timestamp``: reuse the original record timestamp.
+    ``config``: extra client properties (security settings). ``timeout``: seconds to wait for
+    the cluster, and without progress while reading or delivering. ``logger``: a structlog
+    logger for the producer (default: the library's). ``progress(done, total)`` is called as
+    records are read.
+
+    Returns a :class:`ReplayResult` (records that failed are counted there, with reasons);
+    raises :class:`~kresilient.errors.KafkaClientError` (``message``: one line naming each
+    host and why) when the cluster cannot be reached and
+    :class:`~kresilient.errors.ConfigError` for a bad filter or a missing source topic.
+    """
+    from kresilient.producer import DeliveryHandle, ResilientProducer
+
+    conf = _client_config(bootstrap_servers, config)
+    predicates = _predicates(filters)
+    if limit is not None and limit < 0:
+        raise ConfigError(f"limit must be >= 0, got {limit}", key=None)
+    counts: Counter[str] = Counter()
+    by_target: Counter[str] = Counter()
+    failures: Counter[str] = Counter()
+    # The group's commit may only pass records this run is done with: replayed (delivery
+    # acknowledged) or excluded by the filters. Per partition: the last offset read, the
+    # first offset left behind (limit, no original topic, failed), and what was sent.
+    last_read: dict[int, int] = {}
+    left_at: dict[int, int] = {}
+    sent: list[tuple[int, int, str, DeliveryHandle]] = []
+    producer: ResilientProducer | None = None
+    committed: dict[int, int] | None = None
+    commit_error: str | None = None
+    with _Reader(conf, source, group, timeout) as reader:
+        try:
+            for record in reader.records(progress):
+                counts["read"] += 1
+                info, msg = record.info, record.msg
+                part, offset = msg.partition() or 0, msg.offset() or 0
+                last_read[part] = offset
+                if not all(p(info) for p in predicates):
+                    counts["filtered_out"] += 1
+                    continue
+                if limit is not None and counts["selected"] >= limit:
+                    counts["limited"] += 1
+                    left_at.setdefault(part, offset)
+                    continue
+                to = target or info.original_topic
+                if not to:
+                    counts["no_topic"] += 1
+                    left_at.setdefault(part, offset)
+                    continue
+                if group is not None and part in left_at:
+                    # The group's offset stays before the record left behind; sending the
+                    # ones after it now would send them again on the next run.
+                    counts["held_back"] += 1
+                    continue
+                counts["selected"] += 1
+                missing = reader.missing(to)
+                if missing is not None:
+                    failures[f"{to}: {missing}"] += 1
+                    left_at.setdefault(part, offset)
+                    continue
+                if dry_run:
+                    by_target[to] += 1
+                    continue
+                if producer is None:
+                    producer = ResilientProducer(dict(conf), logger=logger)
+                try:
+                    handle = producer.produce(
+                        to,
+                        msg.value(),
+                        key=msg.key(),
+                        headers=list(info.original_headers),
+                        timestamp=info.original_timestamp if keep_timestamp else None,
+                    )
+                except KafkaClientError as exc:
+                    failures[f"{to}: {exc.name}: {exc.remedy}"] += 1
+                    left_at.setdefault(part, offset)
+                    continue
+                sent.append((part, offset, to, handle))
+            if producer is not None:
+                _deliver(producer, timeout)
+                for part, offset, to, handle in sent:
+                    error = handle.exception(0) if handle.done() else None
+                    if handle.done() and error is None:
+                        by_target[to] += 1
+                        continue
+                    why = (
+                        f"{error.name}: {error.remedy}"
+                        if error is not None
+                        else f"not acknowledged within {timeout:g} s (--timeout)"
+                    )
+                    failures[f"{to}: {why}"] += 1
+                    left_at[part] = min(left_at.get(part, offset), offset)
+            if group is not None and not dry_run and last_read:
+                positions = {p: left_at.get(p, last + 1) for p, last in last_read.items()}
+                try:
+                    reader.commit(positions)
+                    committed = positions
+                except KafkaException as exc:  # replayed, but the group did not move
+                    commit_error = f"{exc.args[0].str() if exc.args else exc}"
+        finally:
+            if producer is not None:
+                with contextlib.suppress(DeliveryError):
+                    producer.close(0)
+        read_errors = dict(reader.read_errors)
+    return ReplayResult(
+        source=source,
+        dry_run=dry_run,
+        read=counts["read"],
+        replayed=sum(by_target.values()),
+        by_target=dict(by_target.most_common()),
+        filtered_out=counts["filtered_out"],
+        limited=counts["limited"],
+        no_topic=counts["no_topic"],
+        held_back=counts["held_back"],
+        failed=sum(failures.values()),
+        failures=dict(failures.most_common()),
+        read_errors=read_errors,
+        limit=limit,
+        group=group,
+        committed=committed,
+        commit_error=commit_error,
+    )
 
 
-def _print_record(out: TextIO, record: _Record, brief: bool) -> None:
-    msg, info = record.msg, record.info
-    ksize, vsize, hsize = _sizes(msg)
-    headers = _headers(msg)
+def _deliver(producer: Any, timeout: float) -> None:
+    """Wait until every replayed record is acknowledged or failed, giving up after
+    ``timeout`` seconds without progress (what is left then is reported as failed)."""
+    waiting = len(producer)
+    quiet_since = time.monotonic()
+    while True:
+        with contextlib.suppress(DeliveryError):  # each record's outcome is on its handle
+            producer.flush(1.0)
+        left = len(producer)
+        if left == 0:
+            return
+        now = time.monotonic()
+        if left < waiting:
+            waiting, quiet_since = left, now
+        elif now - quiet_since >= timeout:
+            return
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``dlq inspect`` and ``dlq replay`` to the ``kresilient`` CLI."""
+    dlq = subparsers.add_parser(
+        "dlq",
+        help="Inspect or replay a dead-letter topic.",
+        description="Inspect or replay a dead-letter topic (kresilient, Spring Kafka and "
+        "Kafka Streams formats).",
+        epilog="Exit codes: 0 done, 1 some records could not be replayed, 2 a usage or "
+        "connection error.",
+    )
+    sub = dlq.add_subparsers(dest="dlq_command", metavar="SUBCOMMAND")
+    dlq.set_defaults(func=lambda _args: _usage(dlq))
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="Show dead-letter records with their decoded headers, and counts by error.",
+        description="Show the records of a dead-letter topic with their decoded headers and "
+        "sizes, then count them by error and by source topic. Nothing is committed.",
+        epilog="Results go to stdout, logs and errors to stderr. Exit codes: 0 done, 2 a "
+        "usage or connection error.",
+    )
+    inspect.add_argument("topic", metavar="TOPIC", help="The dead-letter topic to read.")
+    inspect.add_argument(
+        "--limit",
+        type=_count,
+        default=50,
+        metavar="N",
+        help="Show at most N records (default 50); the counts always cover every record.",
+    )
+    inspect.add_argument(
+        "--brief", action="store_true", help="Leave out the list of headers of each record."
+    )
+    inspect.add_argument(
+        "--show-data",
+        action="store_true",
+        help="Also show each record's key and value: UTF-8 text quoted with control "
+        "characters escaped, other bytes as hex (base64 in JSON).",
+    )
+    inspect.add_argument(
+        "--json",
+        action="store_true",
+        help="Write JSON lines: one object per record shown, then one summary object.",
+    )
+    _connection(
+        inspect,
+        group_help="Start from this consumer group's committed offsets instead of the "
+        "beginning of the topic. Nothing is committed.",
+    )
+    inspect.set_defaults(func=main_inspect)
+
+    replay = sub.add_parser(
+        "replay",
+        help="Write dead-letter records back with their original key, value and headers.",
+        description="Write the selected records of a dead-letter topic back to a topic, each "
+        "with its original key, value and headers (the dead-letter headers are stripped).",
+        epilog="Filters: FIELD=VALUE matches when equal and FIELD~TEXT when containing, both "
+        f"case-insensitive; FIELD is one of {', '.join(_FIELDS)}. Results go to stdout, logs "
+        "and errors to stderr. Exit codes: 0 done, 1 some records could not be replayed, 2 "
+        "a usage or connection error.",
+    )
+    replay.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="TOPIC",
+        help="The dead-letter topic to read.",
+    )
+    replay.add_argument(
+        "--to",
+        dest="target",
+        metavar="TOPIC",
+        help="Write every record to this topic (default: each record's original topic).",
+    )
+    replay.add_argument(
+        "--filter",
+        dest="filters",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="Replay only records that match; repeat it and all filters must match.",
+    )
+    replay.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="Count what would be replayed without writing or committing anything.",
+    )
+    replay.add_argument(
+        "--limit",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="Replay at most N records; the rest are left for a later run.",
+    )
+    replay.add_argument(
+        "--keep-timestamp",
+        action="store_true",
+        help="Give each record its original timestamp instead of the time of the replay.",
+    )
+    replay.add_argument("--json", action="store_true", help="Write the summary as one JSON object.")
+    _connection(
+        replay,
+        group_help="Start from this consumer group's committed offsets and afterwards commit "
+        "past every record replayed or filtered out, never past one left behind.",
+    )
+    replay.set_defaults(func=main_replay)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
+def _connection(parser: argparse.ArgumentParser, *, group_help: str) -> None:
+    parser.add_argument(
+        "--bootstrap-servers",
+        "-b",
+        default=os.environ.get(_BOOTSTRAP_ENV),
+        metavar="HOSTS",
+        help=f"The brokers to connect to, as host:port[,host:port] (default: the "
+        f"{_BOOTSTRAP_ENV} environment variable).",
+    )
+    parser.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="A file of client properties, one key=value per line (e.g. security settings).",
+    )
+    parser.add_argument(
+        "-X",
+        dest="property",
+        action="append",
+        metavar="KEY=VALUE",
+        help="An extra client property; repeat it for several.",
+    )
+    parser.add_argument("--group", default=None, metavar="GROUP", help=group_help)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="Seconds to wait for the cluster: to connect, and without progress while "
+        f"reading or delivering (default {DEFAULT_TIMEOUT:g}).",
+    )
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _arg(args: argparse.Namespace, name: str, default: Any = None) -> Any:
+    """Namespaces built by hand (older examples) may lack the newer options."""
+    return getattr(args, name, default)
+
+
+def _properties(args: argparse.Namespace) -> dict[str, str]:
+    """Client properties from ``--command-config`` and ``-X`` (``-X`` wins)."""
+    config: dict[str, str] = {}
+    path = _arg(args, "command_config")
+    if path:
+        with open(path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                text = line.strip()
+                if not text or text[0] in "#!":
+                    continue
+                key, sep, value = text.partition("=")
+                if not sep:
+                    raise ConfigError(f"{path}:{number}: expected key=value", key=key.strip())
+                config[key.strip()] = value.strip()
+    for item in _arg(args, "property") or ():
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"-X expects key=value, got {item!r}", key=key)
+        config[key.strip()] = value.strip()
+    return config
+
+
+def _fail(command: str, exc: BaseException) -> int:
+    message = getattr(exc, "message", None) or str(exc)
+    sys.stderr.write(f"kresilient dlq {command}: {message}\n")
+    return 2
+
+
+class _ProgressLine:
+    """``read 12,345 of 200,000 records`` on stderr, rewritten in place at most 4 times a
+    second; only when stdout and stderr are terminals (scripts get clean output)."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.shown = 0.0
+        self.used = False
+
+    @staticmethod
+    def wanted() -> bool:
+        return sys.stdout.isatty() and sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self.shown < 0.25:
+            return
+        self.shown, self.used = now, True
+        sys.stderr.write(f"\r{self.label} {done:,} of {total:,} records")
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        if self.used:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def _stderr_logger() -> Any:
+    """A structlog logger for the replay producer: warnings and errors only, to stderr
+    (the CLI's stdout carries results; ``producer_created`` with the config is not one)."""
+    return structlog.wrap_logger(
+        structlog.PrintLogger(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.KeyValueRenderer(key_order=["level", "event"]),
+        ],
+    )
+
+
+def _width(*numbers: int) -> int:
+    return max(len(f"{n:,}") for n in numbers) if numbers else 1
+
+
+def main_inspect(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """``kresilient dlq inspect``: print the records and counts; returns the exit code."""
+    out = out or sys.stdout
+    progress = _ProgressLine("read") if _ProgressLine.wanted() else None
+    try:
+        result = inspect_dead_letters(
+            args.topic,
+            bootstrap_servers=args.bootstrap_servers,
+            config=_properties(args),
+            group=_arg(args, "group"),
+            limit=_arg(args, "limit", 50),
+            timeout=_arg(args, "timeout", DEFAULT_TIMEOUT),
+            progress=progress,
+        )
+    except (KResilientError, KafkaException, OSError) as exc:
+        return _fail("inspect", exc)
+    finally:
+        if progress is not None:
+            progress.clear()
+    data = bool(_arg(args, "show_data", False))
+    if _arg(args, "json", False):
+        for record in result.records:
+            out.write(json.dumps({"record": record.as_dict(data=data)}) + "\n")
+        out.write(json.dumps({"summary": result.summary()}) + "\n")
+        return 0
+    for record in result.records:
+        _print_record(out, record, brief=bool(_arg(args, "brief", False)), data=data)
+    _print_inspect_summary(out, result, _arg(args, "limit", 50))
+    return 0
+
+
+def _print_record(out: TextIO, record: InspectedRecord, *, brief: bool, data: bool) -> None:
+    info = record.info
+    ksize, vsize, hsize = record.sizes
     out.write(
-        f"{msg.topic()}[{msg.partition()}]@{msg.offset()}  key {ksize} B  value {vsize} B  "
-        f"headers {len(headers)} ({hsize} B)  format {info.format or '-'}\n"
+        f"{record.topic}[{record.partition}]@{record.offset}  key {ksize} B  value {vsize} B  "
+        f"headers {len(record.headers)} ({hsize} B)  format {info.format or '-'}\n"
     )
     if info.is_dead_letter:
+        message = _header_text("message", (info.exception_message or "").encode())
+        attempts = info.attempts if info.attempts is not None else "-"
         out.write(
             f"  source     {info.original_topic}[{info.original_partition}]"
             f"@{info.original_offset}  group {info.consumer_group or '-'}\n"
             f"  error      {info.error_category or '-'}  {info.exception_type or '-'}: "
-            f"{_decode('message', (info.exception_message or '').encode())}\n"
-            f"  attempts   {info.attempts if info.attempts is not None else '-'}  "
-            f"failed at {info.failed_at or '-'}\n"
+            f"{message}\n"
+            f"  attempts   {attempts}  failed at {info.failed_at or '-'}\n"
         )
+    if data:
+        out.write(f"  key        {show_bytes(record.key)}\n")
+        out.write(f"  value      {show_bytes(record.value)}\n")
     if not brief:
-        for name, value in headers:
-            out.write(f"    {name} = {_decode(name, value)}\n")
+        for name, value in record.headers:
+            out.write(f"    {name} = {_header_text(name, value)}\n")
 
 
-def _error_key(info: DeadLetterInfo) -> tuple[str, str]:
-    return (info.error_category or "-", info.exception_type or "-")
-
-
-def main_inspect(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """``kresilient dlq inspect``."""
-    out = out or sys.stdout
-    try:
-        config = _client_config(args)
-        by_error: Counter[tuple[str, str]] = Counter()
-        by_source: Counter[str] = Counter()
-        total = key_bytes = value_bytes = header_bytes = 0
-        for record in _read(config, args.topic, args.group, args.timeout):
-            total += 1
-            k, v, h = _sizes(record.msg)
-            key_bytes, value_bytes, header_bytes = key_bytes + k, value_bytes + v, header_bytes + h
-            by_error[_error_key(record.info)] += 1
-            by_source[record.info.original_topic or "-"] += 1
-            if total <= args.limit:
-                if args.json:
-                    out.write(json.dumps({"record": _as_json(record)}) + "\n")
-                else:
-                    _print_record(out, record, args.brief)
-    except (KResilientError, KafkaException, OSError) as exc:
-        sys.stderr.write(f"kresilient dlq inspect: {exc}\n")
-        return 2
-    if args.json:
-        out.write(
-            json.dumps(
-                {
-                    "summary": {
-                        "topic": args.topic,
-                        "records": total,
-                        "key_bytes": key_bytes,
-                        "value_bytes": value_bytes,
-                        "header_bytes": header_bytes,
-                        "by_error": [
-                            {"category": c, "exception": e, "count": n}
-                            for (c, e), n in by_error.most_common()
-                        ],
-                        "by_source_topic": dict(by_source.most_common()),
-                    }
-                }
-            )
-            + "\n"
-        )
-        return 0
-    if total > args.limit:
-        out.write(f"... {total - args.limit} more records not shown (--limit)\n")
+def _print_inspect_summary(out: TextIO, result: InspectResult, limit: int) -> None:
+    rows: list[tuple[int, str]] = [(result.read, f"records in {result.topic}")]
+    rows.append((len(result.records), "shown"))
+    if result.not_shown:
+        rows.append((result.not_shown, f"not shown (--limit {limit})"))
+    if result.not_dead_letters:
+        rows.append((result.not_dead_letters, "without dead-letter headers"))
+    for reason, n in result.read_errors.items():
+        rows.append((n, f"read errors: {reason}"))
+    w = _width(*(n for n, _ in rows))
+    out.write("\n")
+    for n, what in rows:
+        out.write(f"{n:>{w},}  {what}\n")
     out.write(
-        f"\n{args.topic}: {total} records; keys {key_bytes} B, values {value_bytes} B, "
-        f"headers {header_bytes} B\n"
+        f"keys {result.key_bytes:,} B, values {result.value_bytes:,} B, "
+        f"headers {result.header_bytes:,} B\n"
     )
-    if by_error:
-        out.write("\ncount  category          exception\n")
-        for (category, exception), n in by_error.most_common():
-            out.write(f"{n:>5}  {category:<16}  {exception}\n")
-        out.write("\ncount  source topic\n")
-        for source, n in by_source.most_common():
-            out.write(f"{n:>5}  {source}\n")
-    return 0
-
-
-# --------------------------------------------------------------------------- replay
+    if result.by_error:
+        w = max(5, _width(*result.by_error.values()))
+        out.write(f"\n{'count':>{w}}  {'category':<16}  exception\n")
+        for (category, exception), n in result.by_error.items():
+            out.write(f"{n:>{w},}  {category:<16}  {exception}\n")
+        w = max(5, _width(*result.by_source_topic.values()))
+        out.write(f"\n{'count':>{w}}  source topic\n")
+        for source, n in result.by_source_topic.items():
+            out.write(f"{n:>{w},}  {source}\n")
 
 
 def main_replay(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """``kresilient dlq replay``."""
+    """``kresilient dlq replay``: replay and print the summary; returns the exit code."""
     out = out or sys.stdout
+    progress = _ProgressLine("replay: read") if _ProgressLine.wanted() else None
     try:
-        config = _client_config(args)
-        predicates = [_parse_filter(f) for f in args.filters]
-        return _replay(args, config, predicates, out)
+        result = replay_dead_letters(
+            args.source,
+            bootstrap_servers=args.bootstrap_servers,
+            target=_arg(args, "target"),
+            filters=list(_arg(args, "filters", []) or []),
+            group=_arg(args, "group"),
+            limit=_arg(args, "limit"),
+            dry_run=bool(_arg(args, "dry_run", False)),
+            keep_timestamp=bool(_arg(args, "keep_timestamp", False)),
+            config=_properties(args),
+            timeout=_arg(args, "timeout", DEFAULT_TIMEOUT),
+            logger=_stderr_logger(),
+            progress=progress,
+        )
     except (KResilientError, KafkaException, OSError) as exc:
-        sys.stderr.write(f"kresilient dlq replay: {exc}\n")
-        return 2
-
-
-def _replay(
-    args: argparse.Namespace,
-    config: dict[str, str],
-    predicates: Sequence[Callable[[DeadLetterInfo], bool]],
-    out: TextIO,
-) -> int:
-    from kresilient.producer import DeliveryHandle, ResilientProducer
-
-    producer = None if args.dry_run else ResilientProducer(dict(config))
-    seen = selected = 0
-    skipped_no_topic = held_back = 0
-    by_target: Counter[str] = Counter()
-    # The group's commit may only pass records this run is done with: replayed (delivery
-    # acknowledged) or excluded by the filters. Per partition: the last offset read, the first
-    # offset left behind (cut by --limit, no original topic, or failed), and what was sent.
-    last_read: dict[int, int] = {}
-    left_at: dict[int, int] = {}
-    sent: list[tuple[int, int, DeliveryHandle]] = []
-    failed = 0
-    try:
-        for record in _read(config, args.source, args.group, args.timeout):
-            seen += 1
-            info, msg = record.info, record.msg
-            part, offset = msg.partition() or 0, msg.offset() or 0
-            last_read[part] = offset
-            if not all(p(info) for p in predicates):
-                continue
-            if args.limit is not None and selected >= args.limit:
-                left_at.setdefault(part, offset)
-                continue
-            target = args.target or info.original_topic
-            if not target:
-                skipped_no_topic += 1
-                left_at.setdefault(part, offset)
-                continue
-            if args.group is not None and part in left_at:
-                # The group's offset stays before the record left behind; sending the ones
-                # after it now would send them again on the next run.
-                held_back += 1
-                continue
-            selected += 1
-            by_target[target] += 1
-            if producer is not None:
-                timestamp = info.original_timestamp if args.keep_timestamp else None
-                handle = producer.produce(
-                    target,
-                    msg.value(),
-                    key=msg.key(),
-                    headers=list(info.original_headers),
-                    timestamp=timestamp,
-                )
-                sent.append((part, offset, handle))
-        if producer is not None:
-            try:
-                producer.flush(args.timeout)
-            except DeliveryError as exc:
-                sys.stderr.write(f"kresilient dlq replay: {exc}\n")
-            for part, offset, handle in sent:
-                if not handle.done() or handle.exception(0) is not None:
-                    failed += 1
-                    left_at[part] = min(left_at.get(part, offset), offset)
-            if args.group is not None and last_read:
-                commit = {p: left_at.get(p, last + 1) for p, last in last_read.items()}
-                _commit(config, args.source, args.group, commit, args.timeout)
+        return _fail("replay", exc)
     finally:
-        if producer is not None:
-            with contextlib.suppress(DeliveryError):
-                producer.close(args.timeout)
-    verb = "would replay" if args.dry_run else "replayed"
-    targets = ", ".join(f"{n} to {t}" for t, n in by_target.most_common()) or "nothing"
-    out.write(
-        f"{verb} {selected - failed} of {seen} records from {args.source} ({targets}); "
-        f"{seen - selected - skipped_no_topic - held_back} filtered out"
-        + (
-            f", {skipped_no_topic} without an original topic (pass --to)"
-            if skipped_no_topic
-            else ""
+        if progress is not None:
+            progress.clear()
+    if _arg(args, "json", False):
+        out.write(json.dumps({"summary": result.summary()}) + "\n")
+    else:
+        _print_replay_summary(out, result)
+    return 0 if result.ok else 1
+
+
+def _print_replay_summary(out: TextIO, r: ReplayResult) -> None:
+    verb = "would be replayed (dry run)" if r.dry_run else "replayed"
+    targets = ", ".join(f"{n:,} to {t}" for t, n in r.by_target.items())
+    rows: list[tuple[int, str]] = [
+        (r.read, f"records read from {r.source}"),
+        (r.replayed, verb + (f": {targets}" if targets else "")),
+    ]
+    optional = [
+        (r.filtered_out, "filtered out (--filter)"),
+        (r.limited, f"left for a later run (--limit {r.limit})"),
+        (r.no_topic, "without an original topic, not replayed (pass --to TOPIC)"),
+        (r.held_back, "held back behind a record not replayed (replayed by the next run)"),
+        (r.failed, "FAILED"),
+    ]
+    rows += [(n, what) for n, what in optional if n]
+    rows += [(n, f"read errors: {why}") for why, n in r.read_errors.items()]
+    w = _width(*(n for n, _ in rows), *r.failures.values())
+    for n, what in rows:
+        out.write(f"{n:>{w},}  {what}\n")
+    for why, n in r.failures.items():
+        out.write(f"{'':>{w}}  {n:>{w},} x {why}\n")
+    if r.commit_error is not None:
+        out.write(
+            f"group {r.group}: COMMIT FAILED ({r.commit_error}); the next run with --group "
+            "sends these records again\n"
         )
-        + (f", {held_back} held back behind it (--group)" if held_back else "")
-        + (f", {failed} FAILED" if failed else "")
-        + "\n"
-    )
-    return 1 if failed else 0
-
-
-def _commit(
-    config: dict[str, str], topic: str, group: str, positions: dict[int, int], timeout: float
-) -> None:
-    """Commit ``positions`` (partition -> next offset to read) for ``group``."""
-    conf: dict[str, Any] = dict(config)
-    conf.update({"group.id": group, "enable.auto.commit": False})
-    consumer = Consumer(conf)
-    try:
-        consumer.commit(
-            offsets=[TopicPartition(topic, p, o) for p, o in sorted(positions.items())],
-            asynchronous=False,
+    if r.committed is not None:
+        positions = ", ".join(
+            f"partition {p} at offset {o:,}" for p, o in sorted(r.committed.items())
         )
-    finally:
-        consumer.close()
-
-
-def _main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - manual use
-    parser = argparse.ArgumentParser(prog="kresilient")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    result: int = args.func(args)
-    return result
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(_main())
+        out.write(f"group {r.group} committed: {positions}\n")

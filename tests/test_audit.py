@@ -284,7 +284,7 @@ class _FakeAdmin:
     def poll(self, timeout: float = 0) -> int:
         return 0
 
-    def list_topics(self, timeout: float = -1) -> Any:
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
         def part(topic: str, p: int) -> Any:
             leader = -1 if (topic, p) in self.leaderless else 1
             return SimpleNamespace(leader=leader, replicas=[1, 2, 3], isrs=[1, 2, 3])
@@ -385,10 +385,10 @@ def test_offline_and_failing_partitions_leave_the_other_lags_fake_admin() -> Non
 
 def test_unreachable_metadata_is_the_only_exit_2_fake_admin() -> None:
     class Down(_FakeAdmin):
-        def list_topics(self, timeout: float = -1) -> Any:
+        def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT))
 
-    snap = _snapshot(Down({}, {}))
+    snap = _snapshot(Down({}, {}), timeout=0.5)
     assert snap.errors and not snap.partitions
     findings = check_snapshot(snap)
     assert [f.rule for f in findings] == ["KR065"]

@@ -3,10 +3,11 @@ suppressions, and secrets that never reach the output."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from kresilient.cli import main
@@ -310,3 +311,49 @@ def test_unknown_rule_prefix_in_pyproject_is_a_usage_error(
     assert "unknown rule id or prefix 'KR9'" in err
     Path("pyproject.toml").write_text('[tool.kresilient.lint]\nselect = ["KR00"]\n')
     assert _run(capsys, "producer.properties")[0] == 1  # a real prefix: KR006 acks=0
+
+
+# ----------------------------------------------------------------------------- help
+
+
+def subcommand_parsers(*path: str) -> list[argparse.ArgumentParser]:
+    """The parser of ``kresilient <path...>`` and of each of its subcommands."""
+    from kresilient.cli import build_parser
+
+    parser = build_parser()
+    for name in path:
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        parser = sub.choices[name]
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found += list(action.choices.values())
+    return found
+
+
+def assert_help_is_complete(parser: argparse.ArgumentParser) -> None:
+    """Every option has help in plain sentences: capitalised, ending with a full stop, no
+    reStructuredText markup, nothing cut mid-sentence."""
+    texts = {"description": parser.description or "", "epilog": parser.epilog or ""}
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
+            continue
+        texts[action.dest] = action.help or ""
+    for what, text in texts.items():
+        if what == "epilog" and not text:
+            continue
+        assert text, f"{parser.prog}: {what} has no help"
+        assert "``" not in text and ":mod:" not in text, f"{parser.prog} {what}: {text}"
+        assert text[0].isupper() and text.rstrip().endswith((".", ".)")), (
+            f"{parser.prog} {what}: not a sentence: {text!r}"
+        )
+    rendered = parser.format_help()
+    assert "``" not in rendered and not rendered.rstrip().endswith(",")
+
+
+@pytest.mark.parametrize("command", ["lint", "audit"])
+def test_every_help_is_complete(command: str) -> None:
+    """Issue 22: ``lint --help`` ended mid-sentence ("...2 a usage error,"), options of
+    ``audit`` had no help at all."""
+    for parser in subcommand_parsers(command):
+        assert_help_is_complete(parser)

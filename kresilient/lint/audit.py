@@ -14,13 +14,12 @@ all is KR065 (exit code 2). The lag is computed in time linear in the committed 
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
@@ -28,7 +27,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from kresilient.admin import describe_unreachable
+from kresilient.errors import KafkaClientError
+from kresilient.lint.connect import ConnectionErrors, fetch_metadata, quiet_client_config
 from kresilient.lint.engine import unit_findings
 from kresilient.lint.model import ConfigUnit, Entry, Finding
 from kresilient.lint.settings import Settings
@@ -267,37 +267,6 @@ def check_snapshot(
 # ----------------------------------------------------------------------------- cluster access
 
 
-class _Client:
-    """An AdminClient whose librdkafka log lines and errors are kept, not printed: they name
-    the hosts and reasons when the cluster cannot be reached (one line instead of a flood)."""
-
-    def __init__(self, config: Mapping[str, str], timeout: float) -> None:
-        self.servers = str(config.get("bootstrap.servers", ""))
-        self.errors: list[str] = []
-        conf: dict[str, Any] = {
-            "socket.timeout.ms": max(1000, int(timeout * 1000)),
-            "socket.connection.setup.timeout.ms": max(1000, min(int(timeout * 1000), 5000)),
-            "reconnect.backoff.max.ms": 1000,
-            **config,
-            "logger": _QUIET,
-            "error_cb": self._on_error,
-        }
-        self.admin = AdminClient(conf)
-
-    def _on_error(self, err: Any) -> None:
-        if len(self.errors) < 1000:
-            self.errors.append(str(err.str()))
-
-    def unreachable(self, exc: BaseException) -> str:
-        """The one line for a failed first request: hosts and reasons, or the error."""
-        self.admin.poll(0)  # serves error_cb: the per-host reasons
-        err = exc.args[0] if exc.args else None
-        transport = (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._RESOLVE)
-        if isinstance(err, KafkaError) and err.code() in transport:
-            return describe_unreachable(self.servers, self.errors)
-        return f"admin request failed: {_describe(exc)}"
-
-
 def _result(future: Any, timeout: float) -> Any:
     return future.result(timeout=timeout)
 
@@ -350,20 +319,21 @@ def take_snapshot(
     options = options or AuditOptions()
     snap = ClusterSnapshot(bootstrap=str(config.get("bootstrap.servers", "")))
     t = options.timeout
-    client: _Client | None = None
+    errors = ConnectionErrors(snap.bootstrap)
     if admin is None:
+        conf = {"socket.timeout.ms": max(1000, int(t * 1000)), **config}
         try:
-            client = _Client(config, t)
+            admin = AdminClient(quiet_client_config(conf, errors, t))
         except _ERRORS as exc:  # a bad client property
             snap.errors.append(f"admin client not created: {_describe(exc)}")
             return snap
-        admin = client.admin
     try:
-        metadata = admin.list_topics(timeout=t)
+        metadata = fetch_metadata(admin, errors, t)
+    except KafkaClientError as exc:
+        snap.errors.append(exc.message)
+        return snap
     except _ERRORS as exc:
-        snap.errors.append(
-            client.unreachable(exc) if client else f"admin request failed: {_describe(exc)}"
-        )
+        snap.errors.append(f"admin request failed: {_describe(exc)}")
         return snap
     try:
         cluster = _result(admin.describe_cluster(request_timeout=t), t)
@@ -509,13 +479,6 @@ def _describe(exc: BaseException) -> str:
     if err is not None and hasattr(err, "name") and hasattr(err, "str"):
         return f"{err.name()}: {err.str()}"
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-# librdkafka would print every failed reconnect to stderr; the one line that matters is
-# built from error_cb (see _Client.unreachable).
-_QUIET = logging.getLogger("kresilient.lint.audit.librdkafka")
-_QUIET.addHandler(logging.NullHandler())
-_QUIET.propagate = False
 
 
 # What a failed admin request raises (a future's result: KafkaException or TimeoutError).

@@ -1,7 +1,8 @@
 """``kresilient lint`` and ``kresilient audit`` subcommands.
 
 Exit codes: 0 clean, 1 a finding at or above ``--fail-on`` (default error), 2 a usage error,
-a parse error (lint) or an unreachable cluster (audit).
+a parse error (lint), no Kafka configuration found (lint) or an unreachable cluster (audit).
+Reports go to stdout, messages about the run to stderr.
 """
 
 from __future__ import annotations
@@ -65,34 +66,45 @@ def _ids(text: str) -> tuple[str, ...]:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--format", choices=sorted(FORMATS), default="text", help="output format (default: text)"
+        "--format",
+        choices=sorted(FORMATS),
+        default="text",
+        help="The report format: text (default), json, sarif (SARIF 2.1.0 for code scanning) "
+        "or github (workflow annotations).",
     )
-    parser.add_argument("--output", "-o", metavar="FILE", help="write the report to FILE")
+    parser.add_argument(
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="Write the report to FILE; a text summary still goes to stdout.",
+    )
     parser.add_argument(
         "--fail-on",
         type=_severity,
         default=None,
         metavar="SEVERITY",
-        help="exit 1 on findings at or above: error (default), warning, info",
+        help="Exit 1 when a finding is at or above SEVERITY: error (the default), warning or info.",
     )
     parser.add_argument(
         "--select",
         type=_ids,
         default=None,
         metavar="IDS",
-        help="comma-separated rule ids or prefixes to run",
+        help="Run only the rules whose ids start with one of these comma-separated ids or "
+        "prefixes (KR0, KR006).",
     )
     parser.add_argument(
         "--ignore",
         type=_ids,
         default=None,
         metavar="IDS",
-        help="comma-separated rule ids or prefixes to skip",
+        help="Skip the rules whose ids start with one of these comma-separated ids or prefixes.",
     )
     parser.add_argument(
         "--config",
         metavar="PYPROJECT",
-        help="settings file (default: nearest pyproject.toml with [tool.kresilient.lint])",
+        help="Read the settings from this file (default: the nearest pyproject.toml with a "
+        "[tool.kresilient.lint] table).",
     )
 
 
@@ -219,70 +231,111 @@ def _client_config(args: argparse.Namespace) -> dict[str, str]:
     return config
 
 
+_EXIT_CODES = (
+    "Exit codes: 0 clean, 1 a finding at or above --fail-on, 2 a usage error, a file that "
+    "cannot be parsed (KR000) or {what}."
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``lint`` and ``audit`` subcommands to the ``kresilient`` CLI."""
     lint = subparsers.add_parser(
         "lint",
-        help="lint Kafka configs (properties, YAML, JSON, TOML, .env, Python)",
-        description="Lint Kafka client, topic and broker configs. " + __doc__.splitlines()[2]
-        if __doc__
-        else None,
+        help="Lint Kafka configs: .properties, YAML, JSON, TOML, .env and Python files.",
+        description="Lint Kafka client, topic and broker configs for durability, commit, "
+        "rebalance, metadata, partitioner, security and size problems. Directories are "
+        "walked for the file kinds lint reads.",
+        epilog=_EXIT_CODES.format(what="no Kafka configuration found in the paths"),
     )
-    lint.add_argument("paths", nargs="*", metavar="PATH", help="files or directories (default .)")
-    lint.add_argument("--kind", choices=KINDS, help="treat every config as this kind")
-    lint.add_argument("--explain", metavar="ID", help="explain one rule and exit")
-    lint.add_argument("--list-rules", action="store_true", help="list every rule and exit")
+    lint.add_argument(
+        "paths",
+        nargs="*",
+        metavar="PATH",
+        help="Files or directories to lint (default: the current directory).",
+    )
+    lint.add_argument(
+        "--kind",
+        choices=KINDS,
+        help="Treat every config as this kind instead of telling it from its keys.",
+    )
+    lint.add_argument("--explain", metavar="ID", help="Explain one rule, then exit.")
+    lint.add_argument("--list-rules", action="store_true", help="List every rule, then exit.")
     lint.add_argument(
         "--allow-no-config",
         action="store_true",
-        help="exit 0, not 2, when no file holds Kafka settings (for a pre-commit hook that "
-        "passes every changed file)",
+        help="Exit 0, not 2, when no file holds Kafka settings (for a pre-commit hook that "
+        "passes every changed file).",
     )
     lint.add_argument(
         "--verbose",
         "-v",
         action="store_true",
-        help="also list, on stderr, each file read that holds no Kafka settings",
+        help="Also list on stderr each file read that holds no Kafka settings.",
     )
     _common(lint)
     lint.set_defaults(func=run_lint)
 
     audit = subparsers.add_parser(
         "audit",
-        help="audit a live cluster through the Admin API",
-        description="Audit replication, ISR, leaders, racks and consumer lag of a live cluster.",
+        help="Audit a live cluster through the Admin API.",
+        description="Audit the replication, in-sync replicas, leaders, racks and consumer "
+        "lag of a live cluster, and the durability settings of its topics and brokers.",
+        epilog=_EXIT_CODES.format(
+            what="a cluster that cannot be reached (KR065); a part that cannot be read is "
+            "KR066 and the rest is still reported"
+        ),
     )
-    audit.add_argument("--bootstrap-servers", "-b", required=True, metavar="HOSTS")
     audit.add_argument(
-        "--command-config", metavar="FILE", help="client properties file (security settings)"
+        "--bootstrap-servers",
+        "-b",
+        required=True,
+        metavar="HOSTS",
+        help="The brokers to connect to, as host:port[,host:port].",
+    )
+    audit.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="A file of client properties, one key=value per line (e.g. security settings).",
     )
     audit.add_argument(
         "-X",
         dest="property",
         action="append",
         metavar="KEY=VALUE",
-        help="extra client property (repeatable)",
+        help="An extra client property; repeat it for several.",
     )
-    audit.add_argument("--topic", action="append", metavar="NAME", help="only these topics")
+    audit.add_argument(
+        "--topic",
+        action="append",
+        metavar="NAME",
+        help="Audit only this topic; repeat it for several (default: every topic).",
+    )
     audit.add_argument(
         "--group",
         action="append",
         metavar="GROUP",
-        help="only these consumer groups (default: all)",
+        help="Check the lag of this consumer group only; repeat it for several (default: "
+        "every group).",
     )
     audit.add_argument(
         "--lag-threshold",
         type=int,
         default=None,
         metavar="N",
-        help="report groups lagging more than N messages per topic (default 1000)",
+        help="Report a group lagging more than N messages on a topic (default 1000).",
     )
     audit.add_argument(
         "--include-internal",
         action="store_true",
-        help="also audit internal topics (__consumer_offsets ...)",
+        help="Also audit internal topics such as __consumer_offsets.",
     )
-    audit.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
+    audit.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="Seconds to wait for the cluster and for each admin request (default 10).",
+    )
     _common(audit)
     audit.set_defaults(func=run_audit)
 
