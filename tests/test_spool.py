@@ -89,6 +89,7 @@ def test_flush_reports_spooled_not_failed_during_an_outage(tmp_path: Path) -> No
     assert result is not None and result.spooled == 50 and not result.complete
     assert producer._spooler is not None and producer._spooler.kept_failures >= 50
     assert not any(h.done() for h in handles)  # neither delivered nor failed
+    assert producer.health().spooled == 50
     producer.close(0.5)
     assert Spool(tmp_path / "s.db").stored()[1] == 50
 

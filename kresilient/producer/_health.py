@@ -70,6 +70,8 @@ class ProducerHealth:
     metadata_age_ms: dict[str, float]
     last_error: str | None
     last_error_at: float | None
+    #: With a spool: messages stored and not acknowledged yet (``None`` without a spool).
+    spooled: int | None = None
     monitor: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property

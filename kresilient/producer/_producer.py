@@ -1167,6 +1167,11 @@ class ResilientProducer:
             },
             last_error=last[0] if last is not None else None,
             last_error_at=last[1] if last is not None else None,
+            spooled=(
+                self._spooler.unsettled()
+                if self._spooler is not None and not self._closed
+                else None
+            ),
             monitor=snapshot,
         )
 
