@@ -8,6 +8,10 @@ SIGTERM stops the consumer gracefully (exit code 0).
 Crash loops (tests/test_crash_loop.py): ``--die-on V`` calls ``os._exit(1)`` when the handler
 gets value ``V`` (after appending ``died P O``); ``--max-process-deaths N`` (0: off).
 
+Retry topics (tests/test_retry_topics.py): ``--retry-tiers 2,5``; values ``once-*`` fail on the
+source topic only, ``always-*`` fail everywhere; a record handled from a retry topic appends
+``R value due_ms now_ms``.
+
 Shutdown tests (tests/test_consumer_hardening.py): ``--poison V`` makes the handler raise
 ``ValueError`` for value ``V`` (dead-lettered at once); ``--slow-dead-letters`` holds dead-letter
 writes back (``linger.ms`` 60 s), commits only on close and prints ``waiting-for-dead-letters``
@@ -25,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from kresilient.consumer import ResilientConsumer
+from kresilient.consumer import ResilientConsumer, RetryTopicPolicy
 
 
 def main() -> int:
@@ -42,6 +46,7 @@ def main() -> int:
     parser.add_argument("--die-on", default=None, help="a value on which os._exit(1) is called")
     parser.add_argument("--max-process-deaths", type=int, default=3, help="0: protection off")
     parser.add_argument("--instance-id", default=None, help="group.instance.id (static member)")
+    parser.add_argument("--retry-tiers", default=None, help="retry-topic delays, e.g. 2,5")
     args = parser.parse_args()
 
     fd = os.open(args.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -50,6 +55,9 @@ def main() -> int:
 
     poison = args.poison.encode() if args.poison is not None else None
     die_on = args.die_on.encode() if args.die_on is not None else None
+    retry_tiers = (
+        tuple(float(d) for d in args.retry_tiers.split(",")) if args.retry_tiers else None
+    )
     calls = 0
 
     def handle(msg: Any) -> None:
@@ -61,6 +69,14 @@ def main() -> int:
             time.sleep(pause)
         if poison is not None and msg.value() == poison:
             raise ValueError("poison")
+        if retry_tiers is not None:
+            value = msg.value() or b""
+            tier = dict(msg.headers() or []).get("kresilient.retry.tier")
+            if value.startswith(b"always-") or (value.startswith(b"once-") and tier is None):
+                raise RuntimeError("downstream refused")
+            if tier is not None:  # handled from a retry topic: when it was due, when it ran
+                due = dict(msg.headers() or [])["kresilient.retry.due"]
+                os.write(fd, b"R %s %s %d\n" % (value, due, time.time() * 1000))
         if die_on is not None and msg.value() == die_on:
             os.write(fd, b"died %d %d\n" % (msg.partition(), msg.offset()))
             os._exit(1)  # a crash no Python code sees (OOM kill, segfault, os._exit in a lib)
@@ -77,6 +93,8 @@ def main() -> int:
     extra: dict[str, Any] = {"max_process_deaths": args.max_process_deaths or None}
     if args.instance_id:
         conf["group.instance.id"] = args.instance_id
+    if retry_tiers is not None:
+        extra["retry_topics"] = RetryTopicPolicy(delays=retry_tiers)
     consumer: ResilientConsumer
     announced = False
 

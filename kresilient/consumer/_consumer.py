@@ -53,6 +53,7 @@ from kresilient.consumer._failures import DeadLetterSink, FailureHandler
 from kresilient.consumer._holds import TP, Hold, Holds, LoopState, Verdict
 from kresilient.consumer._offsets import OffsetKeeper
 from kresilient.consumer._probes import Probes
+from kresilient.consumer._retrytopics import RetryTopicPolicy, RetryView
 from kresilient.consumer._support import (
     NOT_RETRIED,
     Deserializer,
@@ -84,6 +85,7 @@ __all__ = [
     "ConsumerHealth",
     "ResilientConsumer",
     "RetryPolicy",
+    "RetryTopicPolicy",
 ]
 
 Handler = Callable[[Message], object]
@@ -205,6 +207,10 @@ class ResilientConsumer:
         batch_handler: instead of ``handler``: called with a list of messages of ONE
             partition, in offset order; raise :class:`BatchItemError` to name the failed item.
         retry: the :class:`RetryPolicy`.
+        retry_topics: a :class:`RetryTopicPolicy`: failures it retries are moved to delayed
+            retry topics (``<topic>.retry.<delay>``, subscribed too) instead of holding the
+            partition; after the last tier, the dead-letter topic. Per-message handlers and
+            literal topic names only. Per-key order is given up for the records moved.
         outage_retry: the policy for failures that are a Schema Registry outage (5xx, 429,
             timeout, connection failure, 401/403 anywhere in the exception chain): the record's
             partition is held (paused, polling on) and retried under it; default
@@ -262,6 +268,7 @@ class ResilientConsumer:
         batch_handler: BatchHandler | None = None,
         retry: RetryPolicy = _DEFAULT_RETRY,
         outage_retry: RetryPolicy | None = OUTAGE_RETRY,
+        retry_topics: RetryTopicPolicy | None = None,
         dead_letter: DeadLetterPolicy | None = _DEFAULT_DEAD_LETTER,
         circuit_breaker: CircuitBreakerPolicy | None = _DEFAULT_BREAKER,
         key_deserializer: Deserializer | None = None,
@@ -284,7 +291,7 @@ class ResilientConsumer:
         record_message_key: bool = False,
         metric_partition_attribute: bool = False,
         max_process_deaths: int | None = 3,
-        crash_probe_records: int = 100,
+        crash_probe_records: int = 20,
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
         stall_after_s: float = 60.0,
@@ -296,6 +303,17 @@ class ResilientConsumer:
             raise ConfigError("topics must name at least one topic")
         if max_batch_size < 1 or poll_timeout <= 0:
             raise ConfigError("max_batch_size must be >= 1 and poll_timeout > 0")
+        self._retry_topics = retry_topics
+        retry_map: dict[str, tuple[str, int]] = {}
+        if retry_topics is not None:
+            if batch_handler is not None or any(t.startswith("^") for t in self._topics):
+                raise ConfigError(
+                    "retry_topics needs a per-message handler and literal topic names"
+                )
+            for source in list(self._topics):
+                for tier, name in enumerate(retry_topics.topics(source)):
+                    retry_map[name] = (source, tier)
+                    self._topics.append(name)
         if (max_process_deaths is not None and max_process_deaths < 1) or crash_probe_records < 1:
             raise ConfigError("max_process_deaths must be None or >= 1, crash_probe_records >= 1")
         base_log = logger if logger is not None else structlog.get_logger("kresilient.consumer")
@@ -431,6 +449,7 @@ class ResilientConsumer:
             offsets=offsets,
             retrying=retry.retrying(),
             outage_retrying=outage_retry.retrying() if outage_retry is not None else None,
+            retry_topics=retry_topics,
             policy=dead_letter,
             breaker=self._breaker,
             deser=self._deser,
@@ -454,6 +473,7 @@ class ResilientConsumer:
             shutdown_timeout=shutdown_timeout,
         )
         events.crash = self._crash
+        failures.retry_map = self._retry_map = retry_map
         self._probes = Probes(
             self._consumer,
             offsets,
@@ -525,8 +545,8 @@ class ResilientConsumer:
 
     def _start(self) -> None:
         policy = self._dlq_policy
-        if policy is not None:
-            if policy.require_topic:
+        if policy is not None or self._retry_map:
+            if policy is None or policy.require_topic:
                 self._check_dead_letter_topics(policy)
             target: ResilientProducer | DeadLetterWriter | None = self._user_dlq
             if target is None:
@@ -563,8 +583,13 @@ class ResilientConsumer:
             self._log.info("health_probes_serving", host=host, port=self._health_port)
         self._log.info("consumer_started", topics=self._topics)
 
-    def _check_dead_letter_topics(self, policy: DeadLetterPolicy) -> None:
-        wanted = sorted({policy.topic_for(t) for t in literal_topics(self._topics)})
+    def _check_dead_letter_topics(self, policy: DeadLetterPolicy | None) -> None:
+        retry = self._retry_map
+        wanted = sorted(
+            {policy.topic_for(t) for t in literal_topics(self._topics) if t not in retry}
+            if policy is not None
+            else set()
+        ) + sorted(retry)
         if not wanted:
             return
         deadline = time.monotonic() + _METADATA_TIMEOUT
@@ -594,7 +619,7 @@ class ResilientConsumer:
         ]
         if missing:
             raise ConfigError(
-                f"dead-letter topic(s) {missing} do not exist: create them (replicated like "
+                f"dead-letter/retry topic(s) {missing} do not exist: create them (replicated like "
                 "the source topics, e.g. `kresilient topic create NAME --dlq`) or pass "
                 "DeadLetterPolicy(require_topic=False)",
                 key=None,
@@ -692,6 +717,7 @@ class ResilientConsumer:
         call = self._traced_call if state.traced else self._inner
         holds = self._holds.by_tp
         on_failure = self._failures.on_failure
+        retry_map = self._retry_map
         state.batch = msgs
         state.nonsuccess = state.credited = 0
         state.batch_errors = False
@@ -710,6 +736,9 @@ class ResilientConsumer:
                         if state.interrupt:
                             break
                         continue
+                if retry_map and msg.topic() in retry_map and self._defer(msg):
+                    state.nonsuccess += 1
+                    continue
                 try:
                     call(msg)
                 except _Handled as handled:
@@ -750,6 +779,24 @@ class ResilientConsumer:
             else:
                 return
         raise _Handled(stop)
+
+    def _defer(self, msg: Message) -> bool:
+        """A retry-topic record not due yet: hold its partition (paused, seeked back to it)
+        until it is; True if deferred. Nothing sleeps: the loop keeps polling."""
+        due_ms = RetryView(msg).due_ms()
+        if due_ms is None:
+            return False
+        wait = due_ms / 1000.0 - time.time()
+        if wait <= 0:
+            return False
+        offset = msg.offset()
+        assert offset is not None
+        tp: TP = (msg.topic(), msg.partition())  # type: ignore[assignment]
+        self._offsets.store(tp, offset, msg.leader_epoch())  # everything before it is done
+        self._holds.by_tp[tp] = Hold(tp=tp, offset=offset, due=time.monotonic() + wait)
+        self._holds.excluded.add(tp)
+        self._holds.pause(tp, offset)
+        return True
 
     def _held(self, hold: Hold, msg: Message, call: Callable[[Any], object]) -> None:
         """A message of a held partition: skip it, or run the held message's next attempt."""

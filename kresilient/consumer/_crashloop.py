@@ -6,8 +6,10 @@ every restart and stalls its partition forever. The count is kept where the part
 progress already is: the committed offset's metadata.
 
 * A clean end (revoke, close) commits the stored offsets with the ``clean`` marker.
-* A partition assigned without that marker (the previous owner died, was cut off, never
-  committed) is *probed*: for its next ``window`` records, before each handler call the
+* A partition never committed (a new group) gets one commit of its first record's offset,
+  without the clean marker, before that record is handled.
+* A partition assigned without the clean marker (the previous owner died or was cut off) is
+  *probed*: for its next ``window`` records, before each handler call the
   record's offset, its deaths so far and the time of its first attempt are committed
   synchronously (the committed OFFSET is still only what was processed or durably
   dead-lettered; the metadata names the record in flight). When the probe ends, one commit
@@ -133,6 +135,7 @@ class Probe:
     suspect: int | None = None  #: the record that was in flight at the last death
     deaths: int = 0  #: the suspect's deaths, this one included
     first_ms: int | None = None
+    seed: bool = False  #: never committed: commit the first record's offset, then stop
 
 
 class CrashGuard:
@@ -179,7 +182,14 @@ class CrashGuard:
             if marker is not None and marker.clean:
                 self.probes.pop(tp, None)
                 continue
-            probe = Probe(tp=tp, remaining=self.window, base=0 if part.offset < 0 else 1)
+            if part.offset < 0 and marker is None:
+                # never committed (a new group): no probe, one commit of the first record's
+                # offset without the clean marker, so a death before the first regular commit
+                # makes the next start probe (a per-record probe here would cost every new
+                # group a synchronous commit per record)
+                self.probes[tp] = Probe(tp=tp, remaining=0, base=0, seed=True)
+                continue
+            probe = Probe(tp=tp, remaining=self.window, base=1)
             if marker is not None and marker.offset is not None and marker.offset >= part.offset:
                 probe.base = 0
                 probe.suspect = marker.offset
@@ -209,6 +219,10 @@ class CrashGuard:
             tp = (msg.topic(), msg.partition())
             probe = self.probes.get(tp)  # type: ignore[arg-type]
             if probe is None:
+                return call(msg)
+            if probe.seed:
+                del self.probes[probe.tp]
+                self._offsets.commit_marker(probe.tp, msg.offset(), _PROBE_END)
                 return call(msg)
             try:
                 self._before(probe, msg)

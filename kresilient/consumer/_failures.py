@@ -26,8 +26,15 @@ from confluent_kafka import Message
 from kresilient.consumer._breaker import CircuitBreaker
 from kresilient.consumer._crashloop import is_crash_loop
 from kresilient.consumer._holds import TP, Hold, Holds, LoopState
+from kresilient.consumer._offsets import MovedHandle, OffsetKeeper
 from kresilient.consumer._registry import is_outage, registry_classification
-from kresilient.deadletter import DeadLetterPolicy, DeadLetterWriter, build_dead_letter_record
+from kresilient.consumer._retrytopics import RetryTopicPolicy, RetryView, retry_headers
+from kresilient.deadletter import (
+    DeadLetterPolicy,
+    DeadLetterRecord,
+    DeadLetterWriter,
+    build_dead_letter_record,
+)
 from kresilient.errors import (
     Action,
     Classification,
@@ -40,9 +47,8 @@ from kresilient.errors import (
 )
 
 if TYPE_CHECKING:
-    from kresilient.consumer._offsets import OffsetKeeper
     from kresilient.consumer._support import Deserializing
-    from kresilient.deadletter import DeadLetterHandle, DeadLetterRecord
+    from kresilient.deadletter import DeadLetterHandle
     from kresilient.producer import ResilientProducer
     from kresilient.telemetry import Telemetry
 
@@ -193,6 +199,7 @@ class FailureHandler:
         offsets: OffsetKeeper,
         retrying: tenacity.Retrying,
         outage_retrying: tenacity.Retrying | None = None,
+        retry_topics: RetryTopicPolicy | None = None,
         policy: DeadLetterPolicy | None,
         breaker: CircuitBreaker | None,
         deser: Deserializing | None,
@@ -207,6 +214,10 @@ class FailureHandler:
         self.offsets = offsets
         self.retrying = retrying
         self.outage_retrying = outage_retrying
+        self.retry_topics = retry_topics
+        #: retry topic -> (original topic, tier index)
+        self.retry_map: dict[str, tuple[str, int]] = {}
+        self.moved = 0  #: records written to a retry topic (acknowledged or not)
         self.policy = policy
         self.breaker = breaker
         self.deser = deser
@@ -255,8 +266,20 @@ class FailureHandler:
             if not was_excluded:
                 excluded.discard(tp)
             return
+        if (
+            self.retry_topics is not None
+            and not self.batch_mode
+            and not is_crash_loop(exc)
+            and self.retry_topics.retries(exc)
+        ):
+            del holds[tp]
+            self._move(tp, msg, exc, hold.attempts)
+            if not was_excluded:
+                excluded.discard(tp)
+            return
         state = hold.state
-        assert state is not None
+        if state is None:  # a deferred retry-topic record (not due when first fetched)
+            state = hold.state = tenacity.RetryCallState(self.retrying, None, (), {})
         state.attempt_number = hold.attempts - hold.outages
         state.set_exception((type(exc), exc, exc.__traceback__))
         classification = outage if outage is not None else classify(exc)
@@ -279,6 +302,45 @@ class FailureHandler:
         self._dead_letter(tp, hold.attempts, batch or [msg], exc, classification)
         if not was_excluded:
             excluded.discard(tp)  # the rest of the partition flows and is stored
+
+    def _move(self, tp: TP, msg: Message, exc: BaseException, attempts: int) -> None:
+        """Write ``msg`` to its next retry tier (or, after the last, dead-letter it)."""
+        policy = self.retry_topics
+        sink = self.sink
+        assert policy is not None
+        retried = self.retry_map.get(msg.topic() or "")
+        if retried is not None:
+            source, tier = retried[0], retried[1] + 1
+        else:
+            source, tier = msg.topic() or "", 0
+        if tier >= len(policy.delays):
+            self._dead_letter(tp, tier + 1, [msg], exc, classify(exc))
+            return
+        if sink is None:
+            raise exc  # no writer (cannot happen: run() makes one for retry topics)
+        raw = self.deser.raw_bytes(msg) if self.deser is not None else None
+        topic = policy.topic(source, tier)
+        record = DeadLetterRecord(
+            topic=topic,
+            key=raw[0] if raw is not None else msg.key(),
+            value=raw[1] if raw is not None else msg.value(),
+            headers=retry_headers(msg, tier=tier, delay=policy.delays[tier], exc=exc),
+        )
+        handle = sink.send(record)
+        offset = msg.offset()
+        assert offset is not None
+        self.offsets.add_dead_letters(tp, offset, [MovedHandle(handle)], offset + 1)
+        self.moved += 1
+        self.log.info(
+            "message_moved_to_retry_topic",
+            topic=tp[0],
+            partition=tp[1],
+            offset=offset,
+            retry_topic=topic,
+            delay_s=policy.delays[tier],
+            attempts=attempts,
+            error_type=type(exc).__name__,
+        )
 
     def _outage_retry(
         self, hold: Hold, exc: BaseException, classification: Classification, now: float
@@ -406,6 +468,9 @@ class FailureHandler:
         attempts: int,
     ) -> Any:
         raw = self.deser.raw_bytes(msg) if self.deser is not None else None
+        if self.retry_map and msg.topic() in self.retry_map:
+            # a record failing its last retry tier: its ORIGINAL record, to the original's DLQ
+            msg = cast(Message, RetryView(msg))
         topic = policy.topic_for(msg.topic() or "")
         with self.tel.dead_letter_span(
             topic,

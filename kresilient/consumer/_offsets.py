@@ -158,7 +158,7 @@ class OffsetKeeper:
                             topic=self._dlq_topic(tp[0]),
                             classification=error.classification,
                         ) from error
-                self.dead_lettered += len(handles)
+                self.dead_lettered += _dead_letters(handles)
                 released = True
             if not pending.entries:
                 del self.pending[tp]
@@ -181,7 +181,7 @@ class OffsetKeeper:
             while pending.entries and all(
                 h.done() and h.exception(0) is None for h in pending.entries[0][1]
             ):
-                self.dead_lettered += len(pending.entries.popleft()[1])
+                self.dead_lettered += _dead_letters(pending.entries.popleft()[1])
             if pending.entries:
                 self._log.warning(
                     "dead_letter_unacknowledged",
@@ -281,6 +281,26 @@ class OffsetKeeper:
             note="offsets stay stored: the next commit carries them; a rebalance before "
             "then redelivers (at-least-once)",
         )
+
+
+class MovedHandle:
+    """The handle of a write to a retry topic: holds the source offset back like a dead
+    letter, but is not counted as one."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def done(self) -> bool:
+        return bool(self.handle.done())
+
+    def exception(self, timeout: float | None = None) -> Any:
+        return self.handle.exception(timeout)
+
+
+def _dead_letters(handles: list[Any]) -> int:
+    return sum(1 for h in handles if not isinstance(h, MovedHandle))
 
 
 def _no_offset(exc: KafkaException) -> bool:
