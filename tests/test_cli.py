@@ -545,3 +545,21 @@ def test_create_topics_example_is_idempotent(bootstrap: str) -> None:
     second = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert second.returncode == 0, second.stderr
     assert [line.split()[0] for line in second.stdout.splitlines()] == ["exists"] * 4
+
+
+@pytest.mark.integration
+def test_dlq_replay_example_replays_only_the_fixed_cause_once(bootstrap: str) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "dlq_replay.py"
+    out = subprocess.run(
+        [sys.executable, str(example), "--bootstrap-servers", bootstrap],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "1 x poison json.decoder.JSONDecodeError" in out.stdout
+    assert "1 x unknown ConnectionError" in out.stdout
+    assert '"replayed": 1' in out.stdout and '"filtered_out": 1' in out.stdout
+    assert "second replay: read 0, replayed 0" in out.stdout
+    assert out.stdout.rstrip().endswith("handled [0, 2, 4, 3]"), out.stdout[-2000:]
