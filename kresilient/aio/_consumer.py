@@ -24,12 +24,11 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import dataclasses
 import inspect
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
 import structlog
@@ -37,7 +36,7 @@ import tenacity
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from kresilient.config import consumer_config
-from kresilient.consumer import RetryPolicy
+from kresilient.consumer import CircuitBreaker, RetryPolicy, poison
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
     DeadLetterPolicy,
@@ -45,14 +44,11 @@ from kresilient.deadletter import (
     build_dead_letter_record,
 )
 from kresilient.errors import (
-    Action,
     CircuitBreakerOpenError,
     Classification,
     ConfigError,
     DeadLetterError,
-    ErrorCategory,
     classify,
-    is_unproducible,
     translate,
 )
 from kresilient.redaction import Redactor
@@ -74,125 +70,25 @@ _RUN: Final = 64
 #: A partition with this many records waiting is paused until it is down to half.
 _MAX_BUFFERED: Final = 2_000
 #: Same replay remedy as the sync consumer's POISON (duplicate of consumer/_failures.poison).
-_POISON_REMEDY: Final = (
-    "The handler rejected this record and the retry policy does not retry that exception "
-    "(deserialization/validation): fix the record or the handler, then `kresilient dlq replay`"
-)
 _DEAD_LETTER_RETRY_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
-
-
-_UNSTARTED: Final = object()
-
-
-def _poison(classification: Classification) -> Classification:
-    # DUPLICATE of kresilient.consumer._failures.poison (private there): remove once public.
-    if is_unproducible(classification) or classification.category is not ErrorCategory.UNKNOWN:
-        return classification
-    return dataclasses.replace(
-        classification,
-        category=ErrorCategory.POISON,
-        action=Action.DEAD_LETTER,
-        remedy=_POISON_REMEDY,
-    )
-
-
-class _Breaker:
-    """DUPLICATE (minimal) of kresilient.consumer._breaker.CircuitBreaker, private there."""
-
-    def __init__(self, policy: CircuitBreakerPolicy) -> None:
-        self.policy = policy
-        self.consecutive = 0
-        self._events: collections.deque[tuple[float, bool]] = collections.deque()
-
-    def _trim(self, now: float) -> None:
-        horizon = now - self.policy.window
-        while self._events and self._events[0][0] < horizon:
-            self._events.popleft()
-
-    def success(self) -> None:
-        self.consecutive = 0
-        if self.policy.max_ratio is not None:
-            now = time.monotonic()
-            self._events.append((now, False))
-            self._trim(now)
-
-    def dead_letter(self) -> CircuitBreakerOpenError | None:
-        """Record one dead letter; the error to stop with if the breaker opens."""
-        self.consecutive += 1
-        policy = self.policy
-        if policy.max_consecutive is not None and self.consecutive > policy.max_consecutive:
-            return CircuitBreakerOpenError(dead_letters=self.consecutive, window=policy.window)
-        if policy.max_ratio is not None:
-            now = time.monotonic()
-            self._events.append((now, True))
-            self._trim(now)
-            total = len(self._events)
-            dead = sum(1 for _, d in self._events if d)
-            if total >= policy.min_messages and dead / total > policy.max_ratio:
-                return CircuitBreakerOpenError(dead_letters=dead, window=policy.window)
-        return None
 
 
 class _Partition:
     """One assigned partition: its buffered records and its (single) worker task."""
 
-    __slots__ = ("cut", "done", "held", "paused", "queue", "revoked", "task", "tp")
+    __slots__ = ("cut", "held", "last", "paused", "queue", "revoked", "task", "tp")
 
     def __init__(self, tp: TP) -> None:
         self.tp = tp
         self.queue: collections.deque[Message] = collections.deque()
         self.task: asyncio.Task[None] | None = None
-        self.done: int | None = None  # next offset to store (all before it handled)
+        # the last record handled (or dead-lettered) in order: its offset + 1 is stored next
+        # (kept as the message, so the hot path makes no offset() call per record)
+        self.last: Message | None = None
         self.held = False  # a retry wait or an unacknowledged dead letter: paused
         self.paused = False
         self.revoked = False
         self.cut = asyncio.Event()  # set (on the loop) by stop/revoke: ends retry waits
-
-
-class _Timed:
-    """Drives a handler coroutine and warns when one step of it blocks the event loop.
-
-    ``step``: what the coroutine yielded on a first ``send(None)`` already made by the
-    caller (the fast path starts handlers itself and builds this only if they suspend).
-    """
-
-    __slots__ = ("_coro", "_msg", "_owner", "_step")
-
-    def __init__(
-        self, coro: Any, msg: Message, owner: AsyncResilientConsumer, step: Any = _UNSTARTED
-    ) -> None:
-        self._coro = coro
-        self._msg = msg
-        self._owner = owner
-        self._step = step
-
-    def __await__(self) -> Generator[Any, Any, object]:
-        coro = self._coro
-        owner = self._owner
-        threshold = owner._blocking_threshold
-        clock = time.perf_counter
-        value: Any = None
-        error: BaseException | None = None
-        step = self._step
-        while True:
-            if step is _UNSTARTED:
-                owner._current = self._msg  # which record a blocked step belongs to
-                began = clock()
-                try:
-                    step = coro.throw(error) if error is not None else coro.send(value)
-                except StopIteration as stop:
-                    if clock() - began > threshold:
-                        owner._blocked(clock() - began)
-                    return stop.value
-                if clock() - began > threshold:
-                    owner._blocked(clock() - began)
-            try:
-                value = yield step
-                error = None
-            except BaseException as exc:  # cancellation and throw() go into the handler
-                value = None
-                error = exc
-            step = _UNSTARTED
 
 
 class AsyncResilientConsumer:
@@ -290,7 +186,7 @@ class AsyncResilientConsumer:
         self._handler_name = getattr(handler, "__qualname__", type(handler).__qualname__)
         self._retry = retry if retry is not None else RetryPolicy()
         self._dead_letter = dead_letter
-        self._breaker = _Breaker(circuit_breaker) if circuit_breaker is not None else None
+        self._breaker = CircuitBreaker(circuit_breaker) if circuit_breaker is not None else None
         self._max_concurrency = max_concurrency
         # None: no step timing (saves ~0.5 us a record; blocking handlers go unnoticed)
         self._timing = blocking_warning_s is not None
@@ -323,10 +219,16 @@ class AsyncResilientConsumer:
         )
         self._sem: asyncio.Semaphore | None = None
         self.processed = 0
+        self._credited = 0  # of `processed`, credited to the breaker
         self.dead_lettered = 0
         self.retries = 0
         self.blocked_warnings = 0
-        self._current: Message | None = None
+        # the heartbeat of the blocking warning (loop.time() values)
+        self._beat_period = max(self._blocking_threshold / 4, 0.005)
+        self._beat_at = 0.0
+        self._beat_due = 0.0
+        self._beat_late = 0.0
+        self._beat_handle: asyncio.TimerHandle | None = None
         self._traced = False
         self._queued = 0  # records waiting in partition queues (all partitions)
         self._flowing = False  # the last consume returned records (worker thread only)
@@ -367,10 +269,14 @@ class AsyncResilientConsumer:
         self._sem = asyncio.Semaphore(self._max_concurrency)
         signals = self._install_signals(loop)
         cancelled: asyncio.CancelledError | None = None
+        if self._timing:
+            self._beat_due = loop.time()
+            self._heartbeat()
         try:
             await self._kafka(self._open)
             while not self._stop and self._error is None:
                 self._traced = self._tel.enabled  # a provider set late is picked up here
+                self._credit_breaker()
                 batch = await self._kafka(self._step, self._pending_ops())
                 self._dispatch(batch)
                 if self._queued:
@@ -384,6 +290,8 @@ class AsyncResilientConsumer:
         finally:
             self._restore_signals(loop, signals)
             await self._shutdown()
+            if self._beat_handle is not None:
+                self._beat_handle.cancel()
         if cancelled is not None:
             raise cancelled
         if self._error is not None:
@@ -543,9 +451,9 @@ class AsyncResilientConsumer:
         out = []
         for tp in list(self._parts) if tps is None else tps:
             part = self._parts.get(tp)
-            if part is not None and part.done is not None:
-                out.append(TopicPartition(tp[0], tp[1], part.done))
-                part.done = None
+            if part is not None and part.last is not None:
+                out.append(TopicPartition(tp[0], tp[1], (part.last.offset() or 0) + 1))
+                part.last = None
         return out
 
     # ------------------------------------------------------------------ the event loop
@@ -566,19 +474,36 @@ class AsyncResilientConsumer:
         return self._take_done(), pause, resume
 
     def _dispatch(self, batch: list[Message]) -> None:
-        """Queue each record behind its partition's; start the partition's worker if idle."""
+        """Queue each record behind its partition's; start the partition's worker if idle.
+
+        A batch holds runs of records of one partition: the partition is looked up once per
+        run (by partition number, and topic only when several topics are assigned), not per
+        record.
+        """
         parts = self._parts
+        multi = len({tp[0] for tp in parts}) > 1
         queued = 0
+        last_p: int | None = -2
+        last_t: str | None = None
+        part: _Partition | None = None
+        touched: list[_Partition] = []
         for msg in batch:
             if msg.error() is not None:
                 self._consume_error(msg)
                 continue
-            part = parts.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
-            if part is None or part.revoked:
-                continue  # fetched before a revoke: the new owner reads it again
-            part.queue.append(msg)
-            queued += 1
-            if part.task is None:
+            p = msg.partition()
+            if p != last_p or (multi and msg.topic() != last_t):
+                last_p, last_t = p, msg.topic()
+                part = parts.get((last_t, p))  # type: ignore[arg-type]
+                if part is not None and part.revoked:
+                    part = None  # fetched before a revoke: the new owner reads it again
+                elif part is not None and part.task is None:
+                    touched.append(part)
+            if part is not None:
+                part.queue.append(msg)
+                queued += 1
+        for part in touched:
+            if part.task is None and part.queue:
                 part.task = asyncio.create_task(self._work(part), name=f"kresilient {part.tp}")
         if queued:
             self._queued += queued
@@ -594,67 +519,59 @@ class AsyncResilientConsumer:
         self._log.warning("consume_error", error=err.name(), reason=self._scrub(err.str()))
 
     async def _work(self, part: _Partition) -> None:
-        """One partition's records, one at a time, in order."""
+        """One partition's records, one at a time, in order.
+
+        The hot path per record: ``await handler(msg)`` and one attribute store (plus one
+        clock read when the blocking warning is on); the queue count and the breaker are
+        settled once per run, the offset to store is read from ``part.last`` when stored.
+        """
         sem = self._sem
         assert sem is not None
-        handler, breaker = self._handler, self._breaker
-        clock, threshold, timing = time.perf_counter, self._blocking_threshold, self._timing
+        handler = self._handler
+        queue = part.queue
+        timing, threshold = self._timing, self._blocking_threshold
+        clock = time.monotonic
         try:
-            while part.queue and not part.revoked and not self._stop and self._error is None:
+            while queue and not part.revoked and not self._stop and self._error is None:
                 # A run of records per acquisition: one task switch per run, not per record
                 # (max_concurrency bounds handlers running at once, not their order).
                 async with sem:
-                    for _ in range(_RUN):
-                        if not part.queue or part.revoked or self._stop or self._error:
-                            break
-                        msg = part.queue.popleft()
-                        self._queued -= 1
+                    taken = 0
+                    try:
+                        prev = clock()
+                        while taken < _RUN and queue:
+                            if part.revoked or self._stop or self._error is not None:
+                                break
+                            msg = queue.popleft()
+                            taken += 1
+                            try:
+                                if self._traced:
+                                    ok = await self._process(msg, part)
+                                else:
+                                    try:
+                                        await handler(msg)
+                                    except Exception as exc:  # retries, dead letter
+                                        ok = await self._process(msg, part, exc)
+                                    else:
+                                        ok = True
+                                        self.processed += 1  # breaker credited in bulk
+                            except BaseException as exc:  # not an Exception: never skip it
+                                taken -= 1  # _interrupted puts it back in front
+                                if self._interrupted(msg, part, exc):
+                                    raise
+                                return
+                            if timing:
+                                now = clock()
+                                if now - prev > threshold:
+                                    self._check_blocked(msg, now - prev)
+                                prev = now
+                            if not ok:
+                                break  # stopping (or revoked): nothing stored past it
+                            part.last = msg
+                    finally:
+                        self._queued -= taken
                         if not self._queued:
                             self._drained.set()
-                        try:
-                            if self._traced:
-                                ok = await self._process(msg, part)
-                            elif not timing:  # untraced, untimed: a plain await
-                                try:
-                                    await handler(msg)
-                                except Exception as exc:
-                                    ok = await self._process(msg, part, exc)
-                                else:
-                                    ok = True
-                                    self.processed += 1
-                                    if breaker is not None:
-                                        breaker.success()
-                            else:  # the untraced success path: no span scope, no retry state
-                                # The first step runs here; a trampoline only if it suspends.
-                                coro: Any = handler(msg)
-                                self._current = msg
-                                began = clock()
-                                try:
-                                    step = coro.send(None)
-                                    if clock() - began > threshold:
-                                        self._blocked(clock() - began)
-                                    await _Timed(coro, msg, self, step)
-                                except StopIteration:
-                                    if clock() - began > threshold:
-                                        self._blocked(clock() - began)
-                                    failed = None
-                                except Exception as exc:
-                                    failed = exc
-                                else:
-                                    failed = None
-                                if failed is None:
-                                    ok = True
-                                    self.processed += 1
-                                    if breaker is not None:
-                                        breaker.success()
-                                else:  # retries, dead letter: the full path (counts itself)
-                                    ok = await self._process(msg, part, failed)
-                        except BaseException as exc:  # not an Exception: never skip it
-                            if self._interrupted(msg, part, exc):
-                                raise
-                            return
-                        if ok:
-                            part.done = (msg.offset() or 0) + 1
         finally:
             part.task = None
 
@@ -665,8 +582,6 @@ class AsyncResilientConsumer:
         cancellation stops the consumer with that exception (``run()`` raises it). True: the
         worker re-raises it (its own cancellation, KeyboardInterrupt, SystemExit)."""
         part.queue.appendleft(msg)
-        self._queued += 1
-        self._drained.clear()
         task = asyncio.current_task()
         if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
             return True  # our shutdown (or the application's) cancelled it: not an error
@@ -703,10 +618,7 @@ class AsyncResilientConsumer:
                         failed: Exception = first
                         first = None
                         raise failed
-                    if self._timing:
-                        await _Timed(self._handler(msg), msg, self)
-                    else:
-                        await self._handler(msg)
+                    await self._handler(msg)
                 except Exception as exc:
                     failure = exc
                     classification = classify(exc)
@@ -717,7 +629,7 @@ class AsyncResilientConsumer:
                     state.attempt_number = attempt
                     state.set_exception((type(exc), exc, exc.__traceback__))
                     if not retrying.retry(state):
-                        classification = _poison(classification)
+                        classification = poison(classification)
                     else:
                         wait = float(retrying.wait(state))
                         state.upcoming_sleep = wait
@@ -727,9 +639,7 @@ class AsyncResilientConsumer:
                                 None, attempt, exc, classification=classification, delay_s=wait
                             )
             if failure is None:
-                self.processed += 1
-                if self._breaker is not None:
-                    self._breaker.success()
+                self.processed += 1  # the breaker is credited in bulk (_credit_breaker)
                 return True
             if delay is None:
                 return await self._dead_letter_record(msg, part, failure, classification, attempt)
@@ -788,6 +698,8 @@ class AsyncResilientConsumer:
                 offset=msg.offset(),
                 error_type=type(exc).__name__,
             )
+            return False
+        if not self._breaker_allows(msg):
             return False
         record = build_dead_letter_record(
             msg,
@@ -849,12 +761,38 @@ class AsyncResilientConsumer:
             category=classification.category.name,
             attempts=attempts,
         )
-        if self._breaker is not None:
-            opened = self._breaker.dead_letter()
-            if opened is not None and self._error is None:
+        return True
+
+    def _credit_breaker(self) -> None:
+        """Credit the breaker with the successes since the last call (in bulk: once per
+        poll step and before each dead letter, never per record)."""
+        breaker = self._breaker
+        if breaker is not None and self.processed > self._credited:
+            breaker.record_successes(self.processed - self._credited)
+            self._credited = self.processed
+
+    def _breaker_allows(self, msg: Message) -> bool:
+        """One more dead letter allowed? Otherwise the breaker opens: the consumer stops with
+        :class:`~kresilient.CircuitBreakerOpenError` and ``msg`` stays uncommitted (the same
+        rule as ResilientConsumer: at most ``max_consecutive`` dead letters in a row)."""
+        breaker = self._breaker
+        if breaker is None:
+            return True
+        self._credit_breaker()
+        try:
+            breaker.check()
+        except CircuitBreakerOpenError as opened:
+            self._tel.circuit_breaker_opened(
+                topic=msg.topic(),
+                partition=msg.partition(),
+                offset=msg.offset(),
+                **breaker.snapshot(),
+            )
+            if self._error is None:
                 self._error = opened
-                self._log.error("circuit_breaker_open", dead_letters=opened.dead_letters)
-                self.stop()
+            self.stop()
+            return False
+        breaker.record_dead_letter()  # counted when queued, as the sync consumer does
         return True
 
     def _make_writer(self) -> DeadLetterWriter:
@@ -866,9 +804,39 @@ class AsyncResilientConsumer:
             logger=self._log,
         )
 
-    def _blocked(self, seconds: float) -> None:
+    # The blocking warning. Timing each step of a handler coroutine exactly needs a Python
+    # trampoline around it (coro.send + StopIteration per record: ~1 us); instead the worker
+    # reads the clock once per record, and a heartbeat on the loop (every quarter of the
+    # threshold) tells a handler that held the loop from one that awaited.
+
+    def _heartbeat(self) -> None:
+        loop = self._loop
+        if loop is None or not self._running:
+            return
+        now = loop.time()
+        late = now - self._beat_due
+        if late > self._beat_late:
+            self._beat_late = late  # the loop was held this long (by something) meanwhile
+        self._beat_at = now
+        self._beat_due = now + self._beat_period
+        self._beat_handle = loop.call_at(self._beat_due, self._heartbeat)
+
+    def _check_blocked(self, msg: Message, elapsed: float) -> None:
+        """A record took ``elapsed`` s (> threshold) as the worker saw it: warn if the
+        handler held the loop, not if it awaited (the loop ran meanwhile)."""
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        if now - self._beat_at >= elapsed:
+            blocked = elapsed  # no heartbeat ran: the handler never let the loop run
+        else:  # it awaited; was the loop held by a step of it (or is it held right now)?
+            blocked = max(self._beat_late, now - self._beat_due)
+        self._beat_late = 0.0
+        if blocked > self._blocking_threshold:
+            self._blocked(msg, blocked)
+
+    def _blocked(self, msg: Message, seconds: float) -> None:
         self.blocked_warnings += 1
-        msg = self._current
         self._log.warning(
             "handler_blocked_event_loop",
             handler=self._handler_name,
