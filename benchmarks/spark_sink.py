@@ -32,75 +32,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-_CONNECTOR_PREFIXES = (
-    "spark-sql-kafka-0-10",
-    "spark-token-provider-kafka-0-10",
-    "kafka-clients",
-    "commons-pool2",
-)
-_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
-
 
 def connector_jars(spark_version: str) -> list[str]:
-    """The built-in Kafka connector's jars for ``spark_version`` (resolved once, then cached).
+    """The built-in Kafka connector's jars (resolved once through Maven, then cached)."""
+    from kresilient.spark.connector import connector_jars as resolve
 
-    Only jars Spark does not already ship are returned (the rest are ``provided``).
-    """
-    from kresilient.testing._broker_jars import cache_root
-
-    target = cache_root() / "spark-kafka" / spark_version
-    marker = target / ".complete"
-    if not marker.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(target.parent / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not marker.exists():
-                _resolve_connector(spark_version, target)
-    return sorted(str(p) for p in target.glob("*.jar") if p.name.startswith(_CONNECTOR_PREFIXES))
-
-
-def _resolve_connector(spark_version: str, target: Path) -> None:
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise SystemExit("Maven ('mvn') is needed once to fetch spark-sql-kafka-0-10")
-    staging = Path(tempfile.mkdtemp(prefix="spark-kafka-", dir=target.parent))
-    try:
-        pom = staging / "pom.xml"
-        pom.write_bytes(
-            resources.files("kresilient").joinpath("_data/spark-kafka-pom.xml").read_bytes()
-        )
-        cmd = [
-            mvn, "-B", "-q", "-f", str(pom), f"-Dspark.version={spark_version}",
-            f"{_DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime",
-            f"-DoutputDirectory={staging / 'jars'}",
-        ]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise SystemExit(
-                f"Maven could not resolve spark-sql-kafka-0-10_2.13:{spark_version}:\n"
-                + (proc.stdout + proc.stderr)[-3000:]
-            )
-        (staging / "jars" / ".complete").write_text(spark_version)
-        if target.exists():
-            shutil.rmtree(target)
-        (staging / "jars").rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    return resolve(spark_version)
 
 
 @contextlib.contextmanager

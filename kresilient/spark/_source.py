@@ -87,6 +87,8 @@ __all__ = [
     "WriteSummary",
     "last_write_summary",
     "register",
+    "write",
+    "write_stream",
     "write_summaries",
 ]
 
@@ -282,10 +284,7 @@ def register(spark: Any) -> None:
         spark.conf.set(_OPTIONS_REDACTION_CONF, f"(?i)url|{PLAN_REDACTION_REGEX}")
     elif PLAN_REDACTION_REGEX not in current:
         spark.conf.set(_OPTIONS_REDACTION_CONF, f"{current}|{PLAN_REDACTION_REGEX}")
-    global _summary_dir
-    if _summary_dir is None:
-        _summary_dir = tempfile.mkdtemp(prefix="kresilient-spark-")
-        atexit.register(shutil.rmtree, _summary_dir, True)
+    _ensure_summary_dir()
     # A subclass made here is pickled by value, so Spark's planning and commit processes see
     # this driver's summary directory.
     source = type(
@@ -294,6 +293,149 @@ def register(spark: Any) -> None:
         {"summary_dir": _summary_dir, "__module__": __name__},
     )
     spark.dataSource.register(source)
+
+
+def _ensure_summary_dir() -> str:
+    global _summary_dir
+    if _summary_dir is None:
+        _summary_dir = tempfile.mkdtemp(prefix="kresilient-spark-")
+        atexit.register(shutil.rmtree, _summary_dir, True)
+    return _summary_dir
+
+
+ENGINES = ("python", "jvm")
+
+
+def _producer_options(
+    bootstrap_servers: str, options: Mapping[str, Any] | None, kafka_options: Mapping[str, Any]
+) -> dict[str, Any]:
+    # Keyword arguments spell dots as underscores (linger_ms -> linger.ms): producer setting
+    # names of both clients have no underscores.
+    out: dict[str, Any] = {"bootstrap.servers": bootstrap_servers}
+    out.update(options or {})
+    out.update({k.replace("_", "."): v for k, v in kafka_options.items()})
+    return out
+
+
+def write(
+    df: Any,
+    *,
+    topic: str | None = None,
+    bootstrap_servers: str,
+    engine: str = "python",
+    dead_letter_topic: str | None = None,
+    topics: list[str] | None = None,
+    options: Mapping[str, Any] | None = None,
+    **kafka_options: Any,
+) -> WriteSummary | None:
+    """Write ``df`` (the Kafka sink columns: ``value``, optional ``key``, ``topic``,
+    ``partition``, ``headers``, ``timestamp``) to Kafka and return the write's summary.
+
+    ``engine="python"`` (default): the ``kresilient`` data source (librdkafka; full
+    classification, per-row dead letters of broker refusals, exactly-once for streaming);
+    producer settings are librdkafka's. ``engine="jvm"``: Spark's built-in ``kafka`` sink
+    (the Java client, needs its connector on the classpath) behind kresilient's checks: safe
+    settings forced, rows known unproducible before sending routed to the dead-letter topic
+    (which must exist), counts in the summary; a row the broker refuses anyway fails the task.
+    Producer settings are the Java client's. See docs/spark.md for which to pick.
+
+    Producer settings: ``options={"linger.ms": 5}`` and/or keywords with underscores for dots
+    (``linger_ms=5``). ``topics``: with a ``topic`` column and ``engine="jvm"``, every topic
+    the rows may name. Example::
+
+        summary = write(df, topic="orders", bootstrap_servers="b:9092", engine="jvm",
+                        linger_ms=5, batch_size=262144)
+        summary.written, summary.dead_lettered
+    """
+    producer = _producer_options(bootstrap_servers, options, kafka_options)
+    if engine == "jvm":
+        from kresilient.spark._jvm import write_jvm
+
+        summary = write_jvm(
+            df,
+            topic=topic,
+            topics=topics,
+            dead_letter_topic=dead_letter_topic,
+            producer=producer,
+        )
+        store_summary(_ensure_summary_dir(), summary)
+        return summary
+    if engine != "python":
+        raise ConfigError(
+            f"engine must be one of {', '.join(ENGINES)}, not {engine!r}", key="engine"
+        )
+    register(df.sparkSession)
+    w = df.write.format(FORMAT).mode("append")
+    for k, v in producer.items():
+        w = w.option(f"kafka.{k}", str(v).lower() if isinstance(v, bool) else str(v))
+    if topic is not None:
+        w = w.option("topic", topic)
+    if dead_letter_topic is not None:
+        w = w.option("deadLetterTopic", dead_letter_topic)
+    w.save()
+    return last_write_summary()
+
+
+def write_stream(
+    df: Any,
+    *,
+    topic: str | None = None,
+    bootstrap_servers: str,
+    checkpoint_location: str,
+    engine: str = "python",
+    dead_letter_topic: str | None = None,
+    topics: list[str] | None = None,
+    options: Mapping[str, Any] | None = None,
+    trigger: Mapping[str, Any] | None = None,
+    **kafka_options: Any,
+) -> Any:
+    """Start a streaming query writing ``df`` to Kafka; returns the ``StreamingQuery``.
+
+    ``engine="python"``: ``writeStream.format("kresilient")`` at-least-once (for
+    ``guarantee="exactly_once"`` use the data source directly: its options are not producer
+    settings).
+    ``engine="jvm"``: one :func:`write` with ``engine="jvm"`` per micro-batch
+    (``foreachBatch``): the same routing and checks, a summary per micro-batch in
+    :func:`last_write_summary`, at-least-once (a replayed micro-batch is written again).
+    ``trigger``: keyword arguments of ``DataStreamWriter.trigger`` (e.g.
+    ``{"processingTime": "5 seconds"}``).
+    """
+    producer = _producer_options(bootstrap_servers, options, kafka_options)
+    if engine == "jvm":
+        from kresilient.spark._jvm import java_producer_options, write_jvm
+
+        java_producer_options(producer)  # refuse bad settings before the query starts
+        summary_dir = _ensure_summary_dir()
+
+        def each(batch: Any, batch_id: int) -> None:
+            summary = write_jvm(
+                batch,
+                topic=topic,
+                topics=topics,
+                dead_letter_topic=dead_letter_topic,
+                producer=producer,
+                mode="streaming",
+                batch_id=batch_id,
+            )
+            store_summary(summary_dir, summary)
+
+        w = df.writeStream.foreachBatch(each).option("checkpointLocation", checkpoint_location)
+    elif engine == "python":
+        register(df.sparkSession)
+        w = df.writeStream.format(FORMAT).option("checkpointLocation", checkpoint_location)
+        for k, v in producer.items():
+            w = w.option(f"kafka.{k}", str(v).lower() if isinstance(v, bool) else str(v))
+        if topic is not None:
+            w = w.option("topic", topic)
+        if dead_letter_topic is not None:
+            w = w.option("deadLetterTopic", dead_letter_topic)
+    else:
+        raise ConfigError(
+            f"engine must be one of {', '.join(ENGINES)}, not {engine!r}", key="engine"
+        )
+    if trigger:
+        w = w.trigger(**trigger)
+    return w.start()
 
 
 def _activate(spark: Any) -> None:

@@ -43,6 +43,9 @@ class WriteSummary:
     retried_tasks: int = 0
     skipped_tasks: int = 0  #: exactly-once: partitions found already committed (replays)
     committed_at: float = 0.0
+    #: ``"python"`` (the data source) or ``"jvm"`` (:func:`kresilient.spark.write` with
+    #: ``engine="jvm"``: counts from observed metrics; ``tasks`` is not counted, 0).
+    engine: str = "python"
 
     def to_json(self) -> str:
         """Serialise (JSON object)."""

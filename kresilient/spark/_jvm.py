@@ -1,0 +1,478 @@
+"""``engine="jvm"``: Spark's built-in ``kafka`` sink behind kresilient's checks.
+
+A Python data source cannot hand rows to a JVM writer, so this engine is a function:
+:func:`write` (batch) and :func:`write_stream` (streaming, one :func:`write` per micro-batch
+through ``foreachBatch``). What it does, all on the driver before any row moves:
+
+* the producer settings are the Java client's (``linger.ms``, ``batch.size`` ...): unknown keys
+  are refused (checked against the Java ``ProducerConfig``), ``acks=all`` and
+  ``enable.idempotence=true`` are forced, weaker values refused naming the key, and every write
+  gets its own ``client.id`` (Spark pools producers by their settings: a write never inherits a
+  producer a failed write left behind);
+* the target topics' settings are read with the Java ``Admin`` client (partition count,
+  ``max.message.bytes``, ``cleanup.policy``, timestamp type and window);
+* one SQL projection routes every row that can be known unproducible before sending to the
+  dead-letter topic, with ``kresilient.*`` headers built in SQL; every other row goes to its
+  topic unchanged; Spark's ``kafka`` sink writes both in one pass;
+* counts come from ``Dataset.observe`` over the V2 write path (the V1 path never reports
+  observed metrics, so :class:`pyspark.sql.Observation` would block there): the write runs
+  with ``kafka`` removed from ``spark.sql.sources.useV1SourceList`` for its duration.
+
+What it does NOT do: a row the broker refuses anyway (a limit not visible in the topic's
+settings, a compressed batch over the limit, authorization) fails the task, as with the
+built-in sink; no per-row classification of delivery errors, no exactly-once. Use
+``engine="python"`` for those.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kresilient.errors import ConfigError, SchemaError
+from kresilient.spark._options import column_layout
+from kresilient.spark._summary import WriteSummary
+
+__all__ = ["JAVA_FORCED", "TopicLimits", "java_producer_options", "route_plan", "write_jvm"]
+
+#: Settings forced on the Java producer.
+JAVA_FORCED: Mapping[str, str] = {"acks": "all", "enable.idempotence": "true"}
+
+_REFUSED = {
+    "transactional.id": "engine='jvm' has no exactly-once; use engine='python' with "
+    "guarantee='exactly_once' (streaming)",
+    "key.serializer": "the sink writes the key column's bytes",
+    "value.serializer": "the sink writes the value column's bytes",
+}
+
+#: librdkafka names a user may bring from the Python engine, with the Java name to use.
+_LIBRDKAFKA_HINTS = {
+    "queue.buffering.max.ms": "linger.ms",
+    "message.max.bytes": "max.request.size",
+    "queue.buffering.max.kbytes": "buffer.memory",
+    "message.timeout.ms": "delivery.timeout.ms",
+    "batch.num.messages": "batch.size (bytes)",
+    "max.in.flight": "max.in.flight.requests.per.connection",
+}
+
+_DEFAULT_MAX_REQUEST = 1048576
+#: Upper bound of a one-record batch's overhead (Java's
+#: ``AbstractRecords.estimateSizeInBytesUpperBound``: 61-byte batch header + 21 per record).
+_BATCH_OVERHEAD = 61 + 21
+_HEADER_OVERHEAD = 10  # two varint lengths per header, at most 5 bytes each
+_DLQ_HEADER_ROOM = 8192  # kresilient's headers on a dead letter (message text capped below)
+
+
+def java_producer_options(
+    options: Mapping[str, Any], *, known: frozenset[str] | None = None
+) -> dict[str, str]:
+    """Validate Java-client producer settings; return them with the safe ones forced.
+
+    ``known``: the Java ``ProducerConfig`` names (unknown keys are refused when given).
+    Raises :class:`~kresilient.ConfigError` naming the key. A unique ``client.id`` is added
+    (the user's ``client.id``, if any, becomes its prefix).
+
+    Example::
+
+        >>> o = java_producer_options({"linger.ms": 5, "bootstrap.servers": "b:9092"})
+        >>> o["acks"], o["enable.idempotence"], o["linger.ms"]
+        ('all', 'true', '5')
+    """
+    out: dict[str, str] = {}
+    for raw, value in options.items():
+        key = str(raw)
+        if key.startswith("kafka."):
+            key = key[len("kafka.") :]
+        if key in _REFUSED:
+            raise ConfigError(f"option {key!r} is not supported: {_REFUSED[key]}", key=key)
+        if known is not None and key not in known:
+            hint = _LIBRDKAFKA_HINTS.get(key)
+            raise ConfigError(
+                f"option {key!r} is not a Java producer setting (engine='jvm' runs the Java "
+                "client)" + (f": use {hint!r}" if hint else ""),
+                key=key,
+            )
+        out[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    if not out.get("bootstrap.servers"):
+        raise ConfigError("bootstrap_servers is required", key="bootstrap.servers")
+    acks = out.get("acks", "all").strip().lower()
+    if acks not in ("all", "-1"):
+        raise ConfigError(
+            f"acks={acks!r} can lose acknowledged rows; kresilient forces acks=all", key="acks"
+        )
+    if out.get("enable.idempotence", "true").strip().lower() != "true":
+        raise ConfigError(
+            "enable.idempotence=false allows duplicates and reordering on retries; kresilient "
+            "forces enable.idempotence=true",
+            key="enable.idempotence",
+        )
+    inflight = out.get("max.in.flight.requests.per.connection")
+    if inflight is not None and (not inflight.strip().isdigit() or int(inflight) > 5):
+        raise ConfigError(
+            f"max.in.flight.requests.per.connection={inflight!r}: idempotence needs 1..5",
+            key="max.in.flight.requests.per.connection",
+        )
+    retries = out.get("retries")
+    if retries is not None and retries.strip() in ("0", "-0"):
+        raise ConfigError(
+            "retries=0 fails rows on the first transient error; idempotence needs retries > 0",
+            key="retries",
+        )
+    out.update(JAVA_FORCED)
+    prefix = out.get("client.id") or "kresilient-spark"
+    out["client.id"] = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    return out
+
+
+@dataclass(frozen=True)
+class TopicLimits:
+    """What the routing needs to know about one topic (from its settings)."""
+
+    partitions: int
+    max_message_bytes: int
+    compacted: bool
+    create_time: bool = True  #: ``message.timestamp.type=CreateTime``: the window applies
+    before_max_ms: int | None = None  #: ``message.timestamp.before.max.ms`` (None: no limit)
+    after_max_ms: int | None = None  #: ``message.timestamp.after.max.ms``
+
+
+def _long(value: str | None) -> int | None:
+    if value is None or not value.strip():
+        return None
+    n = int(value)
+    return None if n >= 2**62 else n
+
+
+def describe_topics(
+    jvm: Any, config: Mapping[str, str], topics: list[str]
+) -> dict[str, TopicLimits]:
+    """Read ``topics``' settings with the Java ``Admin`` client (the write's own settings)."""
+    admin_conf = jvm.org.apache.kafka.clients.admin.AdminClientConfig
+    known = set(admin_conf.configNames())
+    props = jvm.java.util.Properties()
+    for k, v in config.items():
+        if k in known and k != "client.id":
+            props.setProperty(k, v)
+    props.setProperty("client.id", f"{config.get('client.id', 'kresilient-spark')}-admin")
+    seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
+    admin = jvm.org.apache.kafka.clients.admin.Admin.create(props)
+    try:
+        try:
+            described = admin.describeTopics(topics).allTopicNames().get(60, seconds)
+        except Exception as exc:
+            raise ConfigError(
+                f"cannot describe topic(s) {', '.join(topics)} (they must exist: engine='jvm' "
+                f"reads their settings to route unproducible rows): {_java_message(exc)}",
+                key="topic",
+            ) from None
+        res_cls = jvm.org.apache.kafka.common.config.ConfigResource
+        kind = res_cls.Type.TOPIC
+        resources = {t: res_cls(kind, t) for t in topics}
+        configs = admin.describeConfigs(list(resources.values())).all().get(60, seconds)
+        out: dict[str, TopicLimits] = {}
+        for t, res in resources.items():
+            cfg = configs.get(res)
+
+            def value(name: str, cfg: Any = cfg) -> str | None:
+                entry = cfg.get(name)
+                return None if entry is None else entry.value()
+
+            out[t] = TopicLimits(
+                partitions=int(described.get(t).partitions().size()),
+                max_message_bytes=int(value("max.message.bytes") or 1048588),
+                compacted="compact" in (value("cleanup.policy") or ""),
+                create_time=(value("message.timestamp.type") or "CreateTime") == "CreateTime",
+                before_max_ms=_long(value("message.timestamp.before.max.ms")),
+                after_max_ms=_long(value("message.timestamp.after.max.ms")),
+            )
+        return out
+    finally:
+        admin.close()
+
+
+def _java_message(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    causes = [line for line in text if "Exception:" in line]
+    return (causes[-1] if causes else (text[0] if text else type(exc).__name__))[:500]
+
+
+def _sql_str(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _per_topic(t: str, limits: Mapping[str, TopicLimits], attr: str, default: str) -> str:
+    """``CASE <t> WHEN 'a' THEN <a's attr> ... ELSE default END`` as SQL."""
+    parts = []
+    for name, lim in limits.items():
+        v = getattr(lim, attr)
+        sql = "NULL" if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
+        parts.append(f"WHEN {_sql_str(name)} THEN {sql}")
+    return f"(CASE {t} {' '.join(parts)} ELSE {default} END)"
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """The SQL of the routing projection (for tests and ``explain``)."""
+
+    reason: str  #: SQL: the kresilient reason code of an unproducible row, else NULL
+    size: str  #: SQL: upper bound of the record's size in a batch
+    detail: str  #: SQL: the dead letter's ``kresilient.exception.message``
+
+
+def route_plan(
+    *,
+    topic_sql: str,
+    has: set[str],
+    limits: Mapping[str, TopicLimits],
+    max_request_size: int,
+) -> RoutePlan:
+    """Build the routing expressions over the input columns named in ``has``."""
+    klen = "coalesce(octet_length(key), 0)" if "key" in has else "0"
+    hlen = (
+        f"coalesce(aggregate(headers, 0L, (acc, h) -> acc + octet_length(h.key) "
+        f"+ coalesce(octet_length(h.value), 0) + {_HEADER_OVERHEAD}), 0L)"
+        if "headers" in has
+        else "0L"
+    )
+    size = f"({_BATCH_OVERHEAD} + {klen} + coalesce(octet_length(value), 0) + {hlen})"
+    limit = f"least({_per_topic(topic_sql, limits, 'max_message_bytes', '0')}, {max_request_size})"
+    known = " OR ".join(f"{topic_sql} = {_sql_str(t)}" for t in limits) or "false"
+    cases = [
+        (f"{topic_sql} IS NULL", "'NULL_TOPIC'"),
+        (f"NOT ({known})", "'UNKNOWN_TOPIC_OR_PART'"),
+        (f"{size} > {limit}", "'MSG_SIZE_TOO_LARGE'"),
+    ]
+    details = [
+        "'the row has no topic (null topic column)'",
+        f"concat('topic ', {topic_sql}, ' is not among the topics of this write')",
+        f"concat('record of up to ', {size}, ' bytes exceeds ', {limit}, "
+        f"' (the topic''s max.message.bytes / the producer''s max.request.size)')",
+    ]
+    if "partition" in has:
+        parts = _per_topic(topic_sql, limits, "partitions", "0")
+        cases.append((f"partition IS NOT NULL AND (partition < 0 OR partition >= {parts})",
+                      "'_UNKNOWN_PARTITION'"))  # fmt: skip
+        details.append(f"concat('partition ', partition, ' does not exist: the topic has ', "
+                       f"{parts}, ' partition(s)')")  # fmt: skip
+    if "key" in has and any(lim.compacted for lim in limits.values()):
+        compacted = _per_topic(topic_sql, limits, "compacted", "false")
+        cases.append((f"key IS NULL AND {compacted}", "'INVALID_RECORD'"))
+        details.append("'a compacted topic refuses records without a key'")
+    elif "key" not in has and any(lim.compacted for lim in limits.values()):
+        compacted = _per_topic(topic_sql, limits, "compacted", "false")
+        cases.append((compacted, "'INVALID_RECORD'"))
+        details.append("'a compacted topic refuses records without a key'")
+    if "timestamp" in has:
+        ts = "unix_millis(timestamp)"
+        now = "unix_millis(current_timestamp())"
+        create = _per_topic(topic_sql, limits, "create_time", "true")
+        before = _per_topic(topic_sql, limits, "before_max_ms", "NULL")
+        after = _per_topic(topic_sql, limits, "after_max_ms", "NULL")
+        cond = (
+            f"timestamp IS NOT NULL AND ({ts} < 0 OR ({create} AND ("
+            f"({before} IS NOT NULL AND {ts} < {now} - {before}) OR "
+            f"({after} IS NOT NULL AND {ts} > {now} + {after}))))"
+        )
+        cases.append((cond, "'INVALID_TIMESTAMP'"))
+        details.append(f"concat('timestamp ', {ts}, ' ms is outside the topic''s window "
+                       f"(message.timestamp.before.max.ms / after.max.ms)')")  # fmt: skip
+    reason = "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in cases) + " END"
+    detail = (
+        "CASE "
+        + " ".join(f"WHEN {c} THEN {d}" for (c, _), d in zip(cases, details, strict=True))
+        + " END"
+    )
+    return RoutePlan(reason=reason, size=size, detail=detail)
+
+
+#: kresilient.error.category of each reason (as :func:`kresilient.errors.classify` names it).
+_CATEGORY = {
+    "NULL_TOPIC": "config",
+    "UNKNOWN_TOPIC_OR_PART": "config",
+    "MSG_SIZE_TOO_LARGE": "config",
+    "_UNKNOWN_PARTITION": "config",
+    "INVALID_RECORD": "poison",
+    "INVALID_TIMESTAMP": "poison",
+}
+
+#: ``kresilient.exception.type`` of a routed row: no exception was raised (nothing was sent).
+ROUTED_TYPE = "kresilient.spark.RoutedBeforeSend"
+
+
+def _categories_sql(reason: str) -> str:
+    from kresilient.errors import classify
+
+    try:  # the library's own table wins where it has the code
+        from confluent_kafka import KafkaError
+
+        codes = {
+            "MSG_SIZE_TOO_LARGE": KafkaError.MSG_SIZE_TOO_LARGE,
+            "_UNKNOWN_PARTITION": KafkaError._UNKNOWN_PARTITION,
+            "INVALID_RECORD": KafkaError.INVALID_RECORD,
+            "INVALID_TIMESTAMP": KafkaError.INVALID_TIMESTAMP,
+        }
+        cats = dict(_CATEGORY)
+        for name, code in codes.items():
+            cats[name] = classify(KafkaError(code)).category.value
+    except ImportError:  # pragma: no cover - confluent-kafka is a core dependency
+        cats = dict(_CATEGORY)
+    return (
+        "CASE "
+        + " ".join(f"WHEN {reason} = {_sql_str(k)} THEN {_sql_str(v)}" for k, v in cats.items())
+        + " END"
+    )
+
+
+def write_jvm(
+    df: Any,
+    *,
+    topic: str | None,
+    topics: list[str] | None,
+    dead_letter_topic: str | None,
+    producer: Mapping[str, Any],
+    mode: str = "batch",
+    batch_id: int | None = None,
+) -> WriteSummary:
+    """Route, write with Spark's ``kafka`` sink, count. See :func:`kresilient.spark.write`."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    spark = df.sparkSession
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        raise ConfigError(
+            "engine='jvm' needs a classic SparkSession (the driver reads topic settings "
+            "through the JVM); on Spark Connect use engine='python'",
+            key="engine",
+        )
+    try:
+        known = frozenset(jvm.org.apache.kafka.clients.producer.ProducerConfig.configNames())
+    except Exception:
+        raise ConfigError(
+            "engine='jvm' needs Spark's Kafka connector (spark-sql-kafka-0-10) on the driver's "
+            "classpath: --packages org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>, "
+            "or kresilient.spark.connector.connector_jars() in spark.jars",
+            key="engine",
+        ) from None
+    config = java_producer_options(producer, known=known)
+    fields = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
+    layout = column_layout(fields, topic_option=topic)
+    has = {name.lower() for name, _ in fields} & {
+        "key", "value", "topic", "partition", "headers", "timestamp"
+    }  # fmt: skip
+    if topic is None and not topics:
+        raise ConfigError(
+            "engine='jvm' with a topic column needs topics=[...] (every topic the rows may "
+            "name: their settings decide which rows are routed to the dead-letter topic)",
+            key="topics",
+        )
+    targets = [topic] if topic is not None else list(topics or [])
+    dlq = dead_letter_topic or f"{targets[0]}.dlq"
+    limits = describe_topics(jvm, config, sorted({*targets, dlq}))
+    dlq_limit = limits.pop(dlq) if dlq not in targets else limits[dlq]
+    max_request = int(config.get("max.request.size", _DEFAULT_MAX_REQUEST))
+    if layout.value is None:  # pragma: no cover - column_layout refuses it
+        raise SchemaError("no value column", key="value")
+    topic_sql = _sql_str(topic) if topic is not None else "topic"
+    plan = route_plan(topic_sql=topic_sql, has=has, limits=limits, max_request_size=max_request)
+    key_sql = "key" if "key" in has else "CAST(NULL AS BINARY)"
+    headers_sql = (
+        "headers" if "headers" in has else "CAST(NULL AS ARRAY<STRUCT<key: STRING, value: BINARY>>)"
+    )
+    part_sql = "partition" if "partition" in has else "CAST(NULL AS INT)"
+    ts_sql = "timestamp" if "timestamp" in has else "CAST(NULL AS TIMESTAMP)"
+    failed_at = (
+        "date_format(to_utc_timestamp(current_timestamp(), current_timezone()), "
+        "\"yyyy-MM-dd'T'HH:mm:ss.SSS'Z'\")"
+    )
+    routed = df.selectExpr(
+        f"{plan.reason} AS _kr_reason",
+        f"{plan.detail} AS _kr_detail",
+        f"{plan.size} AS _kr_size",
+        f"{topic_sql} AS _kr_topic",
+        f"CAST({key_sql} AS BINARY) AS _kr_key",
+        "CAST(value AS BINARY) AS _kr_value",
+        f"{headers_sql} AS _kr_headers",
+        f"{part_sql} AS _kr_partition",
+        f"{ts_sql} AS _kr_timestamp",
+    )
+    # Dead letters keep the row's headers first, then kresilient's (built only for them).
+    own = ", ".join(
+        f"named_struct('key', {_sql_str(name)}, 'value', CAST({expr} AS BINARY))"
+        for name, expr in (
+            ("kresilient.original.topic", "_kr_topic"),
+            ("kresilient.original.partition", "CAST(_kr_partition AS STRING)"),
+            ("kresilient.original.timestamp", "CAST(unix_millis(_kr_timestamp) AS STRING)"),
+            ("kresilient.exception.type", _sql_str(ROUTED_TYPE)),
+            ("kresilient.exception.message", "concat(_kr_reason, ': ', _kr_detail)"),
+            ("kresilient.error.category", _categories_sql("_kr_reason")),
+            ("kresilient.attempts", "'0'"),
+            ("kresilient.failed.at", failed_at),
+        )
+    )
+    dead_headers = (
+        f"concat(coalesce(_kr_headers, array()), filter(array({own}), h -> h.value IS NOT NULL))"
+    )
+    keep_value = (
+        f"_kr_size + {_DLQ_HEADER_ROOM} <= least({dlq_limit.max_message_bytes}, {max_request})"
+    )
+    dropped = (
+        "named_struct('key', 'kresilient.value.dropped.bytes', "
+        "'value', CAST(CAST(octet_length(_kr_value) AS STRING) AS BINARY))"
+    )
+    out_cols = [
+        f"IF(_kr_reason IS NULL, _kr_topic, {_sql_str(dlq)}) AS topic",
+        "_kr_key AS key",
+        f"IF(_kr_reason IS NULL OR {keep_value}, _kr_value, CAST(NULL AS BINARY)) AS value",
+        f"IF(_kr_reason IS NULL, _kr_headers, IF({keep_value}, {dead_headers}, "
+        f"concat({dead_headers}, array({dropped})))) AS headers",
+        "IF(_kr_reason IS NULL, _kr_partition, CAST(NULL AS INT)) AS partition",
+        "IF(_kr_reason IS NULL, _kr_timestamp, CAST(NULL AS TIMESTAMP)) AS timestamp",
+        "_kr_reason",
+    ]
+    projected = routed.selectExpr(*out_cols)
+    obs = Observation(f"kresilient-{uuid.uuid4().hex[:12]}")
+    reasons = sorted(_CATEGORY)
+    observed = projected.observe(
+        obs,
+        F.count(F.lit(1)).alias("rows"),
+        *[F.sum(F.when(F.col("_kr_reason") == r, 1).otherwise(0)).alias(r) for r in reasons],
+    ).drop("_kr_reason")
+    writer = observed.write.format("kafka").mode("append")
+    for k, v in config.items():
+        writer = writer.option(f"kafka.{k}", v)
+    # The V2 write path reports observed metrics; the V1 path (Spark's default for kafka)
+    # never does. Only 'kafka' leaves the list, only for this write.
+    conf = spark.conf
+    old = conf.get("spark.sql.sources.useV1SourceList", None)
+    current = old if old is not None else "avro,csv,json,kafka,orc,parquet,text"
+    without = ",".join(s for s in current.split(",") if s.strip().lower() != "kafka")
+    conf.set("spark.sql.sources.useV1SourceList", without)
+    try:
+        writer.save()
+    finally:
+        if old is None:
+            conf.unset("spark.sql.sources.useV1SourceList")
+        else:
+            conf.set("spark.sql.sources.useV1SourceList", old)
+    metrics = obs.get
+    dead = {r: int(metrics.get(r) or 0) for r in reasons if metrics.get(r)}
+    rows = int(metrics.get("rows") or 0)
+    total_dead = sum(dead.values())
+    return WriteSummary(
+        mode=mode,
+        batch_id=batch_id,
+        topic=topic,
+        guarantee="at_least_once",
+        tasks=0,
+        rows=rows,
+        written=rows - total_dead,
+        dead_lettered=total_dead,
+        dead_letter_reasons=dead,
+        dead_letter_topics=(dlq,) if total_dead else (),
+        engine="jvm",
+        committed_at=time.time(),
+    )

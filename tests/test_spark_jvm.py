@@ -1,0 +1,220 @@
+"""``engine="jvm"`` (Spark's built-in ``kafka`` sink behind kresilient's checks) on the real
+cluster: rows known unproducible are routed to the dead-letter topic with kresilient's headers,
+innocent rows reach the topic, counts are right; unsafe settings are refused naming the key.
+
+The connector jars come through Maven (:func:`kresilient.spark.connector.connector_jars`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from confluent_kafka import Consumer, TopicPartition
+
+from kresilient.errors import ConfigError
+from kresilient.testing import KafkaCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+TopicFactory = Any
+
+
+@pytest.fixture(scope="module", name="spark")
+def _spark() -> Iterator[Any]:
+    from kresilient.spark.connector import connector_jars
+    from kresilient.spark.testing import local_session
+
+    spark = local_session("kresilient-jvm-engine", master="local[2,3]", jars=connector_jars())
+    yield spark
+    spark.stop()
+
+
+def _records(cluster: KafkaCluster, topic: str) -> list[tuple[int, Any, Any, dict[str, bytes]]]:
+    """Every record of ``topic``: (partition, key, value, headers as a dict)."""
+    c = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": f"r-{topic}"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        out: list[tuple[int, Any, Any, dict[str, bytes]]] = []
+        deadline = time.monotonic() + 120
+        while len(out) < sum(ends.values()) and time.monotonic() < deadline:
+            for m in c.consume(num_messages=1000, timeout=1.0):
+                if m.error() is None:
+                    out.append((m.partition(), m.key(), m.value(), dict(m.headers() or [])))
+        assert len(out) == sum(ends.values()), f"could not read {topic} to its end"
+        return out
+    finally:
+        c.close()
+
+
+def test_jvm_engine_routes_unproducible_rows_to_dlq_innocent_rows_written(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    from pyspark.sql import functions as F
+
+    from kresilient.spark import last_write_summary, write
+
+    rows = 20_000
+    topic = topic_factory(partitions=2, config={"max.message.bytes": 65536})
+    dlq = topic_factory(partitions=1)
+    oversized = {11, 10_000, 19_999}
+    bad_partition = {5, 15_000}
+    size = F.when(F.col("id").isin(*oversized), 100 * 1024).otherwise(100)
+    part = F.when(F.col("id").isin(*bad_partition), F.lit(7)).otherwise(F.col("id") % 2)
+    df = spark.range(rows, numPartitions=2).select(
+        F.expr("unhex(lpad(hex(id), 16, '0'))").alias("key"),
+        F.expr("repeat('v', 1)").alias("v"),
+        size.alias("size"),
+        part.cast("int").alias("partition"),
+        F.array(F.struct(F.lit("source").alias("key"), F.lit(b"test").alias("value"))).alias(
+            "headers"
+        ),
+    )
+    df = df.select(
+        "key", F.expr("repeat(v, size)").cast("binary").alias("value"), "partition", "headers"
+    )
+
+    summary = write(
+        df,
+        topic=topic,
+        bootstrap_servers=kafka_cluster.bootstrap_servers,
+        engine="jvm",
+        dead_letter_topic=dlq,
+        linger_ms=5,
+        batch_size=16384,
+    )
+
+    bad = oversized | bad_partition
+    assert summary is not None and summary.engine == "jvm"
+    assert (summary.rows, summary.written, summary.dead_lettered) == (rows, rows - 5, 5)
+    assert dict(summary.dead_letter_reasons) == {"MSG_SIZE_TOO_LARGE": 3, "_UNKNOWN_PARTITION": 2}
+    assert summary.dead_letter_topics == (dlq,)
+    assert last_write_summary() == summary
+    written = _records(kafka_cluster, topic)
+    ids = sorted(int.from_bytes(k, "big") for _, k, _, _ in written)
+    assert ids == sorted(set(range(rows)) - bad)  # every innocent row once, no routed row
+    assert all(p == int.from_bytes(k, "big") % 2 for p, k, _, _ in written)
+    assert all(h == {"source": b"test"} for _, _, _, h in written)
+    dead = {int.from_bytes(k, "big"): (v, h) for _, k, v, h in _records(kafka_cluster, dlq)}
+    assert sorted(dead) == sorted(bad)
+    for row, (value, headers) in dead.items():
+        assert headers["source"] == b"test"  # the row's own headers come first, kept
+        assert headers["kresilient.original.topic"] == topic.encode()
+        assert headers["kresilient.exception.type"] == b"kresilient.spark.RoutedBeforeSend"
+        assert headers["kresilient.attempts"] == b"0"
+        assert headers["kresilient.failed.at"].endswith(b"Z")
+        message = headers["kresilient.exception.message"]
+        if row in oversized:
+            assert message.startswith(b"MSG_SIZE_TOO_LARGE: ")
+            assert value == b"v" * (100 * 1024)  # fits the dead-letter topic: kept
+        else:
+            assert message.startswith(b"_UNKNOWN_PARTITION: partition 7 does not exist")
+            assert headers["kresilient.original.partition"] == b"7"
+            assert value == b"v" * 100
+
+
+def test_jvm_engine_null_key_on_compacted_topic_and_timestamp_window(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    from pyspark.sql import functions as F
+
+    from kresilient.spark import write
+
+    topic = topic_factory(
+        partitions=1,
+        config={"cleanup.policy": "compact", "message.timestamp.before.max.ms": 3_600_000},
+    )
+    dlq = topic_factory(partitions=1)
+    df = spark.range(100, numPartitions=1).select(
+        F.expr("IF(id = 3, NULL, unhex(lpad(hex(id), 16, '0')))").alias("key"),
+        F.lit(b"x").alias("value"),
+        # id 4: a day old, outside the topic's one-hour window
+        F.expr("IF(id = 4, current_timestamp() - INTERVAL 1 DAY, current_timestamp())").alias(
+            "timestamp"
+        ),
+    )
+    summary = write(
+        df, topic=topic, bootstrap_servers=kafka_cluster.bootstrap_servers, engine="jvm",
+        dead_letter_topic=dlq,
+    )  # fmt: skip
+    assert summary is not None
+    assert dict(summary.dead_letter_reasons) == {"INVALID_RECORD": 1, "INVALID_TIMESTAMP": 1}
+    assert len(_records(kafka_cluster, topic)) == 98
+    dead = _records(kafka_cluster, dlq)
+    keys = sorted((k is None, k) for _, k, _, _ in dead)
+    assert keys == [(False, (4).to_bytes(8, "big")), (True, None)]
+
+
+def test_jvm_engine_refuses_unsafe_and_unknown_settings_naming_the_key(
+    spark: Any, kafka_cluster: KafkaCluster, topic: str
+) -> None:
+    from kresilient.spark import write
+
+    df = spark.range(1).selectExpr("CAST(id AS STRING) AS value")
+    bs = kafka_cluster.bootstrap_servers
+    for bad, key in (
+        ({"acks": "1"}, "acks"),
+        ({"enable.idempotence": "false"}, "enable.idempotence"),
+        ({"max.in.flight.requests.per.connection": "10"}, "max.in.flight.requests.per.connection"),
+        ({"transactional.id": "x"}, "transactional.id"),
+        ({"queue.buffering.max.ms": "5"}, "queue.buffering.max.ms"),  # librdkafka's name
+    ):
+        with pytest.raises(ConfigError) as info:
+            write(df, topic=topic, bootstrap_servers=bs, engine="jvm", options=bad)
+        assert info.value.key == key
+    with pytest.raises(ConfigError, match="must exist"):
+        write(df, topic=topic + "-missing", bootstrap_servers=bs, engine="jvm")
+
+
+def test_jvm_engine_client_id_unique_per_write() -> None:
+    from kresilient.spark._jvm import java_producer_options
+
+    a = java_producer_options({"bootstrap.servers": "b:1", "client.id": "orders"})
+    b = java_producer_options({"bootstrap.servers": "b:1", "client.id": "orders"})
+    assert a["client.id"] != b["client.id"]
+    assert a["client.id"].startswith("orders-")
+    assert (a["acks"], a["enable.idempotence"]) == ("all", "true")
+
+
+def test_jvm_engine_streaming_routes_per_micro_batch(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Any
+) -> None:
+    from pyspark.sql import functions as F
+
+    from kresilient.spark import write_stream, write_summaries
+
+    topic = topic_factory(partitions=1, config={"max.message.bytes": 65536})
+    dlq = topic_factory(partitions=1)
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.txt").write_text("\n".join(["small"] * 9 + ["big"]) + "\n")
+    lines = spark.readStream.format("text").load(str(src))
+    df = lines.select(
+        F.when(F.col("value") == "big", F.expr("repeat('v', 100000)"))
+        .otherwise(F.col("value"))
+        .alias("value")
+    )
+    query = write_stream(
+        df,
+        topic=topic,
+        bootstrap_servers=kafka_cluster.bootstrap_servers,
+        checkpoint_location=str(tmp_path / "chk"),
+        engine="jvm",
+        dead_letter_topic=dlq,
+    )
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    streamed = [s for s in write_summaries() if s.mode == "streaming" and s.topic == topic]
+    assert sum(s.written for s in streamed) == 9
+    assert sum(s.dead_lettered for s in streamed) == 1
+    assert len(_records(kafka_cluster, topic)) == 9
+    assert [v[:3] for _, _, v, _ in _records(kafka_cluster, dlq)] == [b"vvv"]
