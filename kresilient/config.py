@@ -33,12 +33,20 @@ Example::
 
 :func:`redact` and :data:`SECRET_KEYS` keep passwords and keys out of sight; they delegate to
 :mod:`kresilient.redaction`, the one redaction mechanism (free text, exceptions, log lines).
+
+:func:`credentials_from_env` reads connection and security settings from documented
+environment variables (:data:`CREDENTIAL_ENV`), each secret also from a file named by
+``<VARIABLE>_FILE`` (the Docker/Kubernetes secrets convention); merge them explicitly::
+
+    config = {**credentials_from_env(), "client.id": "orders"}   # explicit keys win
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
@@ -50,10 +58,12 @@ from .errors import ConfigError, UnsafeConfigError
 
 __all__ = [
     "CONSUMER_DEFAULTS",
+    "CREDENTIAL_ENV",
     "PRODUCER_DEFAULTS",
     "REDACTED",
     "SECRET_KEYS",
     "consumer_config",
+    "credentials_from_env",
     "is_secret",
     "producer_config",
     "redact",
@@ -634,3 +644,58 @@ def consumer_config(
     :func:`producer_config`; ``group.id`` is required.
     """
     return _build(user, "consumer", CONSUMER_DEFAULTS, allow_unsafe, logger)
+
+
+#: Environment variable -> client property read by :func:`credentials_from_env`. Each may
+#: instead be given as ``<VARIABLE>_FILE`` naming a file that holds the value (one trailing
+#: newline is dropped), e.g. ``KAFKA_SASL_PASSWORD_FILE=/run/secrets/kafka``.
+CREDENTIAL_ENV: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "KAFKA_BOOTSTRAP_SERVERS": "bootstrap.servers",
+        "KAFKA_SECURITY_PROTOCOL": "security.protocol",
+        "KAFKA_SASL_MECHANISM": "sasl.mechanism",
+        "KAFKA_SASL_USERNAME": "sasl.username",
+        "KAFKA_SASL_PASSWORD": "sasl.password",
+        "KAFKA_SSL_CA_LOCATION": "ssl.ca.location",
+        "KAFKA_SSL_CERTIFICATE_LOCATION": "ssl.certificate.location",
+        "KAFKA_SSL_KEY_LOCATION": "ssl.key.location",
+        "KAFKA_SSL_KEY_PASSWORD": "ssl.key.password",
+    }
+)
+
+
+def credentials_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Client settings from the variables in :data:`CREDENTIAL_ENV` (default ``os.environ``).
+
+    Returns only what is set, as a new dict to merge under your own keys
+    (``{**credentials_from_env(), **config}``); nothing is picked up implicitly, so a variable
+    left in a shell never silently changes a client that did not ask for it. ``VAR_FILE``
+    reads the value from that file. Raises :class:`~kresilient.ConfigError` naming the
+    variable (never its value) when both ``VAR`` and ``VAR_FILE`` are set, when the file
+    cannot be read, or when the value is empty.
+    """
+    env = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for var, key in CREDENTIAL_ENV.items():
+        direct, path = env.get(var), env.get(f"{var}_FILE")
+        if direct is not None and path is not None:
+            raise ConfigError(f"both {var} and {var}_FILE are set; set one of them", key=key)
+        if path is not None:
+            try:
+                value = Path(path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+                raise ConfigError(
+                    f"{var}_FILE={path}: cannot read the {key} file ({reason})", key=key
+                ) from None
+            value = value[:-1] if value.endswith("\n") else value
+            value = value[:-1] if value.endswith("\r") else value
+            source = f"{var}_FILE={path}"
+        elif direct is not None:
+            value, source = direct, var
+        else:
+            continue
+        if not value.strip():
+            raise ConfigError(f"{source} is empty: {key} needs a value", key=key)
+        out[key] = value
+    return out

@@ -1,0 +1,621 @@
+"""Every client and command over SASL_SSL (SCRAM-SHA-512) with ACLs enforced (issue 19).
+
+One secured 3-node cluster for the module. Each test creates its own user holding only the
+ACLs its component needs (the list is docs/security.md); each ACL test has a negative
+control (the same step without the ACL fails as AUTH), so the cluster really enforces them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from kresilient.cli import main as cli
+from kresilient.config import credentials_from_env
+from kresilient.consumer import ResilientConsumer
+from kresilient.errors import (
+    ConsumeError,
+    DeadLetterError,
+    DeliveryError,
+    ErrorCategory,
+    ProduceError,
+)
+from kresilient.producer import ResilientProducer
+from kresilient.testing import CertificateAuthority, KafkaCluster
+
+pytestmark = pytest.mark.integration
+
+_DEBUG = "security,broker,protocol"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[KafkaCluster]:
+    c = KafkaCluster(security="sasl_ssl")
+    try:
+        c.start_cluster()
+        yield c
+    finally:
+        c.close()
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _user(cluster: KafkaCluster) -> str:
+    name = _name("u")
+    cluster.create_user(name)
+    return name
+
+
+def _topic(cluster: KafkaCluster, name: str | None = None) -> str:
+    return cluster.create_topic(name or _name("t"), 1, 3, {"min.insync.replicas": 2})
+
+
+def _read_all(
+    cluster: KafkaCluster, topic: str, expected: int, timeout: float = 30.0
+) -> list[bytes]:
+    """Every value of ``topic`` read as the super user (until ``expected`` or the deadline)."""
+    consumer = Consumer(
+        {**cluster.client_config(), "group.id": _name("reader"), "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(values) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                values.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    return values
+
+
+def _committed(cluster: KafkaCluster, group: str, topic: str) -> int:
+    consumer = Consumer({**cluster.client_config(), "group.id": group})
+    try:
+        (tp,) = consumer.committed([TopicPartition(topic, 0)], timeout=15)
+    finally:
+        consumer.close()
+    return int(tp.offset)
+
+
+def _produce_super(cluster: KafkaCluster, topic: str, values: list[bytes]) -> None:
+    with ResilientProducer(cluster.client_config()) as producer:
+        for v in values:
+            producer.produce(topic, v)
+        producer.flush(30)
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _properties(path: Path, config: dict[str, str]) -> Path:
+    """A ``--command-config`` file like the Kafka tools take (everything but the brokers)."""
+    lines = [f"{k}={v}\n" for k, v in config.items() if k != "bootstrap.servers"]
+    path.write_text("".join(lines))
+    path.chmod(0o600)
+    return path
+
+
+# --------------------------------------------------------------------------- harness
+
+
+def test_secured_listener_refuses_plaintext_and_unknown_users(cluster: KafkaCluster) -> None:
+    plain = AdminClient({"bootstrap.servers": cluster.bootstrap_servers, "socket.timeout.ms": 3000})
+    with pytest.raises(Exception):  # noqa: B017 - any failure: the listener is TLS
+        plain.list_topics(timeout=3)
+    wrong = {**cluster.client_config(), "sasl.username": "nobody", "socket.timeout.ms": 3000}
+    with pytest.raises(Exception):  # noqa: B017
+        AdminClient(wrong).list_topics(timeout=3)
+    assert cluster.client_config()["security.protocol"] == "SASL_SSL"
+    assert AdminClient(cluster.client_config()).list_topics(timeout=15).brokers
+
+
+def test_security_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="security must be"):
+        KafkaCluster(security="tls")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="users need"):
+        KafkaCluster(users={"a": "b"})
+    with pytest.raises(ValueError, match="not an external one"):
+        KafkaCluster(security="ssl", bootstrap_servers="127.0.0.1:1")
+    with pytest.raises(ValueError, match="plain words"):
+        KafkaCluster(security="sasl_ssl", users={"a,b": "x"})
+    assert "admin" in KafkaCluster(security="sasl_ssl").users
+
+
+# --------------------------------------------------------------------------- producer
+
+
+def test_producer_round_trip_with_write_acl_only(cluster: KafkaCluster, tmp_path: Path) -> None:
+    user, topic = _user(cluster), _topic(cluster)
+    # credentials the way a deployment hands them over: a password file named by a variable
+    secret = tmp_path / "password"
+    secret.write_text(cluster.password(user) + "\n")
+    config = {k: v for k, v in cluster.client_config(user).items() if k != "sasl.password"}
+    config.update(credentials_from_env({"KAFKA_SASL_PASSWORD_FILE": str(secret)}))
+    config["message.timeout.ms"] = "20000"
+    # negative control: no ACL yet -> the broker refuses, classified AUTH, not retried
+    with ResilientProducer(config) as producer:
+        producer.produce(topic, b"denied")
+        with pytest.raises(DeliveryError) as denied:
+            producer.flush(30)
+    assert [f.classification.name for f in denied.value.failures] == ["TOPIC_AUTHORIZATION_FAILED"]
+    cluster.grant(user, topic=topic, operations=("WRITE", "DESCRIBE"))
+    with ResilientProducer(config) as producer:
+        for i in range(50):
+            producer.produce(topic, b"m%02d" % i)
+        producer.flush(30)
+    assert _read_all(cluster, topic, 50) == [b"m%02d" % i for i in range(50)]
+
+
+def test_producer_write_revoked_mid_stream_fails_fast_as_auth_and_regrant_recovers(
+    cluster: KafkaCluster,
+) -> None:
+    user, topic = _user(cluster), _topic(cluster)
+    cluster.grant(user, topic=topic, operations=("WRITE", "DESCRIBE"))
+    # the default 120 s delivery timeout: a retried AUTH error would still be pending when
+    # flush(60) returns, and would end as _MSG_TIMED_OUT, not TOPIC_AUTHORIZATION_FAILED
+    with ResilientProducer(cluster.client_config(user)) as producer:
+        for i in range(5):
+            producer.produce(topic, b"before-%d" % i)
+        producer.flush(30)
+        cluster.revoke(user, topic=topic, operations=("WRITE",))
+        # Brokers apply ACL changes from the metadata log asynchronously: a write may still
+        # pass for a moment. Produce one at a time until the first refusal (with a deadline).
+        passed: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while True:
+            value = b"window-%d" % len(passed)
+            producer.produce(topic, value)
+            try:
+                producer.flush(30)
+            except DeliveryError as first:
+                assert [f.classification.name for f in first.failures] == [
+                    "TOPIC_AUTHORIZATION_FAILED"
+                ]
+                break
+            passed.append(value)
+            assert time.monotonic() < deadline, "Write ACL revoked but writes still pass"
+        # the next messages: refused at once by produce() (librdkafka now knows the topic is
+        # not authorized) or failed delivery, each AUTH, none retried until the timeout
+        refused: list[ProduceError] = []
+        for i in range(5):
+            try:
+                producer.produce(topic, b"denied-%d" % i)
+            except ProduceError as exc:
+                refused.append(exc)
+        failures = []
+        if len(refused) < 5:
+            with pytest.raises(DeliveryError) as raised:
+                producer.flush(60)
+            failures = raised.value.failures
+            assert "still unacknowledged" not in str(raised.value)
+            assert "TOPIC_AUTHORIZATION_FAILED" in str(raised.value)
+            assert "ACL" in str(raised.value)
+        classes = [e.classification for e in refused] + [f.classification for f in failures]
+        assert len(classes) == 5
+        assert {c.name for c in classes} == {"TOPIC_AUTHORIZATION_FAILED"}
+        assert all(c.category is ErrorCategory.AUTH and not c.retriable for c in classes)
+        # re-granted: the same producer (no restart) delivers again once it has learnt it
+        cluster.grant(user, topic=topic, operations=("WRITE",))
+        after = 0
+        deadline = time.monotonic() + 90
+        while after < 5:
+            assert time.monotonic() < deadline, "Write ACL re-granted but writes still fail"
+            try:
+                producer.produce(topic, b"after-%d" % after)
+                producer.flush(30)
+            except (ProduceError, DeliveryError):
+                time.sleep(0.5)  # librdkafka refreshes the topic's metadata meanwhile
+                continue
+            after += 1
+        assert producer.health().failed_since_flush == 0
+    values = _read_all(cluster, topic, 10 + len(passed))
+    before = [b"before-%d" % i for i in range(5)]
+    assert values == before + passed + [b"after-%d" % i for i in range(5)]
+
+
+# --------------------------------------------------------------------------- consumer
+
+
+class _Run:
+    """A ResilientConsumer running in a thread, its handled offsets and its outcome."""
+
+    def __init__(self, config: dict[str, Any], topic: str, poison: bytes = b"poison") -> None:
+        self.seen: list[int] = []
+        self.error: BaseException | None = None
+
+        def handle(msg: Message) -> None:
+            self.seen.append(msg.offset())
+            if msg.value() == poison:
+                raise ValueError("not an order")
+
+        self.consumer = ResilientConsumer(config, [topic], handle, install_signal_handlers=False)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.consumer.run()
+        except BaseException as exc:  # handed to the test
+            self.error = exc
+
+    def stop(self) -> None:
+        self.consumer.stop()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+
+
+def _consumer_acls(cluster: KafkaCluster, user: str, topic: str, group: str) -> None:
+    cluster.grant(user, topic=topic, operations=("READ", "DESCRIBE"))
+    cluster.grant(user, group=group, operations=("READ",))
+    cluster.grant(user, topic=topic + ".dlq", operations=("WRITE", "DESCRIBE"))
+
+
+def test_consumer_dead_letters_then_replay_cli_brings_it_back(
+    cluster: KafkaCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    user, topic, group = _user(cluster), _topic(cluster), _name("g")
+    dlq = _topic(cluster, topic + ".dlq")
+    values = [b"ok-%d" % i if i != 4 else b"poison" for i in range(10)]
+    _produce_super(cluster, topic, values)
+    _consumer_acls(cluster, user, topic, group)
+    run = _Run({**cluster.client_config(user), "group.id": group}, topic)
+    _wait("10 records handled", lambda: len(run.seen) >= 10 or run.error is not None)
+    _wait("the commit of offset 10", lambda: _committed(cluster, group, topic) == 10)
+    run.stop()
+    assert run.error is None and run.consumer.health().dead_lettered == 1
+    assert _read_all(cluster, dlq, 1) == [b"poison"]
+
+    # replay as another user: Read on the DLQ, Write on the source topic, nothing else
+    replayer = _user(cluster)
+    conf = _properties(tmp_path / "replay.properties", cluster.client_config(replayer))
+    argv = ["dlq", "replay", "--from", dlq, "--to", topic, "-b", cluster.bootstrap_servers]
+    argv += ["--command-config", str(conf), "--timeout", "20"]
+    assert cli(argv) != 0  # negative control: no ACL yet
+    denied = capfd.readouterr()
+    assert "authorization failed" in (denied.out + denied.err).lower()
+    cluster.grant(replayer, topic=dlq, operations=("READ", "DESCRIBE"))
+    cluster.grant(replayer, topic=topic, operations=("WRITE", "DESCRIBE"))
+    assert cli(argv) == 0, capfd.readouterr()
+    assert _read_all(cluster, topic, 11)[10] == b"poison"
+
+
+def test_consumer_group_read_revoked_is_surfaced_and_regrant_resumes_commits(
+    cluster: KafkaCluster,
+) -> None:
+    user, topic, group = _user(cluster), _topic(cluster), _name("g")
+    _topic(cluster, topic + ".dlq")
+    _produce_super(cluster, topic, [b"a-%d" % i for i in range(5)])
+    _consumer_acls(cluster, user, topic, group)
+    run = _Run({**cluster.client_config(user), "group.id": group}, topic)
+    try:
+        _wait("the commit of offset 5", lambda: _committed(cluster, group, topic) == 5)
+        cluster.revoke(user, group=group, operations=("READ",))
+        _produce_super(cluster, topic, [b"b-%d" % i for i in range(5)])
+        # surfaced, not a silent stall: commit failures counted with the broker's reason
+        _wait(
+            "a GROUP_AUTHORIZATION_FAILED commit failure in health()",
+            lambda: (
+                "GROUP_AUTHORIZATION_FAILED" in str(run.consumer.health().last_commit_error or "")
+            ),
+            timeout=60,
+        )
+        assert run.consumer.health().commit_failures > 0
+        assert _committed(cluster, group, topic) == 5  # nothing committed without the ACL
+        cluster.grant(user, group=group, operations=("READ",))
+        _wait("commits to resume", lambda: _committed(cluster, group, topic) == 10, 60)
+    finally:
+        run.stop()
+    assert run.error is None and sorted(set(run.seen)) == list(range(10))
+
+
+def test_consumer_dead_letter_write_denied_leaves_the_record_uncommitted(
+    cluster: KafkaCluster,
+) -> None:
+    user, topic, group = _user(cluster), _topic(cluster), _name("g")
+    _topic(cluster, topic + ".dlq")
+    _produce_super(cluster, topic, [b"ok-0", b"ok-1", b"poison", b"ok-3"])
+    cluster.grant(user, topic=topic, operations=("READ", "DESCRIBE"))
+    cluster.grant(user, group=group, operations=("READ",))
+    cluster.grant(user, topic=topic + ".dlq", operations=("DESCRIBE",))  # no WRITE
+    run = _Run({**cluster.client_config(user), "group.id": group}, topic)
+    _wait("run() to end", lambda: not run.thread.is_alive(), 60)
+    assert isinstance(run.error, DeadLetterError), run.error
+    assert _committed(cluster, group, topic) == 2  # the poison record (offset 2) is not
+    assert _read_all(cluster, topic + ".dlq", 1, timeout=3) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs in deadletter.py: a user that may write no topic at all gets InitProducerId "
+    "refused (idempotent DLQ producer) -> DeadLetterError 'refused: Unable to produce message: "
+    "Local: Fatal error', category FATAL_PRODUCER; the fatal error's cause "
+    "(CLUSTER/TOPIC_AUTHORIZATION_FAILED, from error_cb / fatal_error()) is not named",
+)
+def test_consumer_dead_letter_write_denied_names_the_acl(cluster: KafkaCluster) -> None:
+    user, topic, group = _user(cluster), _topic(cluster), _name("g")
+    _topic(cluster, topic + ".dlq")
+    _produce_super(cluster, topic, [b"poison"])
+    cluster.grant(user, topic=topic, operations=("READ", "DESCRIBE"))
+    cluster.grant(user, group=group, operations=("READ",))
+    cluster.grant(user, topic=topic + ".dlq", operations=("DESCRIBE",))
+    run = _Run({**cluster.client_config(user), "group.id": group}, topic)
+    _wait("run() to end", lambda: not run.thread.is_alive(), 60)
+    assert isinstance(run.error, DeadLetterError), run.error
+    assert run.error.classification.category is ErrorCategory.AUTH
+    assert "AUTHORIZATION_FAILED" in str(run.error)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_audit_cli_over_sasl_ssl_with_describe_acls(
+    cluster: KafkaCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    user, topic = _user(cluster), _topic(cluster)
+    conf = _properties(tmp_path / "audit.properties", cluster.client_config(user))
+    argv = ["audit", "-b", cluster.bootstrap_servers, "--command-config", str(conf)]
+    argv += ["--topic", topic, "--timeout", "20"]
+    cluster.grant(user, topic=topic, operations=("DESCRIBE", "DESCRIBE_CONFIGS"))
+    assert cli(argv) == 1  # negative control: broker configs need a cluster ACL
+    assert "CLUSTER_AUTHORIZATION_FAILED" in capfd.readouterr().out
+    cluster.grant(user, cluster=True, operations=("DESCRIBE_CONFIGS",))
+    cli(argv)  # exit 1 on warnings: the test cluster itself draws some (KR046)
+    out = capfd.readouterr()
+    assert "(0 error," in out.out, out
+    assert "AUTHORIZATION" not in out.out + out.err
+    assert topic in out.out or "0 finding" in out.out or "finding(s)" in out.out
+
+
+def test_doctor_cli_over_sasl_ssl(
+    cluster: KafkaCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    user, topic = _user(cluster), _topic(cluster)
+    probe = _topic(cluster)
+    cluster.grant(user, topic=topic, operations=("DESCRIBE", "DESCRIBE_CONFIGS"))
+    cluster.grant(user, topic=probe, operations=("READ", "WRITE", "DESCRIBE"))
+    cluster.grant(user, cluster=True, operations=("DESCRIBE_CONFIGS",))
+    conf = _properties(tmp_path / "doctor.properties", cluster.client_config(user))
+    argv = ["doctor", "-b", cluster.bootstrap_servers, "--command-config", str(conf)]
+    argv += ["--topic", topic, "--probe-topic", probe]
+    cli(argv)
+    out = capfd.readouterr().out
+    assert "[probe]" in out and "AUTHORIZATION" not in out, out
+    # the only failure is the literal password in the file (KR041), which is right
+    fails = [line for line in out.splitlines() if line.strip().startswith("FAIL")]
+    assert all("KR041" in line for line in fails), out
+
+
+@pytest.mark.parametrize("command", ["audit", "dlq"])
+def test_cli_wrong_password_names_authentication(
+    cluster: KafkaCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str], command: str
+) -> None:
+    bad = {**cluster.client_config(_user(cluster)), "sasl.password": "Wr0ng-" + "x" * 12}
+    conf = _properties(tmp_path / "bad.properties", bad)
+    argv = (
+        ["audit", "--timeout", "15"]
+        if command == "audit"
+        else ["dlq", "inspect", _topic(cluster), "--timeout", "15"]
+    )
+    argv += ["-b", cluster.bootstrap_servers, "--command-config", str(conf)]
+    assert cli(argv) == 2
+    out = capfd.readouterr()
+    assert "authentication failed" in (out.out + out.err)
+    assert "Wr0ng-" not in out.out + out.err
+
+
+# --------------------------------------------------------------------------- wrong credentials
+
+
+def _bad_config(cluster: KafkaCluster, fault: str, tmp_path: Path) -> dict[str, str]:
+    config = {**cluster.client_config(_user(cluster)), "debug": _DEBUG}
+    if fault == "wrong_password":
+        config["sasl.password"] = "Wr0ng-pass-" + uuid.uuid4().hex
+    else:
+        config["ssl.ca.location"] = str(CertificateAuthority(tmp_path / "other").ca_path)
+    return config
+
+
+_CAUSE = {"wrong_password": "SASL authentication error", "wrong_ca": "certificate verify failed"}
+
+
+@pytest.mark.parametrize("fault", ["wrong_password", "wrong_ca"])
+def test_producer_bad_credentials_are_seen_as_auth(
+    cluster: KafkaCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str], fault: str
+) -> None:
+    config = {**_bad_config(cluster, fault, tmp_path), "message.timeout.ms": "8000"}
+    with ResilientProducer(config) as producer:
+        producer.produce("any-topic", b"x")
+        with pytest.raises(DeliveryError):
+            producer.flush(30)
+        last = producer.health().last_error
+    assert last in ("_AUTHENTICATION", "_SSL"), last
+    assert _CAUSE[fault] in capfd.readouterr().out  # logged at error level, naming the cause
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs in producer/: the DeliveryError of a producer that never authenticated "
+    "says '_MSG_TIMED_OUT ... no broker was reachable' after message.timeout.ms; the cause "
+    "(_AUTHENTICATION / _SSL) is only in health().last_error and the logs",
+)
+@pytest.mark.parametrize("fault", ["wrong_password", "wrong_ca"])
+def test_producer_bad_credentials_error_names_the_cause(
+    cluster: KafkaCluster, tmp_path: Path, fault: str
+) -> None:
+    config = {**_bad_config(cluster, fault, tmp_path), "message.timeout.ms": "8000"}
+    with ResilientProducer(config) as producer:
+        producer.produce("any-topic", b"x")
+        with pytest.raises(DeliveryError) as exc:
+            producer.flush(30)
+    assert any(f.classification.category is ErrorCategory.AUTH for f in exc.value.failures)
+    assert _CAUSE[fault] in str(exc.value)
+
+
+@pytest.mark.parametrize("fault", ["wrong_password", "wrong_ca"])
+def test_consumer_bad_credentials_fail_run_within_the_connection_timeout(
+    cluster: KafkaCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str], fault: str
+) -> None:
+    config = {**_bad_config(cluster, fault, tmp_path), "group.id": _name("g")}
+    consumer = ResilientConsumer(
+        config, ["any-topic"], lambda m: None, install_signal_handlers=False
+    )
+    with pytest.raises(ConsumeError):
+        consumer.run()
+    assert _CAUSE[fault] in capfd.readouterr().out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs in consumer/: run() raises ConsumeError '_TRANSPORT: no broker reachable "
+    "... [TRANSIENT]' for an authentication or TLS failure; it should be classified AUTH and "
+    "name the cause",
+)
+@pytest.mark.parametrize("fault", ["wrong_password", "wrong_ca"])
+def test_consumer_bad_credentials_error_names_the_cause(
+    cluster: KafkaCluster, tmp_path: Path, fault: str
+) -> None:
+    config = {**_bad_config(cluster, fault, tmp_path), "group.id": _name("g")}
+    consumer = ResilientConsumer(
+        config, ["any-topic"], lambda m: None, install_signal_handlers=False
+    )
+    with pytest.raises(ConsumeError) as exc:
+        consumer.run()
+    assert exc.value.classification.category is ErrorCategory.AUTH
+    assert _CAUSE[fault] in str(exc.value)
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+def test_secrets_never_appear_in_logs_exceptions_repr_or_lint(
+    cluster: KafkaCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    user, topic = _user(cluster), _topic(cluster)
+    password = cluster.password(user)
+    wrong = "Wr0ng-pass-" + uuid.uuid4().hex
+    secrets = [password, wrong]
+    captured: list[str] = []
+    config = {**cluster.client_config(user), "debug": _DEBUG, "message.timeout.ms": "8000"}
+    # 1. a working connection with debug logging, denied by ACL (error path), then allowed
+    with ResilientProducer(config) as producer:
+        captured.append(repr(producer))
+        producer.produce(topic, b"x")
+        with pytest.raises(DeliveryError) as denied:
+            producer.flush(30)
+        captured += [str(denied.value), repr(denied.value), repr(denied.value.failures)]
+        cluster.grant(user, topic=topic, operations=("WRITE", "DESCRIBE"))
+        producer.produce(topic, b"y")
+        producer.flush(30)
+        captured.append(repr(producer.health()))
+    # 2. wrong password: producer, consumer
+    bad = {**config, "sasl.password": wrong}
+    with ResilientProducer(bad) as producer:
+        producer.produce(topic, b"z")
+        with pytest.raises(DeliveryError) as exc:
+            producer.flush(30)
+        captured += [str(exc.value), repr(exc.value), repr(producer)]
+    consumer = ResilientConsumer(
+        {**bad, "group.id": _name("g")}, [topic], lambda m: None, install_signal_handlers=False
+    )
+    captured.append(repr(consumer))
+    with pytest.raises(ConsumeError) as cexc:
+        consumer.run()
+    captured += [str(cexc.value), repr(cexc.value)]
+    # 3. the CLI and the linter on a properties file holding the password
+    conf = _properties(tmp_path / "client.properties", bad)
+    cli(["audit", "-b", cluster.bootstrap_servers, "--command-config", str(conf)])
+    cli(["lint", str(conf)])
+    out = capfd.readouterr()
+    captured += [out.out, out.err]
+    assert "SASL authentication error" in out.out  # the error paths really ran
+    assert "SASL" in out.out and "SEND" in out.out  # debug=security,broker,protocol was on
+    blob = "\n".join(captured)
+    for secret in secrets:
+        assert secret not in blob
+        assert secret[len(secret) // 2 - 5 : len(secret) // 2 + 5] not in blob
+
+
+# --------------------------------------------------------------------------- lint
+
+
+def test_lint_accepts_the_real_client_config_and_flags_verification_off(
+    cluster: KafkaCluster,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    user, topic = _user(cluster), _topic(cluster)
+    cluster.grant(user, topic=topic, operations=("WRITE", "DESCRIBE"))
+    settings = {k: v for k, v in cluster.client_config(user).items() if k != "sasl.password"}
+    body = "".join(f"    {k!r}: {v!r},\n" for k, v in settings.items())
+    source = (
+        "import os\n\nfrom kresilient import ResilientProducer\n\nCONFIG = {\n"
+        + body
+        + "    'sasl.password': os.environ['KAFKA_SASL_PASSWORD'],\n}\n\n\n"
+        "def make_producer() -> ResilientProducer:\n    return ResilientProducer(CONFIG)\n"
+    )
+    app = tmp_path / "app_config.py"
+    app.write_text(source)
+    assert cli(["lint", str(app)]) == 0, capfd.readouterr()
+    # the very file that was linted connects and writes
+    monkeypatch.setenv("KAFKA_SASL_PASSWORD", cluster.password(user))
+    namespace: dict[str, Any] = {}
+    exec(compile(source, str(app), "exec"), namespace)
+    with namespace["make_producer"]() as producer:
+        producer.produce(topic, b"linted")
+        producer.flush(30)
+    assert _read_all(cluster, topic, 1) == [b"linted"]
+    capfd.readouterr()
+    for key, value in (
+        ("enable.ssl.certificate.verification", "false"),
+        ("ssl.endpoint.identification.algorithm", "none"),
+    ):
+        unsafe = tmp_path / f"unsafe_{key.replace('.', '_')}.py"
+        unsafe.write_text(source.replace("CONFIG = {\n", f"CONFIG = {{\n    {key!r}: {value!r},\n"))
+        assert cli(["lint", str(unsafe)]) == 1
+        out = capfd.readouterr().out
+        assert key in out and "[error]" in out, out
+
+
+def test_credentials_from_env_reads_variables_and_files(tmp_path: Path) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret-from-file\n")
+    env = {
+        "KAFKA_SASL_USERNAME": "alice",
+        "KAFKA_SASL_PASSWORD_FILE": str(secret),
+        "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "UNRELATED": "x",
+    }
+    assert credentials_from_env(env) == {
+        "sasl.username": "alice",
+        "sasl.password": "s3cret-from-file",
+        "security.protocol": "SASL_SSL",
+    }
+    assert credentials_from_env({}) == {}
+    from kresilient.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="both KAFKA_SASL_PASSWORD and") as both:
+        credentials_from_env({"KAFKA_SASL_PASSWORD": "p1-visible", "KAFKA_SASL_PASSWORD_FILE": "f"})
+    assert "p1-visible" not in str(both.value)
+    with pytest.raises(ConfigError, match="cannot read") as missing:
+        credentials_from_env({"KAFKA_SSL_KEY_PASSWORD_FILE": str(tmp_path / "nope")})
+    assert missing.value.key == "ssl.key.password"
+    with pytest.raises(ConfigError, match="is empty"):
+        credentials_from_env({"KAFKA_SASL_PASSWORD": ""})
