@@ -1,30 +1,47 @@
 """kresilient: Kafka clients that are hard to misuse and easy to trust.
 
-The public API is re-exported here; submodules hold the details:
+The public API is re-exported here; subpackages and modules hold the details:
 
-- :mod:`kresilient.errors`: error classification and the exception tree.
-- :mod:`kresilient.config`: safe producer/consumer defaults, validation, secret redaction.
-- :mod:`kresilient.producer`: ResilientProducer (no silent loss, classified flush failures).
+- :mod:`kresilient.producer`: ResilientProducer (no silent loss, classified flush failures),
+  the crash-safe ``Spool``.
 - :mod:`kresilient.consumer`: ResilientConsumer (commit after processing, retries, DLQ).
-- :mod:`kresilient.deadletter`: the dead-letter record format and the circuit breaker.
-- :mod:`kresilient.retry`: tenacity predicates driven by the classification.
-- :mod:`kresilient.leadership`: leadership burst vs sustained churn, metadata age.
+- :mod:`kresilient.aio`: the same guarantees for asyncio services.
+- :mod:`kresilient.telemetry`: OpenTelemetry spans and metrics, trace context in headers.
+- :mod:`kresilient.spark`: the ``kresilient`` PySpark data source.
+- :mod:`kresilient.lint`, :mod:`kresilient.doctor`: config lint, live audit, diagnosis.
 - :mod:`kresilient.testing`: a real 3-node KRaft Kafka cluster for tests and demos.
+- Shared leaves: :mod:`kresilient.errors` (classification, the exception tree),
+  :mod:`kresilient.config` (safe defaults, validation), :mod:`kresilient.redaction`,
+  :mod:`kresilient.deadletter` (record format, the one dead-letter writer),
+  :mod:`kresilient.retry` (tenacity predicates), :mod:`kresilient.leadership` (burst vs
+  churn), :mod:`kresilient.dedupe`, :mod:`kresilient.outbox`, :mod:`kresilient.admin`.
 """
 
 from __future__ import annotations
 
+from kresilient._version import __version__
 from kresilient.config import consumer_config, producer_config, redact
-from kresilient.consumer import BatchItemError, ResilientConsumer, RetryPolicy
+from kresilient.consumer import ConsumerHealth, ResilientConsumer, RetryPolicy
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
     DeadLetterInfo,
     DeadLetterPolicy,
+    DeadLetterRecord,
+    DeadLetterWriter,
     dead_letter_headers,
+    dead_letter_producer_config,
     parse_dead_letter_headers,
 )
+from kresilient.deadletter_cli import (
+    InspectResult,
+    ReplayResult,
+    inspect_dead_letters,
+    replay_dead_letters,
+)
+from kresilient.dedupe import Deduplicator
 from kresilient.errors import (
     Action,
+    BatchItemError,
     CircuitBreakerOpenError,
     Classification,
     CommitError,
@@ -39,12 +56,25 @@ from kresilient.errors import (
     KResilientError,
     MessageTooLargeError,
     ProduceError,
+    ReplayMismatchError,
+    SchemaError,
+    SpoolCorruptError,
+    SpoolError,
     UnsafeConfigError,
     classify,
+    failure_from_report,
+    is_unproducible,
     translate,
 )
 from kresilient.leadership import ChurnPolicy, LeadershipChange, LeadershipMonitor, LeadershipState
-from kresilient.producer import DeliveryHandle, DeliveryResult, ProducerHealth, ResilientProducer
+from kresilient.producer import (
+    DeliveryHandle,
+    DeliveryResult,
+    FlushResult,
+    ProducerHealth,
+    ResilientProducer,
+    Spool,
+)
 from kresilient.retry import (
     retry_if_action,
     retry_if_category,
@@ -57,8 +87,6 @@ from kresilient.retry import (
 )
 from kresilient.telemetry import Telemetry, add_trace_context
 
-__version__ = "0.1.0"
-
 __all__ = [
     "Action",
     "BatchItemError",
@@ -69,15 +97,21 @@ __all__ = [
     "CommitError",
     "ConfigError",
     "ConsumeError",
+    "ConsumerHealth",
     "DeadLetterError",
     "DeadLetterInfo",
     "DeadLetterPolicy",
+    "DeadLetterRecord",
+    "DeadLetterWriter",
+    "Deduplicator",
     "DeliveryError",
     "DeliveryFailure",
     "DeliveryHandle",
     "DeliveryResult",
     "ErrorCategory",
     "FatalProducerError",
+    "FlushResult",
+    "InspectResult",
     "KResilientError",
     "KafkaClientError",
     "LeadershipChange",
@@ -86,9 +120,15 @@ __all__ = [
     "MessageTooLargeError",
     "ProduceError",
     "ProducerHealth",
+    "ReplayMismatchError",
+    "ReplayResult",
     "ResilientConsumer",
     "ResilientProducer",
     "RetryPolicy",
+    "SchemaError",
+    "Spool",
+    "SpoolCorruptError",
+    "SpoolError",
     "Telemetry",
     "UnsafeConfigError",
     "__version__",
@@ -96,9 +136,14 @@ __all__ = [
     "classify",
     "consumer_config",
     "dead_letter_headers",
+    "dead_letter_producer_config",
+    "failure_from_report",
+    "inspect_dead_letters",
+    "is_unproducible",
     "parse_dead_letter_headers",
     "producer_config",
     "redact",
+    "replay_dead_letters",
     "retry_if_action",
     "retry_if_category",
     "retry_if_classification",

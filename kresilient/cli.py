@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import logging
 import os
 import signal
@@ -34,12 +33,12 @@ from typing import Any
 import structlog
 from confluent_kafka import KafkaError
 
-from kresilient import __version__
+from kresilient._version import __version__
 from kresilient.errors import ConfigError, KafkaClientError
 
 _CONTRIBUTORS = ("kresilient.lint.cli", "kresilient.deadletter_cli", "kresilient.doctor")
 _BOOTSTRAP_ENV = "KRESILIENT_BOOTSTRAP_SERVERS"
-_FAULTS = ("kill", "isolate", "ack-loss")  # kresilient.testing._demo.FAULTS, without importing it
+_FAULTS = ("kill", "isolate", "ack-loss")  # kresilient.testing.demo.FAULTS, without importing it
 _EXIT_CODES = (
     "Exit codes: 0 success, 1 findings or a failed operation, 2 usage or input error or an "
     "unreachable cluster."
@@ -148,22 +147,14 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from kresilient.testing import _demo
+    from kresilient.testing import demo
 
     if args.messages < 1:
         _err(f"kresilient demo: --messages must be at least 1, got {args.messages}")
         return 2
-    kwargs: dict[str, Any] = {"messages": args.messages}
-    if args.fault != "kill":
-        # The fault choice arrived with the harness's network faults; an older harness
-        # only kills, and a silent kill instead of the fault asked for would mislead.
-        if "fault" not in inspect.signature(_demo.main).parameters:
-            _err(f"kresilient demo: --fault {args.fault} needs a newer kresilient.testing")
-            return 2
-        kwargs["fault"] = args.fault
     with _terminate_like_ctrl_c():
         try:
-            return _demo.main(**kwargs)
+            return demo.main(messages=args.messages, fault=args.fault)
         except (KeyboardInterrupt, _Terminated):
             _err("demo interrupted; the cluster was stopped")
             return 1

@@ -21,7 +21,9 @@ Exception tree (one base; every class is keyword-constructible and carries
     │   └── SchemaError              a DataFrame given to the Spark sink has a wrong column
     ├── KafkaClientError             a Kafka error (.code, .name, .topic, .partition)
     │   ├── ProduceError             one message could not be produced
-    │   │   └── MessageTooLargeError value above a size limit (.size, .limit)
+    │   │   ├── MessageTooLargeError value above a size limit (.size, .limit)
+    │   │   └── SpoolError           the local spool cannot store a message (full, disk, I/O)
+    │   │       └── SpoolCorruptError the spool file is unreadable; renamed aside (.quarantined)
     │   ├── FatalProducerError       fenced / idempotence state lost: recreate the producer
     │   ├── CommitError              offset commit failed
     │   └── ConsumeError             consumer-side error surfaced by poll
@@ -561,6 +563,26 @@ class MessageTooLargeError(ProduceError):
         super().__init__(message, **kwargs)
         self.size = size
         self.limit = limit
+
+
+
+class SpoolError(ProduceError):
+    """The spool could not store a message (disk full, I/O error) or is full (BACKPRESSURE).
+
+    A message named by this error was not stored and never handed to Kafka.
+    """
+
+
+class SpoolCorruptError(SpoolError):
+    """The spool file is not readable; it was renamed aside (``quarantined``), not deleted.
+
+    The next ``Spool(path)`` starts empty. The quarantined file keeps what it held for
+    inspection (``sqlite3 <file> .recover``).
+    """
+
+    def __init__(self, message: str, *, quarantined: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.quarantined = quarantined
 
 
 class FatalProducerError(KafkaClientError):

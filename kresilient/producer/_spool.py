@@ -41,6 +41,8 @@ from kresilient.errors import (
     DeliveryFailure,
     ErrorCategory,
     ProduceError,
+    SpoolCorruptError,
+    SpoolError,
     classify,
     failure_from_report,
     is_unproducible,
@@ -76,32 +78,6 @@ _KEEP: Final = frozenset(
 _PENDING: Final = 0
 _INFLIGHT: Final = 1
 _DONE: Final = 2
-
-
-class SpoolError(ProduceError):
-    """The spool could not store a message (disk full, I/O error) or is full (BACKPRESSURE).
-
-    A message named by this error was not stored and never handed to Kafka.
-    """
-
-
-class SpoolCorruptError(SpoolError):
-    """The spool file is not readable; it was renamed aside (``quarantined``), not deleted.
-
-    The next ``Spool(path)`` starts empty. The quarantined file keeps what it held for
-    inspection (``sqlite3 <file> .recover``).
-    """
-
-    def __init__(self, message: str, *, quarantined: str, **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.quarantined = quarantined
-
-    def __reduce__(self) -> Any:  # picklable with the keyword-only field
-        return (_rebuild_corrupt, (self.message, self.quarantined, self.classification))
-
-
-def _rebuild_corrupt(message: str, quarantined: str, c: Classification) -> SpoolCorruptError:
-    return SpoolCorruptError(message, quarantined=quarantined, classification=c)
 
 
 def _storage_classification(remedy: str) -> Classification:

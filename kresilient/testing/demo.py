@@ -17,6 +17,7 @@ missing and duplicated messages (both must be 0). The faults (``fault=``):
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import MutableMapping
 from typing import Any
@@ -123,6 +124,8 @@ def main(messages: int = 200_000, fault: str = "kill") -> int:
             structlog.dev.ConsoleRenderer(colors=False),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        # The report is the result (stdout); the events narrating it are logs (stderr).
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
     from kresilient.errors import DeliveryError
     from kresilient.producer import ResilientProducer
