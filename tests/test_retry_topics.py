@@ -251,3 +251,13 @@ def test_consumer_sigkilled_mid_way_loses_nothing(
         f"SIGKILL after {before} lines; due-time error s over {len(errors)} retries: "
         f"median {statistics.median(errors):.3f} max {max(errors):.3f}"
     )
+
+
+@pytest.mark.integration
+def test_example_runs(kafka_cluster: KafkaCluster) -> None:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+    try:
+        import consumer_retry_topics
+    finally:
+        sys.path.pop(0)
+    assert consumer_retry_topics.main(kafka_cluster.bootstrap_servers) == 0

@@ -14,7 +14,15 @@ What it adds to ``confluent_kafka.Consumer`` (see docs/consumer.md):
 * **dead letters**: after the retries (at once for deserialization/validation errors) the
   record goes to ``<topic>.dlq`` with its original key/value bytes and headers plus the
   ``kresilient.*`` headers (:mod:`kresilient.deadletter`), optionally the Spring Kafka and
-  Kafka Streams header sets; written by a :class:`~kresilient.ResilientProducer`;
+  Kafka Streams header sets; written by the one
+  :class:`~kresilient.deadletter.DeadLetterWriter`;
+* **retry topics** (:class:`RetryTopicPolicy`): failures moved to delayed
+  ``<topic>.retry.<delay>`` topics instead of holding the partition;
+* **crash-loop protection**: a record during which the process died ``max_process_deaths``
+  times (counted in the committed offset's metadata) is dead-lettered as ``crash_loop``;
+* **Schema Registry outages** (5xx, 429, timeouts) hold the partition instead of
+  dead-lettering good records;
+* **probes**: ``/live`` and ``/ready`` over HTTP (``health_port``), lag gauges;
 * a **circuit breaker** stops the consumer (:class:`~kresilient.CircuitBreakerOpenError`)
   when dead-lettering exceeds its limit;
 * optional **deserializers** whose failures are dead-lettered with the raw bytes;
@@ -37,7 +45,8 @@ from kresilient.consumer._breaker import CircuitBreaker
 from kresilient.consumer._consumer import *  # noqa: F403
 from kresilient.consumer._consumer import __all__ as _consumer_all
 from kresilient.consumer._failures import poison
+from kresilient.consumer._registry import registry_classification
 
 # CircuitBreaker (the running state of a CircuitBreakerPolicy) and poison (the classification
 # of a failure the retry policy does not retry) are shared with kresilient.aio.
-__all__ = [*_consumer_all, "CircuitBreaker", "poison"]
+__all__ = [*_consumer_all, "CircuitBreaker", "poison", "registry_classification"]

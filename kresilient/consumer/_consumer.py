@@ -14,7 +14,15 @@ What it adds to ``confluent_kafka.Consumer`` (see docs/consumer.md):
 * **dead letters**: after the retries (at once for deserialization/validation errors) the
   record goes to ``<topic>.dlq`` with its original key/value bytes and headers plus the
   ``kresilient.*`` headers (:mod:`kresilient.deadletter`), optionally the Spring Kafka and
-  Kafka Streams header sets; written by a :class:`~kresilient.ResilientProducer`;
+  Kafka Streams header sets; written by the one
+  :class:`~kresilient.deadletter.DeadLetterWriter`;
+* **retry topics** (:class:`RetryTopicPolicy`): failures moved to delayed
+  ``<topic>.retry.<delay>`` topics instead of holding the partition;
+* **crash-loop protection**: a record during which the process died ``max_process_deaths``
+  times (counted in the committed offset's metadata) is dead-lettered as ``crash_loop``;
+* **Schema Registry outages** (5xx, 429, timeouts) hold the partition instead of
+  dead-lettering good records;
+* **probes**: ``/live`` and ``/ready`` over HTTP (``health_port``), lag gauges;
 * a **circuit breaker** stops the consumer (:class:`~kresilient.CircuitBreakerOpenError`)
   when dead-lettering exceeds its limit;
 * optional **deserializers** whose failures are dead-lettered with the raw bytes;
@@ -111,9 +119,11 @@ _METADATA_TIMEOUT: Final = 10.0
 class ConsumerHealth:
     """A point-in-time view of a :class:`ResilientConsumer` for health checks.
 
-    ``held_partitions``: the partitions paused for a retry (topic, partition, offset, attempts,
-    resumed); ``rebalances``: assigned/revoked/lost callbacks so far; ``circuit_breaker``:
-    its state (``None`` without a breaker); ``leadership``: the leadership monitor's snapshot.
+    ``moved_to_retry``: records written to a retry topic; ``crash_loops``: records
+    dead-lettered for killing the process. ``held_partitions``: the partitions paused for a
+    retry (topic, partition, offset, attempts, resumed); ``rebalances``: assigned/revoked/lost
+    callbacks so far; ``circuit_breaker``: its state (``None`` without a breaker);
+    ``leadership``: the leadership monitor's snapshot.
     ``as_dict()`` gives the plain dict; ``health()["processed"]`` (the dict access of 0.1)
     still works until the next minor version, with a :class:`DeprecationWarning`.
     """
@@ -132,6 +142,8 @@ class ConsumerHealth:
     last_commit_error: str | None
     circuit_breaker: dict[str, Any] | None
     leadership: dict[str, Any] = field(repr=False)
+    moved_to_retry: int = 0  #: records written to a retry topic (retry_topics)
+    crash_loops: int = 0  #: records dead-lettered for killing the process (crash_loop)
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict (what ``health()`` returned in 0.1)."""
@@ -227,7 +239,8 @@ class ResilientConsumer:
         dead_letter_producer: a :class:`~kresilient.ResilientProducer` or a
             :class:`~kresilient.deadletter.DeadLetterWriter` to write dead letters with (not
             closed by this consumer). Records are written byte for byte: a producer is asked
-            not to propagate its trace context into them. Default: a producer made from
+            not to propagate its trace context into them. Default: a
+            :class:`~kresilient.deadletter.DeadLetterWriter` made from
             ``config`` by :func:`kresilient.deadletter.dead_letter_producer_config`, with
             ``dead_letter_producer_config`` as overrides.
         max_batch_size: messages fetched per ``consume()`` call (handled one by one).
@@ -988,6 +1001,8 @@ class ResilientConsumer:
             else None,
             circuit_breaker=breaker.snapshot() if breaker is not None else None,
             leadership=self._monitor.snapshot(),
+            moved_to_retry=self._failures.moved,
+            crash_loops=self._crash.crash_loops if self._crash is not None else 0,
         )
 
     @property
