@@ -117,7 +117,7 @@ def describe_unreachable(servers: str, errors: Iterable[str]) -> str:
     """
     reasons: dict[str, str] = {}
     for text in errors:
-        parsed = connect_failure(_PROTOCOL.sub("", text))
+        parsed = connect_failure(text)
         if parsed is not None:
             host, reason = parsed
             reasons[host] = _REASONS.get(reason, reason)

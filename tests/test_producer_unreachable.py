@@ -60,3 +60,34 @@ def test_unreachable_cluster_gives_one_warning_naming_host_and_reason(
     assert "%3|" not in proc.stderr and "%4|" not in proc.stderr and "FAIL" not in proc.stderr
     # negative control: librdkafka did fail to connect (the summary saw the failures)
     assert "1/1 brokers are down" in warning
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            "127.0.0.1:1/bootstrap: Connect to ipv4#127.0.0.1:1 failed: Connection refused "
+            "(after 0ms in state CONNECT)",
+            ("127.0.0.1:1", "refused"),
+        ),
+        (
+            "ssl://127.0.0.1:9093/1: SSL handshake failed: error:0A000086:SSL routines::"
+            "certificate verify failed",
+            ("127.0.0.1:9093", "TLS"),
+        ),
+        (
+            "[thrd:sasl_ssl://h.invalid:9094/bootstrap]: sasl_ssl://h.invalid:9094/bootstrap: "
+            "Failed to resolve 'h.invalid:9094': Name or service not known",
+            ("h.invalid:9094", "DNS"),
+        ),
+        ("Some other librdkafka line", None),
+    ],
+)
+def test_connect_failure_parses_plain_and_protocol_prefixed_broker_names(
+    line: str, expected: tuple[str, str] | None
+) -> None:
+    # A TLS/SASL listener's broker name is "ssl://host:port/id": it was not recognised, so
+    # TLS failures (the reason most worth naming) were summarised as nothing.
+    from kresilient.producer import connect_failure
+
+    assert connect_failure(line) == expected

@@ -143,7 +143,10 @@ def weak_callback(target: Any, name: str) -> Callable[..., None]:
 # "<host>:<port>/<id or bootstrap>: <reason text>" as librdkafka writes FAIL lines and
 # _TRANSPORT / _RESOLVE error strings.
 _BROKER_LINE: Final = re.compile(
-    r"^(?:\[thrd:[^\]]*\]: )?(?P<host>[^\s/]+:\d+)/(?:bootstrap|\d+): (?P<text>.*)$", re.S
+    # A TLS or SASL listener's broker name carries its protocol: "ssl://h:9093/1: ...".
+    r"^(?:\[thrd:[^\]]*\]: )?(?:[A-Za-z_]+://)?(?P<host>[^\s/]+:\d+)/(?:bootstrap|\d+): "
+    r"(?P<text>.*)$",
+    re.S,
 )
 _REASONS: Final = (
     ("DNS", re.compile(r"resolve|getaddrinfo|Name or service not known|nodename", re.I)),
