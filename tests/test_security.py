@@ -215,6 +215,7 @@ def test_producer_write_revoked_mid_stream_fails_fast_as_auth_and_regrant_recove
         cluster.grant(user, topic=topic, operations=("WRITE",))
         after = 0
         deadline = time.monotonic() + 90
+        granted_at = time.monotonic()
         while after < 5:
             assert time.monotonic() < deadline, "Write ACL re-granted but writes still fail"
             try:
@@ -225,6 +226,7 @@ def test_producer_write_revoked_mid_stream_fails_fast_as_auth_and_regrant_recove
                 continue
             after += 1
         assert producer.health().failed_since_flush == 0
+        print(f"re-grant: writes pass again after {time.monotonic() - granted_at:.1f} s")
     values = _read_all(cluster, topic, 10 + len(passed))
     before = [b"before-%d" % i for i in range(5)]
     assert values == before + passed + [b"after-%d" % i for i in range(5)]
@@ -380,7 +382,6 @@ def test_audit_cli_over_sasl_ssl_with_describe_acls(
     out = capfd.readouterr()
     assert "(0 error," in out.out, out
     assert "AUTHORIZATION" not in out.out + out.err
-    assert topic in out.out or "0 finding" in out.out or "finding(s)" in out.out
 
 
 def test_doctor_cli_over_sasl_ssl(
@@ -520,8 +521,9 @@ def test_secrets_never_appear_in_logs_exceptions_repr_or_lint(
         with pytest.raises(DeliveryError) as denied:
             producer.flush(30)
         captured += [str(denied.value), repr(denied.value), repr(denied.value.failures)]
-        cluster.grant(user, topic=topic, operations=("WRITE", "DESCRIBE"))
-        producer.produce(topic, b"y")
+        allowed = _topic(cluster)
+        cluster.grant(user, topic=allowed, operations=("WRITE", "DESCRIBE"))
+        producer.produce(allowed, b"y")
         producer.flush(30)
         captured.append(repr(producer.health()))
     # 2. wrong password: producer, consumer

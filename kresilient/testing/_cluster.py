@@ -619,6 +619,11 @@ class KafkaCluster:
             "broker.heartbeat.interval.ms": 500,
             "broker.session.timeout.ms": 3000,
             "replica.lag.time.max.ms": 5000,
+            # KIP-848 groups (group.protocol=consumer): the session timeout is the broker's
+            # (45 s, and no lower than this minimum); a test may set a group's own
+            # consumer.session.timeout.ms down to 6 s to see a dead member replaced quickly.
+            "group.consumer.min.session.timeout.ms": 6000,
+            "group.consumer.min.heartbeat.interval.ms": 500,
             "controlled.shutdown.enable": "true",
             "log.segment.bytes": 67108864,
             "log.retention.check.interval.ms": 60000,

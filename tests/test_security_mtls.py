@@ -1,0 +1,132 @@
+"""Mutual TLS (``KafkaCluster(security="ssl")``): the certificate's CN is the user (issue 19).
+
+One mTLS cluster for the module: a round trip with a certificate user holding only its ACLs,
+no certificate / an expired certificate refused at the handshake, a wrong key password
+refused at construction, and neither the key password nor the private key ever printed.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from kresilient.errors import ConfigError, DeliveryError, KResilientError
+from kresilient.producer import ResilientProducer
+from kresilient.testing import KafkaCluster
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[KafkaCluster]:
+    c = KafkaCluster(security="ssl")
+    try:
+        c.start_cluster()
+        yield c
+    finally:
+        c.close()
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _read(cluster: KafkaCluster, topic: str, expected: int) -> list[bytes]:
+    consumer = Consumer({**cluster.client_config(), "group.id": _name("r")})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + 30
+    try:
+        while len(values) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                values.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    return values
+
+
+def test_mtls_producer_round_trip_as_certificate_user(cluster: KafkaCluster) -> None:
+    user, topic = _name("svc"), cluster.create_topic(_name("t"), 1, 3)
+    cluster.create_user(user)
+    config = {**cluster.client_config(user), "message.timeout.ms": "15000"}
+    assert config["security.protocol"] == "SSL" and "ssl.certificate.location" in config
+    with ResilientProducer(config) as producer:  # negative control: no ACL for User:<CN>
+        producer.produce(topic, b"denied")
+        with pytest.raises(DeliveryError, match="TOPIC_AUTHORIZATION_FAILED"):
+            producer.flush(30)
+    cluster.grant(user, topic=topic, operations=("WRITE", "DESCRIBE"))
+    with ResilientProducer(config) as producer:
+        for i in range(10):
+            producer.produce(topic, b"m%d" % i)
+        producer.flush(30)
+    assert _read(cluster, topic, 10) == [b"m%d" % i for i in range(10)]
+
+
+@pytest.mark.parametrize("fault", ["no_certificate", "expired_certificate"])
+def test_mtls_refused_certificate_is_an_ssl_error(
+    cluster: KafkaCluster, capfd: pytest.CaptureFixture[str], fault: str
+) -> None:
+    user, topic = _name("svc"), cluster.create_topic(_name("t"), 1, 3)
+    cluster.create_user(user)
+    cluster.grant(user, topic=topic, operations=("WRITE", "DESCRIBE"))
+    config = {**cluster.client_config(user), "message.timeout.ms": "8000"}
+    if fault == "no_certificate":
+        for key in ("ssl.certificate.location", "ssl.key.location", "ssl.key.password"):
+            del config[key]
+    else:
+        config.update(cluster.issue_certificate(user, expired=True).client_settings())
+    with ResilientProducer(config) as producer:
+        producer.produce(topic, b"x")
+        with pytest.raises(DeliveryError):
+            producer.flush(30)
+        assert producer.health().last_error == "_SSL"
+    out = capfd.readouterr().out
+    assert "SSL handshake failed" in out or "SSL transport error" in out, out[-3000:]
+    assert _read(cluster, topic, 1) == []  # nothing was written
+
+
+def test_mtls_key_password_and_private_key_never_printed(
+    cluster: KafkaCluster, capfd: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    user, topic = _name("svc"), cluster.create_topic(_name("t"), 1, 3)
+    cluster.create_user(user)
+    cluster.grant(user, topic=topic, operations=("WRITE", "DESCRIBE"))
+    config = {**cluster.client_config(user), "debug": "security,broker,protocol"}
+    key_password = config["ssl.key.password"]
+    pem = Path(config["ssl.key.location"]).read_text()
+    body = "".join(pem.splitlines()[1:-1])
+    captured: list[str] = []
+    # 1. a working connection with debug on
+    with ResilientProducer(config) as producer:
+        captured.append(repr(producer))
+        producer.produce(topic, b"ok")
+        producer.flush(30)
+    # 2. a wrong key password: refused when the client is built, naming the key
+    wrong = {**config, "ssl.key.password": "Wr0ng-key-" + uuid.uuid4().hex}
+    with pytest.raises(KResilientError) as exc:
+        ResilientProducer(wrong)
+    captured += [str(exc.value), repr(exc.value)]
+    assert isinstance(exc.value, ConfigError) or "ssl" in str(exc.value).lower()
+    # 3. the private key inline (ssl.key.pem) with a wrong password
+    inline = {k: v for k, v in wrong.items() if k != "ssl.key.location"}
+    inline["ssl.key.pem"] = pem
+    with pytest.raises(KResilientError) as exc2:
+        ResilientProducer(inline)
+    captured += [str(exc2.value), repr(exc2.value)]
+    out = capfd.readouterr()
+    captured += [out.out, out.err]
+    assert "SSL" in out.out  # debug was on
+    blob = "\n".join(captured)
+    for secret in (key_password, wrong["ssl.key.password"]):
+        assert secret not in blob
+        assert secret[len(secret) // 2 - 5 : len(secret) // 2 + 5] not in blob
+    for chunk in re.findall(".{24}", body)[:6]:
+        assert chunk not in blob
+    assert "PRIVATE KEY-----" not in blob.replace("ssl.key.pem", "")
