@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import tenacity
-from confluent_kafka import Message, Producer
+from confluent_kafka import ConsumerGroupType, Message, Producer
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -95,6 +95,13 @@ def _group(cluster: KafkaCluster, session_ms: int = 6000) -> str:
     return group
 
 
+def _assert_next_gen(cluster: KafkaCluster, group: str) -> None:
+    """The group really ran the KIP-848 protocol (not a silent fallback to classic)."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    (future,) = admin.describe_consumer_groups([group]).values()
+    assert future.result(timeout=30).type == ConsumerGroupType.CONSUMER
+
+
 def _lines(path: Path) -> list[tuple[int, int, int]]:
     if not path.exists():
         return []
@@ -161,6 +168,7 @@ def test_kip848_sigkilled_consumer_restarted_skips_nothing(
             assert min(resumed) == max(at_kill[p], 0), (p, min(resumed), at_kill)
     high = ends(bootstrap, topic)
     assert committed(bootstrap, group, topic, high) == high
+    _assert_next_gen(kafka_cluster, group)
 
 
 def test_kip848_leader_sigkill_during_consumption(
@@ -234,10 +242,11 @@ def test_kip848_retrying_longer_than_max_poll_interval_causes_no_rebalance(
         if len(events) == 30:
             consumer.stop()
 
+    group = _group(kafka_cluster)
     consumer = ResilientConsumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": _group(kafka_cluster),
+            "group.id": group,
             "max.poll.interval.ms": 8000,
             **_NEXT_GEN,
         },
@@ -256,3 +265,4 @@ def test_kip848_retrying_longer_than_max_poll_interval_causes_no_rebalance(
     assert [o for p, o in events if p == 0] == list(range(20))  # order kept, nothing skipped
     assert "lost" not in rebalances and rebalances.count("revoke") <= 1, rebalances
     assert consumer.health().retries >= 10
+    _assert_next_gen(kafka_cluster, group)

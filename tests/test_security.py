@@ -621,3 +621,28 @@ def test_credentials_from_env_reads_variables_and_files(tmp_path: Path) -> None:
     assert missing.value.key == "ssl.key.password"
     with pytest.raises(ConfigError, match="is empty"):
         credentials_from_env({"KAFKA_SASL_PASSWORD": ""})
+
+
+def test_certificate_authority_issues_valid_and_expired_client_certificates(
+    tmp_path: Path,
+) -> None:
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    ca = CertificateAuthority(tmp_path)
+    good = ca.client_certificate("alice", "key-pass-123456")
+    old = ca.client_certificate("alice", "key-pass-123456", expired=True)
+    now = dt.datetime.now(dt.UTC)
+    cert = x509.load_pem_x509_certificate(good.certificate.read_bytes())
+    assert cert.not_valid_before_utc < now < cert.not_valid_after_utc
+    assert cert.subject.rfc4514_string() == "CN=alice"
+    assert x509.load_pem_x509_certificate(old.certificate.read_bytes()).not_valid_after_utc < now
+    key = good.key.read_bytes()
+    assert b"ENCRYPTED PRIVATE KEY" in key  # the key password really protects it
+    with pytest.raises((TypeError, ValueError)):
+        load_pem_private_key(key, password=None)
+    load_pem_private_key(key, password=b"key-pass-123456")
+    assert "key-pass" not in repr(good) and "key-pass" not in repr(ca)
+    assert good.key.stat().st_mode & 0o077 == 0
