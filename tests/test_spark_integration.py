@@ -35,6 +35,7 @@ def _spark() -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
     from kresilient.spark import register
+    from kresilient.spark.connector import connector_jars
 
     spark = (
         SparkSession.builder.master("local[2,3]")
@@ -42,6 +43,7 @@ def _spark() -> Iterator[Any]:
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.jars", ",".join(connector_jars()))  # see test_spark_jvm
         .config("spark.sql.shuffle.partitions", "2")
         .getOrCreate()
     )

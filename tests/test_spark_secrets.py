@@ -108,12 +108,15 @@ def _spark() -> Iterator[Any]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    from kresilient.spark.connector import connector_jars
+
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("kresilient-spark-secret-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.jars", ",".join(connector_jars()))  # see test_spark_jvm
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
