@@ -60,7 +60,13 @@ from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
 import structlog
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from kresilient.deadletter import (
     SPRING_ORIGINAL_OFFSET,
@@ -69,7 +75,14 @@ from kresilient.deadletter import (
     DeadLetterInfo,
     parse_dead_letter_headers,
 )
-from kresilient.errors import ConfigError, DeliveryError, KafkaClientError, KResilientError
+from kresilient.errors import (
+    TOO_LARGE_CODES,
+    ConfigError,
+    DeliveryError,
+    KafkaClientError,
+    KResilientError,
+    classify,
+)
 from kresilient.lint.connect import ConnectionErrors, fetch_metadata, quiet_client_config
 
 __all__ = [
@@ -413,7 +426,8 @@ class _Reader:
                 ) from None
             self.starts[tp.partition], self.ends[tp.partition] = low, high
         if self.group is not None:
-            for tp in self.consumer.committed(parts, timeout=self.timeout):
+            got = self._retrying(lambda: self.consumer.committed(parts, timeout=self.timeout))
+            for tp in got:
                 if tp.offset >= 0:
                     self.starts[tp.partition] = max(self.starts[tp.partition], tp.offset)
         self.total = sum(max(0, self.ends[p] - self.starts[p]) for p in self.ends)
@@ -476,10 +490,20 @@ class _Reader:
 
     def commit(self, positions: Mapping[int, int]) -> None:
         """Commit ``positions`` (partition -> next offset to read) for the group."""
-        self.consumer.commit(
-            offsets=[TopicPartition(self.topic, p, o) for p, o in sorted(positions.items())],
-            asynchronous=False,
-        )
+        offsets = [TopicPartition(self.topic, p, o) for p, o in sorted(positions.items())]
+        self._retrying(lambda: self.consumer.commit(offsets=offsets, asynchronous=False))
+
+    def _retrying(self, call: Callable[[], Any]) -> Any:
+        """``call()``, retried while the group coordinator moves or loads (retriable errors
+        such as NOT_COORDINATOR), for at most ``timeout`` seconds."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return call()
+            except KafkaException as exc:
+                if not classify(exc).retriable or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)  # the coordinator needs a moment; nothing else to wait on
 
     def close(self) -> None:
         with contextlib.suppress(KafkaException, RuntimeError):
@@ -613,116 +637,181 @@ def replay_dead_letters(
     host and why) when the cluster cannot be reached and
     :class:`~kresilient.errors.ConfigError` for a bad filter or a missing source topic.
     """
-    from kresilient.producer import DeliveryHandle, ResilientProducer
-
     conf = _client_config(bootstrap_servers, config)
     predicates = _predicates(filters)
     if limit is not None and limit < 0:
         raise ConfigError(f"limit must be >= 0, got {limit}", key=None)
     counts: Counter[str] = Counter()
-    by_target: Counter[str] = Counter()
-    failures: Counter[str] = Counter()
     # The group's commit may only pass records this run is done with: replayed (delivery
-    # acknowledged) or excluded by the filters. Per partition: the last offset read, the
-    # first offset left behind (limit, no original topic, failed), and what was sent.
+    # acknowledged) or excluded by the filters. Per partition: the last offset read and the
+    # first offset left behind (limit, no original topic, failed).
     last_read: dict[int, int] = {}
     left_at: dict[int, int] = {}
-    sent: list[tuple[int, int, str, DeliveryHandle]] = []
-    producer: ResilientProducer | None = None
+    sender = _Sender(conf, left_at, timeout=timeout, keep_timestamp=keep_timestamp, logger=logger)
     committed: dict[int, int] | None = None
     commit_error: str | None = None
-    with _Reader(conf, source, group, timeout) as reader:
-        try:
-            for record in reader.records(progress):
-                counts["read"] += 1
-                info, msg = record.info, record.msg
-                part, offset = msg.partition() or 0, msg.offset() or 0
-                last_read[part] = offset
-                if not all(p(info) for p in predicates):
-                    counts["filtered_out"] += 1
-                    continue
-                if limit is not None and counts["selected"] >= limit:
-                    counts["limited"] += 1
-                    left_at.setdefault(part, offset)
-                    continue
-                to = target or info.original_topic
-                if not to:
-                    counts["no_topic"] += 1
-                    left_at.setdefault(part, offset)
-                    continue
-                if group is not None and part in left_at:
-                    # The group's offset stays before the record left behind; sending the
-                    # ones after it now would send them again on the next run.
-                    counts["held_back"] += 1
-                    continue
-                counts["selected"] += 1
-                missing = reader.missing(to)
-                if missing is not None:
-                    failures[f"{to}: {missing}"] += 1
-                    left_at.setdefault(part, offset)
-                    continue
-                if dry_run:
-                    by_target[to] += 1
-                    continue
-                if producer is None:
-                    producer = ResilientProducer(dict(conf), logger=logger)
-                try:
-                    handle = producer.produce(
-                        to,
-                        msg.value(),
-                        key=msg.key(),
-                        headers=list(info.original_headers),
-                        timestamp=info.original_timestamp if keep_timestamp else None,
-                    )
-                except KafkaClientError as exc:
-                    failures[f"{to}: {exc.name}: {exc.remedy}"] += 1
-                    left_at.setdefault(part, offset)
-                    continue
-                sent.append((part, offset, to, handle))
-            if producer is not None:
-                _deliver(producer, timeout)
-                for part, offset, to, handle in sent:
-                    error = handle.exception(0) if handle.done() else None
-                    if handle.done() and error is None:
-                        by_target[to] += 1
-                        continue
-                    why = (
-                        f"{error.name}: {error.remedy}"
-                        if error is not None
-                        else f"not acknowledged within {timeout:g} s (--timeout)"
-                    )
-                    failures[f"{to}: {why}"] += 1
-                    left_at[part] = min(left_at.get(part, offset), offset)
-            if group is not None and not dry_run and last_read:
-                positions = {p: left_at.get(p, last + 1) for p, last in last_read.items()}
-                try:
-                    reader.commit(positions)
-                    committed = positions
-                except KafkaException as exc:  # replayed, but the group did not move
-                    commit_error = f"{exc.args[0].str() if exc.args else exc}"
-        finally:
-            if producer is not None:
-                with contextlib.suppress(DeliveryError):
-                    producer.close(0)
+    with _Reader(conf, source, group, timeout) as reader, sender:
+        for record in reader.records(progress):
+            counts["read"] += 1
+            info, msg = record.info, record.msg
+            part, offset = msg.partition() or 0, msg.offset() or 0
+            last_read[part] = offset
+            if not all(p(info) for p in predicates):
+                counts["filtered_out"] += 1
+                continue
+            if limit is not None and counts["selected"] >= limit:
+                counts["limited"] += 1
+                left_at.setdefault(part, offset)
+                continue
+            to = target or info.original_topic
+            if not to:
+                counts["no_topic"] += 1
+                left_at.setdefault(part, offset)
+                continue
+            if group is not None and part in left_at:
+                # The group's offset stays before the record left behind; sending the ones
+                # after it now would send them again on the next run.
+                counts["held_back"] += 1
+                continue
+            counts["selected"] += 1
+            missing = reader.missing(to)
+            if missing is not None:
+                sender.fail(part, offset, to, missing)
+            elif dry_run:
+                sender.by_target[to] += 1
+            else:
+                sender.send(part, offset, to, msg, info)
+        sender.settle()
+        if group is not None and not dry_run and last_read:
+            positions = {p: left_at.get(p, last + 1) for p, last in last_read.items()}
+            try:
+                reader.commit(positions)
+                committed = positions
+            except KafkaException as exc:  # replayed, but the group did not move
+                commit_error = f"{exc.args[0].str() if exc.args else exc}"
         read_errors = dict(reader.read_errors)
     return ReplayResult(
         source=source,
         dry_run=dry_run,
         read=counts["read"],
-        replayed=sum(by_target.values()),
-        by_target=dict(by_target.most_common()),
+        replayed=sum(sender.by_target.values()),
+        by_target=dict(sender.by_target.most_common()),
         filtered_out=counts["filtered_out"],
         limited=counts["limited"],
         no_topic=counts["no_topic"],
         held_back=counts["held_back"],
-        failed=sum(failures.values()),
-        failures=dict(failures.most_common()),
+        failed=sum(sender.failures.values()),
+        failures=dict(sender.failures.most_common()),
         read_errors=read_errors,
         limit=limit,
         group=group,
         committed=committed,
         commit_error=commit_error,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Sent:
+    part: int
+    offset: int
+    target: str
+    msg: Message
+    info: DeadLetterInfo
+    handle: Any  # a DeliveryHandle
+
+
+class _Sender:
+    """Writes replayed records with one :class:`~kresilient.ResilientProducer` (made on first
+    use), settling them in windows so memory stays bounded: each record's outcome counts
+    into ``by_target`` or ``failures``, and a failed one marks ``left_at`` for the group."""
+
+    WINDOW: Final = 10_000
+
+    def __init__(
+        self,
+        conf: Mapping[str, Any],
+        left_at: dict[int, int],
+        *,
+        timeout: float,
+        keep_timestamp: bool,
+        logger: Any,
+    ) -> None:
+        self.conf, self.left_at, self.timeout = conf, left_at, timeout
+        self.keep_timestamp, self.logger = keep_timestamp, logger
+        self.producer: Any = None
+        self.window: list[_Sent] = []
+        self.by_target: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()
+
+    def _produce(self, to: str, msg: Message, info: DeadLetterInfo) -> Any:
+        if self.producer is None:
+            from kresilient.producer import ResilientProducer
+
+            self.producer = ResilientProducer(dict(self.conf), logger=self.logger)
+        return self.producer.produce(
+            to,
+            msg.value(),
+            key=msg.key(),
+            headers=list(info.original_headers),
+            timestamp=info.original_timestamp if self.keep_timestamp else None,
+        )
+
+    def send(self, part: int, offset: int, to: str, msg: Message, info: DeadLetterInfo) -> None:
+        try:
+            handle = self._produce(to, msg, info)
+        except KafkaClientError as exc:
+            self.fail(part, offset, to, f"{exc.name}: {exc.remedy}")
+            return
+        self.window.append(
+            _Sent(part=part, offset=offset, target=to, msg=msg, info=info, handle=handle)
+        )
+        if len(self.window) >= self.WINDOW:
+            self.settle()
+
+    def fail(self, part: int, offset: int, to: str, why: str) -> None:
+        self.failures[f"{to}: {why}"] += 1
+        self.left_at[part] = min(self.left_at.get(part, offset), offset)
+
+    def settle(self) -> None:
+        """Wait for the window's deliveries and count each outcome. A record failed as too
+        large is sent again alone once: librdkafka fails a whole batch when the broker
+        refuses one of its records, and the others would fit."""
+        if not self.window:
+            return
+        _deliver(self.producer, self.timeout)
+        window, self.window = self.window, []
+        for item in window:
+            error = self._outcome(item.handle)
+            if isinstance(error, KafkaClientError) and error.code in TOO_LARGE_CODES:
+                error = self._alone(item)
+            if error is None:
+                self.by_target[item.target] += 1
+            elif isinstance(error, KafkaClientError):
+                self.fail(item.part, item.offset, item.target, f"{error.name}: {error.remedy}")
+            else:
+                self.fail(item.part, item.offset, item.target, error)
+
+    def _outcome(self, handle: Any) -> KafkaClientError | str | None:
+        if not handle.done():
+            return f"not acknowledged within {self.timeout:g} s (--timeout)"
+        error: KafkaClientError | None = handle.exception(0)
+        return error
+
+    def _alone(self, item: _Sent) -> KafkaClientError | str | None:
+        try:
+            handle = self._produce(item.target, item.msg, item.info)
+        except KafkaClientError as exc:
+            return exc
+        _deliver(self.producer, self.timeout)
+        return self._outcome(handle)
+
+    def __enter__(self) -> _Sender:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.producer is not None:
+            with contextlib.suppress(DeliveryError):  # every outcome was counted already
+                self.producer.close(0)
 
 
 def _deliver(producer: Any, timeout: float) -> None:

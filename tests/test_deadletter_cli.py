@@ -10,13 +10,14 @@ import pty
 import re
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _producer_helpers import read_back
-from confluent_kafka import Message, Producer
+from confluent_kafka import Consumer, Message, Producer
 from test_consumer_integration import (
     FAST_RETRY,
     Item,
@@ -431,7 +432,7 @@ def test_unreachable_cluster_is_one_line_naming_host_and_reason(
     5 s for ``dlq inspect``) and a ``KafkaError{...}`` naming no host; ``audit`` said the same
     vague thing for both."""
     proc = _run(*command, "-b", servers, "--timeout", "5")
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "%3|" not in proc.stderr and "KafkaError{" not in proc.stderr
     expected = f"cannot reach Kafka at {servers} ({reason})"
     if command[0] == "audit":  # the finding is the report, on stdout
@@ -452,3 +453,58 @@ def test_every_help_is_complete() -> None:
     assert {p.prog.split()[-1] for p in parsers} == {"dlq", "inspect", "replay"}
     for parser in parsers:
         assert_help_is_complete(parser)
+
+
+# --------------------------------------------------------------------------- failure modes
+
+
+@pytest.mark.integration
+def test_replay_delivery_failure_is_counted_with_its_reason_and_holds_the_group(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """A record the target refuses (larger than its max.message.bytes) fails with the
+    broker's reason; the group's commit stops before it, so the next run tries it again."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    source = topic_factory(config={"max.message.bytes": 2000})
+    dlq = topic_factory()
+    values = [b"v0", b"v1", b"x" * 5000, b"v3"]
+    _dead_letters(bootstrap, dlq, source, list(values))
+    group = f"replay-{uuid.uuid4().hex[:10]}"
+    result = replay_dead_letters(dlq, bootstrap_servers=bootstrap, group=group)
+    assert (result.read, result.replayed, result.failed) == (4, 3, 1), result.failures
+    ((reason, count),) = result.failures.items()
+    assert count == 1 and reason.startswith(f"{source}: MSG_SIZE_TOO_LARGE")
+    assert not result.ok and result.committed == {0: 2}
+    assert committed(bootstrap, group, dlq, [0]) == {0: 2}
+    assert sorted(m.value() or b"" for m in read_back(bootstrap, source)) == [b"v0", b"v1", b"v3"]
+
+
+@pytest.mark.integration
+def test_replay_commit_refused_by_an_active_group_is_reported_not_raised(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--group`` naming a group that has live members: the broker refuses the replay's
+    commit. The records were replayed; the summary says the commit failed (exit 1), so the
+    next run replays them again rather than skipping anything."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    source, dlq = topic_factory(), topic_factory()
+    _dead_letters(bootstrap, dlq, source, [b"a", b"b"])
+    group = f"busy-{uuid.uuid4().hex[:10]}"
+    member = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
+    )
+    member.subscribe([dlq])
+    try:
+        deadline = time.monotonic() + 60
+        while not member.assignment():  # a member of the group, with partitions
+            member.poll(0.2)
+            assert time.monotonic() < deadline, "the member never joined"
+        code, out, _ = _cli(
+            capsys, "dlq", "replay", "--from", dlq, "-b", bootstrap, "--group", group
+        )
+    finally:
+        member.close()
+    assert code == 1
+    assert "2  replayed" in out
+    assert f"group {group}: COMMIT FAILED (" in out
+    assert [m.value() for m in read_back(bootstrap, source)] == [b"a", b"b"]
