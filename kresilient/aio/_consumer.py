@@ -24,6 +24,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import inspect
 import signal
 import threading
@@ -35,11 +36,13 @@ import structlog
 import tenacity
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from kresilient.aio._producer import AsyncResilientProducer
 from kresilient.config import consumer_config
-from kresilient.consumer import CircuitBreaker, RetryPolicy, poison
+from kresilient.consumer import CircuitBreaker, ConsumerHealth, RetryPolicy, poison
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
     DeadLetterPolicy,
+    DeadLetterRecord,
     DeadLetterWriter,
     build_dead_letter_record,
 )
@@ -48,9 +51,12 @@ from kresilient.errors import (
     Classification,
     ConfigError,
     DeadLetterError,
+    ProduceError,
     classify,
     translate,
 )
+from kresilient.leadership import LeadershipMonitor
+from kresilient.producer import ResilientProducer
 from kresilient.redaction import Redactor
 from kresilient.telemetry import Telemetry
 
@@ -76,7 +82,7 @@ _DEAD_LETTER_RETRY_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
 class _Partition:
     """One assigned partition: its buffered records and its (single) worker task."""
 
-    __slots__ = ("cut", "held", "last", "paused", "queue", "revoked", "task", "tp")
+    __slots__ = ("cut", "held", "hold", "last", "paused", "queue", "revoked", "task", "tp")
 
     def __init__(self, tp: TP) -> None:
         self.tp = tp
@@ -86,6 +92,7 @@ class _Partition:
         # (kept as the message, so the hot path makes no offset() call per record)
         self.last: Message | None = None
         self.held = False  # a retry wait or an unacknowledged dead letter: paused
+        self.hold: tuple[int, int] = (0, 0)  # (offset, attempts) of the held record
         self.paused = False
         self.revoked = False
         self.cut = asyncio.Event()  # set (on the loop) by stop/revoke: ends retry waits
@@ -111,6 +118,12 @@ class AsyncResilientConsumer:
             :class:`~kresilient.CircuitBreakerOpenError`.
         max_concurrency: handlers running at once across partitions (default 1). Each
             partition always has at most one, so per-partition order is kept.
+        dead_letter_producer: the application's own client for dead letters, not closed by
+            this consumer: an :class:`~kresilient.aio.AsyncResilientProducer` (awaited on the
+            loop), a :class:`~kresilient.ResilientProducer` or a
+            :class:`~kresilient.deadletter.DeadLetterWriter` (both called off the loop).
+            Records are written byte for byte (``propagate=False``: no trace header added).
+            Default: a ``DeadLetterWriter`` made from ``config`` (acks=all, idempotent).
         dead_letter_producer_config: overrides for the dead-letter producer
             (see :func:`kresilient.deadletter.dead_letter_producer_config`).
         blocking_warning_s: a handler step that holds the event loop longer than this logs
@@ -144,6 +157,10 @@ class AsyncResilientConsumer:
         dead_letter: DeadLetterPolicy | None = DeadLetterPolicy(),  # noqa: B008 (frozen)
         circuit_breaker: CircuitBreakerPolicy | None = CircuitBreakerPolicy(),  # noqa: B008
         max_concurrency: int = 1,
+        dead_letter_producer: AsyncResilientProducer
+        | ResilientProducer
+        | DeadLetterWriter
+        | None = None,
         dead_letter_producer_config: Mapping[str, Any] | None = None,
         blocking_warning_s: float | None = 0.5,
         shutdown_timeout: float = 30.0,
@@ -194,6 +211,8 @@ class AsyncResilientConsumer:
         self._shutdown_timeout = float(shutdown_timeout)
         self._handle_signals = handle_signals
         self._dlq_overrides = dead_letter_producer_config
+        # the application's own client for dead letters (not closed here)
+        self._user_dlq = dead_letter_producer
         self._dlq_config = config
         self._allow = allow
         self._tel = Telemetry(
@@ -206,6 +225,19 @@ class AsyncResilientConsumer:
             redactor=self._scrub,
             logger=self._log,
         )
+        # the user's own librdkafka callbacks run after kresilient's
+        self._user_cb: dict[str, Callable[..., Any] | None] = {
+            name: cfg.pop(name, None) for name in ("error_cb", "stats_cb", "on_commit")
+        }
+        max_age = cfg.get("metadata.max.age.ms")
+        self._monitor = LeadershipMonitor(
+            metadata_max_age_ms=int(max_age) if max_age is not None else None, logger=self._log
+        )
+        self._monitor.add_listener(self._tel.leadership_listener())
+        self._rebalances = {"assigned": 0, "revoked": 0, "lost": 0}
+        self.commit_failures = 0
+        self._last_commit_error: str | None = None
+        self._dead_letters_pending = 0
         self._parts: dict[TP, _Partition] = {}
         self._stop = False
         self._error: BaseException | None = None
@@ -250,6 +282,47 @@ class AsyncResilientConsumer:
             with contextlib.suppress(RuntimeError):  # the loop is already closed
                 loop.call_soon_threadsafe(self._cut_all)
 
+    def health(self) -> ConsumerHealth:
+        """A snapshot for health endpoints: the :class:`~kresilient.consumer.ConsumerHealth`
+        of :class:`~kresilient.ResilientConsumer` (counts, held partitions, rebalances,
+        commit failures, circuit breaker, leadership). Cheap and non-blocking: call it on the
+        loop (or from another thread)."""
+        for _ in range(10):  # another thread may change the dicts while we copy them
+            try:
+                return self._health()
+            except RuntimeError:
+                continue
+        return self._health()
+
+    def _health(self) -> ConsumerHealth:
+        breaker = self._breaker
+        return ConsumerHealth(
+            group_id=self.group_id,
+            client_id=self.client_id,
+            running=self._running,
+            stopping=self._stop and self._running,
+            processed=self.processed,
+            retries=self.retries,
+            dead_lettered=self.dead_lettered,
+            dead_letters_pending=self._dead_letters_pending,
+            held_partitions=[
+                {
+                    "topic": tp[0],
+                    "partition": tp[1],
+                    "offset": part.hold[0],
+                    "attempts": part.hold[1],
+                    "resumed": False,
+                }
+                for tp, part in list(self._parts.items())
+                if part.held
+            ],
+            rebalances=dict(self._rebalances),
+            commit_failures=self.commit_failures,
+            last_commit_error=self._last_commit_error,
+            circuit_breaker=breaker.snapshot() if breaker is not None else None,
+            leadership=self._monitor.snapshot(),
+        )
+
     def _cut_all(self) -> None:
         for part in list(self._parts.values()):
             part.cut.set()
@@ -269,6 +342,7 @@ class AsyncResilientConsumer:
         self._sem = asyncio.Semaphore(self._max_concurrency)
         signals = self._install_signals(loop)
         cancelled: asyncio.CancelledError | None = None
+        pending: asyncio.Future[list[Message]] | None = None
         if self._timing:
             self._beat_due = loop.time()
             self._heartbeat()
@@ -277,17 +351,26 @@ class AsyncResilientConsumer:
             while not self._stop and self._error is None:
                 self._traced = self._tel.enabled  # a provider set late is picked up here
                 self._credit_breaker()
-                batch = await self._kafka(self._step, self._pending_ops())
+                if pending is None:
+                    pending = loop.run_in_executor(self._kx, self._step, self._pending_ops())
+                batch = await pending
+                pending = None
                 self._dispatch(batch)
                 if self._queued:
-                    # Let the handlers work through the batch before the next consume (the
-                    # worker thread and the loop would only contend for the GIL), but never
-                    # longer than _DRAIN_WAIT_S: polling must go on while handlers await.
+                    if batch and not self._stop and self._error is None:
+                        # The next consume runs on the worker while the handlers work through
+                        # this batch (it stores what was handled before them: offsets trail
+                        # by one batch, never run ahead of a handler).
+                        pending = loop.run_in_executor(self._kx, self._step, self._pending_ops())
+                    # Let the handlers work through the batch, but never longer than
+                    # _DRAIN_WAIT_S: polling must go on while handlers await.
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._drained.wait(), _DRAIN_WAIT_S)
         except asyncio.CancelledError as exc:
             cancelled = exc
         finally:
+            if pending is not None:  # its records are dropped: uncommitted, read again
+                pending.add_done_callback(_retrieve)
             self._restore_signals(loop, signals)
             await self._shutdown()
             if self._beat_handle is not None:
@@ -306,6 +389,8 @@ class AsyncResilientConsumer:
     def _open(self) -> None:
         conf = dict(self._cfg)
         conf["error_cb"] = self._on_error
+        conf["stats_cb"] = self._on_stats
+        conf["on_commit"] = self._on_commit
         try:
             self._consumer = Consumer(conf)
         except KafkaException as exc:
@@ -391,9 +476,34 @@ class AsyncResilientConsumer:
             self._log.warning("commit_failed", reason=reason, error=self._scrub(str(exc)))
 
     def _on_error(self, err: KafkaError) -> None:
+        self._monitor.on_error(err)
         if err.fatal():
             self._error = translate(KafkaException(err), operation="consume", redactor=self._scrub)
         self._log.warning("kafka_client_error", error=err.name(), reason=self._scrub(err.str()))
+        user = self._user_cb["error_cb"]
+        if user is not None:
+            user(err)
+
+    def _on_stats(self, stats: str) -> None:
+        self._monitor.on_stats(stats)  # leadership state for health() and telemetry
+        user = self._user_cb["stats_cb"]
+        if user is not None:
+            user(stats)
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """Commit results (background and on revoke/close): failures counted for health()."""
+        failed: Any = None
+        if err is not None and err.code() != KafkaError._NO_OFFSET:
+            failed = err
+        elif err is None:
+            failed = next((p.error for p in partitions or [] if p.error is not None), None)
+        if failed is not None:
+            self.commit_failures += 1
+            self._last_commit_error = self._scrub(str(failed))
+            self._log.warning("commit_failed", reason="commit", error=self._last_commit_error)
+        user = self._user_cb["on_commit"]
+        if user is not None:
+            user(err, partitions)
 
     def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Worker thread, inside consume(): only dict stores (the loop is awaiting this step).
@@ -402,6 +512,7 @@ class AsyncResilientConsumer:
             # librdkafka may keep a pause from a previous assignment of this partition:
             # the next step resumes it (harmless when it was not paused)
             part.paused = True
+        self._rebalances["assigned"] += 1
         self._log.info("partitions_assigned", partitions=len(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -427,6 +538,7 @@ class AsyncResilientConsumer:
             self._commit("revoke")
         for tp in tps:
             self._parts.pop(tp, None)
+        self._rebalances["revoked"] += 1
         self._log.info("partitions_revoked", partitions=len(tps))
 
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -439,6 +551,7 @@ class AsyncResilientConsumer:
                 loop = self._loop
                 if loop is not None and not loop.is_closed():  # queues belong to the loop
                     loop.call_soon_threadsafe(self._drop_queue, part)
+        self._rebalances["lost"] += 1
         self._log.warning("partitions_lost", partitions=len(partitions))
 
     def _drop_queue(self, part: _Partition) -> None:
@@ -514,6 +627,7 @@ class AsyncResilientConsumer:
         assert err is not None
         if err.code() == KafkaError._PARTITION_EOF:
             return
+        self._monitor.on_error(err, msg.topic(), msg.partition())
         if err.fatal():
             self._error = translate(KafkaException(err), operation="consume", redactor=self._scrub)
         self._log.warning("consume_error", error=err.name(), reason=self._scrub(err.str()))
@@ -658,6 +772,7 @@ class AsyncResilientConsumer:
                 error_type=type(failure).__name__,
             )
             part.held = True  # paused while it waits; the consumer keeps polling
+            part.hold = (msg.offset() or 0, attempt)
             try:
                 await self._idle(delay, part)
             finally:
@@ -710,12 +825,10 @@ class AsyncResilientConsumer:
             classification=classification,
             trace_context=self._tel.trace_carrier() or None,
         )
-        loop = asyncio.get_running_loop()
-        writer = self._writer
-        if writer is None:
-            writer = self._writer = await loop.run_in_executor(None, self._make_writer)
         tries = 0
         part.held = True
+        part.hold = (msg.offset() or 0, attempts)
+        self._dead_letters_pending += 1
         try:
             while True:
                 with self._tel.dead_letter_span(
@@ -726,8 +839,7 @@ class AsyncResilientConsumer:
                     attempts=attempts,
                 ):
                     try:
-                        handle = await loop.run_in_executor(None, writer.write, record)
-                        await loop.run_in_executor(None, handle.result, None)
+                        await self._send_dead_letter(record)
                     except DeadLetterError as err:
                         failed: DeadLetterError | None = err
                     else:
@@ -751,6 +863,7 @@ class AsyncResilientConsumer:
                 await self._idle(delay, part)
         finally:
             part.held = False
+            self._dead_letters_pending -= 1
         self.dead_lettered += 1
         self._log.warning(
             "message_dead_lettered",
@@ -794,6 +907,48 @@ class AsyncResilientConsumer:
             return False
         breaker.record_dead_letter()  # counted when queued, as the sync consumer does
         return True
+
+    async def _send_dead_letter(self, record: DeadLetterRecord) -> None:
+        """Write ``record`` byte for byte and wait for its acknowledgement (off the loop for
+        the sync clients). Raises :class:`~kresilient.DeadLetterError`."""
+        loop = asyncio.get_running_loop()
+        sink = self._user_dlq
+        try:
+            if isinstance(sink, AsyncResilientProducer):
+                handle = await sink.produce(
+                    record.topic,
+                    record.value,
+                    key=record.key,
+                    headers=record.headers,
+                    propagate=False,
+                )
+                await handle
+                return
+            if isinstance(sink, ResilientProducer):
+                sent = await loop.run_in_executor(
+                    None,
+                    functools.partial(
+                        sink.produce,
+                        record.topic,
+                        record.value,
+                        key=record.key,
+                        headers=record.headers,
+                        propagate=False,
+                    ),
+                )
+                await loop.run_in_executor(None, sent.result, None)
+                return
+        except ProduceError as err:  # refused or not delivered: classified, retried by caller
+            raise DeadLetterError(
+                f"dead-letter write to {record.topic} failed: {err.message}",
+                topic=record.topic,
+                classification=err.classification,
+            ) from err
+        writer = sink if isinstance(sink, DeadLetterWriter) else self._writer
+        if writer is None:
+            writer = self._writer = await loop.run_in_executor(None, self._make_writer)
+        written = await loop.run_in_executor(None, writer.write, record)
+        await loop.run_in_executor(None, written.result, None)
 
     def _make_writer(self) -> DeadLetterWriter:
         return DeadLetterWriter(
@@ -939,6 +1094,12 @@ class AsyncResilientConsumer:
             f"<AsyncResilientConsumer group={self.group_id!r} topics={self._topics!r} "
             f"processed={self.processed} dead_lettered={self.dead_lettered}>"
         )
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned step's outcome (no "exception was never retrieved")."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _is_async(handler: Any) -> bool:

@@ -357,8 +357,9 @@ class AsyncResilientProducer:
         ``backpressure_timeout`` s of a full queue. If the task is cancelled while waiting
         for room, nothing was queued.
         """
-        self._start()
         bridge = self._bridge
+        if bridge.loop is not asyncio.get_running_loop():  # first use (or another loop: raises)
+            self._start()
         if bridge.in_flight >= self._high_messages or bridge.in_flight_bytes >= self._high_bytes:
             await self._await_room(topic)
         size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
