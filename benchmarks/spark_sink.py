@@ -107,6 +107,15 @@ def _frame(spark: Any, rows: int, size: int, partitions: int, headers: bool = Fa
 
 
 def _write(df: Any, arm: str, bootstrap: str, topic: str, settings: dict[str, str]) -> float:
+    """One write of ``df`` by ``arm``: ``builtin`` (format("kafka")), ``jvm``
+    (kresilient.spark.write(engine="jvm")) or ``kresilient`` (the Python data source)."""
+    began = time.perf_counter()
+    if arm == "jvm":
+        from kresilient.spark import write
+
+        write(df, topic=topic, bootstrap_servers=bootstrap, engine="jvm",
+              dead_letter_topic=f"{topic}.dlq", options=settings)  # fmt: skip
+        return time.perf_counter() - began
     fmt = "kafka" if arm == "builtin" else "kresilient"
     w = df.write.format(fmt).option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
     for key, value in settings.items():
@@ -116,6 +125,54 @@ def _write(df: Any, arm: str, bootstrap: str, topic: str, settings: dict[str, st
     began = time.perf_counter()
     w.mode("append").save()
     return time.perf_counter() - began
+
+
+def _proc_cpu(pid: int, *, children: bool) -> float:
+    """CPU seconds of ``pid`` (with its reaped children's when ``children``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    if children:
+        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def _cpu_groups(spark: Any, broker_pids: list[int]) -> dict[str, float]:
+    """CPU seconds so far per process group: the Spark JVM, its Python workers, the brokers.
+
+    Python workers are forked by pyspark's daemon: the daemon's count includes its reaped
+    children (workers that exited)."""
+    jvm = spark.sparkContext._gateway.proc.pid
+    python = 0.0
+    for p in _descendants(jvm):
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"python" in cmd:
+            python += _proc_cpu(p, children=b"pyspark.daemon" in cmd)
+    return {
+        "spark_jvm": _proc_cpu(jvm, children=False),
+        "python_workers": python,
+        "brokers": sum(_proc_cpu(p, children=True) for p in broker_pids),
+    }
 
 
 def _count(cluster: Any, topic: str) -> int:
@@ -146,6 +203,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batch.size": str(args.batch_size),
         "compression.type": args.compression,
     }
+    if args.untuned:  # each client's defaults (only the safety settings)
+        settings = {"acks": "all", "enable.idempotence": "true"}
     results: dict[str, Any] = {
         "pyspark": pyspark.__version__,
         "rows": args.rows,
@@ -159,20 +218,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         spark = _spark(jars, args.cores)
         register(spark)
         bs = cluster.bootstrap_servers
+        # Broker CPU only for a cluster this run started (an existing one's pids are unknown).
+        brokers = list(cluster.pids().values()) if args.bootstrap_servers is None else []
         for size in args.sizes:
             df = _frame(spark, args.rows, size, args.cores, args.headers)
-            times: dict[str, list[float]] = {"builtin": [], "kresilient": []}
-            for arm in ("builtin", "kresilient"):  # warm-up at full size, per arm
+            arms = tuple(args.arms)
+            times: dict[str, list[float]] = {arm: [] for arm in arms}
+            cpu: dict[str, list[dict[str, float]]] = {arm: [] for arm in arms}
+            for arm in arms:  # warm-up at full size, per arm
                 warm = f"bench-warm-{arm}-{uuid.uuid4().hex[:6]}"
                 cluster.create_topic(warm, args.partitions, 3, {"min.insync.replicas": 2})
+                if arm == "jvm":
+                    cluster.create_topic(f"{warm}.dlq", 1, 3, {"min.insync.replicas": 2})
                 _write(df, arm, bs, warm, settings)
                 cluster.delete_topic(warm)
             for r in range(args.rounds):
-                order = ("builtin", "kresilient") if r % 2 == 0 else ("kresilient", "builtin")
+                order = arms if r % 2 == 0 else tuple(reversed(arms))
                 for arm in order:
                     topic = f"bench-{size}-{arm}-{r}-{uuid.uuid4().hex[:6]}"
                     cluster.create_topic(topic, args.partitions, 3, {"min.insync.replicas": 2})
+                    if arm == "jvm":
+                        cluster.create_topic(f"{topic}.dlq", 1, 3, {"min.insync.replicas": 2})
+                    cpu_before = _cpu_groups(spark, brokers)
                     seconds = _write(df, arm, bs, topic, settings)
+                    cpu_after = _cpu_groups(spark, brokers)
+                    cpu[arm].append(
+                        {g: (cpu_after[g] - cpu_before[g]) / args.rows * 1e6 for g in cpu_after}
+                    )
                     got = _count(cluster, topic)
                     cluster.delete_topic(topic)  # GBs per round: keep the disk free
                     if got < args.rows:
@@ -193,13 +265,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
                 for arm, ts in times.items()
             }
-            ratios = [b / k for b, k in zip(times["builtin"], times["kresilient"], strict=True)]
-            results["sizes"][str(size)] = {
-                **per_arm,
-                "ratio_median": statistics.median(ratios),
-                "ratio_min": min(ratios),
-                "ratio_max": max(ratios),
-            }
+            entry: dict[str, Any] = dict(per_arm)
+            for arm in arms:
+                entry[arm]["cpu_us_per_row_median"] = {
+                    g: statistics.median(c[g] for c in cpu[arm]) for g in cpu[arm][0]
+                }
+                if arm != "builtin" and "builtin" in arms:
+                    # throughput ratio arm / builtin, paired per round
+                    ratios = [b / k for b, k in zip(times["builtin"], times[arm], strict=True)]
+                    entry[f"{arm}_vs_builtin"] = {
+                        "median": statistics.median(ratios),
+                        "min": min(ratios),
+                        "max": max(ratios),
+                    }
+            results["sizes"][str(size)] = entry
         spark.stop()
     results["load_after"] = os.getloadavg()
     contended = max(results["load_before"][0], results["load_after"][0]) > args.cores * 0.75
@@ -324,6 +403,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compression", default="lz4")
     p.add_argument("--bootstrap-servers", default=None, help="use this cluster (default: start)")
     p.add_argument("--quick", action="store_true", help="200k rows, 2 rounds")
+    p.add_argument("--untuned", action="store_true", help="no linger/batch/compression settings")
+    p.add_argument(
+        "--arms",
+        nargs="+",
+        default=["builtin", "jvm", "kresilient"],
+        choices=["builtin", "jvm", "kresilient"],
+        help="what to compare (kresilient = engine='python', the data source)",
+    )
     p.add_argument("--headers", action="store_true", help="both arms write a headers column")
     p.add_argument(
         "--task-layouts",
@@ -357,13 +444,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nSpark sink benchmark, {args.rows} rows, local[{args.cores}]{label}")
     print(f"load average before/after: {results['load_before']} / {results['load_after']}")
     for size, r in results["sizes"].items():
-        print(
-            f"{size:>5} B: builtin {r['builtin']['rows_per_s_median']:9.0f} rows/s "
-            f"[{r['builtin']['rows_per_s_min']:.0f}..{r['builtin']['rows_per_s_max']:.0f}]  "
-            f"kresilient {r['kresilient']['rows_per_s_median']:9.0f} rows/s "
-            f"[{r['kresilient']['rows_per_s_min']:.0f}..{r['kresilient']['rows_per_s_max']:.0f}]  "
-            f"ratio {r['ratio_median']:.2f}x [{r['ratio_min']:.2f}..{r['ratio_max']:.2f}]"
-        )
+        for arm in args.arms:
+            a = r[arm]
+            cpu = ", ".join(f"{g} {v:.2f}" for g, v in a["cpu_us_per_row_median"].items())
+            ratio = r.get(f"{arm}_vs_builtin")
+            shown = (
+                f"  {ratio['median']:.2f}x builtin [{ratio['min']:.2f}..{ratio['max']:.2f}]"
+                if ratio
+                else ""
+            )
+            print(
+                f"{size:>5} B {arm:10s} {a['rows_per_s_median']:9.0f} rows/s "
+                f"[{a['rows_per_s_min']:.0f}..{a['rows_per_s_max']:.0f}]{shown}  "
+                f"CPU us/row: {cpu}"
+            )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0

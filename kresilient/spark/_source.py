@@ -48,13 +48,16 @@ try:
     from pyspark.sql.datasource import (
         DataSource,
         DataSourceArrowWriter,
-        DataSourceStreamArrowWriter,
         WriterCommitMessage,
     )
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "kresilient.spark needs pyspark>=4.1 and pyarrow: pip install 'kresilient[spark]'"
+        "kresilient.spark needs pyspark>=4.0 and pyarrow: pip install 'kresilient[spark]'"
     ) from exc
+try:  # Arrow batches for streaming writers came with pyspark 4.1
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+except ImportError:  # pragma: no cover - pyspark 4.0: batch writes only
+    DataSourceStreamArrowWriter = None  # type: ignore[assignment,misc]
 
 import structlog
 from opentelemetry import trace
@@ -194,7 +197,7 @@ class _BatchWriter(DataSourceArrowWriter):
         self.plan.abort(messages, None)
 
 
-class _StreamWriter(DataSourceStreamArrowWriter):
+class _StreamWriter(DataSourceStreamArrowWriter or object):  # type: ignore[misc]
     def __init__(self, plan: _Plan) -> None:
         self.plan = plan
 
@@ -241,6 +244,15 @@ class KResilientDataSource(DataSource):
 
         With ``guarantee=exactly_once`` it also creates the compacted marker topic if needed.
         """
+        if DataSourceStreamArrowWriter is None:
+            import pyspark
+
+            raise ConfigError(
+                "writeStream.format('kresilient') needs pyspark>=4.1 (Arrow batches for "
+                f"streaming writers); this is pyspark {pyspark.__version__}: upgrade, or use "
+                "kresilient.spark.write_stream(..., engine='jvm')",
+                key="format",
+            )
         plan = _Plan(self.options, schema, self.summary_dir)
         if plan.options.guarantee == "exactly_once":
             from kresilient.spark._eos import ensure_marker_topic
