@@ -218,3 +218,16 @@ def test_jvm_engine_streaming_routes_per_micro_batch(
     assert sum(s.dead_lettered for s in streamed) == 1
     assert len(_records(kafka_cluster, topic)) == 9
     assert [v[:3] for _, _, v, _ in _records(kafka_cluster, dlq)] == [b"vvv"]
+
+
+def test_streaming_data_source_refused_clearly_without_stream_arrow_writer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pyspark 4.0 lacks ``DataSourceStreamArrowWriter``: the error says what to do."""
+    from kresilient.spark import _source
+
+    source = _source.KResilientDataSource({"kafka.bootstrap.servers": "b:1", "topic": "t"})
+    monkeypatch.setattr(_source, "DataSourceStreamArrowWriter", None)
+    with pytest.raises(ConfigError, match=r"pyspark>=4\.1.*engine='jvm'") as info:
+        source.streamWriter(None, False)
+    assert info.value.key == "format"
