@@ -24,7 +24,71 @@ from kresilient.lint.registry import (
 E, W, N = Severity.ERROR, Severity.WARNING, Severity.INFO
 CLIENTS = ("producer", "consumer", "admin", "client")
 ALL = (*CLIENTS, "broker", "topic")
-_JAAS_PASSWORD = re.compile(r"password\s*=\s*\"?([^\";\s]*)", re.IGNORECASE)
+# The secret-bearing options of a JAAS string (PLAIN/SCRAM password, OAuth clientSecret, ...)
+# or of librdkafka's sasl.oauthbearer.config ("clientSecret=... scope=...").
+_JAAS_SECRET = re.compile(
+    r"(?<![\w.])(password|client[_.]?secret|secret|api[_.]?secret|access[_.]?token|token)"
+    r"\s*=\s*(\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s;]+)",
+    re.IGNORECASE,
+)
+# Values that stand for a secret instead of being one: templates and references
+# (${VAR}, $VAR, {{ .Values.x }}, <your secret>, %(x)s, @token@, ENC(...)), masks (****).
+_STAND_IN = re.compile(
+    r"^(?:\$\{.*\}|\$[A-Za-z_]\w*|\$\(.*\)|\{\{.*\}\}|\{%.*%\}|<[^<>]*>|\[[^\[\]]*\]"
+    r"|%\([^)]*\)s|@\w+@|ENC\(.*\)|[*x#.\-_ ]+)$",
+    re.IGNORECASE | re.DOTALL,
+)
+_STAND_IN_WORDS = frozenset(
+    {
+        "dummy",
+        "changeme",
+        "change-me",
+        "change_me",
+        "replaceme",
+        "replace-me",
+        "replace_me",
+        "placeholder",
+        "redacted",
+        "todo",
+        "tbd",
+        "none",
+        "null",
+        "nil",
+        "undefined",
+    }
+)
+# "your-api-secret", "REPLACE_WITH_KEY", "CLUSTER_API_SECRET": a name for what goes there.
+_NAMES_A_SECRET = re.compile(
+    r"^(?:(?:your|my|replace|insert|enter)[-_ ].*"
+    r"|[A-Z0-9_]*(?:SECRET|PASSWORD|KEY|TOKEN)[A-Z0-9_]*)$"
+)
+# Keys whose value is where the secret is, not the secret: paths, and the Confluent images'
+# KAFKA_SSL_{KEYSTORE,KEY,TRUSTSTORE}_CREDENTIALS (the name of a file holding the password).
+_SECRET_ELSEWHERE = re.compile(
+    r"(?:\.location|\.file|\.filename|\.path|^ssl\.(?:keystore|key|truststore)\.credentials)$"
+)
+
+
+def is_stand_in(value: str) -> bool:
+    """True when ``value`` is a placeholder, template, reference or mask, not a secret."""
+    text = value.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        text = text[1:-1].strip()
+    return (
+        not text
+        or text.lower() in _STAND_IN_WORDS
+        or bool(_STAND_IN.match(text))
+        or bool(_NAMES_A_SECRET.match(text))
+    )
+
+
+def _literal_in_options(text: str) -> str | None:
+    """The name of the first option of a JAAS / OAuth config string holding a literal
+    secret (``password``, ``clientSecret`` ...), else None."""
+    for match in _JAAS_SECRET.finditer(text):
+        if not is_stand_in(match.group(2)):
+            return match.group(1)
+    return None
 
 
 @rule(
@@ -126,16 +190,16 @@ def _credential(unit: ConfigUnit) -> Iterator[Hit]:
     for key, entry in unit.entries.items():
         if entry.dynamic or entry.value is None or not catalog.is_secret_key(key):
             continue
-        text = entry.text.strip()
-        if not text or text.lower() in ("<redacted>", "changeme", "xxx", "***"):
+        if _SECRET_ELSEWHERE.search(key.lower()):
             continue
-        if key.endswith("jaas.config"):
-            match = _JAAS_PASSWORD.search(text)
-            if not match or not match.group(1) or match.group(1).startswith("${"):
-                continue
-        if key.endswith((".location", ".file")):
-            continue  # a path to the secret, not the secret
-        yield f"{key} holds a literal credential (value not shown)", entry
+        text = entry.text.strip()
+        if key.endswith(("jaas.config", "oauthbearer.config")):
+            option = _literal_in_options(text)
+            if option is not None:
+                yield f"{key} holds a literal {option} (value not shown)", entry
+            continue
+        if not is_stand_in(text):
+            yield f"{key} holds a literal credential (value not shown)", entry
 
 
 @rule(
