@@ -62,6 +62,7 @@ import argparse
 import gc
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -292,7 +293,7 @@ def consume_raw(
         consumer.close()
 
 
-def consume_kresilient(bootstrap: str, topic: str, n: int, **telemetry: Any) -> tuple[float, float]:
+def consume_kresilient(bootstrap: str, topic: str, n: int, **options: Any) -> tuple[float, float]:
     marks = _Marks(n)
     consumer: ResilientConsumer
 
@@ -305,7 +306,7 @@ def consume_kresilient(bootstrap: str, topic: str, n: int, **telemetry: Any) -> 
         [topic],
         handler,
         install_signal_handlers=False,
-        **telemetry,
+        **options,
     )
     consumer.run()
     return marks.result()
@@ -486,7 +487,8 @@ def _producer_arm(
     value = os.urandom(size)
 
     def run(round_no: int) -> Sample:
-        topic = f"bench-peers-{name.replace('+', '-').replace('%', 'pct')}-{uuid.uuid4().hex[:6]}"
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name.replace("%", "pct"))
+        topic = f"bench-peers-{slug}-{uuid.uuid4().hex[:6]}"
         cluster.create_topic(topic, args.partitions, 3, {"min.insync.replicas": 2})
         n = args.messages if round_no >= 0 else min(args.messages, 20_000)
         gc.collect()
@@ -569,6 +571,12 @@ def section_consumer(cluster: Any, args: argparse.Namespace, out: list[str]) -> 
             "raw": _consumer_arm("raw", n, lambda k: consume_raw(bootstrap, topic, k)),
             "kresilient": _consumer_arm(
                 "kresilient", n, lambda k: consume_kresilient(bootstrap, topic, k)
+            ),
+            # diagnostic: without crash-loop protection (its first-assignment commits)
+            "kresilient-no-crash-guard": _consumer_arm(
+                "kresilient-no-crash-guard",
+                n,
+                lambda k: consume_kresilient(bootstrap, topic, k, max_process_deaths=None),
             ),
             "quix": _consumer_arm("quix", n, lambda k: consume_quix(bootstrap, topic, k)),
             "arroyo": _consumer_arm("arroyo", n, lambda k: consume_arroyo(bootstrap, topic, k)),
@@ -747,9 +755,11 @@ def main() -> None:
         env = environment(**versions(), partitions=args.partitions, rounds=args.rounds)
         for name in args.sections:
             SECTIONS[name](cluster, args, out)
+            # each section's tables as soon as they exist (a later section may fail)
+            print("\n\n".join(out) + "\n", flush=True)
+            out.clear()
     label = contention(load_before, os.getloadavg()[0])
     print(f"## Peers ({label}), {time.time() - started:.0f} s\n")
-    print("\n\n".join(out))
     print(f"\nPeak RSS of the benchmark process: {peak_rss_mib():.0f} MiB")
     print("Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()))
 
