@@ -236,7 +236,14 @@ files and Python sources (configs passed to confluent-kafka and kresilient clien
   `acks: 1  # kresilient: ignore[KR007] reason: metrics, loss acceptable` on the line (or
   alone on the line above; `.properties` files have no end-of-line comments), or
   `# kresilient: ignore-file[KR030] reason: ...` for the whole file.
-- Secrets (passwords, private keys, tokens, JAAS configs) are never printed.
+- Secrets (passwords, private keys, tokens, JAAS configs) are never printed. KR041 reports
+  literal secrets only: placeholders (`<your secret>`, `dummy`), templates (`{{ ... }}`),
+  references (`${VAR}`, `${file:...}`), masks and file names (`*.location`,
+  `KAFKA_SSL_*_CREDENTIALS`) are not secrets; options inside JAAS strings (`password`,
+  `clientSecret`) are looked at one by one.
+- Spring Boot `spring.kafka.*` settings (YAML or `.properties`, relaxed names) are read for
+  literal secrets (KR041) only, for now: their dialect (Spring names, Java client defaults)
+  is not modelled yet.
 - Kinds: producer, consumer, admin, client (role unknown), broker, topic; detected from the
   keys or a section name (`producer:`, `topics:` ...), or forced with `--kind`.
 """

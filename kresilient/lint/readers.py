@@ -12,7 +12,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import yaml
@@ -145,6 +145,46 @@ def _flatten(prefix: str, node: _Node) -> Iterator[tuple[str, int, int, object]]
             yield name, line, col, value
         elif child.mapping is not None:
             yield from _flatten(name, child)
+
+
+#: The rules run on Spring Boot's ``spring.kafka.*`` settings. The Java client reads them
+#: through Spring's own names and defaults, a dialect not modelled yet, so only the rules
+#: that depend on neither apply (a literal secret is one whatever the dialect).
+SPRING_RULES: frozenset[str] = frozenset({"KR041"})
+
+
+def _relaxed(key: str) -> str:
+    """Spring's relaxed binding: ``Spring.Kafka.SSL.key_store-password`` ~ lower, no ``-_``."""
+    return key.lower().replace("-", "").replace("_", "")
+
+
+def spring_unit(
+    items: Iterable[tuple[str, int, int, object]], path: str, taken: set[tuple[int, int]]
+) -> ConfigUnit | None:
+    """A unit of the ``spring.kafka.*`` settings among ``items`` (key, line, col, value),
+    checked by :data:`SPRING_RULES` only; entries at a position in ``taken`` (already part
+    of a Kafka config unit of the file, e.g. ``spring.kafka.properties.*``) are left out."""
+    entries: dict[str, Entry] = {}
+    for key, line, col, value in items:
+        if _relaxed(key).startswith("spring.kafka.") and (line, col) not in taken:
+            entries[key] = _entry(key, value, line, col)
+    if not entries:
+        return None
+    first = min(entries.values(), key=lambda e: (e.line, e.col))
+    return ConfigUnit(
+        path=path,
+        line=first.line,
+        col=first.col,
+        entries=entries,
+        kind="client",
+        kind_forced=True,
+        source="spring",
+        context={"rules": SPRING_RULES},
+    )
+
+
+def _positions(units: Iterable[ConfigUnit]) -> set[tuple[int, int]]:
+    return {(e.line, e.col) for u in units for e in u.entries.values()}
 
 
 def _walk(
@@ -322,7 +362,15 @@ def _read_yaml(text: str, path: str, kind: Kind | None) -> ReadResult:
         for doc in docs:
             if doc is not None:
                 _check_expansion(doc, cap)
-                _walk(tree.node(doc), path, kind, None, result.units)
+                root = tree.node(doc)
+                before = len(result.units)
+                _walk(root, path, kind, None, result.units)
+                if root.mapping is not None:
+                    flat = [(k[1:], line, col, v) for k, line, col, v in _flatten("", root)]
+                    taken = _positions(result.units[before:])
+                    spring = spring_unit(flat, path, taken)
+                    if spring is not None:
+                        result.units.append(spring)
     except _TooComplex as exc:
         result.units.clear()
         result.error = ParseError(line=exc.line, col=exc.col, message=exc.message)
@@ -618,6 +666,11 @@ def _read_properties(text: str, path: str, kind: Kind | None) -> ReadResult:
                 source="properties",
             )
         )
+    else:
+        items = [(e.key, e.line, e.col, e.value) for e in entries.values()]
+        spring = spring_unit(items, path, set())
+        if spring is not None:
+            result.units.append(spring)
     return result
 
 
