@@ -514,15 +514,17 @@ def test_secrets_never_appear_in_logs_exceptions_repr_or_lint(
     secrets = [password, wrong]
     captured: list[str] = []
     config = {**cluster.client_config(user), "debug": _DEBUG, "message.timeout.ms": "8000"}
-    # 1. a working connection with debug logging, denied by ACL (error path), then allowed
+    # 1. a working connection with debug logging, denied by ACL (error path), then allowed.
+    # The user may write one topic from the start: an idempotent producer whose user may write
+    # no topic at all is refused at InitProducerId, a fatal error (docs/security.md).
+    allowed = _topic(cluster)
+    cluster.grant(user, topic=allowed, operations=("WRITE", "DESCRIBE"))
     with ResilientProducer(config) as producer:
         captured.append(repr(producer))
         producer.produce(topic, b"x")
         with pytest.raises(DeliveryError) as denied:
             producer.flush(30)
         captured += [str(denied.value), repr(denied.value), repr(denied.value.failures)]
-        allowed = _topic(cluster)
-        cluster.grant(user, topic=allowed, operations=("WRITE", "DESCRIBE"))
         producer.produce(allowed, b"y")
         producer.flush(30)
         captured.append(repr(producer.health()))
@@ -533,8 +535,12 @@ def test_secrets_never_appear_in_logs_exceptions_repr_or_lint(
         with pytest.raises(DeliveryError) as exc:
             producer.flush(30)
         captured += [str(exc.value), repr(exc.value), repr(producer)]
+    bad_consumer = {k: v for k, v in bad.items() if k != "message.timeout.ms"}
     consumer = ResilientConsumer(
-        {**bad, "group.id": _name("g")}, [topic], lambda m: None, install_signal_handlers=False
+        {**bad_consumer, "group.id": _name("g")},
+        [topic],
+        lambda m: None,
+        install_signal_handlers=False,
     )
     captured.append(repr(consumer))
     with pytest.raises(ConsumeError) as cexc:
