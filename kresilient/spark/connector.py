@@ -37,6 +37,14 @@ _CONNECTOR_PREFIXES = (
 )
 _DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 
+#: Spark 4.0's parent pom lists a Google Cloud Storage mirror of Maven Central first; where
+#: that host is unreachable Maven fails instead of falling back. Without settings of the
+#: user's own, Maven gets these: the mirror's id is served from Maven Central.
+_SETTINGS = """<settings><mirrors><mirror><id>kresilient-central-for-gcs</id>
+<mirrorOf>gcs-maven-central-mirror</mirrorOf><url>https://repo.maven.apache.org/maven2</url>
+</mirror></mirrors></settings>
+"""
+
 
 def _cache_root() -> Path:
     # Same place as kresilient.testing's broker jars (spark must not import testing).
@@ -48,7 +56,12 @@ def _cache_root() -> Path:
 
 
 def connector_version() -> str:
-    """The connector version matching the installed pyspark (``pyspark.__version__``)."""
+    """The connector version to use: ``$KRESILIENT_SPARK_CONNECTOR_VERSION`` if set (e.g. a
+    patch release your Maven repository has when it lacks the exact one), else the installed
+    pyspark's (``pyspark.__version__``)."""
+    explicit = os.environ.get("KRESILIENT_SPARK_CONNECTOR_VERSION")
+    if explicit:
+        return explicit
     import pyspark
 
     return str(pyspark.__version__)
@@ -90,6 +103,10 @@ def _resolve(version: str, target: Path) -> None:
             f"{_DEPENDENCY_PLUGIN}:copy-dependencies", "-DincludeScope=runtime",
             f"-DoutputDirectory={staging / 'jars'}",
         ]  # fmt: skip
+        if not (Path.home() / ".m2" / "settings.xml").exists():
+            settings = staging / "settings.xml"
+            settings.write_text(_SETTINGS)
+            cmd += ["-s", str(settings)]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(
