@@ -116,7 +116,7 @@ def render_sarif(
 ) -> str:
     """A SARIF 2.1.0 log with every rule's metadata and help, one result per finding (the
     files read and skipped in the invocation's properties when ``stats`` is given)."""
-    from kresilient import __version__
+    from kresilient._version import __version__
 
     rules = list(iter_rules())
     index = {r.id: i for i, r in enumerate(rules)}
