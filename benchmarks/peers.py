@@ -610,111 +610,118 @@ def section_tracing(cluster: Any, args: argparse.Namespace, out: list[str]) -> N
     config = producer_config(user)
     header = [("traceparent", TRACEPARENT)]
     providers = {name: tracer_provider(name) for name in ("1%", "100%")}
-    n = args.trace_messages
-    targs = argparse.Namespace(**{**vars(args), "messages": n})
-    arms: dict[str, Callable[[int], Sample]] = {
-        "raw": _producer_arm(
-            cluster, targs, "raw", 100, lambda t, v, k: produce_raw(config, t, v, k)
-        ),
-        "raw+header": _producer_arm(
-            cluster,
-            targs,
-            "raw+header",
-            100,
-            lambda t, v, k: produce_raw(config, t, v, k, headers=header),
-        ),
-    }
-    for name, tp in providers.items():
-        arms[f"kresilient {name}"] = _producer_arm(
-            cluster,
-            targs,
-            f"kresilient {name}",
-            100,
-            lambda t, v, k, tp=tp: produce_kresilient(user, t, v, k, **_kr_telemetry(tp)),
+    if "producer" in args.trace_sides:
+        n = args.trace_messages
+        targs = argparse.Namespace(**{**vars(args), "messages": n})
+        arms: dict[str, Callable[[int], Sample]] = {
+            "raw": _producer_arm(
+                cluster, targs, "raw", 100, lambda t, v, k: produce_raw(config, t, v, k)
+            ),
+            "raw+header": _producer_arm(
+                cluster,
+                targs,
+                "raw+header",
+                100,
+                lambda t, v, k: produce_raw(config, t, v, k, headers=header),
+            ),
+        }
+        for name, tp in providers.items():
+            arms[f"kresilient {name}"] = _producer_arm(
+                cluster,
+                targs,
+                f"kresilient {name}",
+                100,
+                lambda t, v, k, tp=tp: produce_kresilient(user, t, v, k, **_kr_telemetry(tp)),
+            )
+            arms[f"instrumented {name}"] = _producer_arm(
+                cluster,
+                targs,
+                f"instrumented {name}",
+                100,
+                lambda t, v, k, tp=tp: produce_raw(config, t, v, k, wrap=_instrument_producer(tp)),
+            )
+        samples = run_interleaved(
+            arms, rounds=args.rounds, seed=args.seed, on_sample=_show("tracing producer")
         )
-        arms[f"instrumented {name}"] = _producer_arm(
-            cluster,
-            targs,
-            f"instrumented {name}",
-            100,
-            lambda t, v, k, tp=tp: produce_raw(config, t, v, k, wrap=_instrument_producer(tp)),
-        )
-    samples = run_interleaved(
-        arms, rounds=args.rounds, seed=args.seed, on_sample=_show("tracing producer")
-    )
-    out.append(
-        markdown_table(
-            samples,
-            baseline="raw",
-            arms=list(arms),
-            title="Tracing, producer, 100 B (spans end: kresilient at the "
-            "delivery report, instrumented at produce() return)",
-        )
-    )
-    for name in providers:
         out.append(
             markdown_table(
                 samples,
-                baseline=f"instrumented {name}",
-                arms=[f"kresilient {name}", f"instrumented {name}"],
-                title=f"Tracing producer {name}: kresilient vs official",
+                baseline="raw",
+                arms=list(arms),
+                title="Tracing, producer, 100 B (spans end: kresilient at the "
+                "delivery report, instrumented at produce() return)",
             )
         )
-    out.append(
-        markdown_table(
-            samples,
-            baseline="raw+header",
-            arms=["kresilient 1%", "raw+header"],
-            title="Tracing producer 1%: kresilient vs raw carrying the header",
+        for name in providers:
+            out.append(
+                markdown_table(
+                    samples,
+                    baseline=f"instrumented {name}",
+                    arms=[f"kresilient {name}", f"instrumented {name}"],
+                    title=f"Tracing producer {name}: kresilient vs official",
+                )
+            )
+        out.append(
+            markdown_table(
+                samples,
+                baseline="raw+header",
+                arms=["kresilient 1%", "raw+header"],
+                title="Tracing producer 1%: kresilient vs raw carrying the header",
+            )
         )
-    )
 
-    cn = args.trace_consume_messages
-    topic = cluster.create_topic(
-        f"bench-peers-tin-{uuid.uuid4().hex[:6]}", args.partitions, 3, {"min.insync.replicas": 2}
-    )
-    cluster.create_topic(topic + ".dlq", args.partitions, 3, {"min.insync.replicas": 2})
-    try:
-        _traced_input(bootstrap, topic, cn)
-        carms: dict[str, Callable[[int], Sample]] = {
-            "raw": _consumer_arm("raw", cn, lambda k: consume_raw(bootstrap, topic, k)),
-        }
-        for name, tp in providers.items():
-            carms[f"kresilient {name}"] = _consumer_arm(
-                f"kresilient {name}",
-                cn,
-                lambda k, tp=tp: consume_kresilient(bootstrap, topic, k, **_kr_telemetry(tp)),
-            )
-            carms[f"instrumented {name}"] = _consumer_arm(
-                f"instrumented {name}",
-                cn,
-                lambda k, tp=tp: consume_raw(bootstrap, topic, k, wrap=_instrument_consumer(tp)),
-            )
-        csamples = run_interleaved(
-            carms, rounds=args.rounds, seed=args.seed, on_sample=_show("tracing consumer")
+    if "consumer" in args.trace_sides:
+        cn = args.trace_consume_messages
+        topic = cluster.create_topic(
+            f"bench-peers-tin-{uuid.uuid4().hex[:6]}",
+            args.partitions,
+            3,
+            {"min.insync.replicas": 2},
         )
-    finally:
-        cluster.delete_topic(topic)
-        cluster.delete_topic(topic + ".dlq")
-    out.append(
-        markdown_table(
-            csamples,
-            baseline="raw",
-            arms=list(carms),
-            title=f"Tracing, consumer, {cn:,} x 100 B with traceparent "
-            "(1% flagged sampled); spans: kresilient one per message "
-            "around the handler, instrumented one per consume() call",
-        )
-    )
-    for name in providers:
+        cluster.create_topic(topic + ".dlq", args.partitions, 3, {"min.insync.replicas": 2})
+        try:
+            _traced_input(bootstrap, topic, cn)
+            carms: dict[str, Callable[[int], Sample]] = {
+                "raw": _consumer_arm("raw", cn, lambda k: consume_raw(bootstrap, topic, k)),
+            }
+            for name, tp in providers.items():
+                carms[f"kresilient {name}"] = _consumer_arm(
+                    f"kresilient {name}",
+                    cn,
+                    lambda k, tp=tp: consume_kresilient(bootstrap, topic, k, **_kr_telemetry(tp)),
+                )
+                carms[f"instrumented {name}"] = _consumer_arm(
+                    f"instrumented {name}",
+                    cn,
+                    lambda k, tp=tp: consume_raw(
+                        bootstrap, topic, k, wrap=_instrument_consumer(tp)
+                    ),
+                )
+            csamples = run_interleaved(
+                carms, rounds=args.rounds, seed=args.seed, on_sample=_show("tracing consumer")
+            )
+        finally:
+            cluster.delete_topic(topic)
+            cluster.delete_topic(topic + ".dlq")
         out.append(
             markdown_table(
                 csamples,
-                baseline=f"instrumented {name}",
-                arms=[f"kresilient {name}", f"instrumented {name}"],
-                title=f"Tracing consumer {name}: kresilient vs official",
+                baseline="raw",
+                arms=list(carms),
+                title=f"Tracing, consumer, {cn:,} x 100 B with traceparent "
+                "(1% flagged sampled); spans: kresilient one per message "
+                "around the handler, instrumented one per consume() call",
             )
         )
+        for name in providers:
+            out.append(
+                markdown_table(
+                    csamples,
+                    baseline=f"instrumented {name}",
+                    arms=[f"kresilient {name}", f"instrumented {name}"],
+                    title=f"Tracing consumer {name}: kresilient vs official",
+                )
+            )
     for tp in providers.values():
         tp.shutdown()
 
@@ -733,6 +740,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument(
         "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1024]
+    )
+    parser.add_argument(
+        "--trace-sides", type=lambda s: s.split(","), default=["producer", "consumer"]
     )
     parser.add_argument(
         "--producer-arms", type=lambda s: s.split(","), default=["raw", "kresilient", "quix"]

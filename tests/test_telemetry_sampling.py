@@ -486,3 +486,92 @@ def test_a_span_processor_producing_from_on_start_does_not_deadlock() -> None:
         ctx = spans[name].context
         assert header(headers) == f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-03"
     assert spans["send orders"].context.trace_id != spans["send audit"].context.trace_id
+
+
+# --- consumer side: process_span under a sampled-out producer (issue 18) ------------------
+
+
+def _consumed(flags: str, tracestate: str | None = None, trace_id: int = 0xABC) -> Any:
+    value = f"00-{trace_id:032x}-{0x1122334455667788:016x}-{flags}".encode()
+    headers = [(TRACEPARENT, value)]
+    if tracestate:
+        headers.append(("tracestate", tracestate.encode()))
+    return message(headers)
+
+
+@pytest.mark.parametrize("flags", ["00", "02"])
+def test_process_span_under_a_not_sampled_parent_is_the_sdks_non_recording_child(
+    flags: str,
+) -> None:
+    tp, exporter = provider(ParentBased(TraceIdRatioBased(0.01)))
+    counting = _Counting()
+    tp.add_span_processor(counting)
+    fast, slow = telemetry(tp), generic(telemetry(tp))
+    assert fast._fast is not None  # the fast path is on for this sampler
+    msg = _consumed(flags, tracestate="vendor=abc")
+    seen = {}
+    for name, tel in (("fast", fast), ("sdk", slow)):
+        with tel.process_span(msg) as span:
+            assert span is not None
+            current = trace.get_current_span().get_span_context()
+            seen[name] = (span.is_recording(), current)
+    (fast_rec, f), (sdk_rec, g) = seen["fast"], seen["sdk"]
+    assert not fast_rec and not sdk_rec
+    # the same child the SDK makes: parent's trace id, state and flags, a new local span id
+    assert (f.trace_id, f.trace_flags, f.trace_state, f.is_remote) == (
+        g.trace_id, g.trace_flags, g.trace_state, g.is_remote
+    )
+    assert f.trace_id == 0xABC and f.span_id not in (0, 0x1122334455667788)
+    assert f.trace_state.get("vendor") == "abc"
+    assert counting.started == 0 and exporter.get_finished_spans() == ()
+
+
+def test_process_span_under_a_sampled_parent_is_still_recorded() -> None:
+    tp, exporter = provider(ParentBased(TraceIdRatioBased(0.01)))
+    tel = telemetry(tp)
+    assert tel._fast is not None
+    with tel.process_span(_consumed("01")) as span:
+        assert span is not None and span.is_recording()
+    (ended,) = exporter.get_finished_spans()
+    assert ended.kind is SpanKind.CONSUMER
+    assert ended.parent is not None and ended.parent.trace_id == 0xABC
+    assert ended.attributes is not None
+    assert ended.attributes[MA.MESSAGING_KAFKA_OFFSET] == 41  # attributes built as before
+
+
+def test_process_span_plain_ratio_sampler_decides_on_the_parents_trace_id() -> None:
+    tp, exporter = provider(TraceIdRatioBased(0.5))
+    tel = telemetry(tp)
+    assert tel._fast is not None
+    bound = TraceIdRatioBased(0.5).bound
+    kept, dropped = bound - 1, bound + 1  # the low 64 bits decide, as in the SDK
+    for trace_id in (kept, dropped):
+        with tel.process_span(_consumed("00", trace_id=trace_id)):
+            pass
+    assert [s.context.trace_id for s in exporter.get_finished_spans()] == [kept]
+
+
+def test_process_span_link_mode_and_other_samplers_keep_the_generic_path() -> None:
+    calls: list[str] = []
+
+    class Asking(Sampler):
+        def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+            calls.append("asked")
+            return ALWAYS_OFF.should_sample(*args, **kwargs)
+
+        def get_description(self) -> str:
+            return "asking"
+
+    tp, _ = provider(ParentBased(TraceIdRatioBased(0.01), remote_parent_not_sampled=Asking()))
+    tel = telemetry(tp)
+    assert tel._fast is None  # negative control: a custom delegate is asked every time
+    with tel.process_span(_consumed("00")):
+        pass
+    assert calls == ["asked"]
+    tp2, _ = provider(ParentBased(TraceIdRatioBased(0.01)))
+    linked = telemetry(tp2, link_mode="link")
+    assert linked._fast is not None
+    with linked.process_span(_consumed("00")) as span:
+        # link mode: the span is a root of the consumer's own trace, decided by the SDK
+        assert span is not None
+        assert trace.get_current_span().get_span_context().trace_id != 0xABC

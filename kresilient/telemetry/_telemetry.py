@@ -940,6 +940,28 @@ class _ProcessScope:
         if tracer is None:
             return None
         try:
+            parent: Context | None = None
+            links: list[Link] | None = None
+            headers = _call(msg.headers)
+            if headers:
+                extracted = tel.extract_context(headers)
+                remote = trace.get_current_span(extracted).get_span_context()
+                if remote.is_valid:
+                    if tel.link_mode == "parent":
+                        fast = tel._fast
+                        if fast is not None:
+                            # sampled out upstream: the SDK's non-recording child, built here
+                            # (no sampler call, attributes or span processors; sampling.py)
+                            dropped = fast.drop_child(remote)
+                            if dropped is not None:
+                                self.span = dropped
+                                self._ctx_token = otel_context.attach(
+                                    trace.set_span_in_context(dropped, extracted)
+                                )
+                                return dropped
+                        parent = extracted
+                    else:
+                        links = [Link(remote)]
             attrs = base.span.copy()
             if partition is not None and partition >= 0:
                 attrs[N.MESSAGING_DESTINATION_PARTITION_ID] = str(partition)
@@ -955,17 +977,6 @@ class _ProcessScope:
                 text = _key_text(_call(msg.key))
                 if text is not None:
                     attrs[N.MESSAGING_KAFKA_MESSAGE_KEY] = text
-            parent: Context | None = None
-            links: list[Link] | None = None
-            headers = _call(msg.headers)
-            if headers:
-                extracted = tel.extract_context(headers)
-                remote = trace.get_current_span(extracted).get_span_context()
-                if remote.is_valid:
-                    if tel.link_mode == "parent":
-                        parent = extracted
-                    else:
-                        links = [Link(remote)]
             self.span = span = tracer.start_span(
                 base.name, context=parent, kind=SpanKind.CONSUMER, attributes=attrs, links=links
             )

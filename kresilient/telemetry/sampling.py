@@ -36,7 +36,7 @@ from typing import Any
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context, get_current
 from opentelemetry.propagators.textmap import TextMapPropagator
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 
 from kresilient.telemetry._propagation import Headers, HeaderValue, merge_carrier
 
@@ -256,6 +256,37 @@ class FastSampler:
         for other in others:
             other.inject(carrier, context=ctx)
         return merge_carrier(headers, carrier, prop)
+
+    def drop_child(self, parent: SpanContext) -> Span | None:
+        """The span the SDK would start under a remote *parent* when the sampler drops it.
+
+        For a CONSUMER span parented to the producer's context: with ``ParentBased`` a parent
+        flagged not sampled (``TraceIdRatioBased``: a parent trace id above the bound) gives a
+        non-recording span with the parent's trace id, trace state and random-trace-id flag and
+        a new span id, as the SDK makes it, without the SDK's sampler call, attribute copy and
+        span object. Returns ``None`` when the span would be sampled (or the tracer is
+        disabled): the caller takes the generic path.
+        """
+        if not parent.is_valid or not self._tracer._tracer_config.is_enabled:
+            return None
+        flags = parent.trace_flags
+        if self._parent_based:
+            if flags & _SAMPLED_FLAG:
+                return None
+        elif parent.trace_id & _MASK64 < self.bound:
+            return None
+        span_id = _bits(64)
+        while not span_id:  # pragma: no cover - probability 2**-64
+            span_id = _bits(64)
+        return NonRecordingSpan(
+            SpanContext(
+                parent.trace_id,
+                span_id,
+                is_remote=False,
+                trace_flags=TraceFlags(_RANDOM_FLAG if flags & _RANDOM_FLAG else 0),
+                trace_state=parent.trace_state,
+            )
+        )
 
     def _learn(
         self, prop: TextMapPropagator
