@@ -17,7 +17,7 @@ from kresilient.lint.model import (
     has_lone_surrogate,
 )
 from kresilient.lint.readers import detect_format, read_text
-from kresilient.lint.registry import RULES, iter_rules
+from kresilient.lint.registry import RULES, Rule, iter_rules
 from kresilient.lint.settings import Settings, Suppressions, parse_suppressions
 
 __all__ = ["detect_kind", "discover", "exit_code", "lint_paths", "lint_text", "unit_findings"]
@@ -132,11 +132,12 @@ def _read_file(path: str, limit: int) -> tuple[bytes, str | None]:
 def unit_findings(unit: ConfigUnit, settings: Settings) -> Iterator[Finding]:
     """The findings of every enabled unit-scope rule for ``unit`` (no suppressions applied);
     the audit runs the topic and broker rules over live configs through this too."""
+    rules: Iterable[Rule] = iter_rules(scope="unit")
     only = unit.context.get("rules")  # a unit read in a dialect only some rules know
-    for found in iter_rules(scope="unit"):
+    if isinstance(only, frozenset):
+        rules = [r for r in rules if r.id in only]
+    for found in rules:
         if found.check is None or unit.kind not in found.kinds or not settings.enabled(found.id):
-            continue
-        if isinstance(only, frozenset) and found.id not in only:
             continue
         for message, entry in found.check(unit):
             yield Finding(
@@ -175,7 +176,10 @@ def _invalid_text(unit: ConfigUnit) -> Finding | None:
     """A KR000 for the first key or value of ``unit`` that is not valid Unicode (a lone
     surrogate, e.g. from a ``\\uD800`` escape): no client could send it."""
     for entry in unit.entries.values():
-        for what, text in (("key", entry.key), ("value", entry.value)):
+        value = entry.value
+        if entry.key.isascii() and (not isinstance(value, str) or value.isascii()):
+            continue  # the common case, decided without a scan
+        for what, text in (("key", entry.key), ("value", value)):
             if isinstance(text, str) and has_lone_surrogate(text):
                 where = "a key" if what == "key" else f"the value of {entry.key!r}"
                 return _parse_error(
