@@ -21,7 +21,13 @@ from __future__ import annotations
 
 from kresilient._version import __version__
 from kresilient.config import consumer_config, producer_config, redact
-from kresilient.consumer import ConsumerHealth, ResilientConsumer, RetryPolicy
+from kresilient.consumer import (
+    OUTAGE_RETRY,
+    ConsumerHealth,
+    ResilientConsumer,
+    RetryPolicy,
+    RetryTopicPolicy,
+)
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
     DeadLetterInfo,
@@ -87,7 +93,7 @@ from kresilient.retry import (
 )
 from kresilient.telemetry import Telemetry, add_trace_context
 
-__all__ = [
+__all__ = [  # noqa: RUF022  (plain sorted order, asserted by tests/test_package.py)
     "Action",
     "BatchItemError",
     "ChurnPolicy",
@@ -118,6 +124,7 @@ __all__ = [
     "LeadershipMonitor",
     "LeadershipState",
     "MessageTooLargeError",
+    "OUTAGE_RETRY",
     "ProduceError",
     "ProducerHealth",
     "ReplayMismatchError",
@@ -125,6 +132,7 @@ __all__ = [
     "ResilientConsumer",
     "ResilientProducer",
     "RetryPolicy",
+    "RetryTopicPolicy",
     "SchemaError",
     "Spool",
     "SpoolCorruptError",
