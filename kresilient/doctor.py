@@ -67,7 +67,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
     ResourceType,
 )
 
-from kresilient.errors import ConfigError, classify
+from kresilient.errors import ConfigError, KafkaClientError, classify
+from kresilient.lint.connect import ConnectionErrors, fetch_metadata, quiet_client_config
 from kresilient.redaction import Redactor
 
 __all__ = [
@@ -414,7 +415,10 @@ _CLIENT_ONLY: Final = frozenset(
 _PROPERTY: Final = re.compile(r'property:? "(?P<key>[^"]+)"')
 
 
-def _admin_client(run: _Run) -> AdminClient:
+_AUTH_TEXT: Final = re.compile(r"SASL|authenticat|credentials|SSL handshake|certificate", re.I)
+
+
+def _admin_client(run: _Run, errors: ConnectionErrors | None = None) -> AdminClient:
     """An AdminClient on the application's config, minus the keys librdkafka refuses.
 
     A refused key (a typo) is reported once as a config finding and dropped, so the rest of
@@ -422,7 +426,10 @@ def _admin_client(run: _Run) -> AdminClient:
     """
     for _ in range(len(run.config) + 1):
         try:
-            return AdminClient(_admin_conf(run))
+            conf = _admin_conf(run)
+            if errors is not None:
+                conf = quiet_client_config(conf, errors, run.timeout)
+            return AdminClient(conf)
         except KafkaException as exc:
             err = _kafka_error(exc)
             match = _PROPERTY.search(err.str() if err is not None else str(exc))
@@ -469,21 +476,29 @@ def _check_connectivity(run: _Run) -> bool:
     if not reached:
         run.report.reachable = False
         return False
-    run.admin = _admin_client(run)
+    # The first metadata request through the CLIs' one connection path: librdkafka's errors
+    # are collected per host, so a refused TLS handshake or a failed SASL login is named as
+    # such at once instead of surfacing as a transient _TRANSPORT after the timeout.
+    errors = ConnectionErrors(str(run.config["bootstrap.servers"]))
+    run.admin = _admin_client(run, errors)
     try:
-        run.metadata = run.admin.list_topics(timeout=run.timeout)
-    except KafkaException as exc:
-        err = _kafka_error(exc)
-        c = classify(err if err is not None else exc)
+        run.metadata = fetch_metadata(run.admin, errors, run.timeout)
+    except KafkaClientError as exc:
+        auth = [t for t in errors.texts if _AUTH_TEXT.search(t)]
+        c = classify(KafkaError(KafkaError._AUTHENTICATION)) if auth else exc.classification
         run.add(
             "connectivity",
             Severity.ERROR,
             str(run.config.get("bootstrap.servers")),
-            f"metadata request failed: {err.name() if err else type(exc).__name__}: "
-            f"{err.str() if err else exc}",
-            symptom="cannot talk Kafka to the cluster",
-            causes=(f"classified {c.category.name}",),
-            fix=c.remedy,
+            f"cannot complete a metadata request: {exc.message}"
+            + (f"; the broker said: {auth[-1]}" if auth else ""),
+            symptom="authentication or TLS failure" if auth else "cannot talk Kafka to the cluster",
+            causes=(
+                ("wrong sasl.username/sasl.password, or a mechanism the broker does not enable",)
+                if auth
+                else (f"classified {c.category.name}" if c is not None else "unknown",)
+            ),
+            fix=c.remedy if c is not None else "check the connectivity findings above",
         )
         run.report.reachable = False
         return False
