@@ -39,6 +39,7 @@ from kresilient.deadletter import (
     parse_dead_letter_headers,
 )
 from kresilient.deadletter_cli import (
+    InspectedRecord,
     InspectResult,
     ReplayResult,
     inspect_dead_letters,
@@ -118,6 +119,7 @@ __all__ = [  # noqa: RUF022  (plain sorted order, asserted by tests/test_package
     "FatalProducerError",
     "FlushResult",
     "InspectResult",
+    "InspectedRecord",
     "KResilientError",
     "KafkaClientError",
     "LeadershipChange",
