@@ -1,6 +1,8 @@
-"""Spark's built-in Kafka sink vs the ``kresilient`` sink: rows/s on the same cluster and data.
+"""Spark's built-in Kafka sink vs kresilient's two engines: rows/s on the same cluster and data.
 
-Both arms write the same cached DataFrame (``key`` = 8-byte id, ``value`` = N bytes) from the
+Arms (``--arms``): ``builtin`` (``format("kafka")``), ``jvm`` (``kresilient.spark.write(...,
+engine="jvm")``) and ``kresilient`` (the Python data source, ``engine="python"``). Every arm
+writes the same cached DataFrame (``key`` = 8-byte id, ``value`` = N bytes) from the
 same ``local[2]`` SparkSession to fresh topics of the same shape on the same 3-node cluster, with
 the same producer settings (acks=all, idempotence, linger.ms, batch.size, compression). Rounds
 are interleaved (the order alternates each round) so drift on a shared machine hits both arms.
@@ -20,7 +22,9 @@ Run::
 
 Each arm is warmed up with one full-size write of its own (JIT, producers, connections,
 broker page cache and log segments) before the measured rounds, so round 0 does not run on
-cold brokers.
+cold brokers. CPU per row is reported per process group from ``/proc``: the Spark JVM, its
+Python workers (the pyspark daemon counts its reaped workers) and the brokers (only for a
+cluster the run started itself).
 
 ``--task-layouts`` measures the kresilient Python path alone, without Spark: the executor's
 ``write_task`` is driven with the same Arrow batches (plain, with a ``headers`` column, with a
