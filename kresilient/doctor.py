@@ -451,11 +451,10 @@ def _admin_client(run: _Run, errors: ConnectionErrors | None = None) -> AdminCli
 
 def _check_connectivity(run: _Run) -> bool:
     hosts = _hosts(str(run.config.get("bootstrap.servers", "")))
-    reached = 0
-    for host, port in hosts:
-        reason, seconds = _tcp_probe(host, port, min(run.timeout, 5.0))
+    probes = [(host, port, *_tcp_probe(host, port, min(run.timeout, 5.0))) for host, port in hosts]
+    reached = sum(1 for *_, reason, _ in probes if reason is None)
+    for host, port, reason, seconds in probes:
         if reason is None:
-            reached += 1
             run.add(
                 "connectivity",
                 Severity.OK,
@@ -463,9 +462,11 @@ def _check_connectivity(run: _Run) -> bool:
                 f"TCP connect in {seconds * 1000:.1f} ms",
             )
         else:
+            # One bootstrap address down while others answer is a warning (the client fails
+            # over); every address down is the error that ends the diagnosis.
             run.add(
                 "connectivity",
-                Severity.ERROR,
+                Severity.WARNING if reached else Severity.ERROR,
                 f"{host}:{port}",
                 reason,
                 symptom="broker unreachable",
