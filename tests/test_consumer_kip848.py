@@ -53,12 +53,17 @@ _NEXT_GEN = {"group.protocol": "consumer"}
 
 _WORKER = textwrap.dedent(
     """
-    import os, sys
+    import os, sys, threading
     from kresilient.consumer import ResilientConsumer
     bootstrap, topic, group, out = sys.argv[1:5]
+    stall_after = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    handled = [0]
     def handle(msg):
+        if stall_after and handled[0] >= stall_after:
+            threading.Event().wait()  # stuck mid-stream until killed: the kill cuts it short
         os.write(fd, b"%d %d %s\\n" % (msg.partition(), msg.offset(), msg.value()))
+        handled[0] += 1
     consumer = ResilientConsumer(
         {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
          "auto.commit.interval.ms": 500},
@@ -112,9 +117,11 @@ def _lines(path: Path) -> list[tuple[int, int, int]]:
     return out
 
 
-def _worker(bootstrap: str, topic: str, group: str, out: Path) -> subprocess.Popen[str]:
+def _worker(
+    bootstrap: str, topic: str, group: str, out: Path, stall_after: int = 0
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", _WORKER, bootstrap, topic, group, str(out)],
+        [sys.executable, "-c", _WORKER, bootstrap, topic, group, str(out), str(stall_after)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -130,7 +137,9 @@ def test_kip848_sigkilled_consumer_restarted_skips_nothing(
     produce(bootstrap, topic, [(b"%d" % i, b"%d" % i, None, None) for i in range(n)])
     group = _group(kafka_cluster)
     first_out, second_out = tmp_path / "first.txt", tmp_path / "second.txt"
-    first = _worker(bootstrap, topic, group, first_out)
+    # The first worker stops handling (stuck, not finished) after 5,000 messages, so the kill
+    # always lands mid-stream however fast the machine is.
+    first = _worker(bootstrap, topic, group, first_out, stall_after=5_000)
     try:
         wait_for(
             lambda: first_out.exists() and first_out.read_bytes().count(b"\n") >= 3_000,
