@@ -27,3 +27,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             + ", ".join(_skipped[:10]),
             red=True,
         )
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults() -> object:
+    """Every test starts and ends with structlog's defaults.
+
+    structlog's configuration is process-global: a test (or a CLI run in-process) that
+    configures it, or a logger cached while another test's capture was active, must not change
+    what the next test's clients log.
+    """
+    import structlog
+
+    structlog.reset_defaults()
+    yield None
+    structlog.reset_defaults()
