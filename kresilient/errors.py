@@ -85,6 +85,8 @@ __all__ = [
     "ProduceError",
     "ReplayMismatchError",
     "SchemaError",
+    "SpoolCorruptError",
+    "SpoolError",
     "UnsafeConfigError",
     "classify",
     "exception_type_name",

@@ -323,6 +323,8 @@ TREE: dict[type[BaseException], type[BaseException]] = {
     errors.ReplayMismatchError: KResilientError,
     errors.ClusterError: KResilientError,
     errors.ChaosNotSupportedError: errors.ClusterError,
+    errors.SpoolError: ProduceError,
+    errors.SpoolCorruptError: errors.SpoolError,
 }
 
 
