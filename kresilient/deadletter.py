@@ -64,6 +64,7 @@ from kresilient.errors import (
     DeadLetterError,
     DeliveryError,
     DeliveryFailure,
+    ErrorCategory,
     classify,
     exception_type_name,
     failure_from_report,
@@ -862,6 +863,20 @@ class _LogBridge:
             pass
 
 
+_FATAL_PURGES: Final = frozenset(
+    {KafkaError._FATAL, KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
+)
+"""Report codes of writes librdkafka failed because the producer hit a fatal error."""
+
+
+def _fatal_of(exc: KafkaException) -> KafkaError | None:
+    """The fatal error ``exc`` carries (its real cause when librdkafka knows it), or None."""
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    if err is None or not err.fatal():
+        return None
+    return err
+
+
 class DeadLetterWriter:
     """The one dead-letter writer: a raw ``confluent_kafka.Producer`` with a safe config.
 
@@ -998,6 +1013,13 @@ class DeadLetterWriter:
                 topic=record.topic,
                 classification=classify(KafkaError(KafkaError._STATE, "writer is closed")),
             )
+        fatal = self._fatal
+        if fatal is not None:
+            raise DeadLetterError(
+                f"dead-letter write to {record.topic} refused: {self._fatal_reason(fatal)}",
+                topic=record.topic,
+                classification=self._fatal_classification(fatal),
+            )
         handle = DeadLetterHandle(self, record, on_delivery)
         kwargs: dict[str, Any] = {"headers": record.headers, "on_delivery": handle}
         if record.timestamp:
@@ -1023,6 +1045,15 @@ class DeadLetterWriter:
                     ) from exc
                 self.poll(0.05)
             except KafkaException as exc:
+                fatal = self._fatal or _fatal_of(exc)
+                if fatal is not None:  # produce() says only _FATAL: name the cause
+                    self._fatal = fatal
+                    raise DeadLetterError(
+                        f"dead-letter write to {record.topic} refused: "
+                        f"{self._fatal_reason(fatal)}",
+                        topic=record.topic,
+                        classification=self._fatal_classification(fatal),
+                    ) from exc
                 error = translate(
                     exc, topic=record.topic, operation="produce", redactor=self._redact
                 )
@@ -1038,8 +1069,30 @@ class DeadLetterWriter:
         """Serve delivery reports for up to ``timeout`` seconds; settle their handles."""
         try:
             return int(self._producer.poll(timeout))
+        except KafkaException as exc:
+            # confluent-kafka raises a fatal error (e.g. InitProducerId refused: the principal
+            # may write no topic) once from poll(); the purged writes are reported by the next
+            # poll, each naming that cause. Anything else is not ours to hide.
+            fatal = _fatal_of(exc)
+            if fatal is None:
+                raise
+            self._fatal = fatal
+            return 0
         finally:
             self._settle()
+
+    def _fatal_reason(self, fatal: KafkaError) -> str:
+        return (
+            f"the dead-letter producer {self.client_id} hit a fatal error: {fatal.name()}: "
+            f"{self._redact(fatal.str() or '')}"
+        )
+
+    @staticmethod
+    def _fatal_classification(fatal: KafkaError) -> Classification:
+        """An authorization refusal is classified as such (grant the ACL), not as 'recreate
+        the producer', which would not help."""
+        cause = classify(KafkaError(fatal.code(), fatal.str()))
+        return cause if cause.category is ErrorCategory.AUTH else classify(fatal)
 
     def _settle(self) -> None:
         """Classify the reports the handles queued and run their callbacks (outside librdkafka
@@ -1061,10 +1114,15 @@ class DeadLetterWriter:
             else:
                 failure = failure_from_report(err, msg, headers=handle.record.headers)
                 reason = self._redact(err.str() or err.name())
+                classification = failure.classification
+                fatal = self._fatal
+                if fatal is not None and err.code() in _FATAL_PURGES:
+                    reason = f"{reason} ({self._fatal_reason(fatal)})"
+                    classification = self._fatal_classification(fatal)
                 handle._error = DeadLetterError(
                     f"dead-letter write to {handle.record.topic} failed: {err.name()}: {reason}",
                     topic=handle.record.topic,
-                    classification=failure.classification,
+                    classification=classification,
                 )
                 with self._lock:
                     self._pending -= 1

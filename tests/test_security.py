@@ -7,6 +7,7 @@ control (the same step without the ACL fails as AUTH), so the cluster really enf
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 from kresilient.cli import main as cli
 from kresilient.config import credentials_from_env
 from kresilient.consumer import ResilientConsumer
+from kresilient.deadletter import DeadLetterRecord, DeadLetterWriter
 from kresilient.errors import (
     ConsumeError,
     DeadLetterError,
@@ -343,13 +345,6 @@ def test_consumer_dead_letter_write_denied_leaves_the_record_uncommitted(
     assert _read_all(cluster, topic + ".dlq", 1, timeout=3) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs in deadletter.py: a user that may write no topic at all gets InitProducerId "
-    "refused (idempotent DLQ producer) -> DeadLetterError 'refused: Unable to produce message: "
-    "Local: Fatal error', category FATAL_PRODUCER; the fatal error's cause "
-    "(CLUSTER/TOPIC_AUTHORIZATION_FAILED, from error_cb / fatal_error()) is not named",
-)
 def test_consumer_dead_letter_write_denied_names_the_acl(cluster: KafkaCluster) -> None:
     user, topic, group = _user(cluster), _topic(cluster), _name("g")
     _topic(cluster, topic + ".dlq")
@@ -362,6 +357,43 @@ def test_consumer_dead_letter_write_denied_names_the_acl(cluster: KafkaCluster) 
     assert isinstance(run.error, DeadLetterError), run.error
     assert run.error.classification.category is ErrorCategory.AUTH
     assert "AUTHORIZATION_FAILED" in str(run.error)
+
+
+def test_dead_letter_writer_fatal_init_refusal_names_the_acl_both_ways(
+    cluster: KafkaCluster,
+) -> None:
+    """InitProducerId refused (the principal may write no topic): confluent-kafka raises the
+    fatal error once from poll(). A write queued before it and a write attempted after it both
+    fail with a DeadLetterError naming CLUSTER_AUTHORIZATION_FAILED, category AUTH; poll()
+    itself never raises it raw (CI run of 2026-11-26 08:49: the consumer's run() died with it).
+    """
+    user, topic = _user(cluster), _topic(cluster)
+    dlq = _topic(cluster, topic + ".dlq")
+    cluster.grant(user, topic=dlq, operations=("DESCRIBE",))
+    writer = DeadLetterWriter(cluster.client_config(user))
+    try:
+        before = writer.write(DeadLetterRecord(topic=dlq, key=None, value=b"a", headers=[]))
+        _wait("the queued write to fail", lambda: (writer.poll(0.1) >= 0) and before.done())
+        error = before.exception(0)
+        assert isinstance(error, DeadLetterError), error
+        assert "CLUSTER_AUTHORIZATION_FAILED" in str(error)
+        assert error.classification.category is ErrorCategory.AUTH
+        with pytest.raises(DeadLetterError, match="CLUSTER_AUTHORIZATION_FAILED") as after:
+            writer.write(DeadLetterRecord(topic=dlq, key=None, value=b"b", headers=[]))
+        assert after.value.classification.category is ErrorCategory.AUTH
+    finally:
+        with contextlib.suppress(DeliveryError):
+            writer.close(5)
+    # negative control: with WRITE granted, the same principal's writer writes
+    cluster.grant(user, topic=dlq, operations=("WRITE",))
+    writer = DeadLetterWriter(cluster.client_config(user))
+    try:
+        ok = writer.write(DeadLetterRecord(topic=dlq, key=None, value=b"c", headers=[]))
+        _wait("the granted write", lambda: (writer.poll(0.1) >= 0) and ok.done())
+        assert ok.exception(0) is None
+    finally:
+        writer.close(5)
+    assert _read_all(cluster, dlq, 1) == [b"c"]
 
 
 # --------------------------------------------------------------------------- CLI

@@ -136,6 +136,8 @@ class _Node:
     admin_port: int = 0
     process: subprocess.Popen[bytes] | None = None
     log_handle: Any = field(default=None, repr=False)
+    log_offset: int = 0
+    """Size of ``server.log`` when the current process was spawned (earlier runs precede it)."""
     expected_down: bool = False
     frozen: bool = False
 
@@ -654,6 +656,7 @@ class KafkaCluster:
 
     def _spawn(self, node: _Node) -> None:
         node.log_handle = open(node.log_path, "ab")  # noqa: SIM115 - closed in _reap
+        node.log_offset = node.log_handle.tell()
         # Released at the last moment: until now nobody else could have taken them.
         self._ports.release(node.bound_ports())
         node.process = _launcher.popen(
@@ -737,17 +740,38 @@ class KafkaCluster:
         for node in self._nodes.values():
             proc = node.process
             if proc is not None and proc.poll() is not None and not node.expected_down:
-                tail = self._tail(node)
-                if "Address already in use" in tail:
+                # The bind failure is logged before Kafka's shutdown dumps its whole config,
+                # so it is looked for in everything this process wrote, not in the tail.
+                bind_errors = [
+                    line
+                    for line in self._run_log(node).splitlines()
+                    if "Address already in use" in line or "BindException" in line
+                ]
+                if bind_errors:
                     raise _PortLost(
                         f"Kafka node {node.node_id} could not bind one of its ports "
-                        f"{node.bound_ports()} (taken by another process); last lines of "
-                        f"{node.log_path}:\n{tail}"
+                        f"{node.bound_ports()} (taken by another process): "
+                        + "\n".join(bind_errors[:3])
                     )
+                errors = [
+                    line
+                    for line in self._run_log(node).splitlines()
+                    if " ERROR " in line or " FATAL " in line or "Exception" in line
+                ]
                 raise ClusterError(
                     f"Kafka node {node.node_id} exited with code {proc.returncode}; "
-                    f"last lines of {node.log_path}:\n{self._tail(node)}"
+                    f"errors it logged:\n" + "\n".join(errors[:10] or ["(none)"])
+                    + f"\nlast lines of {node.log_path}:\n{self._tail(node, 15)}"
                 )
+
+    def _run_log(self, node: _Node) -> str:
+        """What the node's current process has written to its log so far."""
+        try:
+            with open(node.log_path, "rb") as log:
+                log.seek(node.log_offset)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def _tail(self, node: _Node, lines: int = 40) -> str:
         try:
