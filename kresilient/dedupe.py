@@ -17,6 +17,9 @@ Example::
         process(msg)
         dedupe.processed(msg)            # after processing: a crash before re-delivers it
 
+:class:`~kresilient.ResilientConsumer` does this itself with ``dedupe=Deduplicator(...)``
+(per-message and batch handlers; docs/durability.md).
+
 The window is in memory: after a consumer restart it is empty, so a copy re-sent across the
 restart is processed again (make the handler idempotent or persist the window with
 :meth:`Deduplicator.snapshot` / ``Deduplicator(..., ids=...)``).
@@ -110,6 +113,36 @@ class Deduplicator:
             return True
         self.processed(msg)
         return False
+
+    def split(self, msgs: Iterable[Any]) -> tuple[list[Any], list[Any]]:
+        """``(to process, duplicates)`` of a batch, in order (for batch handlers).
+
+        A marked record is a duplicate if its id was processed OR an earlier record of the same
+        batch carries it (the batch is handled as one: its first copy is in it). Nothing is
+        remembered: call :meth:`processed` for each record of the first list once the batch
+        handler succeeded.
+        """
+        kept: list[Any] = []
+        dropped: list[Any] = []
+        in_batch: set[tuple[str, bytes]] = set()
+        with self._lock:
+            for msg in msgs:
+                ident, marked = record_id(msg)
+                if ident is None:
+                    kept.append(msg)
+                    continue
+                key = (str(msg.topic()), ident)
+                if marked and (key in in_batch or key in self._seen):
+                    if key in self._seen:
+                        self._seen.move_to_end(key)
+                    self.dropped += 1
+                    dropped.append(msg)
+                    continue
+                if marked:
+                    self.marked_unseen += 1
+                in_batch.add(key)
+                kept.append(msg)
+        return kept, dropped
 
     def snapshot(self) -> list[tuple[str, bytes]]:
         """The remembered ``(topic, id)`` pairs, oldest first (to persist the window)."""

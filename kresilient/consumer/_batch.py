@@ -4,6 +4,10 @@ Each consumed batch is split per partition; the handler gets one partition's mes
 offset order. :class:`~kresilient.BatchItemError` names the failed item (the ones before it
 are done, the ones after it are fetched again); any other exception fails the whole group
 (retried as one, dead-lettered message by message once the retries are exhausted).
+
+With ``dedupe``, possible duplicates already processed (or whose first copy is earlier in the
+same batch) are taken out before the handler call; the handler gets the rest, and the offset
+stored after a success is past the whole run, duplicates included.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ if TYPE_CHECKING:
     from kresilient.consumer._breaker import CircuitBreaker
     from kresilient.consumer._failures import FailureHandler
     from kresilient.consumer._offsets import OffsetKeeper
+    from kresilient.dedupe import Deduplicator
 
 __all__ = ["BatchProcessor"]
 
@@ -42,6 +47,8 @@ class BatchProcessor:
         breaker: CircuitBreaker | None,
         consume_error: Callable[[Message], None],
         overrun: Callable[[list[Message]], None],
+        dedupe: Deduplicator | None = None,
+        skipped: Callable[[list[Message]], None] | None = None,
     ) -> None:
         self.call = call
         self.state = state
@@ -51,6 +58,8 @@ class BatchProcessor:
         self.breaker = breaker
         self.consume_error = consume_error
         self.overrun = overrun
+        self.dedupe = dedupe
+        self.skipped = skipped
 
     def process(self, msgs: list[Message]) -> None:
         """One handler call per partition's run of messages in this batch."""
@@ -88,32 +97,52 @@ class BatchProcessor:
             if verdict is Verdict.RELEASE:
                 del holds[tp]
                 hold = None
+        dedupe = self.dedupe
+        todo = group
+        if dedupe is not None:
+            todo, duplicates = dedupe.split(group)
+            if duplicates and self.skipped is not None:
+                self.skipped(duplicates)
         on_failure = self.failures.on_failure
         try:
-            self.call(group)
+            if todo:
+                self.call(todo)
         except BatchItemError as exc:
             index = exc.index
-            if not 0 <= index < len(group):
-                on_failure(first, exc, batch=group)
+            if not 0 <= index < len(todo):
+                on_failure(todo[0], exc, batch=todo)
                 return
             if index:
                 self._credit(index)
-            failed = group[index]
+                self._remember(todo[:index])
+            failed = todo[index]
             on_failure(failed, exc.failure())
-            if tp not in holds and index + 1 < len(group):
-                # dead-lettered: the items after it were not handled, fetch them again
-                self.holds.give_back(group[index + 1 :])
+            if tp not in holds:
+                # dead-lettered: the items after it were not handled, fetch them again (the
+                # duplicates among them too: their offsets are not stored yet)
+                after = failed.offset()
+                assert after is not None
+                rest = [m for m in group if m.offset() > after]  # type: ignore[operator]
+                if rest:
+                    self.holds.give_back(rest)
         except Exception as exc:
-            on_failure(first, exc, batch=group)
+            on_failure(todo[0], exc, batch=todo)
         else:
             last = group[-1].offset()
             assert last is not None
             self.offsets.store(tp, last + 1, group[-1].leader_epoch())
-            self._credit(len(group))
+            self._credit(len(todo))
+            if dedupe is not None:
+                self._remember(todo)
             if hold is not None:
                 del holds[tp]
         finally:
             self.holds.excluded.clear()
+
+    def _remember(self, msgs: list[Message]) -> None:
+        if self.dedupe is not None:
+            for m in msgs:
+                self.dedupe.processed(m)
 
     def _credit(self, count: int) -> None:
         self.state.processed += count

@@ -23,6 +23,9 @@ What it adds to ``confluent_kafka.Consumer`` (see docs/consumer.md):
 * **Schema Registry outages** (5xx, 429, timeouts) hold the partition instead of
   dead-lettering good records;
 * **probes**: ``/live`` and ``/ready`` over HTTP (``health_port``), lag gauges;
+* **deduplication** (``dedupe=``, a :class:`~kresilient.dedupe.Deduplicator`): a record
+  marked ``kresilient.possible.duplicate: true`` whose ``kresilient.message.id`` was processed
+  (a spooled producer's or the outbox relay's re-sent copy) is skipped, its offset stored;
 * a **circuit breaker** stops the consumer (:class:`~kresilient.CircuitBreakerOpenError`)
   when dead-lettering exceeds its limit;
 * optional **deserializers** whose failures are dead-lettered with the raw bytes;
@@ -80,6 +83,7 @@ from kresilient.deadletter import (
     DeadLetterWriter,
 )
 from kresilient.deadletter import dead_letter_producer_config as dead_letter_producer_config_of
+from kresilient.dedupe import Deduplicator, record_id
 from kresilient.errors import BatchItemError, ConfigError, classify, translate
 from kresilient.leadership import LeadershipMonitor
 from kresilient.producer import LogBridge, Reachability, ResilientProducer, connect_failure
@@ -120,8 +124,10 @@ class ConsumerHealth:
     """A point-in-time view of a :class:`ResilientConsumer` for health checks.
 
     ``moved_to_retry``: records written to a retry topic; ``crash_loops``: records
-    dead-lettered for killing the process. ``held_partitions``: the partitions paused for a
-    retry (topic, partition, offset, attempts, resumed); ``rebalances``: assigned/revoked/lost
+    dead-lettered for killing the process; ``duplicates_skipped``: deliveries of possible
+    duplicates ``dedupe`` skipped (their offsets stored; not in ``processed``).
+    ``held_partitions``: the partitions paused for a retry (topic, partition, offset,
+    attempts, resumed); ``rebalances``: assigned/revoked/lost
     callbacks so far; ``circuit_breaker``: its state (``None`` without a breaker);
     ``leadership``: the leadership monitor's snapshot.
     ``as_dict()`` gives the plain dict; ``health()["processed"]`` (the dict access of 0.1)
@@ -144,6 +150,7 @@ class ConsumerHealth:
     leadership: dict[str, Any] = field(repr=False)
     moved_to_retry: int = 0  #: records written to a retry topic (retry_topics)
     crash_loops: int = 0  #: records dead-lettered for killing the process (crash_loop)
+    duplicates_skipped: int = 0  #: possible duplicates skipped by ``dedupe``
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict (what ``health()`` returned in 0.1)."""
@@ -270,6 +277,15 @@ class ResilientConsumer:
         crash_probe_records: after an unclean end (the previous owner died or was cut off),
             this many records per partition are handled with their in-flight marker committed
             synchronously before the handler call (docs/consumer.md, crash loops).
+        dedupe: a :class:`~kresilient.dedupe.Deduplicator`: a record marked
+            ``kresilient.possible.duplicate: true`` whose ``kresilient.message.id`` is in its
+            window of ids processed (handler returned) is skipped without calling the handler;
+            its offset is stored like a processed one, it is counted in
+            ``health().duplicates_skipped`` and the ``kresilient.consumer.duplicates_skipped``
+            counter, and logged at DEBUG with its id. Unmarked records are never skipped. The
+            window is bounded (``Deduplicator(window=...)``, least recent forgotten first) and
+            in memory: a copy arriving after a restart or at another group member is handled
+            again. Per-message and batch handlers (docs/durability.md).
     """
 
     def __init__(
@@ -308,9 +324,17 @@ class ResilientConsumer:
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
         stall_after_s: float = 60.0,
+        dedupe: Deduplicator | None = None,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ConfigError("pass exactly one of handler= and batch_handler=")
+        if dedupe is not None and not isinstance(dedupe, Deduplicator):
+            raise ConfigError(
+                f"dedupe must be a kresilient.dedupe.Deduplicator, got {type(dedupe).__name__} "
+                "(e.g. dedupe=Deduplicator(window=1_000_000))",
+                key="dedupe",
+            )
+        self._dedupe = dedupe
         self._topics = [topics] if isinstance(topics, str) else list(topics)
         if not self._topics:
             raise ConfigError("topics must name at least one topic")
@@ -510,6 +534,8 @@ class ResilientConsumer:
             breaker=self._breaker,
             consume_error=events.consume_error,
             overrun=self._give_back,
+            dedupe=dedupe,
+            skipped=self._skipped,
         )
         self._sink: DeadLetterSink | None = None
         log.info(
@@ -731,6 +757,7 @@ class ResilientConsumer:
         holds = self._holds.by_tp
         on_failure = self._failures.on_failure
         retry_map = self._retry_map
+        dedupe = self._dedupe
         state.batch = msgs
         state.nonsuccess = state.credited = 0
         state.batch_errors = False
@@ -752,6 +779,10 @@ class ResilientConsumer:
                 if retry_map and msg.topic() in retry_map and self._defer(msg):
                     state.nonsuccess += 1
                     continue
+                if dedupe is not None and dedupe.is_duplicate(self._original(msg)):
+                    self._skipped([msg])  # stored by _finish like a processed record
+                    state.nonsuccess += 1
+                    continue
                 try:
                     call(msg)
                 except _Handled as handled:
@@ -761,6 +792,9 @@ class ResilientConsumer:
                 except Exception as exc:
                     on_failure(msg, exc)
                     state.nonsuccess += 1
+                else:
+                    if dedupe is not None:
+                        dedupe.processed(self._original(msg))
                 if state.interrupt:
                     break
             else:
@@ -771,6 +805,26 @@ class ResilientConsumer:
             self._finish(msgs, msg, done=False)
             raise
         self._finish(msgs, msg)
+
+    def _original(self, msg: Message) -> Any:
+        """``msg``, or for a retry-topic record the original it stands for (its topic and
+        headers are the ones the dedupe window keys on)."""
+        return RetryView(msg) if self._retry_map and msg.topic() in self._retry_map else msg
+
+    def _skipped(self, msgs: list[Message]) -> None:
+        """Possible duplicates ``dedupe`` skipped: counted, logged with their ids (DEBUG, the
+        per-message path), never dropped silently."""
+        self._state.duplicates += len(msgs)
+        for msg in msgs:
+            ident = record_id(msg)[0]
+            self._log.debug(
+                "duplicate_skipped",
+                topic=msg.topic(),
+                partition=msg.partition(),
+                offset=msg.offset(),
+                message_id=ident.decode("utf-8", "replace") if ident is not None else None,
+                note="marked as a possible duplicate and its message id was processed",
+            )
 
     def _traced_call(self, msg: Message) -> None:
         """``call`` inside a process span; failures are handled inside the span.
@@ -830,6 +884,10 @@ class ResilientConsumer:
                 reason="the held offset is no longer in the log (retention or truncation)",
             )
             del holds[hold.tp]
+            if self._dedupe is not None and self._dedupe.is_duplicate(self._original(msg)):
+                self._skipped([msg])
+                state.nonsuccess += 1
+                return
         try:
             call(msg)
         except _Handled as handled:
@@ -841,6 +899,8 @@ class ResilientConsumer:
             self._failures.on_failure(msg, exc)
             state.nonsuccess += 1
             return
+        if self._dedupe is not None:
+            self._dedupe.processed(self._original(msg))
         if verdict is Verdict.RETRY:
             holds.pop(hold.tp, None)
             self._holds.excluded.discard(hold.tp)
@@ -1003,6 +1063,7 @@ class ResilientConsumer:
             leadership=self._monitor.snapshot(),
             moved_to_retry=self._failures.moved,
             crash_loops=self._crash.crash_loops if self._crash is not None else 0,
+            duplicates_skipped=state.duplicates,
         )
 
     @property

@@ -111,6 +111,7 @@ class LoopState:
     traced: bool = False  #: a tracer provider is active (checked once a second)
     processed: int = 0
     retries: int = 0
+    duplicates: int = 0  #: possible duplicates skipped by ``dedupe`` (offset stored, no handler)
     revocations: int = 0  #: revoke + lost callbacks so far
     rebalances: dict[str, int] = field(
         default_factory=lambda: {"assigned": 0, "revoked": 0, "lost": 0}

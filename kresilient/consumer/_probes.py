@@ -16,7 +16,9 @@ no request); the server thread only reads them.
 
 Metrics (observable gauges, with ``messaging.destination.partition.id``):
 ``messaging.kafka.consumer.lag`` (``{message}``: high watermark minus the stored offset) and
-``kresilient.consumer.time_since_progress`` (``s``).
+``kresilient.consumer.time_since_progress`` (``s``); and the observable counter
+``kresilient.consumer.duplicates_skipped`` (``{message}``, per group: possible duplicates
+``dedupe=`` skipped).
 """
 
 from __future__ import annotations
@@ -37,12 +39,13 @@ if TYPE_CHECKING:
     from kresilient.consumer._holds import Holds, LoopState
     from kresilient.consumer._offsets import OffsetKeeper
 
-__all__ = ["LAG_METRIC", "PROGRESS_METRIC", "Probes"]
+__all__ = ["DUPLICATES_METRIC", "LAG_METRIC", "PROGRESS_METRIC", "Probes"]
 
 #: The consumer-lag gauge (the name the issue and older OTel Kafka conventions use; the current
 #: messaging semantic conventions define no lag metric).
 LAG_METRIC: Final = "messaging.kafka.consumer.lag"
 PROGRESS_METRIC: Final = "kresilient.consumer.time_since_progress"
+DUPLICATES_METRIC: Final = "kresilient.consumer.duplicates_skipped"
 _INSTRUMENTATION: Final = "kresilient"
 
 
@@ -196,6 +199,12 @@ class Probes:
                 unit="s",
                 description="Seconds since the partition last made progress (0 when caught up)",
             )
+            meter.create_observable_counter(
+                DUPLICATES_METRIC,
+                callbacks=[self._observe_duplicates],
+                unit="{message}",
+                description="Possible duplicates skipped by dedupe (their id was processed)",
+            )
         except Exception:  # telemetry never breaks the consumer
             return
 
@@ -215,6 +224,12 @@ class Probes:
             for tp, part in list(self.parts.items())
             if part.lag is not None
         ]
+
+    def _observe_duplicates(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        attrs = {"messaging.system": "kafka", "messaging.consumer.group.name": self._group}
+        return [Observation(self._state.duplicates, attrs)]
 
     def _observe_progress(self, _options: Any) -> list[Any]:
         from opentelemetry.metrics import Observation

@@ -1,0 +1,258 @@
+"""``ResilientConsumer(dedupe=...)`` (issue 20): re-sent copies of processed records are skipped.
+
+* unit: :meth:`Deduplicator.split` (the batch path) drops a marked copy whose first copy is in
+  the window or earlier in the same batch, never an unmarked record;
+* real cluster, hand-made headers: per-message and batch handlers skip exactly the marked
+  copies of processed ids, handle unmarked repeats and marked records with an unseen id, and
+  commit past the skipped records (offsets == high watermarks);
+* real cluster, issue 20 acceptance 1: a spooled producer SIGKILLed mid-stream and restarted
+  (the child of ``tests/test_spool_process.py``) leaves marked copies in the topic; a consumer
+  with ``dedupe`` handles each ``kresilient.message.id`` exactly once, per-message and batch;
+  the same consumer without ``dedupe`` (negative control) handles the duplicates again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_spool_process
+from _producer_helpers import header_dict, read_back
+from confluent_kafka import Consumer, TopicPartition
+from test_consumer_integration import Runner, TopicFactory, produce, wait_for
+
+from kresilient.consumer import ResilientConsumer
+from kresilient.dedupe import MESSAGE_ID_HEADER, POSSIBLE_DUPLICATE_HEADER, Deduplicator
+from kresilient.errors import ConfigError
+from kresilient.testing import KafkaCluster
+
+MARK = (POSSIBLE_DUPLICATE_HEADER, b"true")
+
+
+class _Msg:
+    def __init__(self, ident: bytes | None, marked: bool, topic: str = "t") -> None:
+        headers: list[tuple[str, bytes | None]] = []
+        if ident is not None:
+            headers.append((MESSAGE_ID_HEADER, ident))
+        if marked:
+            headers.append(MARK)
+        self._headers, self._topic = headers, topic
+
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        return self._headers
+
+    def topic(self) -> str:
+        return self._topic
+
+
+# --------------------------------------------------------------------------- units
+
+
+def test_split_drops_marked_copies_of_processed_or_earlier_in_batch_ids() -> None:
+    d = Deduplicator(window=10)
+    d.processed(_Msg(b"a", False))
+    batch = [
+        _Msg(b"a", True),  # marked, processed before: dropped
+        _Msg(b"b", False),  # first copy
+        _Msg(b"b", True),  # marked, first copy earlier in this batch: dropped
+        _Msg(b"b", False),  # unmarked repeat: never dropped
+        _Msg(b"c", True),  # marked, unseen: kept
+        _Msg(b"a", True, topic="other"),  # same id, other topic: not a duplicate
+        _Msg(None, True),  # no id: kept
+    ]
+    kept, dropped = d.split(batch)
+    assert dropped == [batch[0], batch[2]]
+    assert kept == [batch[1], batch[3], batch[4], batch[5], batch[6]]
+    assert d.dropped == 2 and d.marked_unseen == 2
+    assert len(d) == 1  # split remembers nothing: processed() after the handler does
+
+
+def test_dedupe_must_be_a_deduplicator() -> None:
+    with pytest.raises(ConfigError, match=r"dedupe must be a kresilient\.dedupe\.Deduplicator"):
+        ResilientConsumer(
+            {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"},
+            ["t"],
+            lambda m: None,
+            dedupe=100_000,  # type: ignore[arg-type]
+        )
+
+
+# --------------------------------------------------------------------------- real cluster
+
+
+def _committed_at_end(bootstrap: str, group: str, topic: str) -> bool:
+    """Whether ``group`` committed every partition of ``topic`` up to its high watermark."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        parts = sorted(c.list_topics(topic, timeout=30).topics[topic].partitions)
+        committed = c.committed([TopicPartition(topic, p) for p in parts], timeout=30)
+        ends = [c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in parts]
+        return [tp.offset for tp in committed] == ends
+    finally:
+        c.close()
+
+
+def _consume_all(
+    bootstrap: str,
+    topic: str,
+    total: int,
+    *,
+    dedupe: Deduplicator | None,
+    batch: bool,
+) -> tuple[list[Any], ResilientConsumer, str]:
+    """Run a consumer until handled + skipped == ``total``; return what the handler saw
+    (``(message id, value)``), the consumer and its group."""
+    seen: list[tuple[bytes | None, bytes]] = []
+
+    def one(msg: Any) -> None:
+        seen.append((header_dict(msg).get(MESSAGE_ID_HEADER), msg.value()))
+
+    def many(msgs: list[Any]) -> None:
+        for msg in msgs:
+            one(msg)
+
+    group = f"dedupe-{uuid.uuid4().hex[:10]}"
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": group},
+        [topic],
+        None if batch else one,
+        batch_handler=many if batch else None,
+        dedupe=dedupe,
+        dead_letter=None,  # the handler never fails
+        install_signal_handlers=False,
+        poll_timeout=0.2,
+    )
+    runner = Runner(consumer)
+    try:
+        wait_for(
+            lambda: (
+                len(seen) + consumer.health().duplicates_skipped >= total
+                or not runner.thread.is_alive()
+            ),
+            180,
+            f"{total} records handled or skipped",
+        )
+    finally:
+        runner.stop()
+    assert runner.error is None, runner.error
+    return seen, consumer, group
+
+
+def _items() -> list[Any]:
+    """(key, value, headers, partition): ids a..e; which ones dedupe must skip is in the value."""
+    m, u = [MARK], []
+
+    def rec(name: str, ident: bytes, extra: list[Any], part: int) -> Any:
+        return (ident, name.encode(), [(MESSAGE_ID_HEADER, ident), *extra], part)
+
+    return [
+        rec("a1", b"a", u, 0),
+        rec("b1", b"b", u, 0),
+        rec("a2-skip", b"a", m, 0),  # marked copy of a processed id
+        rec("c1-marked-unseen", b"c", m, 0),  # marked, first copy lost: handled
+        rec("c2-skip", b"c", m, 0),  # marked copy of c, processed just before
+        rec("b2-unmarked", b"b", u, 0),  # unmarked repeat: never skipped
+        rec("a3-skip", b"a", m, 0),  # skipped every time it comes again
+        rec("d1", b"d", u, 1),
+        rec("d2-skip", b"d", m, 1),
+        (b"e", b"e-no-id", [MARK], 1),  # marked without an id: nothing to compare, handled
+    ]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("batch", [False, True], ids=["per-message", "batch"])
+def test_consumer_skips_marked_copies_of_processed_ids_and_commits_past_them(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, batch: bool
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = topic_factory(partitions=2)
+    items = _items()
+    produce(bootstrap, topic, items)
+    dedupe = Deduplicator(window=100)
+    seen, consumer, group = _consume_all(bootstrap, topic, len(items), dedupe=dedupe, batch=batch)
+    handled = sorted(value for _, value in seen)
+    expected = sorted(value for _, value, _, _ in items if not value.endswith(b"-skip"))
+    assert handled == expected
+    health = consumer.health()
+    assert health.duplicates_skipped == 4 == dedupe.dropped
+    assert health.processed == len(expected)
+    wait_for(lambda: _committed_at_end(bootstrap, group, topic), 30, "commit past the skips")
+
+    # negative control: without dedupe every record is handled, the marked copies included
+    seen2, _, _ = _consume_all(bootstrap, topic, len(items), dedupe=None, batch=batch)
+    assert sorted(value for _, value in seen2) == sorted(value for _, value, _, _ in items)
+
+
+# --------------------------------------------------------------------------- acceptance
+
+N = 60_000
+KILL_AFTER = 15_000
+NEW = 1_000
+
+
+def _killed_spooled_producer(bootstrap: str, topic: str, spool: Path, err_path: Path) -> None:
+    """The spool test's child producing N records, SIGKILLed once KILL_AFTER are stored;
+    then restarted on the same spool file (it re-sends what was not acknowledged)."""
+    with (
+        err_path.open("w") as err,
+        subprocess.Popen(
+            [sys.executable, test_spool_process.__file__, "child", bootstrap, topic,
+             str(spool), "os", "0", str(N)],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        ) as proc,
+    ):  # fmt: skip
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 240
+        for line in proc.stdout:
+            if line.startswith("stored ") and int(line.split()[1]) >= KILL_AFTER:
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+            assert time.monotonic() < deadline, "child too slow"
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, err_path.read_text()[-3000:]
+    out = test_spool_process._run_child(bootstrap, topic, spool, "os", N, NEW)
+    assert "done" in out
+
+
+@pytest.mark.integration
+def test_sigkilled_spooled_producer_then_dedupe_consumer_handles_each_id_once(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = topic_factory(partitions=6)
+    _killed_spooled_producer(bootstrap, topic, tmp_path / "spool.db", tmp_path / "child.err")
+
+    records = read_back(bootstrap, topic)
+    ids = Counter(header_dict(m)[MESSAGE_ID_HEADER] for m in records)
+    duplicates = sum(c - 1 for c in ids.values())
+    marked = sum(header_dict(m).get(POSSIBLE_DUPLICATE_HEADER) == b"true" for m in records)
+    # the kill was real: copies of records already in the topic were re-sent, marked
+    assert duplicates > 0, "no duplicate in the topic: the fault did not happen"
+    assert marked >= duplicates
+
+    for batch in (False, True):
+        dedupe = Deduplicator(window=200_000)
+        seen, consumer, group = _consume_all(
+            bootstrap, topic, len(records), dedupe=dedupe, batch=batch
+        )
+        handled = Counter(ident for ident, _ in seen)
+        assert set(handled) == set(ids), f"batch={batch}: a message id was never handled"
+        assert max(handled.values()) == 1, f"batch={batch}: an id handled twice"
+        assert consumer.health().duplicates_skipped == duplicates
+        wait_for(lambda g=group: _committed_at_end(bootstrap, g, topic), 30, "commit at end")
+
+    # negative control: the same topic without dedupe, the duplicates are handled again
+    seen, _, _ = _consume_all(bootstrap, topic, len(records), dedupe=None, batch=False)
+    handled = Counter(ident for ident, _ in seen)
+    assert sum(c - 1 for c in handled.values()) == duplicates
+    print(f"records {len(records)}, ids {len(ids)}, duplicates {duplicates}, marked {marked}")
