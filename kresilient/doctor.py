@@ -42,7 +42,6 @@ import json
 import re
 import socket
 import statistics
-import struct
 import sys
 import time
 import uuid
@@ -67,6 +66,15 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
     ResourceType,
 )
 
+from kresilient.clusterinfo import (
+    DISK_USAGE_THRESHOLD,
+    FUTURE_TOLERANCE_MS,
+    LOG_DIR_ERRORS,
+    describe_log_dirs,
+    max_timestamps,
+    newest_committed_record_ms,
+    permissive_future_bound,
+)
 from kresilient.errors import ConfigError, KafkaClientError, classify
 from kresilient.lint.connect import ConnectionErrors, fetch_metadata, quiet_client_config
 from kresilient.redaction import Redactor
@@ -82,10 +90,6 @@ __all__ = [
     "render_text",
 ]
 
-#: Log-dir usage above this share of the volume is a warning (the guides alert at 80%).
-DISK_USAGE_THRESHOLD: Final = 0.80
-#: A record timestamp this far ahead of the local clock is "in the future" by default.
-FUTURE_TOLERANCE_MS: Final = 3_600_000
 #: |broker clock - local clock| above this is reported.
 CLOCK_SKEW_WARN_MS: Final = 1_000
 _PROBE_MESSAGES: Final = 20
@@ -98,7 +102,6 @@ _TOPIC_KEYS: Final = (
     "segment.ms",
 )
 _BROKER_KEYS: Final = ("offsets.retention.minutes", "auto.leader.rebalance.enable")
-_MAX_TIMESTAMP: Final[Any] = OffsetSpec.max_timestamp  # untyped in confluent-kafka
 _LATEST: Final[Any] = OffsetSpec.latest
 
 
@@ -223,92 +226,6 @@ def _pct(values: Sequence[float], q: float) -> float:
         return float("nan")
     index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
     return ordered[index]
-
-
-# --------------------------------------------------------------------------- log dirs
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _skip_tags(buf: bytes, pos: int) -> int:
-    count, pos = _varint(buf, pos)
-    for _ in range(count):
-        _, pos = _varint(buf, pos)
-        size, pos = _varint(buf, pos)
-        pos += size
-    return pos
-
-
-def _compact_str(buf: bytes, pos: int) -> tuple[str, int]:
-    n, pos = _varint(buf, pos)
-    if n == 0:
-        return "", pos
-    return buf[pos : pos + n - 1].decode("utf-8", "replace"), pos + n - 1
-
-
-def describe_log_dirs(host: str, port: int, timeout: float) -> list[tuple[str, int, int]]:
-    """Each log dir of one broker as ``(path, total_bytes, usable_bytes)``.
-
-    confluent-kafka has no DescribeLogDirs call, so this sends the request itself
-    (API key 35, version 4, which carries the volume's total and usable bytes since Kafka 3.3,
-    KIP-827) over a PLAINTEXT connection. Raises ``OSError`` or ``ValueError`` when the broker
-    does not answer it.
-    """
-    header = struct.pack(">hhih", 35, 4, 1, 9) + b"kresilien" + b"\x00"
-    body = b"\x00" + b"\x00"  # topics: null (all), no tagged fields
-    request = header + body
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.sendall(struct.pack(">i", len(request)) + request)
-        size_bytes = _recv_exact(sock, 4)
-        (size,) = struct.unpack(">i", size_bytes)
-        buf = _recv_exact(sock, size)
-    pos = 4  # correlation id
-    pos = _skip_tags(buf, pos)
-    pos += 4  # throttle_time_ms
-    (error,) = struct.unpack_from(">h", buf, pos)
-    pos += 2
-    if error:
-        raise ValueError(f"DescribeLogDirs error code {error}")
-    count, pos = _varint(buf, pos)
-    dirs = []
-    for _ in range(max(count - 1, 0)):
-        (dir_error,) = struct.unpack_from(">h", buf, pos)
-        pos += 2
-        path, pos = _compact_str(buf, pos)
-        topics, pos = _varint(buf, pos)
-        for _ in range(max(topics - 1, 0)):
-            _, pos = _compact_str(buf, pos)
-            parts, pos = _varint(buf, pos)
-            for _ in range(max(parts - 1, 0)):
-                pos += 4 + 8 + 8 + 1
-                pos = _skip_tags(buf, pos)
-            pos = _skip_tags(buf, pos)
-        total, usable = struct.unpack_from(">qq", buf, pos)
-        pos += 16
-        pos = _skip_tags(buf, pos)
-        if not dir_error:
-            dirs.append((path, total, usable))
-    return dirs
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = sock.recv(n)
-        if not chunk:
-            raise ConnectionError("the broker closed the connection")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
 
 
 # --------------------------------------------------------------------------- the checks
@@ -652,7 +569,7 @@ def _check_topics(run: _Run) -> None:
     _load_configs(run, names)
     racks = _racks(run)
     now_ms = int(time.time() * 1000)
-    future_specs = {}
+    future_parts: list[tuple[str, int]] = []
     for t in names:
         topic = run.metadata.topics[t]
         if topic.error is not None:
@@ -672,7 +589,7 @@ def _check_topics(run: _Run) -> None:
             rack_of = [racks.get(r) for r in part.replicas]
             if all(rack_of) and len(set(rack_of)) < len(rack_of):
                 shared_rack.append(pid)
-            future_specs[TopicPartition(t, pid)] = _MAX_TIMESTAMP()
+            future_parts.append((t, pid))
         if offline:
             run.add(
                 "topics",
@@ -729,7 +646,7 @@ def _check_topics(run: _Run) -> None:
                 t,
                 f"{len(topic.partitions)} partition(s), RF {rf}: every leader preferred, ISR full",
             )
-    _check_future_timestamps(run, future_specs, now_ms)
+    _check_future_timestamps(run, future_parts, now_ms)
     _check_disks(run)
 
 
@@ -776,29 +693,22 @@ def _racks(run: _Run) -> dict[int, str | None]:
     return {node.id: node.rack for node in cluster.nodes}
 
 
-def _check_future_timestamps(run: _Run, specs: Mapping[TopicPartition, Any], now_ms: int) -> None:
-    if not specs or run.admin is None:
+def _check_future_timestamps(run: _Run, parts: Sequence[tuple[str, int]], now_ms: int) -> None:
+    if not parts or run.admin is None:
         return
-    try:
-        futures = run.admin.list_offsets(dict(specs), request_timeout=run.timeout)
-    except KafkaException:
-        return
+    stamps, _ = max_timestamps(run.admin, parts, run.timeout)
     ahead: dict[str, list[tuple[int, int]]] = {}
-    for tp, future in futures.items():
-        try:
-            info = _result(future, run.timeout)
-        except KafkaException:
-            continue
-        if info.offset >= 0 and info.timestamp > now_ms + run.future_tolerance_ms:
-            ahead.setdefault(tp.topic, []).append((tp.partition, info.timestamp - now_ms))
-    for topic, parts in sorted(ahead.items()):
-        worst = max(ms for _, ms in parts)
+    for (topic, partition), ts in sorted(stamps.items()):
+        if ts > now_ms + run.future_tolerance_ms:
+            ahead.setdefault(topic, []).append((partition, ts - now_ms))
+    for topic, found in sorted(ahead.items()):
+        worst = max(ms for _, ms in found)
         conf = run.topic_configs.get(topic, {})
         run.add(
             "topics",
             Severity.WARNING,
             topic,
-            f"{len(parts)} partition(s) hold a record timestamped up to "
+            f"{len(found)} partition(s) hold a record timestamped up to "
             f"{worst / 3_600_000:.1f} h in the future "
             f"(message.timestamp.type={conf.get('message.timestamp.type', '?')})",
             symptom="disk exhaustion: segments with future timestamps are never deleted",
@@ -811,14 +721,8 @@ def _check_future_timestamps(run: _Run, specs: Mapping[TopicPartition, Any], now
             "time is not needed; delete the affected records or segments",
         )
     for topic in sorted(run.topic_configs):
-        conf = run.topic_configs[topic]
-        after = conf.get("message.timestamp.after.max.ms")
-        if (
-            conf.get("message.timestamp.type") == "CreateTime"
-            and after is not None
-            and after.lstrip("-").isdigit()
-            and int(after) > 86_400_000
-        ):
+        after = permissive_future_bound(run.topic_configs[topic])
+        if after is not None:
             run.add(
                 "topics",
                 Severity.INFO,
@@ -843,7 +747,7 @@ def _check_disks(run: _Run) -> None:
     for broker_id, (host, port) in sorted(run.brokers.items()):
         try:
             dirs = describe_log_dirs(host, port, min(run.timeout, 5.0))
-        except (OSError, ValueError, struct.error, IndexError) as exc:
+        except LOG_DIR_ERRORS as exc:
             run.add(
                 "topics",
                 Severity.INFO,
@@ -987,26 +891,7 @@ def _check_group(
 
 def _last_commit_age_ms(run: _Run, parts: Sequence[TopicPartition]) -> int | None:
     """A lower bound of the group's idle time: the age of the newest record it committed past."""
-    conf = dict(_admin_conf(run))
-    conf.update(
-        {
-            "group.id": f"kresilient-doctor-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer = Consumer(conf)
-    newest = None
-    try:
-        for tp in parts:
-            if tp.offset <= 0:
-                continue
-            consumer.assign([TopicPartition(tp.topic, tp.partition, tp.offset - 1)])
-            msg = consumer.poll(min(run.timeout, 3.0))
-            if msg is not None and msg.error() is None:
-                ts = msg.timestamp()[1]
-                newest = ts if newest is None else max(newest, ts)
-    finally:
-        consumer.close()
+    newest = newest_committed_record_ms(_admin_conf(run), parts, run.timeout)
     return None if newest is None else int(time.time() * 1000) - newest
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from kresilient.cli import main
 from kresilient.lint import Settings, exit_code
@@ -260,6 +261,9 @@ class _CountingDict(dict[Any, Any]):
         return super().items()
 
 
+_MaxTimestampSpec = type(OffsetSpec.max_timestamp())
+
+
 class _FakeAdmin:
     """Just enough of confluent-kafka's AdminClient for ``take_snapshot``: ``topics`` maps a
     topic to its partition count, ``leaderless`` partitions have no leader, ``committed``
@@ -317,6 +321,9 @@ class _FakeAdmin:
         return {group: _done(SimpleNamespace(topic_partitions=parts))}
 
     def list_offsets(self, request: dict[TopicPartition, Any], request_timeout: float = -1) -> Any:
+        if all(isinstance(spec, _MaxTimestampSpec) for spec in request.values()):
+            # KR068's max-timestamp request: every partition empty (no timestamp)
+            return {tp: _done(SimpleNamespace(offset=-1, timestamp=-1)) for tp in request}
         self.list_offsets_calls.append(len(request))
         out = _CountingDict()
         for tp in request:
@@ -329,6 +336,7 @@ class _FakeAdmin:
 
 
 def _snapshot(admin: _FakeAdmin, **options: Any) -> ClusterSnapshot:
+    options.setdefault("disk_threshold", None)  # no brokers to send DescribeLogDirs to
     return take_snapshot({"bootstrap.servers": "fake:9092"}, AuditOptions(**options), admin=admin)
 
 

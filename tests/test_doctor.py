@@ -15,7 +15,8 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer
 from confluent_kafka.admin import AdminClient
 
-from kresilient.doctor import DoctorReport, Severity, describe_log_dirs, diagnose
+from kresilient.clusterinfo import describe_log_dirs
+from kresilient.doctor import DoctorReport, Severity, diagnose
 from kresilient.testing import KafkaCluster
 
 pytestmark = pytest.mark.integration

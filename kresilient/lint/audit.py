@@ -4,7 +4,18 @@ Two steps, so the checks are testable without a cluster: :func:`take_snapshot` r
 metadata, configs, racks and group offsets into a :class:`ClusterSnapshot`;
 :func:`check_snapshot` turns a snapshot into findings (the same :class:`Finding` as lint,
 the same output formats and exit codes). Topic and broker durability reuse the lint rules
-(KR042-KR047); partition health, leader balance, racks and lag have their own (KR060-KR066).
+(KR042-KR047); partition health, leader balance, racks and lag have their own (KR060-KR066);
+the troubleshooting guides' cluster-side symptoms have KR067-KR070: log-dir usage per broker,
+records timestamped in the future, groups whose offsets may expire, and topics that accept
+far-future timestamps. The cluster facts the Admin API does not hand out directly (log dirs,
+max timestamps, a group's last committed record) are read by :mod:`kresilient.clusterinfo`,
+which ``kresilient doctor`` shares.
+
+Followers lagging behind the high watermark are NOT observable through confluent-kafka's
+Admin API: it exposes each partition's ISR, not a follower's log end offset. A follower that
+falls behind for longer than ``replica.lag.time.max.ms`` leaves the ISR and is reported as an
+under-replicated partition (KR060) naming the broker; a lag shorter than that is visible only
+in the broker's JMX metrics (``kafka.server:type=ReplicaFetcherManager,name=MaxLag``).
 
 A failure reading one part of the cluster never hides the rest: one offline partition leaves
 the lag of every other partition reported (its own lag is reported as unknown, KR066), a
@@ -14,6 +25,7 @@ all is KR065 (exit code 2). The lag is computed in time linear in the committed 
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -27,10 +39,22 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
+from kresilient.clusterinfo import (
+    DISK_USAGE_THRESHOLD,
+    FUTURE_TOLERANCE_MS,
+    LOG_DIR_ERRORS,
+    LogDir,
+    describe_log_dirs,
+    max_timestamps,
+    newest_committed_record_ms,
+    permissive_future_bound,
+)
 from kresilient.errors import KafkaClientError
 from kresilient.lint.connect import ConnectionErrors, fetch_metadata, quiet_client_config
 from kresilient.lint.engine import unit_findings
 from kresilient.lint.model import ConfigUnit, Entry, Finding
+from kresilient.lint.model import Severity as _Sev
+from kresilient.lint.registry import RULES, Rule, register
 from kresilient.lint.settings import Settings
 
 __all__ = [
@@ -45,7 +69,13 @@ __all__ = [
 _LISTED = 5  # partitions named in one KR066 finding; the count covers all
 _TOPIC_RULES = frozenset({"KR042", "KR043", "KR044", "KR045"})
 _BROKER_RULES = frozenset({"KR042", "KR043", "KR044", "KR045", "KR046", "KR047", "KR048"})
-_TOPIC_KEYS = ("min.insync.replicas", "unclean.leader.election.enable", "max.message.bytes")
+_TOPIC_KEYS = (
+    "min.insync.replicas",
+    "unclean.leader.election.enable",
+    "max.message.bytes",
+    "message.timestamp.type",
+    "message.timestamp.after.max.ms",
+)
 _BROKER_KEYS = (
     "default.replication.factor",
     "offsets.topic.replication.factor",
@@ -57,18 +87,105 @@ _BROKER_KEYS = (
     "broker.rack",
     "message.max.bytes",
     "socket.request.max.bytes",
+    "offsets.retention.minutes",
 )
+
+
+# The guides' cluster-side symptoms (issue 21). Registered here until they join the other
+# audit rules in rules_cluster.py; the guard lets that move happen without a duplicate id.
+for _rule in (
+    Rule(
+        id="KR067",
+        name="log-dir-usage",
+        severity=_Sev.WARNING,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="A broker's log dir is fuller than the threshold (default 80%, "
+        "--disk-threshold) (live audit, DescribeLogDirs).",
+        why="Disk exhaustion is the guides' first cause of outages: a broker whose log dir "
+        "fills cannot append, takes its partitions offline and may not restart. Usage grows "
+        "with retention longer than the disk allows, or segments that never roll or delete "
+        "(future timestamps, see KR068). Over SASL or TLS the usage is not read (the request "
+        "is sent over PLAINTEXT only) and an info finding says so.",
+        fix="Add disk or shorten retention.ms/retention.bytes; make segments close and "
+        "become deletable (log.segment.bytes, log.roll.hours); find records with future "
+        "timestamps (KR068).",
+    ),
+    Rule(
+        id="KR068",
+        name="future-timestamps",
+        severity=_Sev.WARNING,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="A partition holds a record timestamped in the future beyond the tolerance "
+        "(default 1 h) (live audit, ListOffsets max-timestamp).",
+        why="Time-based retention deletes a segment only once its largest timestamp is older "
+        "than retention.ms: a record stamped days ahead (a producer clock advanced during "
+        "testing, an application setting timestamps itself) keeps its segment, and every "
+        "later one, on disk until that date: disk exhaustion.",
+        fix="Fix the producer's clock or timestamps; bound message.timestamp.after.max.ms "
+        "(KR070) or use message.timestamp.type=LogAppendTime; delete the affected records "
+        "(kafka-delete-records.sh) once consumers are past them.",
+    ),
+    Rule(
+        id="KR069",
+        name="offset-expiry-risk",
+        severity=_Sev.WARNING,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="A consumer group without members has been idle for more than half of "
+        "offsets.retention.minutes, or a group named with --group has no committed offset "
+        "(live audit).",
+        why="A group left empty longer than offsets.retention.minutes loses its committed "
+        "offsets; the next consumer starts from auto.offset.reset and re-reads everything "
+        "(earliest) or skips what arrived meanwhile (latest). The idle time is a lower bound: "
+        "the age of the newest record the group committed past (the Admin API does not give "
+        "the commit time).",
+        fix="Restart a consumer of the group before the retention passes, raise "
+        "offsets.retention.minutes beyond the longest planned downtime, and check what "
+        "auto.offset.reset does on a restart; reset expired offsets explicitly "
+        "(kafka-consumer-groups.sh --reset-offsets).",
+    ),
+    Rule(
+        id="KR070",
+        name="permissive-timestamp-bound",
+        severity=_Sev.WARNING,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="A CreateTime topic accepts records more than a day in the future "
+        "(message.timestamp.after.max.ms) (live audit).",
+        why="With message.timestamp.type=CreateTime the broker keeps the producer's "
+        "timestamp; a bound above a day lets a skewed or buggy producer write records that "
+        "stall retention (KR068). Kafka 4 bounds it to one hour by default; Kafka 3 did not. "
+        "message.timestamp.before.max.ms (records in the past) is not reported: old "
+        "timestamps make segments deletable sooner, not never.",
+        fix="Set message.timestamp.after.max.ms=3600000, or "
+        "message.timestamp.type=LogAppendTime when producer time is not needed.",
+    ),
+):
+    if _rule.id not in RULES:
+        register(_rule)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AuditOptions:
-    """What to audit: topic and group filters (empty = all), lag threshold, timeout (s)."""
+    """What to audit: topic and group filters (empty = all), lag threshold, timeout (s),
+    log-dir usage threshold (KR067) and future-timestamp tolerance (KR068)."""
 
     topics: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     lag_threshold: int = 1000
     include_internal: bool = False
     timeout: float = 10.0
+    #: log-dir usage (0-1) at or above which KR067 reports a broker's log dir; None: log
+    #: dirs are not read at all
+    disk_threshold: float | None = DISK_USAGE_THRESHOLD
+    #: how far (ms) a record's timestamp may be ahead of this machine's clock before KR068
+    future_tolerance_ms: int = FUTURE_TOLERANCE_MS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +207,12 @@ class ClusterSnapshot:
     ``lag_unknown``: group -> (topic, partition) -> why its lag could not be computed;
     ``incomplete``: (where, what could not be read) for a part of the audit that failed
     (a group's offsets, a topic's configs); ``errors``: the cluster could not be read at all.
+    ``log_dirs``: broker -> its log dirs (KR067); ``max_timestamps``: (topic, partition) ->
+    largest record timestamp, compared with ``now_ms`` (KR068); ``idle_ms``: empty group ->
+    age of the newest record it committed past, a lower bound of its idle time (KR069);
+    ``no_offsets``: groups asked for by name that have no committed offset (KR069);
+    ``notes``: (rule, where, what) a check could not look at and why, reported at info level;
+    ``committed``: group -> (topic, partition, committed offset) of the audited topics.
     """
 
     bootstrap: str
@@ -101,6 +224,22 @@ class ClusterSnapshot:
     lag_unknown: dict[str, dict[tuple[str, int], str]] = field(default_factory=dict)
     incomplete: list[tuple[tuple[str, ...], str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    log_dirs: dict[int, list[LogDir]] = field(default_factory=dict)
+    max_timestamps: dict[tuple[str, int], int] = field(default_factory=dict)
+    now_ms: int = 0
+    idle_ms: dict[str, int] = field(default_factory=dict)
+    no_offsets: list[str] = field(default_factory=list)
+    notes: list[tuple[str, tuple[str, ...], str]] = field(default_factory=list)
+    committed: dict[str, list[tuple[str, int, int]]] = field(default_factory=dict)
+
+    def offsets_retention_ms(self) -> int | None:
+        """The smallest ``offsets.retention.minutes`` of the brokers read, in ms."""
+        values = [
+            int(v)
+            for conf in self.broker_configs.values()
+            if (v := conf.get("offsets.retention.minutes")) is not None and v.isdigit()
+        ]
+        return min(values) * 60_000 if values else None
 
 
 # ----------------------------------------------------------------------------- checks
@@ -240,9 +379,118 @@ def _lag(snap: ClusterSnapshot, settings: Settings, threshold: int) -> Iterator[
         )
 
 
+def _log_dir_usage(
+    snap: ClusterSnapshot, settings: Settings, threshold: float
+) -> Iterator[Finding | None]:
+    for broker in sorted(snap.log_dirs):
+        for d in snap.log_dirs[broker]:
+            used = d.used
+            if used is None or used < threshold:
+                continue
+            yield _finding(
+                settings,
+                "KR067",
+                _uri(snap, "broker", broker, "logdir") + d.path,
+                f"broker {broker}: log dir {d.path} is {used:.0%} full "
+                f"({d.usable_bytes / 2**30:.1f} GiB free of {d.total_bytes / 2**30:.1f} GiB; "
+                f"threshold {threshold:.0%}). Symptom: disk exhaustion (the broker stops "
+                "appending, then its partitions go offline). Likely: retention longer than "
+                "the disk allows, or segments that never delete (future timestamps, KR068). "
+                "Fix: add disk or shorten retention.ms/retention.bytes",
+            )
+
+
+def _future_timestamps(
+    snap: ClusterSnapshot, settings: Settings, tolerance_ms: int
+) -> Iterator[Finding | None]:
+    ahead: dict[str, list[tuple[int, int]]] = {}
+    for (topic, partition), ts in sorted(snap.max_timestamps.items()):
+        if ts > snap.now_ms + tolerance_ms:
+            ahead.setdefault(topic, []).append((partition, ts - snap.now_ms))
+    for topic, parts in sorted(ahead.items()):
+        worst = max(ms for _, ms in parts)
+        kind = snap.topic_configs.get(topic, {}).get("message.timestamp.type") or "?"
+        yield _finding(
+            settings,
+            "KR068",
+            _uri(snap, "topic", topic),
+            f"{topic}: {len(parts)} partition(s) {[p for p, _ in parts][:_LISTED]} hold a "
+            f"record timestamped up to {worst / 3_600_000:.1f} h in the future "
+            f"(message.timestamp.type={kind}, tolerance {tolerance_ms / 3_600_000:g} h). "
+            "Symptom: segments never deleted, disk exhaustion. Likely: a producer clock "
+            "ahead (advanced during testing) or an application setting timestamps. Fix: "
+            "correct the producer's clock, bound message.timestamp.after.max.ms or use "
+            "LogAppendTime, delete the records once consumed",
+        )
+
+
+def _offset_expiry(snap: ClusterSnapshot, settings: Settings) -> Iterator[Finding | None]:
+    retention = snap.offsets_retention_ms()
+    minutes = f"{retention // 60_000}" if retention is not None else "?"
+    for group in sorted(snap.no_offsets):
+        yield _finding(
+            settings,
+            "KR069",
+            _uri(snap, "group", group),
+            f"group {group} has no committed offset: its offsets expired "
+            f"(offsets.retention.minutes={minutes} without members) or it never committed. "
+            "Symptom: offset expiration, the next consumer re-reads everything or skips to "
+            "latest (auto.offset.reset). Fix: check auto.offset.reset, raise "
+            "offsets.retention.minutes, or reset the group's offsets explicitly",
+        )
+    if retention is None:
+        return
+    for group, idle in sorted(snap.idle_ms.items()):
+        if idle <= retention / 2:
+            continue
+        yield _finding(
+            settings,
+            "KR069",
+            _uri(snap, "group", group),
+            f"group {group} has no members and its newest committed record is "
+            f"{idle / 60_000:.0f} min old, offsets.retention.minutes={minutes}: its offsets "
+            "are at risk of expiry. Symptom: offset expiration (re-read everything or skip "
+            "to latest on restart). Likely: a stopped or renamed consumer service. Fix: "
+            "restart a consumer of the group before the retention passes, or raise "
+            "offsets.retention.minutes",
+        )
+
+
+def _timestamp_settings(snap: ClusterSnapshot, settings: Settings) -> Iterator[Finding | None]:
+    for topic in sorted(snap.topic_configs):
+        after = permissive_future_bound(snap.topic_configs[topic])
+        if after is None:
+            continue
+        yield _finding(
+            settings,
+            "KR070",
+            _uri(snap, "topic", topic),
+            f"{topic}: message.timestamp.type=CreateTime with "
+            f"message.timestamp.after.max.ms={after} ({after / 86_400_000:.1f} days): records "
+            "stamped far in the future are accepted. Symptom: future timestamps stall "
+            "retention (disk exhaustion, KR068). Fix: message.timestamp.after.max.ms=3600000 "
+            "or message.timestamp.type=LogAppendTime",
+        )
+
+
 def _incomplete(snap: ClusterSnapshot, settings: Settings) -> Iterator[Finding | None]:
     for where, message in snap.incomplete:
         yield _finding(settings, "KR066", _uri(snap, *where), message)
+
+
+def _notes(snap: ClusterSnapshot, settings: Settings) -> Iterator[Finding | None]:
+    # A check that cannot run here is said at info level: it must not fail the audit, and
+    # must not pass unnoticed either.
+    for rule, where, message in snap.notes:
+        if settings.enabled(rule):
+            yield Finding(
+                rule=rule,
+                severity=_Sev.INFO,
+                path=_uri(snap, *where),
+                line=0,
+                col=0,
+                message=message,
+            )
 
 
 def check_snapshot(
@@ -259,7 +507,13 @@ def check_snapshot(
     findings.extend(_leader_balance(snap, settings))
     findings.extend(_rack_spread(snap, settings))
     findings.extend(_lag(snap, settings, options.lag_threshold))
+    if options.disk_threshold is not None:
+        findings.extend(_log_dir_usage(snap, settings, options.disk_threshold))
+    findings.extend(_future_timestamps(snap, settings, options.future_tolerance_ms))
+    findings.extend(_offset_expiry(snap, settings))
+    findings.extend(_timestamp_settings(snap, settings))
     findings.extend(_incomplete(snap, settings))
+    findings.extend(_notes(snap, settings))
     kept = [f for f in findings if f is not None and settings.enabled(f.rule)]
     return sorted(set(kept), key=Finding.sort_key)
 
@@ -317,7 +571,9 @@ def take_snapshot(
     ``AdminClient``-like object to use instead of building one from ``config``.
     """
     options = options or AuditOptions()
-    snap = ClusterSnapshot(bootstrap=str(config.get("bootstrap.servers", "")))
+    snap = ClusterSnapshot(
+        bootstrap=str(config.get("bootstrap.servers", "")), now_ms=int(time.time() * 1000)
+    )
     t = options.timeout
     errors = ConnectionErrors(snap.bootstrap)
     if admin is None:
@@ -385,7 +641,91 @@ def take_snapshot(
         if str(broker) in got:
             snap.broker_configs[broker] = got[str(broker)]
     _group_lag(admin, snap, options, set(metadata.topics), offline)
+    _max_timestamps(admin, snap, t)
+    if options.disk_threshold is not None:
+        _log_dirs(config, snap, metadata, t)
+    _idle_groups(admin, config, snap, options)
     return snap
+
+
+def _max_timestamps(admin: Any, snap: ClusterSnapshot, timeout: float) -> None:
+    """Fill ``snap.max_timestamps`` for the audited partitions that have a leader."""
+    online = [(p.topic, p.partition) for p in snap.partitions if p.leader >= 0]
+    found, failed = max_timestamps(admin, online, timeout)
+    snap.max_timestamps = found
+    for (topic, partition), why in sorted(failed.items()):
+        snap.incomplete.append(
+            (
+                ("topic", topic, "partition", str(partition)),
+                f"{topic}/{partition}: max timestamp not read ({why}); KR068 skipped it",
+            )
+        )
+
+
+def _log_dirs(config: Mapping[str, str], snap: ClusterSnapshot, metadata: Any, t: float) -> None:
+    """Fill ``snap.log_dirs`` per broker (DescribeLogDirs, PLAINTEXT only)."""
+    protocol = str(config.get("security.protocol", "plaintext")).lower()
+    if protocol != "plaintext":
+        snap.notes.append(
+            (
+                "KR067",
+                ("broker",),
+                f"log-dir usage not checked over {protocol}: confluent-kafka has no "
+                "DescribeLogDirs and kresilient sends it over PLAINTEXT only "
+                "(use kafka-log-dirs.sh --describe)",
+            )
+        )
+        return
+    for broker_id, broker in sorted(metadata.brokers.items()):
+        try:
+            snap.log_dirs[broker_id] = describe_log_dirs(broker.host, broker.port, min(t, 5.0))
+        except LOG_DIR_ERRORS as exc:
+            snap.incomplete.append(
+                (
+                    ("broker", str(broker_id)),
+                    f"broker {broker_id}: log dirs not read (DescribeLogDirs: "
+                    f"{type(exc).__name__}: {exc}); KR067 skipped it",
+                )
+            )
+
+
+def _idle_groups(
+    admin: Any, config: Mapping[str, str], snap: ClusterSnapshot, options: AuditOptions
+) -> None:
+    """Fill ``snap.idle_ms`` for groups without members, when the retention is known."""
+    if snap.offsets_retention_ms() is None or not snap.committed:
+        return
+    t = options.timeout
+    try:
+        described = admin.describe_consumer_groups(sorted(snap.committed), request_timeout=t)
+    except _ERRORS as exc:
+        snap.incomplete.append((("group",), f"groups not described: {_describe(exc)}"))
+        return
+    conf = quiet_client_config(
+        {"socket.timeout.ms": max(1000, int(t * 1000)), **config},
+        ConnectionErrors(snap.bootstrap),
+        t,
+    )
+    for group, future in sorted(described.items()):
+        try:
+            state = _result(future, t).state
+        except _ERRORS as exc:
+            snap.incomplete.append(
+                (("group", group), f"group {group}: not described: {_describe(exc)}")
+            )
+            continue
+        if state is None or state.name != "EMPTY":
+            continue
+        parts = [TopicPartition(tp, p, o) for tp, p, o in snap.committed[group]]
+        try:
+            newest = newest_committed_record_ms(conf, parts, t)
+        except _ERRORS as exc:
+            snap.incomplete.append(
+                (("group", group), f"group {group}: idle time not read: {_describe(exc)}")
+            )
+            continue
+        if newest is not None:
+            snap.idle_ms[group] = max(snap.now_ms - newest, 0)
 
 
 def _group_lag(
@@ -431,6 +771,9 @@ def _group_lag(
             for tp in result.topic_partitions
             if tp.offset >= 0 and (not options.topics or tp.topic in options.topics)
         ]
+        if options.groups and not any(tp.offset >= 0 for tp in result.topic_partitions):
+            snap.no_offsets.append(group)
+    snap.committed = committed
     wanted: set[tuple[str, int]] = set()
     for parts in committed.values():
         for topic, partition, _ in parts:
