@@ -30,6 +30,17 @@ are held back for the next run instead of being sent twice. Records the filters 
 count as done for the group. Records of the kresilient, Spring Kafka (``kafka_dlt-*``) and
 Kafka Streams (``__streams.errors.*``) formats are decoded.
 
+Replay loops end. Each replayed record carries a ``kresilient.replay.count`` header: its
+value in the dead letter's original headers plus one (``1`` on a first replay), written in
+place of the old one (or appended when there was none); every other original header is kept
+byte for byte. A consumer that dead-letters the replayed record again keeps that header
+among the original headers, so the count survives the round trip. A record already replayed
+``max_replays`` times (``--max-replays``, 3 by default) is REFUSED: not sent, counted in
+``refused`` with its coordinates, and (with ``group``) left behind like any record not
+replayed, so the group's position stays before it and the run exits 1 until someone looks.
+``force`` (``--force``) replays it anyway, counting on. A count that is not a whole number
+is refused as well (nobody knows how often that record went round).
+
 Filters (repeatable, all must match): ``FIELD=VALUE`` (equal, case-insensitive) or
 ``FIELD~TEXT`` (contains), FIELD one of ``category``, ``exception`` (full or short class
 name), ``message``, ``topic`` (original), ``partition`` (original), ``group``, ``attempts``,
@@ -38,7 +49,8 @@ name), ``message``, ``topic`` (original), ``partition`` (original), ``group``, `
 A cluster that cannot be reached is given up within ``timeout`` seconds (10 by default) with
 one line naming each bootstrap host and why (connection refused, name not resolved, ...);
 librdkafka's own log lines never reach the terminal. Results go to stdout, logs to stderr.
-Exit codes: 0 done, 1 some records could not be replayed, 2 usage or connection error.
+Exit codes: 0 done, 1 some records could not be replayed (failed, or refused at the replay
+limit), 2 usage or connection error.
 """
 
 from __future__ import annotations
@@ -86,13 +98,18 @@ from kresilient.errors import (
 from kresilient.lint.connect import ConnectionErrors, fetch_metadata, quiet_client_config
 
 __all__ = [
+    "DEFAULT_MAX_REPLAYS",
+    "REPLAY_COUNT",
     "InspectResult",
     "InspectedRecord",
+    "RefusedRecord",
     "ReplayResult",
+    "counted_headers",
     "inspect_dead_letters",
     "main_inspect",
     "main_replay",
     "register",
+    "replay_count",
     "replay_dead_letters",
 ]
 
@@ -112,6 +129,12 @@ _SPRING_BINARY: Final = frozenset(
 )
 _MESSAGE_WIDTH: Final = 160
 DEFAULT_TIMEOUT: Final = 10.0
+REPLAY_COUNT: Final = "kresilient.replay.count"
+"""The header counting how often a record was replayed (decimal ASCII)."""
+DEFAULT_MAX_REPLAYS: Final = 3
+"""How often :func:`replay_dead_letters` replays one record before it refuses."""
+_REFUSED_KEPT: Final = 1000  # coordinates kept per run; the count covers every record
+_REFUSED_SHOWN: Final = 20  # coordinates in the text summary
 
 Filter = str | Callable[[DeadLetterInfo], bool]
 Progress = Callable[[int, int], None]
@@ -211,11 +234,52 @@ class InspectResult:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RefusedRecord:
+    """A dead letter :func:`replay_dead_letters` refused to replay: where it is in the
+    dead-letter topic, where it came from, and its ``kresilient.replay.count`` (``None``
+    when that header was not a whole number)."""
+
+    partition: int
+    offset: int
+    original_topic: str | None
+    original_partition: int | None
+    original_offset: int | None
+    replay_count: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        return {
+            "partition": self.partition,
+            "offset": self.offset,
+            "original_topic": self.original_topic,
+            "original_partition": self.original_partition,
+            "original_offset": self.original_offset,
+            "replay_count": self.replay_count,
+        }
+
+    def describe(self, source: str) -> str:
+        """One line: ``orders.dlq[0]@41 (from orders[2]@1007), replayed 3 times``."""
+        origin = (
+            f"{self.original_topic}[{self.original_partition}]@{self.original_offset}"
+            if self.original_topic
+            else "no original topic"
+        )
+        times = (
+            f"replayed {self.replay_count} times"
+            if self.replay_count is not None
+            else f"{REPLAY_COUNT} is not a number"
+        )
+        return f"{source}[{self.partition}]@{self.offset} (from {origin}), {times}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReplayResult:
     """What :func:`replay_dead_letters` did with each record it read.
 
     Every record read is counted exactly once: ``read == replayed + filtered_out + limited
-    + no_topic + held_back + failed``. ``replayed`` were delivered (in a dry run: would be
+    + no_topic + held_back + failed + refused``. ``refused`` had been replayed
+    ``max_replays`` times already (see the module docstring); ``refused_records`` gives the
+    coordinates of the first 1,000 of them. ``replayed`` were delivered (in a dry run: would be
     sent), ``filtered_out`` did not match the filters, ``limited`` matched but were over
     ``limit`` (left for a later run), ``no_topic`` had no original topic and no ``target``
     was given, ``held_back`` came after a record left behind in their partition (with
@@ -241,11 +305,16 @@ class ReplayResult:
     group: str | None = None
     committed: Mapping[int, int] | None = None
     commit_error: str | None = None
+    refused: int = 0
+    refused_records: tuple[RefusedRecord, ...] = ()
+    max_replays: int = DEFAULT_MAX_REPLAYS
+    force: bool = False
 
     @property
     def ok(self) -> bool:
-        """True when no record failed and the group's commit (if any) succeeded."""
-        return self.failed == 0 and self.commit_error is None
+        """True when no record failed or was refused at the replay limit, and the group's
+        commit (if any) succeeded."""
+        return self.failed == 0 and self.refused == 0 and self.commit_error is None
 
     def summary(self) -> dict[str, Any]:
         """The JSON form."""
@@ -262,6 +331,10 @@ class ReplayResult:
             "held_back": self.held_back,
             "failed": self.failed,
             "failures": dict(self.failures),
+            "refused": self.refused,
+            "refused_records": [r.as_dict() for r in self.refused_records],
+            "max_replays": self.max_replays,
+            "force": self.force,
             "read_errors": dict(self.read_errors),
             "group": self.group,
             "commit_error": self.commit_error,
@@ -618,6 +691,8 @@ def replay_dead_letters(
     timeout: float = DEFAULT_TIMEOUT,
     logger: Any = None,
     progress: Progress | None = None,
+    max_replays: int = DEFAULT_MAX_REPLAYS,
+    force: bool = False,
 ) -> ReplayResult:
     """Write the selected dead letters of ``source`` back: each record's original key, value
     and headers, to ``target`` or to the record's original topic.
@@ -630,7 +705,10 @@ def replay_dead_letters(
     ``config``: extra client properties (security settings). ``timeout``: seconds to wait for
     the cluster, and without progress while reading or delivering. ``logger``: a structlog
     logger for the producer (default: the library's). ``progress(done, total)`` is called as
-    records are read.
+    records are read. ``max_replays``: a record whose ``kresilient.replay.count`` header
+    says it was replayed that often already is refused (counted in ``refused``, left behind
+    for the group); ``force=True`` replays it anyway. Each replayed record's count goes up
+    by one.
 
     Returns a :class:`ReplayResult` (records that failed are counted there, with reasons);
     raises :class:`~kresilient.errors.KafkaClientError` (``message``: one line naming each
@@ -641,6 +719,9 @@ def replay_dead_letters(
     predicates = _predicates(filters)
     if limit is not None and limit < 0:
         raise ConfigError(f"limit must be >= 0, got {limit}", key=None)
+    if isinstance(max_replays, bool) or not isinstance(max_replays, int) or max_replays < 0:
+        raise ConfigError(f"max_replays must be a whole number >= 0, got {max_replays!r}", key=None)
+    refused: list[RefusedRecord] = []
     counts: Counter[str] = Counter()
     # The group's commit may only pass records this run is done with: replayed (delivery
     # acknowledged) or excluded by the filters. Per partition: the last offset read and the
@@ -658,6 +739,24 @@ def replay_dead_letters(
             last_read[part] = offset
             if not all(p(info) for p in predicates):
                 counts["filtered_out"] += 1
+                continue
+            count = replay_count(info.original_headers)
+            if not force and (count is None or count >= max_replays):
+                # Left behind like a record without a topic: the group never moves past a
+                # record nobody replayed, and the run exits 1 until someone decides.
+                counts["refused"] += 1
+                left_at.setdefault(part, offset)
+                if len(refused) < _REFUSED_KEPT:
+                    refused.append(
+                        RefusedRecord(
+                            partition=part,
+                            offset=offset,
+                            original_topic=info.original_topic,
+                            original_partition=info.original_partition,
+                            original_offset=info.original_offset,
+                            replay_count=count,
+                        )
+                    )
                 continue
             if limit is not None and counts["selected"] >= limit:
                 counts["limited"] += 1
@@ -680,7 +779,8 @@ def replay_dead_letters(
             elif dry_run:
                 sender.by_target[to] += 1
             else:
-                sender.send(part, offset, to, msg, info)
+                headers = counted_headers(info.original_headers, count, max_replays)
+                sender.send(part, offset, to, msg, headers, info.original_timestamp)
         sender.settle()
         if group is not None and not dry_run and last_read:
             positions = {p: left_at.get(p, last + 1) for p, last in last_read.items()}
@@ -707,7 +807,45 @@ def replay_dead_letters(
         group=group,
         committed=committed,
         commit_error=commit_error,
+        refused=counts["refused"],
+        refused_records=tuple(refused),
+        max_replays=max_replays,
+        force=force,
     )
+
+
+def replay_count(headers: Sequence[tuple[str, bytes | None]]) -> int | None:
+    """The ``kresilient.replay.count`` of a record's headers: 0 without the header, ``None``
+    when it is not a whole number >= 0. The last occurrence wins, as with Java's
+    ``Headers.lastHeader()``."""
+    value: bytes | None = b"0"
+    for name, raw in headers:
+        if name == REPLAY_COUNT:
+            value = raw
+    try:
+        text = (value or b"").decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    if not text.isdigit():  # also refuses "", "-1", " 2" and non-ASCII digits
+        return None
+    return int(text)
+
+
+def counted_headers(
+    headers: Sequence[tuple[str, bytes | None]], count: int | None, max_replays: int
+) -> list[tuple[str, bytes | None]]:
+    """``headers`` with the replay count set to ``count + 1``, in place of its last
+    occurrence (appended when there was none); every other header byte for byte. An
+    unreadable count (``None``, replayed with ``force``) becomes ``max_replays + 1``: it was
+    refused at the limit, so it is at least past it now."""
+    new = str((max_replays if count is None else count) + 1).encode("ascii")
+    out = list(headers)
+    for i in range(len(out) - 1, -1, -1):
+        if out[i][0] == REPLAY_COUNT:
+            out[i] = (REPLAY_COUNT, new)
+            return out
+    out.append((REPLAY_COUNT, new))
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -716,7 +854,8 @@ class _Sent:
     offset: int
     target: str
     msg: Message
-    info: DeadLetterInfo
+    headers: list[tuple[str, bytes | None]]
+    timestamp: int | None
     handle: Any  # a DeliveryHandle
 
 
@@ -743,7 +882,13 @@ class _Sender:
         self.by_target: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
 
-    def _produce(self, to: str, msg: Message, info: DeadLetterInfo) -> Any:
+    def _produce(
+        self,
+        to: str,
+        msg: Message,
+        headers: list[tuple[str, bytes | None]],
+        timestamp: int | None,
+    ) -> Any:
         if self.producer is None:
             from kresilient.producer import ResilientProducer
 
@@ -752,18 +897,34 @@ class _Sender:
             to,
             msg.value(),
             key=msg.key(),
-            headers=list(info.original_headers),
-            timestamp=info.original_timestamp if self.keep_timestamp else None,
+            headers=list(headers),
+            timestamp=timestamp if self.keep_timestamp else None,
         )
 
-    def send(self, part: int, offset: int, to: str, msg: Message, info: DeadLetterInfo) -> None:
+    def send(
+        self,
+        part: int,
+        offset: int,
+        to: str,
+        msg: Message,
+        headers: list[tuple[str, bytes | None]],
+        timestamp: int | None,
+    ) -> None:
         try:
-            handle = self._produce(to, msg, info)
+            handle = self._produce(to, msg, headers, timestamp)
         except KafkaClientError as exc:
             self.fail(part, offset, to, f"{exc.name}: {exc.remedy}")
             return
         self.window.append(
-            _Sent(part=part, offset=offset, target=to, msg=msg, info=info, handle=handle)
+            _Sent(
+                part=part,
+                offset=offset,
+                target=to,
+                msg=msg,
+                headers=headers,
+                timestamp=timestamp,
+                handle=handle,
+            )
         )
         if len(self.window) >= self.WINDOW:
             self.settle()
@@ -799,7 +960,7 @@ class _Sender:
 
     def _alone(self, item: _Sent) -> KafkaClientError | str | None:
         try:
-            handle = self._produce(item.target, item.msg, item.info)
+            handle = self._produce(item.target, item.msg, item.headers, item.timestamp)
         except KafkaClientError as exc:
             return exc
         _deliver(self.producer, self.timeout)
@@ -842,8 +1003,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="Inspect or replay a dead-letter topic.",
         description="Inspect or replay a dead-letter topic (kresilient, Spring Kafka and "
         "Kafka Streams formats).",
-        epilog="Exit codes: 0 done, 1 some records could not be replayed, 2 a usage or "
-        "connection error.",
+        epilog="Exit codes: 0 done, 1 some records could not be replayed (failed, or refused "
+        "at the replay limit), 2 a usage or connection error.",
     )
     sub = dlq.add_subparsers(dest="dlq_command", metavar="SUBCOMMAND")
     dlq.set_defaults(func=lambda _args: _usage(dlq))
@@ -892,8 +1053,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "with its original key, value and headers (the dead-letter headers are stripped).",
         epilog="Filters: FIELD=VALUE matches when equal and FIELD~TEXT when containing, both "
         f"case-insensitive; FIELD is one of {', '.join(_FIELDS)}. Results go to stdout, logs "
-        "and errors to stderr. Exit codes: 0 done, 1 some records could not be replayed, 2 "
-        "a usage or connection error.",
+        "and errors to stderr. Exit codes: 0 done, 1 some records could not be replayed "
+        "(failed, or refused at the replay limit: see --max-replays), 2 a usage or "
+        "connection error.",
     )
     replay.add_argument(
         "--from",
@@ -927,6 +1089,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         metavar="N",
         help="Replay at most N records; the rest are left for a later run.",
+    )
+    replay.add_argument(
+        "--max-replays",
+        type=_count,
+        default=DEFAULT_MAX_REPLAYS,
+        metavar="N",
+        help=f"Refuse a record already replayed N times, by its {REPLAY_COUNT} header "
+        f"(default {DEFAULT_MAX_REPLAYS}); refused records are listed and the exit code is "
+        "1, so a loop of replays that fail again ends.",
+    )
+    replay.add_argument(
+        "--force",
+        action="store_true",
+        help="Replay records past --max-replays too (their count still goes up).",
     )
     replay.add_argument(
         "--keep-timestamp",
@@ -1168,6 +1344,8 @@ def main_replay(args: argparse.Namespace, out: TextIO | None = None) -> int:
             timeout=_arg(args, "timeout", DEFAULT_TIMEOUT),
             logger=_stderr_logger(),
             progress=progress,
+            max_replays=_arg(args, "max_replays", DEFAULT_MAX_REPLAYS),
+            force=bool(_arg(args, "force", False)),
         )
     except (KResilientError, KafkaException, OSError) as exc:
         return _fail("replay", exc)
@@ -1193,6 +1371,11 @@ def _print_replay_summary(out: TextIO, r: ReplayResult) -> None:
         (r.limited, f"left for a later run (--limit {r.limit})"),
         (r.no_topic, "without an original topic, not replayed (pass --to TOPIC)"),
         (r.held_back, "held back behind a record not replayed (replayed by the next run)"),
+        (
+            r.refused,
+            f"REFUSED: replayed {r.max_replays} times already (--max-replays "
+            f"{r.max_replays}; --force replays them anyway)",
+        ),
         (r.failed, "FAILED"),
     ]
     rows += [(n, what) for n, what in optional if n]
@@ -1202,6 +1385,13 @@ def _print_replay_summary(out: TextIO, r: ReplayResult) -> None:
         out.write(f"{n:>{w},}  {what}\n")
     for why, n in r.failures.items():
         out.write(f"{'':>{w}}  {n:>{w},} x {why}\n")
+    for refused in r.refused_records[:_REFUSED_SHOWN]:
+        out.write(f"{'':>{w}}  refused {refused.describe(r.source)}\n")
+    if r.refused > _REFUSED_SHOWN:
+        out.write(
+            f"{'':>{w}}  ... and {r.refused - _REFUSED_SHOWN:,} more refused (--json lists "
+            f"the first {_REFUSED_KEPT:,})\n"
+        )
     if r.commit_error is not None:
         out.write(
             f"group {r.group}: COMMIT FAILED ({r.commit_error}); the next run with --group "

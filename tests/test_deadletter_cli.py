@@ -155,9 +155,12 @@ def test_7g_dlq_inspect_and_replay_bring_records_back(
         assert sorted(m.value() or b"" for m in replayed) == sorted(
             v for _, v, _, _ in items if v.startswith(prefix)
         )
-        for m in replayed:  # original key and headers, no dead-letter headers
+        for m in replayed:  # original key and headers, no dead-letter headers, one replay
             assert m.key() == b"k" + (m.value() or b"").split(b"-")[-1]
-            assert m.headers() == [("id", (m.value() or b"").split(b"-")[-1])]
+            assert m.headers() == [
+                ("id", (m.value() or b"").split(b"-")[-1]),
+                ("kresilient.replay.count", b"1"),
+            ]
     code, _, err = _cli(capsys, "dlq", "replay", "--from", dlq, "-b", bootstrap, "--filter", "x=1")
     assert code == 2 and "bad filter 'x=1'" in err
 
