@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 from _producer_helpers import read_back
-from test_consumer_integration import Runner, TopicFactory, produce
+from test_consumer_integration import Runner, TopicFactory, produce, wait_for
 
 from kresilient.consumer import ResilientConsumer, RetryTopicPolicy
-from kresilient.consumer._retrytopics import RetryView, delay_name, retry_headers
+from kresilient.consumer._retrytopics import KeyBlocks, RetryView, delay_name, retry_headers
 from kresilient.deadletter import parse_dead_letter_headers
 from kresilient.errors import ConfigError
 from kresilient.testing import KafkaCluster
@@ -251,6 +251,124 @@ def test_consumer_sigkilled_mid_way_loses_nothing(
         f"SIGKILL after {before} lines; due-time error s over {len(errors)} retries: "
         f"median {statistics.median(errors):.3f} max {max(errors):.3f}"
     )
+
+
+class _Rec:
+    """A record for the KeyBlocks units: ``key``, original coordinates, optional retry tier."""
+
+    def __init__(self, key: bytes | None, offset: int, tier: int | None = None) -> None:
+        self._key, self._offset = key, offset
+        self._headers: list[tuple[str, bytes | None]] = []
+        if tier is not None:
+            src = _Plain("orders", key, offset)
+            self._headers = retry_headers(src, tier=tier, delay=2, exc=RuntimeError())
+        self._topic = "orders" if tier is None else f"orders.retry.{tier}"
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return 0 if self._topic == "orders" else 5
+
+    def offset(self) -> int:
+        return self._offset if self._topic == "orders" else 900 + self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 1)
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def headers(self) -> list[tuple[str, bytes | None]]:
+        return self._headers
+
+
+class _Plain(_Rec):
+    def __init__(self, topic: str, key: bytes | None, offset: int) -> None:
+        self._key, self._offset, self._headers, self._topic = key, offset, [], topic
+
+
+def test_key_blocks_keep_later_records_of_a_key_behind_the_moved_one() -> None:
+    keys = KeyBlocks()
+    assert keys.route(_Rec(b"K", 1)) is None  # nothing blocked: handled
+    keys.moved(_Rec(b"K", 1), 0)  # K@1 failed, moved to tier 0: K blocked
+    assert keys.route(_Rec(b"K", 2)) == 0  # later records of K follow it to tier 0
+    assert keys.route(_Rec(b"K", 3)) == 0
+    assert keys.route(_Rec(b"J", 4)) is None  # other keys flow
+    assert keys.route(_Rec(None, 5)) is None  # no key: never blocked
+    assert keys.route(_Rec(b"K", 2, tier=0)) == 0  # K@2 back first? not its turn: again
+    assert keys.route(_Rec(b"K", 1, tier=0)) is None  # K@1 back: its turn
+    keys.moved(_Rec(b"K", 1, tier=0), 1)  # fails again: tier 1, the others follow it there
+    assert keys.route(_Rec(b"K", 2, tier=0)) == 1
+    assert keys.route(_Rec(b"K", 1, tier=1)) is None
+    keys.done(_Rec(b"K", 1, tier=1))  # handled: K@2 is first now
+    assert keys.route(_Rec(b"K", 3, tier=1)) == 1  # K@3 still behind K@2
+    assert keys.route(_Rec(b"K", 2, tier=1)) is None
+    keys.done(_Rec(b"K", 2, tier=1))
+    assert keys.route(_Rec(b"K", 3, tier=1)) is None
+    assert keys.route(_Rec(b"K", 6)) == 1  # K@3 not done: a new K record still follows
+    keys.done(_Rec(b"K", 3, tier=1))
+    keys.done(_Rec(b"K", 6, tier=1))
+    assert len(keys) == 0 and keys.route(_Rec(b"K", 7)) is None  # released
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered-control"])
+def test_ordered_retry_topics_keep_a_keys_later_records_behind_it(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, ordered: bool
+) -> None:
+    """K's first record fails once; K's next two records come after it. ordered=True: the
+    handler succeeds on K's records in offset order; the other key is not held. Control
+    (ordered=False): K's later records are handled before the retried one."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _ = _topics(topic_factory, partitions=1)
+    items = [
+        (b"K", b"K0", [], 0),
+        (b"J", b"J1", [], 0),
+        (b"K", b"K2", [], 0),
+        (b"K", b"K3", [], 0),
+        (b"J", b"J4", [], 0),
+    ]
+    produce(bootstrap, topic, items)
+    calls: list[tuple[bytes, bool]] = []  # (value, succeeded)
+
+    def handle(msg: Any) -> None:
+        value = msg.value()
+        fail = value == b"K0" and not RetryView.is_retry(msg)
+        calls.append((value, not fail))
+        if fail:
+            raise RuntimeError("downstream refused K0 once")
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:10]}"},
+        [topic],
+        handle,
+        retry_topics=RetryTopicPolicy(delays=TIERS, ordered=ordered),
+        install_signal_handlers=False,
+        poll_timeout=0.2,
+    )
+    runner = Runner(consumer)
+    try:
+        wait_for(
+            lambda: len({v for v, ok in calls if ok}) == 5 or not runner.thread.is_alive(),
+            60,
+            "all five records handled",
+        )
+    finally:
+        runner.stop()
+    assert runner.error is None, runner.error
+    done = [v for v, ok in calls if ok]
+    assert sorted(done) == [b"J1", b"J4", b"K0", b"K2", b"K3"]  # each once
+    k_order = [v for v in done if v.startswith(b"K")]
+    assert calls[0] == (b"K0", False)
+    # the other key is never held behind K: J's records before K0's retry
+    assert done.index(b"J4") < done.index(b"K0")
+    if ordered:
+        assert k_order == [b"K0", b"K2", b"K3"]
+        assert consumer.health().moved_to_retry == 3  # K0 after its failure, K2, K3 behind it
+    else:
+        assert k_order == [b"K2", b"K3", b"K0"]
+        assert consumer.health().moved_to_retry == 1
 
 
 @pytest.mark.integration

@@ -229,7 +229,8 @@ class ResilientConsumer:
         retry_topics: a :class:`RetryTopicPolicy`: failures it retries are moved to delayed
             retry topics (``<topic>.retry.<delay>``, subscribed too) instead of holding the
             partition; after the last tier, the dead-letter topic. Per-message handlers and
-            literal topic names only. Per-key order is given up for the records moved.
+            literal topic names only. Per-key order is given up for the records moved, unless
+            ``RetryTopicPolicy(ordered=True)``: later records of their keys follow them.
         outage_retry: the policy for failures that are a Schema Registry outage (5xx, 429,
             timeout, connection failure, 401/403 anywhere in the exception chain): the record's
             partition is held (paused, polling on) and retried under it; default
@@ -758,6 +759,7 @@ class ResilientConsumer:
         on_failure = self._failures.on_failure
         retry_map = self._retry_map
         dedupe = self._dedupe
+        keys = self._failures.keys
         state.batch = msgs
         state.nonsuccess = state.credited = 0
         state.batch_errors = False
@@ -775,6 +777,12 @@ class ResilientConsumer:
                         self._held(hold, msg, call)
                         if state.interrupt:
                             break
+                        continue
+                if keys is not None and keys.blocked:
+                    tier = keys.route(msg)
+                    if tier is not None:  # ordered: behind the earlier record of its key
+                        self._failures.follow(msg, tier)
+                        state.nonsuccess += 1
                         continue
                 if retry_map and msg.topic() in retry_map and self._defer(msg):
                     state.nonsuccess += 1
@@ -795,6 +803,8 @@ class ResilientConsumer:
                 else:
                     if dedupe is not None:
                         dedupe.processed(self._original(msg))
+                    if keys is not None and keys.blocked:
+                        keys.done(msg)
                 if state.interrupt:
                     break
             else:
@@ -901,6 +911,9 @@ class ResilientConsumer:
             return
         if self._dedupe is not None:
             self._dedupe.processed(self._original(msg))
+        keys = self._failures.keys
+        if keys is not None and keys.blocked:
+            keys.done(msg)
         if verdict is Verdict.RETRY:
             holds.pop(hold.tp, None)
             self._holds.excluded.discard(hold.tp)

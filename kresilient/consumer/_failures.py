@@ -28,7 +28,13 @@ from kresilient.consumer._crashloop import is_crash_loop
 from kresilient.consumer._holds import TP, Hold, Holds, LoopState
 from kresilient.consumer._offsets import MovedHandle, OffsetKeeper
 from kresilient.consumer._registry import is_outage, registry_classification
-from kresilient.consumer._retrytopics import RetryTopicPolicy, RetryView, retry_headers
+from kresilient.consumer._retrytopics import (
+    KeyBlocked,
+    KeyBlocks,
+    RetryTopicPolicy,
+    RetryView,
+    retry_headers,
+)
 from kresilient.deadletter import (
     DeadLetterPolicy,
     DeadLetterRecord,
@@ -218,6 +224,10 @@ class FailureHandler:
         #: retry topic -> (original topic, tier index)
         self.retry_map: dict[str, tuple[str, int]] = {}
         self.moved = 0  #: records written to a retry topic (acknowledged or not)
+        #: the blocked keys of ``RetryTopicPolicy(ordered=True)``
+        self.keys: KeyBlocks | None = (
+            KeyBlocks() if retry_topics is not None and retry_topics.ordered else None
+        )
         self.policy = policy
         self.breaker = breaker
         self.deser = deser
@@ -318,6 +328,31 @@ class FailureHandler:
             return
         if sink is None:
             raise exc  # no writer (cannot happen: run() makes one for retry topics)
+        self._send_retry(tp, msg, source, tier, exc, attempts)
+        if self.keys is not None:
+            self.keys.moved(msg, tier)  # ordered: later records of its key follow it
+
+    def follow(self, msg: Message, tier: int) -> None:
+        """``ordered=True``: move ``msg`` (not handled) behind the blocked first record of its
+        key, to the retry tier that record is in."""
+        topic, partition = msg.topic(), msg.partition()
+        assert topic is not None and partition is not None
+        retried = self.retry_map.get(topic)
+        source = retried[0] if retried is not None else topic
+        self._send_retry(
+            (topic, partition),
+            msg,
+            source,
+            tier,
+            KeyBlocked("an earlier record of this key is in a retry topic"),
+            0,
+        )
+
+    def _send_retry(
+        self, tp: TP, msg: Message, source: str, tier: int, exc: BaseException, attempts: int
+    ) -> None:
+        policy, sink = self.retry_topics, self.sink
+        assert policy is not None and sink is not None
         raw = self.deser.raw_bytes(msg) if self.deser is not None else None
         topic = policy.topic(source, tier)
         record = DeadLetterRecord(
@@ -331,7 +366,8 @@ class FailureHandler:
         assert offset is not None
         self.offsets.add_dead_letters(tp, offset, [MovedHandle(handle)], offset + 1)
         self.moved += 1
-        self.log.info(
+        # a record following its blocked key (attempts 0) is per-message traffic: DEBUG
+        (self.log.info if attempts else self.log.debug)(
             "message_moved_to_retry_topic",
             topic=tp[0],
             partition=tp[1],
@@ -437,6 +473,9 @@ class FailureHandler:
             if breaker is not None:
                 breaker.record_dead_letter()
         self._queued(tp, msgs, handles)
+        if self.keys is not None:
+            for m in msgs:
+                self.keys.done(m)  # ordered: the next record of its key may be handled
 
     def _queued(self, tp: TP, msgs: list[Message], handles: list[Any]) -> None:
         first = msgs[0].offset()

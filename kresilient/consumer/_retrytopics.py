@@ -14,16 +14,22 @@ whose failure the policy retries is moved aside instead of holding its partition
 * a record failing its last tier goes to the dead-letter topic of its ORIGINAL topic, with its
   original key, value and headers (the retry headers stripped) and the original coordinates.
 
-Order: a record moved to a retry topic no longer blocks its partition, so later records of
-the same key are handled before it. Keep the in-place :class:`RetryPolicy` (no retry topics)
-where per-key order matters.
+Order: by default (``ordered=False``) a record moved to a retry topic no longer blocks its
+partition, so later records of the same key are handled before it: unordered retry topics give
+up per-key order. With ``ordered=True`` the key of a moved record is *blocked* in its source
+partition (:class:`KeyBlocks`): later records of that key are not handled but moved to the
+retry topic its first blocked record is in, behind it, and come back in offset order; the key
+is released once every record queued behind it was handled. Keep the in-place
+:class:`RetryPolicy` (no retry topics) where a whole partition's order matters.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 import tenacity
@@ -32,7 +38,14 @@ from tenacity.retry import retry_base
 from kresilient.consumer._support import NOT_RETRIED
 from kresilient.errors import ConfigError
 
-__all__ = ["RETRY_HEADER_PREFIX", "RetryTopicPolicy", "RetryView", "delay_name"]
+__all__ = [
+    "RETRY_HEADER_PREFIX",
+    "KeyBlocked",
+    "KeyBlocks",
+    "RetryTopicPolicy",
+    "RetryView",
+    "delay_name",
+]
 
 RETRY_HEADER_PREFIX: Final = "kresilient.retry."
 TIER: Final = RETRY_HEADER_PREFIX + "tier"
@@ -65,6 +78,16 @@ class RetryTopicPolicy:
             (default: all but :data:`NOT_RETRIED`, which go to the dead-letter topic at once).
         infix: topic names are ``<topic><infix><delay>`` (default ``.retry.`` ->
             ``orders.retry.5s``).
+        ordered: keep per-key order. ``False`` (default): later records of the key of a
+            moved record are handled at once, before it (per-key order given up for the
+            records moved). ``True``: the key is blocked in its source partition; its later
+            records are moved behind it to the retry topic it is in (without a handler call)
+            and handled after it, in offset order. Cost: every record of a blocked key waits
+            at least the tier delay and is written once more per tier it is moved through;
+            blocked keys are held in memory per consumer (released when their queue is
+            empty); records without a key are never blocked; the order holds while the same
+            consumer owns the source partition and its retry partitions (a rebalance that
+            moves them loses the blocked keys: later records of the key are handled at once).
 
     Example::
 
@@ -78,6 +101,7 @@ class RetryTopicPolicy:
         default_factory=lambda: tenacity.retry_if_not_exception_type(NOT_RETRIED)
     )
     infix: str = ".retry."
+    ordered: bool = False
 
     def __post_init__(self) -> None:
         if not self.delays or any(d <= 0 for d in self.delays):
@@ -103,6 +127,92 @@ class RetryTopicPolicy:
         state = tenacity.RetryCallState(cast(Any, None), None, (), {})
         state.set_exception((type(exc), exc, exc.__traceback__))
         return bool(self.retry(state))
+
+
+class KeyBlocked(Exception):
+    """Why a record was moved to a retry topic without a handler call (``ordered=True``): an
+    earlier record of its key, in its source partition, is in a retry topic."""
+
+
+BK = tuple[str, int, bytes]
+
+
+@dataclass(slots=True)
+class _Block:
+    tier: int  #: the retry tier (0-based) the first queued record is in
+    pending: deque[int] = field(default_factory=deque)  #: original offsets, in order
+
+
+class KeyBlocks:
+    """The keys blocked behind a record in a retry topic (``RetryTopicPolicy(ordered=True)``).
+
+    Keyed by (original topic, original partition, key bytes). ``pending`` holds the original
+    offsets of the key's records moved to the retry topics, oldest first: the first is the
+    only one handled when it comes back; the others are moved to its tier again (behind it in
+    the same retry partition: same key, same partitioner) until it is done.
+    """
+
+    __slots__ = ("blocked",)
+
+    def __init__(self) -> None:
+        self.blocked: dict[BK, _Block] = {}
+
+    @staticmethod
+    def key_of(msg: Any) -> tuple[BK | None, Any]:
+        """``(block key, original record view)`` of ``msg``; no key: ``None``."""
+        original = RetryView(msg) if RetryView.is_retry(msg) else msg
+        key = msg.key()
+        if key is None:
+            return None, original
+        raw = key if isinstance(key, bytes) else str(key).encode()
+        return (str(original.topic()), int(original.partition()), raw), original
+
+    def route(self, msg: Any) -> int | None:
+        """The tier to move ``msg`` to, behind its blocked key; ``None``: handle it."""
+        if not self.blocked:
+            return None
+        bk, original = self.key_of(msg)
+        block = self.blocked.get(bk) if bk is not None else None
+        if block is None:
+            return None
+        offset = int(original.offset())
+        if block.pending and block.pending[0] == offset:
+            return None  # the first record of the key: its turn
+        if offset not in block.pending:
+            block.pending.append(offset)
+        return block.tier
+
+    def moved(self, msg: Any, tier: int) -> None:
+        """``msg`` was moved to ``tier`` after a failure: block its key there."""
+        bk, original = self.key_of(msg)
+        if bk is None:
+            return
+        offset = int(original.offset())
+        block = self.blocked.get(bk)
+        if block is None:
+            self.blocked[bk] = _Block(tier=tier, pending=deque([offset]))
+            return
+        if block.pending and block.pending[0] == offset:
+            block.tier = tier  # the first record went one tier on: the others follow it
+        elif offset not in block.pending:
+            block.pending.append(offset)
+
+    def done(self, msg: Any) -> None:
+        """``msg`` was handled or dead-lettered: the next queued record of its key is first."""
+        if not self.blocked:
+            return
+        bk, original = self.key_of(msg)
+        block = self.blocked.get(bk) if bk is not None else None
+        if block is None:
+            return
+        offset = int(original.offset())
+        if block.pending and block.pending[0] == offset:
+            block.pending.popleft()
+        if not block.pending:
+            del self.blocked[bk]  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.blocked)
 
 
 def _text(value: bytes | str | None) -> str | None:
