@@ -456,8 +456,10 @@ def test_cli_wrong_password_names_authentication(
 # --------------------------------------------------------------------------- wrong credentials
 
 
-def _bad_config(cluster: KafkaCluster, fault: str, tmp_path: Path) -> dict[str, str]:
-    config = {**cluster.client_config(_user(cluster)), "debug": _DEBUG}
+def _bad_config(
+    cluster: KafkaCluster, fault: str, tmp_path: Path, user: str | None = None
+) -> dict[str, str]:
+    config = {**cluster.client_config(user or _user(cluster)), "debug": _DEBUG}
     if fault == "wrong_password":
         config["sasl.password"] = "Wr0ng-pass-" + uuid.uuid4().hex
     else:
@@ -482,23 +484,33 @@ def test_producer_bad_credentials_are_seen_as_auth(
     assert _CAUSE[fault] in capfd.readouterr().out  # logged at error level, naming the cause
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs in producer/: the DeliveryError of a producer that never authenticated "
-    "says '_MSG_TIMED_OUT ... no broker was reachable' after message.timeout.ms; the cause "
-    "(_AUTHENTICATION / _SSL) is only in health().last_error and the logs",
-)
 @pytest.mark.parametrize("fault", ["wrong_password", "wrong_ca"])
 def test_producer_bad_credentials_error_names_the_cause(
     cluster: KafkaCluster, tmp_path: Path, fault: str
 ) -> None:
-    config = {**_bad_config(cluster, fault, tmp_path), "message.timeout.ms": "8000"}
+    user, topic = _user(cluster), _topic(cluster)
+    cluster.grant(user, topic=topic, operations=("WRITE", "DESCRIBE"))
+    good = {**cluster.client_config(user), "message.timeout.ms": "8000"}
+    with ResilientProducer(good) as producer:  # negative control: the right settings deliver
+        producer.produce(topic, b"ok")
+        producer.flush(30)
+    config = {**_bad_config(cluster, fault, tmp_path, user), "message.timeout.ms": "8000"}
+    del config["debug"]
     with ResilientProducer(config) as producer:
-        producer.produce("any-topic", b"x")
+        handle = producer.produce(topic, b"x")
         with pytest.raises(DeliveryError) as exc:
             producer.flush(30)
-    assert any(f.classification.category is ErrorCategory.AUTH for f in exc.value.failures)
+    (failure,) = exc.value.failures
+    assert failure.classification.category is ErrorCategory.AUTH
+    assert failure.classification.name == {"wrong_password": "_AUTHENTICATION"}.get(fault, "_SSL")
+    assert not failure.classification.possibly_persisted  # never sent: no broker accepted it
     assert _CAUSE[fault] in str(exc.value)
+    remedy = {"wrong_password": "sasl.password", "wrong_ca": "ssl.ca.location"}[fault]
+    assert remedy in str(exc.value)
+    with pytest.raises(ProduceError) as one:  # the message's own error says the same
+        handle.result()
+    assert one.value.classification.category is ErrorCategory.AUTH
+    assert _CAUSE[fault] in str(one.value)
 
 
 @pytest.mark.parametrize("fault", ["wrong_password", "wrong_ca"])
@@ -514,24 +526,29 @@ def test_consumer_bad_credentials_fail_run_within_the_connection_timeout(
     assert _CAUSE[fault] in capfd.readouterr().out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs in consumer/: run() raises ConsumeError '_TRANSPORT: no broker reachable "
-    "... [TRANSIENT]' for an authentication or TLS failure; it should be classified AUTH and "
-    "name the cause",
-)
 @pytest.mark.parametrize("fault", ["wrong_password", "wrong_ca"])
 def test_consumer_bad_credentials_error_names_the_cause(
     cluster: KafkaCluster, tmp_path: Path, fault: str
 ) -> None:
-    config = {**_bad_config(cluster, fault, tmp_path), "group.id": _name("g")}
-    consumer = ResilientConsumer(
-        config, ["any-topic"], lambda m: None, install_signal_handlers=False
-    )
+    user, topic, group = _user(cluster), _topic(cluster), _name("g")
+    _topic(cluster, topic + ".dlq")
+    _produce_super(cluster, topic, [b"one"])
+    _consumer_acls(cluster, user, topic, group)
+    # negative control: the same user, group and topic with the right settings consume
+    run = _Run({**cluster.client_config(user), "group.id": group}, topic)
+    _wait("the record handled", lambda: bool(run.seen) or run.error is not None)
+    run.stop()
+    assert run.error is None and run.seen == [0]
+    config = {**_bad_config(cluster, fault, tmp_path, user), "group.id": group}
+    del config["debug"]
+    consumer = ResilientConsumer(config, [topic], lambda m: None, install_signal_handlers=False)
     with pytest.raises(ConsumeError) as exc:
         consumer.run()
     assert exc.value.classification.category is ErrorCategory.AUTH
+    assert not exc.value.classification.retriable
     assert _CAUSE[fault] in str(exc.value)
+    remedy = {"wrong_password": "sasl.password", "wrong_ca": "ssl.ca.location"}[fault]
+    assert remedy in str(exc.value)
 
 
 # --------------------------------------------------------------------------- secrets

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from kresilient._ratelimit import RateLimiter
-from kresilient.errors import KResilientError, classify, translate
+from kresilient.errors import ConsumeError, KResilientError, classify, translate
 
 if TYPE_CHECKING:
     from kresilient.consumer._crashloop import CrashGuard
@@ -34,6 +34,8 @@ __all__ = ["ClientEvents"]
 _PARTITION_EOF: Final = KafkaError._PARTITION_EOF
 #: error_cb codes that are connection failures: summarised per host by Reachability.
 _CONNECT_CODES: Final = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE})
+#: error_cb codes that say the cluster refused the credentials or the certificate.
+_REFUSAL_CODES: Final = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
 
 Listener = Callable[[list[TopicPartition]], object]
 
@@ -96,12 +98,15 @@ class ClientEvents:
         self.monitor.on_error(err)
         c = classify(err)
         code = err.code()
+        refused: ConsumeError | None = None
         if err.fatal():
             self.fatal = translate(err, operation="consume", redactor=self.redact)
             self.state.interrupt = True
             self.tel.fatal_error(self.fatal, c)
         else:
             text = self.redact(err.str())
+            if code in _REFUSAL_CODES:
+                self.reach.refusal(text, code)
             if code == KafkaError._ALL_BROKERS_DOWN:
                 self.reach.all_down(text)
             elif code in _CONNECT_CODES and self.reach.broker_failed(text):
@@ -116,9 +121,41 @@ class ClientEvents:
                         detail=text,
                         suppressed=suppressed or None,
                     )
+            refused = self._refused()  # after Reachability saw the text (a TLS _TRANSPORT)
         user = self.user_cb["error_cb"]
         if user is not None:
             user(err)
+        if refused is not None:
+            # Raised out of poll()/consume(): the start-up metadata wait and the loop both end
+            # here, naming the cause, instead of "no broker reachable" (or silence) later.
+            raise refused
+
+    def _refused(self) -> ConsumeError | None:
+        """A ConsumeError naming the refusal, once, if no broker ever accepted this client.
+
+        librdkafka keeps reconnecting after a refused SASL login or TLS handshake, and the
+        consumer would wait in vain (its start-up check ends with "no broker reachable", its
+        loop sees nothing at all). Like the Java client, a refusal is not retried: the first
+        one while no connection ever worked stops the consumer. A consumer that worked before
+        (its password rotated under it) keeps reconnecting and logs the refusal instead.
+        """
+        failure = self.reach.refused
+        if failure is None or self.reach.ever_connected or self.fatal is not None:
+            return None
+        error = ConsumeError(
+            "no broker accepted this consumer's credentials or certificate",
+            code=failure.code,
+            classification=failure.classification(),
+        )
+        self.fatal = error
+        self.state.interrupt = True
+        self.log.error(
+            "kafka_authentication_failed",
+            cause=failure.cause,
+            detail=failure.detail,
+            remedy=failure.remedy,
+        )
+        return error
 
     def on_stats(self, stats_json: str) -> None:
         self.monitor.on_stats(stats_json)
@@ -161,6 +198,7 @@ class ClientEvents:
             )
 
     def on_assign(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        self.reach.connected()  # the group coordinator answered: the login works
         self.state.rebalances["assigned"] += 1
         # librdkafka keeps an application pause across unassign/assign: make sure a newly
         # assigned partition is not left paused by a resume that was missed (issue 11, 2)

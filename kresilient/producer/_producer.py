@@ -102,6 +102,10 @@ _UNREACHABLE_LOG_INTERVAL: Final = 60.0
 _ERROR_LEVEL_CATEGORIES: Final = frozenset({ErrorCategory.AUTH, ErrorCategory.CONFIG})
 #: error_cb codes that are connection failures: summarised by Reachability.
 _CONNECT_CODES: Final = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE})
+#: error_cb codes that say the cluster refused the credentials or the certificate.
+_REFUSAL_CODES: Final = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
+#: Delivery-report codes a refused login turns into (the message waited, then expired).
+_TIMEOUT_CODES: Final = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT_QUEUE})
 
 
 _new_handle = object.__new__
@@ -699,6 +703,21 @@ class ResilientProducer:
                     "it a partition); it was not written. " + classification.remedy
                 ),
             )
+        refused = self._reach.refused
+        if refused is not None and err.code() in _TIMEOUT_CODES:
+            # No broker accepted this client's credentials or certificate: that, not the
+            # timeout, is what to fix (librdkafka says so only in error_cb and its log).
+            classification = refused.classification(
+                possibly_persisted=classification.possibly_persisted,
+                note=(
+                    "The message timed out waiting for a connection; "
+                    + (
+                        "it may have been written before the refusals began"
+                        if classification.possibly_persisted
+                        else "it was not written"
+                    )
+                ),
+            )
         failure = failure_from_report(
             scrub_error(err, self._scrub),
             msg,
@@ -763,6 +782,8 @@ class ResilientProducer:
             self._monitor.on_error(err)
             code = err.code()
             text = self._scrub(err.str())
+            if code in _REFUSAL_CODES:  # kept to name the cause of the timeouts that follow
+                self._reach.refusal(text, code)
             if code == KafkaError._ALL_BROKERS_DOWN:
                 self._reach.all_down(text)
             elif code in _CONNECT_CODES and self._reach.broker_failed(text):

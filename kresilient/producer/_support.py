@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import re
 import threading
@@ -13,12 +14,14 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, KafkaException
 
 from kresilient._ratelimit import RateLimiter
-from kresilient.errors import DeliveryError, DeliveryFailure
+from kresilient.errors import Classification, DeliveryError, DeliveryFailure, classify
 
 __all__ = [
     "DRAIN_TIMEOUT",
+    "AuthFailure",
     "LogBridge",
     "Reachability",
+    "auth_failure",
     "category_counts",
     "compose_delivery_error",
     "drain",
@@ -158,6 +161,124 @@ _REASONS: Final = (
 )
 
 
+# The cluster refused this client's credentials or certificate: texts that never come from a
+# network fault (checked in this order; the first match names the cause). Seen on a real
+# SASL_SSL / mTLS cluster with librdkafka 2.x (tests/test_security*.py).
+_REFUSALS: Final = (
+    (
+        "password",
+        KafkaError._AUTHENTICATION,
+        re.compile(
+            r"SASL authentication error|Authentication failed|invalid credentials|"
+            r"SASL_AUTHENTICATION_FAILED",
+            re.I,
+        ),
+    ),
+    ("expired", KafkaError._SSL, re.compile(r"certificate (?:has )?expired", re.I)),
+    (
+        "ca",
+        KafkaError._SSL,
+        re.compile(
+            r"certificate verify failed|unable to get (?:local )?issuer certificate|"
+            r"self[- ]signed certificate",
+            re.I,
+        ),
+    ),
+    (
+        "certificate",
+        KafkaError._SSL,
+        re.compile(
+            r"alert (?:bad certificate|certificate required|unknown ca|certificate unknown|"
+            r"certificate revoked|unsupported certificate|handshake failure)|"
+            r"peer did not return a certificate",
+            re.I,
+        ),
+    ),
+)
+_REMEDIES: Final = {
+    "password": (
+        "the cluster refused the SASL login: check sasl.username, sasl.password (or the "
+        "environment variable or file it is read from) and sasl.mechanism against the "
+        "user on the cluster"
+    ),
+    "expired": (
+        "a certificate is outside its validity period: renew the client certificate "
+        "(ssl.certificate.location), or the brokers' if the client refused theirs; check "
+        "the clocks"
+    ),
+    "ca": (
+        "the brokers' certificate could not be verified: set ssl.ca.location to the CA "
+        "file that signed the brokers' certificates and check that their names match "
+        "bootstrap.servers"
+    ),
+    "certificate": (
+        "the broker refused the client certificate: check ssl.certificate.location and "
+        "ssl.key.location, that the certificate is signed by a CA the brokers trust and "
+        "that it is still valid"
+    ),
+    "tls": "the TLS handshake failed: check security.protocol and the ssl.* settings",
+    "auth": "authentication failed: check security.protocol and the sasl.* settings",
+}
+#: librdkafka's " (after 12ms in state AUTH_REQ, 3 identical error(s) suppressed)" suffix.
+_AFTER: Final = re.compile(r"\s*\(after \d+ms in state [A-Z_]+[^)]*\)\s*$")
+_THREAD: Final = re.compile(r"^\[thrd:[^\]]*\]: ")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AuthFailure:
+    """The cluster refused this client's credentials or certificate.
+
+    librdkafka reports it only through ``error_cb`` and its log (it keeps reconnecting);
+    messages and requests then just time out. A client keeps the last one seen
+    (:attr:`Reachability.refused`) to name the cause in the errors it raises.
+
+    ``cause``: ``password`` (SASL login refused), ``ca`` (the brokers' certificate not
+    verified), ``expired`` (a certificate out of its validity), ``certificate`` (the broker
+    refused the client certificate), or ``tls``/``auth`` when librdkafka said no more.
+    ``detail`` is librdkafka's text, already redacted by the client.
+    """
+
+    code: int
+    cause: str
+    detail: str
+
+    @property
+    def remedy(self) -> str:
+        """What to check (names settings, never their values)."""
+        return _REMEDIES[self.cause]
+
+    def describe(self) -> str:
+        """``<librdkafka's reason>: <remedy>``."""
+        return f"{self.detail} ({self.remedy})"
+
+    def classification(self, *, possibly_persisted: bool = False, note: str = "") -> Classification:
+        """AUTH (``_AUTHENTICATION`` or ``_SSL``), not retried, its remedy naming the cause."""
+        base = classify(self.code)
+        remedy = f"no broker accepted this client: {self.describe()}"
+        return dataclasses.replace(
+            base,
+            possibly_persisted=possibly_persisted,
+            remedy=remedy + (f". {note}" if note else ""),
+        )
+
+
+def auth_failure(text: str, code: int | None = None) -> AuthFailure | None:
+    """The refusal ``text`` (an ``error_cb`` string or a log line) reports, else ``None``.
+
+    ``code``: the ``error_cb`` code when there is one: ``_AUTHENTICATION``/``_SSL`` are a
+    refusal even when the text is not recognised.
+    """
+    detail = _AFTER.sub("", _THREAD.sub("", text))
+    for cause, cause_code, pattern in _REFUSALS:
+        if pattern.search(detail):
+            return AuthFailure(cause_code, cause, detail)
+    if code == KafkaError._AUTHENTICATION:
+        return AuthFailure(code, "auth", detail)
+    if code == KafkaError._SSL:
+        return AuthFailure(code, "tls", detail)
+    return None
+
+
 def connect_failure(text: str) -> tuple[str, str] | None:
     """``(host:port, reason)`` of a librdkafka connection failure line, else ``None``.
 
@@ -181,6 +302,11 @@ class Reachability:
     down, ONE warning ``kafka_unreachable`` naming each host and why (refused, DNS, TLS,
     timeout, auth), repeated at most once per ``interval`` seconds; a single broker failing
     while others work gives ``broker_unreachable`` for that host at the same slow rate.
+
+    It also keeps the last refusal of this client's credentials or certificate
+    (:attr:`refused`, an :class:`AuthFailure`) until a broker connection is up again: the
+    producer and the consumer name it in the errors that would otherwise say only "timed
+    out" or "no broker reachable".
     """
 
     def __init__(self, log: Any, *, interval: float = 60.0) -> None:
@@ -190,6 +316,15 @@ class Reachability:
         self._hosts: dict[str, str] = {}
         #: True once any broker connection was up (statistics); never reset.
         self.ever_connected = False
+        #: The last refusal of the credentials or certificate since no connection was up.
+        self.refused: AuthFailure | None = None
+
+    def refusal(self, text: str, code: int | None = None) -> AuthFailure | None:
+        """Record ``text`` (redacted) if it says the cluster refused this client; return it."""
+        found = auth_failure(text, code)
+        if found is not None:
+            self.refused = found
+        return found
 
     def failed(self, text: str) -> bool:
         """Record one connection failure line; False if ``text`` is not one."""
@@ -199,6 +334,7 @@ class Reachability:
         host, reason = parsed
         with self._lock:
             self._hosts[host] = reason
+        self.refusal(text)
         return True
 
     def broker_failed(self, text: str) -> bool:
@@ -210,6 +346,7 @@ class Reachability:
         host, reason = parsed
         with self._lock:
             self._hosts[host] = reason
+        self.refusal(text)
         if not self.ever_connected:
             return True
         allowed, suppressed = self._limiter.check(host)
@@ -231,10 +368,12 @@ class Reachability:
             return
         with self._lock:
             hosts = dict(sorted(self._hosts.items()))
+        refused = self.refused
         self._log.warning(
             "kafka_unreachable",
             hosts=hosts,
             detail=detail,
+            refused=refused.describe() if refused is not None else None,
             suppressed=suppressed,
             note=(
                 "no broker can be reached; messages wait in the local queue until "
@@ -246,10 +385,16 @@ class Reachability:
     def up(self, up_brokers: int) -> None:
         """Statistics saw ``up_brokers`` connections up."""
         if up_brokers > 0:
-            self.ever_connected = True
-            with self._lock:
-                self._hosts.clear()
-            self._limiter.reset("*")
+            self.connected()
+
+    def connected(self) -> None:
+        """A broker connection works (statistics, or a group assignment): a refusal seen
+        before is no longer the reason for anything."""
+        self.ever_connected = True
+        self.refused = None
+        with self._lock:
+            self._hosts.clear()
+        self._limiter.reset("*")
 
 
 class LogBridge:
