@@ -9,8 +9,8 @@ live-cluster check with rule ids), so both read the cluster the same way:
 - :func:`max_timestamps`: the largest record timestamp of each partition (ListOffsets with
   ``OffsetSpec.max_timestamp``, KIP-734), to find records stamped in the future;
 - :func:`newest_committed_record_ms`: the timestamp of the newest record a group committed
-  past, a lower bound of how long the group has been idle (Kafka does not expose the commit
-  time itself through the Admin API);
+  past, the estimate of how long the group has been idle (Kafka does not expose the commit
+  time itself through the Admin API; old producer timestamps overstate the idle time);
 - :func:`permissive_future_bound`: whether a topic accepts records far in the future.
 
 What the Admin API does NOT expose, and these helpers therefore cannot report: a follower's
@@ -229,10 +229,12 @@ def newest_committed_record_ms(
 ) -> int | None:
     """The timestamp of the newest record a group committed past, or None when none is read.
 
-    A lower bound of the group's idle time (now minus this): the Admin API does not give the
-    time of the last commit, but a group commits after processing, so the record before each
-    committed offset was read no later than the commit. Reads one record per partition with
-    a throw-away consumer built from ``config`` (a client config; nothing is committed).
+    An estimate of when the group last committed: the Admin API does not give the commit
+    time. A group commits after reading, so now minus this is an UPPER bound of its idle
+    time as long as record timestamps tell when records were written: a group that just
+    committed past records with old producer timestamps (replayed data, a fixed timestamp in
+    a test) looks idle since then. Reads one record per partition with a throw-away consumer
+    built from ``config`` (a client config; nothing is committed).
     """
     conf = dict(config)
     conf.setdefault("logger", _QuietLogger())

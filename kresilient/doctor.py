@@ -890,7 +890,8 @@ def _check_group(
 
 
 def _last_commit_age_ms(run: _Run, parts: Sequence[TopicPartition]) -> int | None:
-    """A lower bound of the group's idle time: the age of the newest record it committed past."""
+    """The group's idle time as estimated by :func:`newest_committed_record_ms` (an upper
+    bound: old producer timestamps overstate it)."""
     newest = newest_committed_record_ms(_admin_conf(run), parts, run.timeout)
     return None if newest is None else int(time.time() * 1000) - newest
 

@@ -141,9 +141,10 @@ for _rule in (
         "(live audit).",
         why="A group left empty longer than offsets.retention.minutes loses its committed "
         "offsets; the next consumer starts from auto.offset.reset and re-reads everything "
-        "(earliest) or skips what arrived meanwhile (latest). The idle time is a lower bound: "
-        "the age of the newest record the group committed past (the Admin API does not give "
-        "the commit time).",
+        "(earliest) or skips what arrived meanwhile (latest). The Admin API does not give the "
+        "commit time: the idle time is estimated by the age of the newest record the group "
+        "committed past, which overstates it when records carry old producer timestamps "
+        "(replayed data): such a group may be reported although it committed recently.",
         fix="Restart a consumer of the group before the retention passes, raise "
         "offsets.retention.minutes beyond the longest planned downtime, and check what "
         "auto.offset.reset does on a restart; reset expired offsets explicitly "
@@ -209,7 +210,7 @@ class ClusterSnapshot:
     (a group's offsets, a topic's configs); ``errors``: the cluster could not be read at all.
     ``log_dirs``: broker -> its log dirs (KR067); ``max_timestamps``: (topic, partition) ->
     largest record timestamp, compared with ``now_ms`` (KR068); ``idle_ms``: empty group ->
-    age of the newest record it committed past, a lower bound of its idle time (KR069);
+    age of the newest record it committed past, the estimate of its idle time (KR069);
     ``no_offsets``: groups asked for by name that have no committed offset (KR069);
     ``notes``: (rule, where, what) a check could not look at and why, reported at info level;
     ``committed``: group -> (topic, partition, committed offset) of the audited topics.
@@ -693,11 +694,12 @@ def _idle_groups(
     admin: Any, config: Mapping[str, str], snap: ClusterSnapshot, options: AuditOptions
 ) -> None:
     """Fill ``snap.idle_ms`` for groups without members, when the retention is known."""
-    if snap.offsets_retention_ms() is None or not snap.committed:
+    groups = sorted(g for g, parts in snap.committed.items() if parts)
+    if snap.offsets_retention_ms() is None or not groups:
         return
     t = options.timeout
     try:
-        described = admin.describe_consumer_groups(sorted(snap.committed), request_timeout=t)
+        described = admin.describe_consumer_groups(groups, request_timeout=t)
     except _ERRORS as exc:
         snap.incomplete.append((("group",), f"groups not described: {_describe(exc)}"))
         return
