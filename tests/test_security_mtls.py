@@ -8,6 +8,7 @@ refused at construction, and neither the key password nor the private key ever p
 from __future__ import annotations
 
 import re
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,7 +17,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from kresilient.errors import ConfigError, DeliveryError, KResilientError
+from kresilient.consumer import ResilientConsumer
+from kresilient.errors import (
+    ConfigError,
+    ConsumeError,
+    DeliveryError,
+    ErrorCategory,
+    KResilientError,
+)
 from kresilient.producer import ResilientProducer
 from kresilient.testing import KafkaCluster
 
@@ -93,6 +101,80 @@ def test_mtls_refused_certificate_is_an_ssl_error(
     (line,) = [x for x in out.splitlines() if "kafka_unreachable" in x]
     assert line.count("'TLS'") == 3, line
     assert _read(cluster, topic, 1) == []  # nothing was written
+
+
+#: What the broker's TLS alert says (a JDK broker answers an expired client certificate with
+#: "certificate unknown", no certificate at all with "bad certificate").
+_ALERT = {
+    "no_certificate": "alert bad certificate",
+    "expired_certificate": "alert certificate unknown",
+}
+
+
+def _refused_config(cluster: KafkaCluster, user: str, fault: str) -> dict[str, str]:
+    config = cluster.client_config(user)
+    if fault == "no_certificate":
+        for key in ("ssl.certificate.location", "ssl.key.location", "ssl.key.password"):
+            del config[key]
+    else:
+        config.update(cluster.issue_certificate(user, expired=True).client_settings())
+    return config
+
+
+@pytest.mark.parametrize("fault", ["no_certificate", "expired_certificate"])
+def test_mtls_refused_certificate_error_names_the_cause(cluster: KafkaCluster, fault: str) -> None:
+    """The DeliveryError and the consumer's ConsumeError say the broker refused the client
+    certificate (AUTH, the TLS alert, what to check), not only that time ran out."""
+    user, topic, group = _name("svc"), cluster.create_topic(_name("t"), 1, 3), _name("g")
+    cluster.create_user(user)
+    cluster.grant(user, topic=topic, operations=("WRITE", "READ", "DESCRIBE"))
+    cluster.grant(user, group=group, operations=("READ",))
+    good = {**cluster.client_config(user), "message.timeout.ms": "8000"}
+    # negative control: the user's valid certificate writes and reads the topic
+    with ResilientProducer(good) as producer:
+        producer.produce(topic, b"ok")
+        producer.flush(30)
+    seen: list[bytes] = []
+
+    def handle(msg: object) -> None:
+        seen.append(msg.value())  # type: ignore[attr-defined]
+        consumer.stop()
+
+    consumer = ResilientConsumer(
+        {**cluster.client_config(user), "group.id": group},
+        [topic],
+        handle,
+        dead_letter=None,
+        install_signal_handlers=False,
+    )
+    timer = threading.Timer(60, consumer.stop)  # bound: the record was produced above
+    timer.start()
+    try:
+        consumer.run()
+    finally:
+        timer.cancel()
+    assert seen == [b"ok"]
+
+    bad = {**_refused_config(cluster, user, fault), "message.timeout.ms": "8000"}
+    with ResilientProducer(bad) as producer:
+        producer.produce(topic, b"x")
+        with pytest.raises(DeliveryError) as exc:
+            producer.flush(30)
+    (failure,) = exc.value.failures
+    assert failure.classification.category is ErrorCategory.AUTH
+    assert failure.classification.name == "_SSL"
+    assert not failure.classification.possibly_persisted
+    assert _ALERT[fault] in str(exc.value) and "ssl.certificate.location" in str(exc.value)
+
+    bad_consumer = {k: v for k, v in bad.items() if k != "message.timeout.ms"}
+    consumer = ResilientConsumer(
+        {**bad_consumer, "group.id": group}, [topic], handle, install_signal_handlers=False
+    )
+    with pytest.raises(ConsumeError) as cexc:
+        consumer.run()
+    assert cexc.value.classification.category is ErrorCategory.AUTH
+    assert _ALERT[fault] in str(cexc.value) and "ssl.certificate.location" in str(cexc.value)
+    assert _read(cluster, topic, 1) == [b"ok"]  # the refused producer wrote nothing
 
 
 def test_mtls_key_password_and_private_key_never_printed(
