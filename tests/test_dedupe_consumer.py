@@ -3,8 +3,9 @@
 * unit: :meth:`Deduplicator.split` (the batch path) drops a marked copy whose first copy is in
   the window or earlier in the same batch, never an unmarked record;
 * real cluster, hand-made headers: per-message and batch handlers skip exactly the marked
-  copies of processed ids, handle unmarked repeats and marked records with an unseen id, and
-  commit past the skipped records (offsets == high watermarks);
+  copies of processed ids, handle unmarked repeats and marked records with an unseen id,
+  count the skips (``health()``, the OpenTelemetry counter) and commit past them (offsets ==
+  high watermarks);
 * real cluster, issue 20 acceptance 1: a spooled producer SIGKILLed mid-stream and restarted
   (the child of ``tests/test_spool_process.py``) leaves marked copies in the topic; a consumer
   with ``dedupe`` handles each ``kresilient.message.id`` exactly once, per-message and batch;
@@ -27,9 +28,13 @@ import pytest
 import test_spool_process
 from _producer_helpers import header_dict, read_back
 from confluent_kafka import Consumer, TopicPartition
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from structlog.testing import capture_logs
 from test_consumer_integration import Runner, TopicFactory, produce, wait_for
 
 from kresilient.consumer import ResilientConsumer
+from kresilient.consumer._probes import DUPLICATES_METRIC
 from kresilient.dedupe import MESSAGE_ID_HEADER, POSSIBLE_DUPLICATE_HEADER, Deduplicator
 from kresilient.errors import ConfigError
 from kresilient.testing import KafkaCluster
@@ -107,6 +112,7 @@ def _consume_all(
     *,
     dedupe: Deduplicator | None,
     batch: bool,
+    meter_provider: Any = None,
 ) -> tuple[list[Any], ResilientConsumer, str]:
     """Run a consumer until handled + skipped == ``total``; return what the handler saw
     (``(message id, value)``), the consumer and its group."""
@@ -127,6 +133,7 @@ def _consume_all(
         batch_handler=many if batch else None,
         dedupe=dedupe,
         dead_letter=None,  # the handler never fails
+        meter_provider=meter_provider,
         install_signal_handlers=False,
         poll_timeout=0.2,
     )
@@ -177,13 +184,36 @@ def test_consumer_skips_marked_copies_of_processed_ids_and_commits_past_them(
     items = _items()
     produce(bootstrap, topic, items)
     dedupe = Deduplicator(window=100)
-    seen, consumer, group = _consume_all(bootstrap, topic, len(items), dedupe=dedupe, batch=batch)
+    reader = InMemoryMetricReader()
+    with capture_logs() as logs:
+        seen, consumer, group = _consume_all(
+            bootstrap,
+            topic,
+            len(items),
+            dedupe=dedupe,
+            batch=batch,
+            meter_provider=MeterProvider(metric_readers=[reader]),
+        )
+    skipped = [e for e in logs if e["event"] == "duplicate_skipped"]
+    assert sorted(e["message_id"] for e in skipped) == ["a", "a", "c", "d"]
+    assert all(e["log_level"] == "debug" for e in skipped)
     handled = sorted(value for _, value in seen)
     expected = sorted(value for _, value, _, _ in items if not value.endswith(b"-skip"))
     assert handled == expected
     health = consumer.health()
     assert health.duplicates_skipped == 4 == dedupe.dropped
     assert health.processed == len(expected)
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = [
+        point.value
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == DUPLICATES_METRIC
+        for point in metric.data.data_points
+    ]
+    assert points == [4]
     wait_for(lambda: _committed_at_end(bootstrap, group, topic), 30, "commit past the skips")
 
     # negative control: without dedupe every record is handled, the marked copies included
