@@ -31,6 +31,7 @@ Exception tree (one base; every class is keyword-constructible and carries
     ├── DeadLetterError              a dead-letter write failed or was not acknowledged
     ├── CircuitBreakerOpenError      too many dead letters within a window
     ├── BatchItemError               raised by a batch handler: item .index failed (.cause)
+    ├── CrashLoopError               a record killed the process max_process_deaths times
     ├── ReplayMismatchError          Spark exactly_once: a replayed micro-batch differs
     └── ClusterError                 the local test cluster failed to start or to act
         └── ChaosNotSupportedError   a chaos operation asked of an external cluster
@@ -62,6 +63,9 @@ from kresilient._error_table import CONSUME_ONLY, DELIVERY_ROWS, PRODUCE_ONLY, R
 from kresilient.redaction import REDACTED, is_secret_key, redact_text
 
 __all__ = [
+    "REGISTRY_AUTH",
+    "REGISTRY_NOT_FOUND",
+    "REGISTRY_UNAVAILABLE",
     "TOO_LARGE_CODES",
     "Action",
     "BatchItemError",
@@ -73,6 +77,7 @@ __all__ = [
     "ConfigError",
     "ConsumeError",
     "Context",
+    "CrashLoopError",
     "DeadLetterError",
     "DeliveryError",
     "DeliveryFailure",
@@ -92,6 +97,7 @@ __all__ = [
     "exception_type_name",
     "failure_from_report",
     "is_unproducible",
+    "registry_classification",
     "translate",
 ]
 
@@ -112,6 +118,9 @@ class ErrorCategory(enum.Enum):
     POISON = "poison"  #: this record cannot be processed: dead-letter it
     BENIGN = "benign"  #: informational, nothing to do
     UNKNOWN = "unknown"  #: not known to the table (or internal): do not retry blindly
+    #: the record killed the process (OOM, crash in C code, os._exit) on every start:
+    #: dead-letter it without calling the handler again (header value ``crash_loop``)
+    CRASH_LOOP = "crash_loop"
 
 
 class Action(enum.Enum):
@@ -174,6 +183,7 @@ _CATEGORY_DEFAULTS: Final[Mapping[ErrorCategory, _Defaults]] = {
     ErrorCategory.POISON: _Defaults(False, False, False, False, Action.DEAD_LETTER),
     ErrorCategory.BENIGN: _Defaults(False, False, False, False, Action.IGNORE),
     ErrorCategory.UNKNOWN: _Defaults(False, False, False, False, Action.ALERT),
+    ErrorCategory.CRASH_LOOP: _Defaults(False, False, False, False, Action.DEAD_LETTER),
 }
 
 
@@ -372,6 +382,140 @@ _UNKNOWN_EXCEPTION: Final = _synthetic(
     ErrorCategory.UNKNOWN,
     "Not a Kafka error kresilient knows: do not retry blindly",
 )
+_CRASH_LOOP: Final = _synthetic(
+    "CRASH_LOOP",
+    ErrorCategory.CRASH_LOOP,
+    "The process died (OOM kill, crash in a C extension, os._exit ...) while handling this "
+    "record, once per start: fix the handler or the record, then `kresilient dlq replay`",
+)
+
+# --------------------------------------------------------------------------- Schema Registry
+
+# confluent-kafka's SchemaRegistryError is a plain Exception with ``http_status_code``; its
+# HTTP client raises httpx transport errors for refused connections and timeouts. Both are
+# recognised by type name and attributes, so this module never imports the registry client
+# (the ``schemaregistry`` extra). An outage must not dead-letter good records (issue 17).
+_HTTP_MODULES: Final = frozenset(
+    {"httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3", "aiohttp"}
+)
+#: transport-level failures (connection refused/reset, DNS, timeouts) of those clients
+_TRANSPORT_NAMES: Final = frozenset(
+    {
+        "TransportError",
+        "NetworkError",
+        "ConnectError",
+        "ConnectTimeout",
+        "TimeoutException",
+        "ReadTimeout",
+        "ReadError",
+        "RemoteProtocolError",
+        "ConnectionError",
+        "Timeout",
+        "ProtocolError",
+        "NewConnectionError",
+        "MaxRetryError",
+        "ClientConnectionError",
+    }
+)
+_CHAIN_DEPTH: Final = 8
+
+
+def _registry(category: ErrorCategory, name: str, remedy: str) -> Classification:
+    # AUTH is held and retried like an outage: a credential problem must not dead-letter
+    # good records (the categories' default for AUTH is FAIL).
+    retried = category is not ErrorCategory.POISON
+    return _synthetic(
+        name,
+        category,
+        remedy,
+        retriable=retried,
+        action=Action.BACKOFF_AND_RETRY if retried else Action.DEAD_LETTER,
+    )
+
+
+#: 5xx, 429, 408, a non-JSON error page, a connection failure or a timeout.
+REGISTRY_UNAVAILABLE: Final = _registry(
+    ErrorCategory.TRANSIENT,
+    "SCHEMA_REGISTRY_UNAVAILABLE",
+    "The Schema Registry is unavailable (5xx, 429, timeout or connection failure): the "
+    "record is held and retried; check the registry's health and its URL",
+)
+#: 401/403.
+REGISTRY_AUTH: Final = _registry(
+    ErrorCategory.AUTH,
+    "SCHEMA_REGISTRY_AUTH",
+    "The Schema Registry refused the credentials (401/403): the record is held and retried; "
+    "fix basic.auth.user.info / bearer settings or the registry ACLs",
+)
+#: Any other 4xx (40401 subject not found, 40403 schema not found, 422 invalid).
+REGISTRY_NOT_FOUND: Final = _registry(
+    ErrorCategory.POISON,
+    "SCHEMA_REGISTRY_NOT_FOUND",
+    "The Schema Registry does not know this record's schema (4xx, e.g. 40403): the record "
+    "was written with another registry or a deleted schema; dead-lettered",
+)
+
+
+def _registry_status(exc: BaseException) -> int | None:
+    if type(exc).__name__ != "SchemaRegistryError":
+        return None
+    status = getattr(exc, "http_status_code", None)
+    return status if isinstance(status, int) and not isinstance(status, bool) else None
+
+
+def _is_transport(exc: BaseException) -> bool:
+    for cls in type(exc).__mro__:
+        root = cls.__module__.partition(".")[0]
+        if root in _HTTP_MODULES and cls.__name__ in _TRANSPORT_NAMES:
+            return True
+    return False
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, its causes and contexts, and what confluent's (de)serialization wrappers
+    hold in ``.exception``; breadth first, each once, at most 8."""
+    seen: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo and len(seen) < _CHAIN_DEPTH:
+        item = todo.pop(0)
+        if item is None or any(item is s for s in seen):
+            continue
+        seen.append(item)
+        inner = getattr(item, "exception", None)
+        todo += [
+            item.__cause__,
+            item.__context__,
+            inner if isinstance(inner, BaseException) else None,
+        ]
+    return seen
+
+
+def registry_classification(exc: BaseException, *, transport: bool = True) -> Classification | None:
+    """The classification of a Schema Registry client failure anywhere in ``exc``'s chain,
+    or ``None`` when nothing in it is one.
+
+    A ``SchemaRegistryError`` by its ``http_status_code``: 5xx, 408, 429 and a non-JSON
+    error response (status -1) -> :data:`REGISTRY_UNAVAILABLE` (TRANSIENT, retried); 401/403
+    -> :data:`REGISTRY_AUTH` (AUTH, held and retried); any other 4xx ->
+    :data:`REGISTRY_NOT_FOUND` (POISON, dead-lettered). With ``transport`` (the default), an
+    HTTP client's connection failure or timeout counts as an outage too: pass it only for
+    errors raised by a (de)serializer, where the registry is the one HTTP peer.
+
+    >>> from confluent_kafka.schema_registry.error import SchemaRegistryError
+    >>> registry_classification(SchemaRegistryError(503, 50301, "down")).category.name
+    'TRANSIENT'
+    """
+    for item in _chain(exc):
+        status = _registry_status(item)
+        if status is not None:
+            if status >= 500 or status in (408, 429) or status < 0:
+                return REGISTRY_UNAVAILABLE
+            if status in (401, 403):
+                return REGISTRY_AUTH
+            return REGISTRY_NOT_FOUND
+        if transport and _is_transport(item):
+            return REGISTRY_UNAVAILABLE
+    return None
 
 
 def classify(err: object, *, context: Context | None = None) -> Classification:
@@ -380,6 +524,12 @@ def classify(err: object, *, context: Context | None = None) -> Classification:
     Accepts ``KafkaError``, ``KafkaException`` (its ``args[0]``), an int code, ``BufferError``
     (librdkafka's ``_QUEUE_FULL``), confluent-kafka serialization errors (``POISON``), a
     :class:`KResilientError`, or any other exception (``UNKNOWN``, not retriable).
+
+    Schema Registry failures (see :func:`registry_classification`): a
+    ``SchemaRegistryError`` is classified by its HTTP status, alone or wrapped by a
+    (de)serializer, so a registry outage is TRANSIENT instead of POISON; a connection
+    failure or timeout of the registry's HTTP client counts only inside a (de)serialization
+    error (elsewhere an HTTP error need not be the registry's).
 
     Pass ``context="delivery"`` for a delivery report's error: librdkafka has then already
     retried what it could, so e.g. ``UNKNOWN_TOPIC_OR_PART`` means a missing topic (CONFIG),
@@ -394,6 +544,12 @@ def classify(err: object, *, context: Context | None = None) -> Classification:
         return _by_code(err, context)
     if isinstance(err, KResilientError):
         return err.classification
+    if isinstance(err, SerializationError):
+        # confluent wraps the registry's errors in ValueDeserializationError & co, whose
+        # KafkaError code says POISON; an outage behind it is not the record's fault.
+        registry = registry_classification(err)
+        if registry is not None:
+            return registry
     if isinstance(err, KafkaException):
         inner = err.args[0] if err.args else None
         if isinstance(inner, KafkaError):
@@ -403,6 +559,10 @@ def classify(err: object, *, context: Context | None = None) -> Classification:
         return _UNKNOWN_EXCEPTION
     if isinstance(err, BufferError):
         return _BY_CODE[KafkaError._QUEUE_FULL]
+    if isinstance(err, BaseException):
+        registry = registry_classification(err, transport=False)
+        if registry is not None:
+            return registry
     return _UNKNOWN_EXCEPTION
 
 
@@ -565,7 +725,6 @@ class MessageTooLargeError(ProduceError):
         super().__init__(message, **kwargs)
         self.size = size
         self.limit = limit
-
 
 
 class SpoolError(ProduceError):
@@ -784,6 +943,34 @@ class BatchItemError(KResilientError):
     def failure(self) -> BaseException:
         """The exception of the failed item (``cause``, else ``__cause__``, else self)."""
         return self.cause or self.__cause__ or self
+
+
+class CrashLoopError(KResilientError):
+    """A record killed the consuming process (OOM kill, a crash in a C extension,
+    ``os._exit``) on ``deaths`` starts in a row, ``max_deaths`` being the limit: the consumer
+    dead-letters it (``kresilient.error.category=crash_loop``, ``kresilient.attempts`` =
+    ``deaths``) without calling the handler again. Classified :attr:`ErrorCategory.CRASH_LOOP`.
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+        deaths: int,
+        max_deaths: int,
+    ):
+        super().__init__(
+            message
+            or f"the process died {deaths} times while handling {topic}[{partition}]@{offset} "
+            f"(max_process_deaths={max_deaths}): dead-lettered without calling the handler "
+            "again",
+            classification=_CRASH_LOOP,
+        )
+        self.topic, self.partition, self.offset = topic, partition, offset
+        self.deaths, self.max_deaths = deaths, max_deaths
 
 
 class SchemaError(ConfigError):

@@ -325,6 +325,7 @@ TREE: dict[type[BaseException], type[BaseException]] = {
     errors.ChaosNotSupportedError: errors.ClusterError,
     errors.SpoolError: ProduceError,
     errors.SpoolCorruptError: errors.SpoolError,
+    errors.CrashLoopError: KResilientError,
 }
 
 
@@ -752,3 +753,47 @@ def test_use_after_close_says_the_client_is_closed_not_transactions() -> None:
     # the table's _STATE remedy still applies to the other wrong-state calls
     other = classify(KafkaError(KafkaError._STATE, "Operation not valid in state Ready"))
     assert other is classify(KafkaError._STATE) and "transactional" in other.remedy
+
+
+# --------------------------------------------------------------------------- crash loops
+
+
+def test_crash_loop_is_a_category_of_its_own_with_the_header_value_crash_loop() -> None:
+    """Issue 17 item 2: one definition of the crash-loop category and exception, in errors."""
+    from kresilient.consumer import _crashloop
+
+    assert ErrorCategory.CRASH_LOOP.value == "crash_loop"
+    exc = errors.CrashLoopError(topic="orders", partition=2, offset=41, deaths=3, max_deaths=3)
+    c = classify(exc)
+    assert c is exc.classification
+    assert (c.category, c.name, c.action) == (
+        ErrorCategory.CRASH_LOOP,
+        "CRASH_LOOP",
+        Action.DEAD_LETTER,
+    )
+    assert not c.retriable and not c.fatal and not c.possibly_persisted
+    assert errors.is_unproducible(c)
+    assert "kresilient dlq replay" in c.remedy and "os._exit" in c.remedy
+    assert str(exc) == (
+        "the process died 3 times while handling orders[2]@41 (max_process_deaths=3): "
+        "dead-lettered without calling the handler again"
+    )
+    assert (exc.topic, exc.partition, exc.offset, exc.deaths, exc.max_deaths) == (
+        "orders",
+        2,
+        41,
+        3,
+        3,
+    )
+    back = pickle.loads(pickle.dumps(exc))
+    assert (type(back), back.deaths, back.classification) == (errors.CrashLoopError, 3, c)
+    # the consumer's crash guard uses this very classification and exception, no stand-in
+    assert _crashloop.CRASH_LOOP is c
+    assert _crashloop.is_crash_loop(exc)
+    assert not _crashloop.is_crash_loop(KResilientError("x", classification=c))
+    assert not hasattr(_crashloop, "_Category")
+
+
+def test_every_category_has_a_default_action() -> None:
+    for category in ErrorCategory:
+        assert errors._CATEGORY_DEFAULTS[category].action in Action, category

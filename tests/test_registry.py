@@ -189,3 +189,98 @@ def test_registry_outage_holds_records_then_processes_all_and_poison_is_dead_let
     assert (records[b"bad-magic"].headers() or [])[0] == ("h", b"1")
     cats = {k: dict(r.headers() or [])["kresilient.error.category"] for k, r in records.items()}
     assert cats == {b"bad-magic": b"poison", b"unknown-id": b"poison"}
+
+
+# --------------------------------------------------------------------------- classify()
+
+
+def _wrapped(cls: type[BaseException], inner: BaseException) -> BaseException:
+    """``inner`` raised inside a (de)serializer, as confluent-kafka wraps it."""
+    try:
+        try:
+            raise inner
+        except BaseException as caught:
+            raise cls(exception=caught) from caught  # type: ignore[call-arg]
+    except BaseException as outer:
+        return outer
+
+
+@pytest.mark.parametrize(
+    ("status", "category", "name"),
+    [
+        (503, ErrorCategory.TRANSIENT, "SCHEMA_REGISTRY_UNAVAILABLE"),
+        (429, ErrorCategory.TRANSIENT, "SCHEMA_REGISTRY_UNAVAILABLE"),
+        (408, ErrorCategory.TRANSIENT, "SCHEMA_REGISTRY_UNAVAILABLE"),
+        (-1, ErrorCategory.TRANSIENT, "SCHEMA_REGISTRY_UNAVAILABLE"),
+        (403, ErrorCategory.AUTH, "SCHEMA_REGISTRY_AUTH"),
+        (404, ErrorCategory.POISON, "SCHEMA_REGISTRY_NOT_FOUND"),
+        (422, ErrorCategory.POISON, "SCHEMA_REGISTRY_NOT_FOUND"),
+    ],
+)
+def test_classify_knows_schema_registry_errors_alone_and_wrapped(
+    status: int, category: ErrorCategory, name: str
+) -> None:
+    """Issue 17 item 3: ``classify()`` (errors.py, which imports no registry client) gives
+    a registry error its HTTP status's class, on the consumer and on the producer side."""
+    from confluent_kafka.error import (
+        KeyDeserializationError,
+        ValueSerializationError,
+    )
+
+    from kresilient.errors import classify
+
+    bare = SchemaRegistryError(status, status * 100 + 3, "x")
+    for err in (
+        bare,
+        _wrapped(ValueDeserializationError, bare),
+        _wrapped(KeyDeserializationError, bare),
+        _wrapped(ValueSerializationError, bare),  # a producer's serializer
+    ):
+        c = classify(err)
+        assert (c.category, c.name) == (category, name), repr(err)
+        retried = category is not ErrorCategory.POISON
+        assert c.retriable is retried
+        assert c.action.name == ("BACKOFF_AND_RETRY" if retried else "DEAD_LETTER")
+    assert registry_classification(bare) is classify(bare)  # one table
+
+
+def test_classify_leaves_other_errors_as_they_were() -> None:
+    """Negative controls: a decode error is still POISON, a lone HTTP error is not taken for
+    the registry's, and only inside a (de)serializer is a connection failure an outage."""
+
+    class ConnectionError(Exception):  # the name httpx and requests use
+        """Recognised like httpx's and requests' by module and name (the real client's
+        error is exercised by test_connection_refused_and_timeouts_are_outages_...)."""
+
+    ConnectionError.__module__ = "requests.exceptions"
+
+    from kresilient.errors import classify
+
+    decode = _wrapped(ValueDeserializationError, ValueError("bad magic byte"))
+    assert classify(decode).category is ErrorCategory.POISON
+    assert classify(decode).name == "_VALUE_DESERIALIZATION"
+    refused = ConnectionError("connection refused")
+    assert classify(refused).category is ErrorCategory.UNKNOWN
+    assert (
+        classify(_wrapped(ValueDeserializationError, refused)).category is ErrorCategory.TRANSIENT
+    )
+    assert classify(ValueError("x")).category is ErrorCategory.UNKNOWN
+
+    class SchemaRegistryError(Exception):  # duck typing: by name and status attribute
+        http_status_code = 502
+
+    assert classify(SchemaRegistryError()).category is ErrorCategory.TRANSIENT
+
+
+def test_errors_module_does_not_import_the_registry_client() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kresilient.errors as e\n"
+        "e.classify(ValueError('x'))\n"
+        "assert 'confluent_kafka.schema_registry' not in sys.modules, 'imported'\n"
+        "assert 'httpx' not in sys.modules, 'httpx imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

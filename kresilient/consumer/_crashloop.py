@@ -29,16 +29,15 @@ record too; the default of 3 absorbs one or two such coincidences.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final
 
 from confluent_kafka import KafkaException, TopicPartition
 
 from kresilient.consumer._holds import TP
-from kresilient.errors import Action, Classification, ErrorCategory, KResilientError
+from kresilient.errors import Classification, CrashLoopError, classify
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -56,41 +55,14 @@ _PROBE_END: Final = PREFIX + "{}"
 #: Committed-offset lookups on assignment.
 _COMMITTED_TIMEOUT: Final = 10.0
 
-_REMEDY: Final = (
-    "The process died (OOM kill, crash in a C extension, os._exit ...) while handling this "
-    "record, once per start: fix the handler or the record, then `kresilient dlq replay`"
-)
-
-
-class _Category(enum.Enum):
-    """Stand-in until :class:`~kresilient.errors.ErrorCategory` has ``CRASH_LOOP``: the
-    dead-letter header and telemetry read only ``category.value``."""
-
-    CRASH_LOOP = "crash_loop"
-
-
-def _crash_category() -> ErrorCategory:
-    known = getattr(ErrorCategory, "CRASH_LOOP", None)
-    return cast(ErrorCategory, known if known is not None else _Category.CRASH_LOOP)
-
-
-#: The classification of a record dead-lettered for killing the process.
-CRASH_LOOP: Final = Classification(
-    code=None,
-    name="CRASH_LOOP",
-    category=_crash_category(),
-    retriable=False,
-    refresh_metadata=False,
-    possibly_persisted=False,
-    fatal=False,
-    action=Action.DEAD_LETTER,
-    remedy=_REMEDY,
-)
+#: The classification of a record dead-lettered for killing the process (one definition:
+#: :class:`~kresilient.errors.CrashLoopError`, category ``ErrorCategory.CRASH_LOOP``).
+CRASH_LOOP: Final[Classification] = classify(CrashLoopError(deaths=0, max_deaths=0))
 
 
 def is_crash_loop(exc: BaseException) -> bool:
     """Whether ``exc`` is the stand-in failure of a crash-loop record."""
-    return isinstance(exc, KResilientError) and exc.classification is CRASH_LOOP
+    return isinstance(exc, CrashLoopError)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -250,14 +222,13 @@ class CrashGuard:
             if deaths >= self.max_deaths:
                 probe.suspect = None
                 self.crash_loops += 1
-                error = KResilientError(
-                    f"the process died {deaths} times while handling {msg.topic()}"
-                    f"[{msg.partition()}]@{offset} (max_process_deaths={self.max_deaths}): "
-                    "dead-lettered without calling the handler again",
-                    classification=CRASH_LOOP,
+                raise CrashLoopError(
+                    topic=msg.topic(),
+                    partition=msg.partition(),
+                    offset=offset,
+                    deaths=deaths,
+                    max_deaths=self.max_deaths,
                 )
-                setattr(error, "deaths", deaths)  # noqa: B010 - the dead letter's attempts
-                raise error
         elif probe.suspect is not None and offset < probe.suspect:
             deaths, first = 0, now_ms  # handled again before the suspect (pending dead letters)
         else:
