@@ -18,7 +18,7 @@ from kresilient.lint.engine import exit_code, lint_paths
 from kresilient.lint.model import KINDS, Finding, LintStats, Severity
 from kresilient.lint.output import FORMATS, render
 from kresilient.lint.readers import KNOWN_EXTENSIONS, read_text
-from kresilient.lint.registry import RULES, iter_rules
+from kresilient.lint.registry import CLIENTS, RULES, iter_rules
 from kresilient.lint.settings import Settings, load_settings
 
 __all__ = ["explain", "main", "register"]
@@ -118,6 +118,7 @@ def _settings(args: argparse.Namespace, starts: Sequence[str]) -> Settings:
         select=args.select,
         ignore=args.ignore,
         kind=getattr(args, "kind", None),
+        client=getattr(args, "client", None),
     )
 
 
@@ -257,6 +258,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--kind",
         choices=KINDS,
         help="Treat every config as this kind instead of telling it from its keys.",
+    )
+    lint.add_argument(
+        "--client",
+        choices=CLIENTS,
+        help="Judge every client config by this library's defaults (default: librdkafka, "
+        "or java for Spring Boot files and configs naming Java serializer classes).",
     )
     lint.add_argument("--explain", metavar="ID", help="Explain one rule, then exit.")
     lint.add_argument("--list-rules", action="store_true", help="List every rule, then exit.")

@@ -17,10 +17,18 @@ from kresilient.lint.model import (
     has_lone_surrogate,
 )
 from kresilient.lint.readers import detect_format, read_text
-from kresilient.lint.registry import RULES, Rule, iter_rules
+from kresilient.lint.registry import RULES, Rule, client_of, is_client, iter_rules
 from kresilient.lint.settings import Settings, Suppressions, parse_suppressions
 
-__all__ = ["detect_kind", "discover", "exit_code", "lint_paths", "lint_text", "unit_findings"]
+__all__ = [
+    "detect_client",
+    "detect_kind",
+    "discover",
+    "exit_code",
+    "lint_paths",
+    "lint_text",
+    "unit_findings",
+]
 
 _SKIP_DIRS = frozenset(
     {
@@ -129,17 +137,65 @@ def _read_file(path: str, limit: int) -> tuple[bytes, str | None]:
         return b"", f"cannot read file: {exc.strerror or exc}"
 
 
+#: Keys only the Java client (or a Java framework) reads: a config holding one is read by the
+#: Java client, whose defaults differ from librdkafka's.
+_JAVA_MARKERS = frozenset(
+    {
+        "key.serializer",
+        "value.serializer",
+        "key.deserializer",
+        "value.deserializer",
+        "partitioner.class",
+        "interceptor.classes",
+        "max.poll.records",
+        "buffer.memory",
+    }
+)
+
+
+#: Readers whose files say what each config is (a Spring ``consumer`` block, a Strimzi
+#: ``KafkaTopic``, a Python constructor): ``--kind`` does not override them.
+SELF_DESCRIBING = frozenset({"python", "spring", "strimzi", "terraform", "topicspec"})
+
+
+def detect_client(unit: ConfigUnit) -> str:
+    """``java`` when ``unit`` names Java classes or Java-only keys, else ``librdkafka``."""
+    for key, entry in unit.entries.items():
+        if key in _JAVA_MARKERS:
+            return "java"
+        if key.endswith(("serializer", "deserializer")) and entry.text.startswith(
+            ("org.", "io.", "com.")
+        ):
+            return "java"
+    return "librdkafka"
+
+
+def _assumed(unit: ConfigUnit) -> str:
+    framework = unit.context.get("framework")
+    client = "Java client" if client_of(unit) == "java" else "librdkafka"
+    return f"{framework} / {client}" if isinstance(framework, str) else client
+
+
 def unit_findings(unit: ConfigUnit, settings: Settings) -> Iterator[Finding]:
     """The findings of every enabled unit-scope rule for ``unit`` (no suppressions applied);
-    the audit runs the topic and broker rules over live configs through this too."""
+    the audit runs the topic and broker rules over live configs through this too.
+
+    A finding about an unset key names whose defaults it assumed (``librdkafka``,
+    ``Java client``, ``Spring Kafka / Java client``).
+    """
     rules: Iterable[Rule] = iter_rules(scope="unit")
     only = unit.context.get("rules")  # a unit read in a dialect only some rules know
     if isinstance(only, frozenset):
         rules = [r for r in rules if r.id in only]
+    client = client_of(unit)
     for found in rules:
         if found.check is None or unit.kind not in found.kinds or not settings.enabled(found.id):
             continue
+        if is_client(unit) and client not in found.clients:
+            continue
         for message, entry in found.check(unit):
+            if entry is None and is_client(unit) and unit.source != "python":
+                message = f"{message} ({_assumed(unit)} defaults)"
             yield Finding(
                 rule=found.id,
                 severity=settings.severity_of(found.id),
@@ -220,10 +276,14 @@ def lint_text(
         if invalid is not None:
             findings.append(invalid)
             continue
-        if settings.kind is not None and unit.source != "python":
+        if settings.kind is not None and unit.source not in SELF_DESCRIBING:
             unit.kind, unit.kind_forced = settings.kind, True
         elif not unit.kind_forced:
             unit.kind = detect_kind(unit)
+        if settings.client is not None and unit.source != "python":
+            unit.context["client"] = settings.client
+        elif "client" not in unit.context:
+            unit.context["client"] = detect_client(unit)
         findings.extend(unit_findings(unit, settings))
         if units_out is not None:
             units_out.append(unit)

@@ -8,6 +8,7 @@ result types here instead of importing each other.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -71,11 +72,34 @@ class Severity(enum.IntEnum):
         return self.name.lower()
 
 
+def is_secret(name: str) -> bool:
+    """True when the value of the client, broker or Java client key ``name`` must never be
+    printed (librdkafka's secret properties, names like ``*password*``, and the Java
+    client's ``PASSWORD``-typed keys such as ``ssl.keystore.key``)."""
+    if catalog.is_secret_key(name):
+        return True
+    return name in _java_passwords()
+
+
+@functools.cache
+def _java_passwords() -> frozenset[str]:
+    kinds = ("producer", "consumer", "admin")
+    return frozenset(
+        k.name
+        for kind in kinds
+        for k in catalog.all_kafka_configs(kind)  # type: ignore[arg-type]
+        if k.type == "password"
+    )
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Entry:
     """One ``key = value`` of a config, with the 1-based position of its key.
 
     ``dynamic`` marks a value the linter cannot know (a Python expression, ``${VAR}``).
+    ``setting`` is the Kafka key the entry sets when the file spells it otherwise (Spring's
+    ``spring.kafka.consumer.enable-auto-commit`` sets ``enable.auto.commit``); messages
+    quote ``key``, the spelling of the file.
     """
 
     key: str
@@ -83,6 +107,7 @@ class Entry:
     line: int
     col: int
     dynamic: bool = False
+    setting: str | None = None
 
     @property
     def text(self) -> str:
@@ -92,7 +117,7 @@ class Entry:
     @property
     def shown(self) -> str:
         """The value safe to print: secrets are replaced by ``<redacted>``."""
-        if catalog.is_secret_key(self.key):
+        if is_secret(self.key) or (self.setting is not None and is_secret(self.setting)):
             return REDACTED
         if self.dynamic:
             return "<dynamic>"

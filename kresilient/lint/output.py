@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from kresilient import _catalog as catalog
 from kresilient.lint.model import Finding, LintStats, Severity
-from kresilient.lint.registry import RULES, Rule, iter_rules
+from kresilient.lint.registry import CLIENTS, RULES, Rule, iter_rules
 
 __all__ = ["FORMATS", "render"]
 
@@ -229,6 +229,7 @@ files and Python sources (configs passed to confluent-kafka and kresilient clien
   exclude = ["tests/fixtures/*"]
   lag-threshold = 1000        # audit: KR064
   max-file-size = 1048576     # bytes; a larger file is KR000, not read
+  client = "java"             # judge client configs by Java defaults (default: detect)
   [tool.kresilient.lint.severity]
   KR021 = "error"
   ```
@@ -241,9 +242,27 @@ files and Python sources (configs passed to confluent-kafka and kresilient clien
   references (`${VAR}`, `${file:...}`), masks and file names (`*.location`,
   `KAFKA_SSL_*_CREDENTIALS`) are not secrets; options inside JAAS strings (`password`,
   `clientSecret`) are looked at one by one.
-- Spring Boot `spring.kafka.*` settings (YAML or `.properties`, relaxed names) are read for
-  literal secrets (KR041) only, for now: their dialect (Spring names, Java client defaults)
-  is not modelled yet.
+- Readers (each finding points at the file, line and column of the setting):
+  - Spring Boot `application.yml`/`application.properties` (and profiles, one YAML
+    document each): `spring.kafka.*` with Spring's relaxed names (`enable-auto-commit`,
+    `enableAutoCommit`, `ENABLE_AUTO_COMMIT`), the `producer`, `consumer`, `admin` and
+    `streams` sections, their `properties.*` maps and `ssl.*`; Spring durations (`30s`,
+    `PT5M`) and sizes (`16KB`) become ms and bytes. One config per role, holding the shared
+    settings; findings quote the key as written (`spring.kafka.producer.acks`). `streams`
+    is checked for security rules only (Kafka Streams has its own defaults).
+- Clients: a client config is judged by the defaults of the library that reads it:
+  librdkafka (confluent-kafka, the default) or the Java client. Java is assumed for Spring
+  Boot files and for configs naming Java serializer classes or Java-only keys
+  (`key.serializer`, `partitioner.class`, `max.poll.records` ...); `--client java` or
+  `--client librdkafka` (or `client = "java"` in `[tool.kresilient.lint]`) overrides that.
+  Java defaults come from Kafka's own ConfigDef (4.1): `acks=all`, `enable.idempotence=true`
+  (effective since 3.0.1/3.1.1/3.2.0, KAFKA-13598; turned off silently when it is unset and
+  `acks`, `retries` or `max.in.flight.requests.per.connection` conflict, KAFKA-13673, which
+  KR008 reports), the murmur2 partitioner, `[range, cooperative-sticky]` assignors; Spring
+  Kafka's listener container commits after processing (`enable.auto.commit=false` unless
+  set). Rules about librdkafka's own constraints or names are marked "librdkafka only"
+  below and skipped for Java configs; a finding about an unset key names the defaults it
+  assumed, e.g. `(Spring Kafka / Java client defaults)`.
 - Kinds: producer, consumer, admin, client (role unknown), broker, topic; detected from the
   keys or a section name (`producer:`, `topics:` ...), or forced with `--kind`.
 """
@@ -261,6 +280,8 @@ def rules_markdown() -> str:
     ]
     for r in rules:
         kinds = ", ".join(sorted(r.kinds))
+        if r.scope == "unit" and r.clients != frozenset(CLIENTS):
+            kinds += f" ({', '.join(sorted(r.clients))} only)"
         lines.append(
             f"| [{r.id}](#{r.id.lower()}) | {r.name} | {r.severity.label} | {r.family} | {kinds} |"
         )

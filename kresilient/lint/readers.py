@@ -147,10 +147,75 @@ def _flatten(prefix: str, node: _Node) -> Iterator[tuple[str, int, int, object]]
             yield from _flatten(name, child)
 
 
-#: The rules run on Spring Boot's ``spring.kafka.*`` settings. The Java client reads them
-#: through Spring's own names and defaults, a dialect not modelled yet, so only the rules
-#: that depend on neither apply (a literal secret is one whatever the dialect).
-SPRING_RULES: frozenset[str] = frozenset({"KR041"})
+# ----------------------------------------------------------------------------- Spring Boot
+
+#: Spring Boot's named ``spring.kafka.[role.]*`` properties, in relaxed form (lower case,
+#: no ``-``/``_``; ``enable-auto-commit``, ``enableAutoCommit`` and ``ENABLE_AUTO_COMMIT``
+#: all bind to the same property), -> the Kafka client key Spring sets from them
+#: (org.springframework.boot.autoconfigure.kafka.KafkaProperties).
+SPRING_NAMES: dict[str, str] = {
+    "bootstrapservers": "bootstrap.servers",
+    "clientid": "client.id",
+    "acks": "acks",
+    "retries": "retries",
+    "batchsize": "batch.size",
+    "buffermemory": "buffer.memory",
+    "compressiontype": "compression.type",
+    "keyserializer": "key.serializer",
+    "valueserializer": "value.serializer",
+    "transactionidprefix": "transactional.id",
+    "autocommitinterval": "auto.commit.interval.ms",
+    "autooffsetreset": "auto.offset.reset",
+    "enableautocommit": "enable.auto.commit",
+    "fetchmaxwait": "fetch.max.wait.ms",
+    "fetchminsize": "fetch.min.bytes",
+    "groupid": "group.id",
+    "heartbeatinterval": "heartbeat.interval.ms",
+    "isolationlevel": "isolation.level",
+    "keydeserializer": "key.deserializer",
+    "valuedeserializer": "value.deserializer",
+    "maxpollrecords": "max.poll.records",
+    "maxpollinterval": "max.poll.interval.ms",
+    "security.protocol": "security.protocol",
+    "ssl.keypassword": "ssl.key.password",
+    "ssl.keystorecertificatechain": "ssl.keystore.certificate.chain",
+    "ssl.keystorekey": "ssl.keystore.key",
+    "ssl.keystorelocation": "ssl.keystore.location",
+    "ssl.keystorepassword": "ssl.keystore.password",
+    "ssl.keystoretype": "ssl.keystore.type",
+    "ssl.truststorecertificates": "ssl.truststore.certificates",
+    "ssl.truststorelocation": "ssl.truststore.location",
+    "ssl.truststorepassword": "ssl.truststore.password",
+    "ssl.truststoretype": "ssl.truststore.type",
+    "ssl.protocol": "ssl.protocol",
+}
+_SPRING_ROLES: dict[str, Kind] = {
+    "producer": "producer",
+    "consumer": "consumer",
+    "admin": "admin",
+    "streams": "client",
+}
+#: Spring Duration properties (a bare number is milliseconds) and DataSize ones (bytes).
+_SPRING_DURATIONS = frozenset(
+    {
+        "auto.commit.interval.ms",
+        "fetch.max.wait.ms",
+        "heartbeat.interval.ms",
+        "max.poll.interval.ms",
+    }
+)
+_SPRING_SIZES = frozenset({"batch.size", "buffer.memory", "fetch.min.bytes"})
+_DURATION = re.compile(r"^\s*(\d+)\s*(ns|us|ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_ISO_DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$", re.I)
+_DATA_SIZE = re.compile(r"^\s*(\d+)\s*(B|KB|MB|GB|TB)?\s*$", re.IGNORECASE)
+_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_BYTES = {"b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3, "tb": 1024**4}
+#: The only rules run on Spring's ``streams`` settings (Kafka Streams has its own defaults).
+SPRING_STREAMS_RULES: frozenset[str] = frozenset({"KR034", "KR035", "KR036", "KR040", "KR041"})
+#: What Spring Kafka changes from the Java client's defaults: its listener container commits
+#: after processing and sets enable.auto.commit=false unless told otherwise (spring-kafka
+#: GH-945, 2.3).
+SPRING_CONSUMER_DEFAULTS: dict[str, str] = {"enable.auto.commit": "false"}
 
 
 def _relaxed(key: str) -> str:
@@ -158,33 +223,92 @@ def _relaxed(key: str) -> str:
     return key.lower().replace("-", "").replace("_", "")
 
 
-def spring_unit(
-    items: Iterable[tuple[str, int, int, object]], path: str, taken: set[tuple[int, int]]
-) -> ConfigUnit | None:
-    """A unit of the ``spring.kafka.*`` settings among ``items`` (key, line, col, value),
-    checked by :data:`SPRING_RULES` only; entries at a position in ``taken`` (already part
-    of a Kafka config unit of the file, e.g. ``spring.kafka.properties.*``) are left out."""
-    entries: dict[str, Entry] = {}
+def _spring_value(name: str, value: object) -> tuple[object, bool]:
+    """A Spring Duration (``30s``, ``PT5M``) or DataSize (``16KB``) as the number the
+    Kafka key takes (ms, bytes); (value, True) when it cannot be converted."""
+    if name in _SPRING_DURATIONS and isinstance(value, str):
+        m = _DURATION.match(value)
+        if m:
+            return int(int(m.group(1)) * _MS[(m.group(2) or "ms").lower()]), False
+        iso = _ISO_DURATION.match(value.strip())
+        if iso and any(iso.groups()):
+            d, h, mi, sec = (float(g) if g else 0.0 for g in iso.groups())
+            return int(((d * 24 + h) * 60 + mi) * 60_000 + sec * 1000), False
+        return value, True
+    if name in _SPRING_SIZES and isinstance(value, str):
+        m = _DATA_SIZE.match(value)
+        if m:
+            return int(m.group(1)) * _BYTES[(m.group(2) or "b").lower()], False
+        return value, True
+    return value, False
+
+
+def _spring_key(parts: list[str]) -> tuple[str | None, str | None]:
+    """(role or None for shared settings, Kafka key or None) for the key path after
+    ``spring.kafka.``; ``properties.*`` maps pass their keys through as written."""
+    role: str | None = None
+    if parts and _relaxed(parts[0]) in _SPRING_ROLES:
+        role, parts = _relaxed(parts[0]), parts[1:]
+    if not parts:
+        return role, None
+    if _relaxed(parts[0]) == "properties":
+        raw = ".".join(p.strip("[]") for p in parts[1:])
+        return role, raw or None
+    return role, SPRING_NAMES.get(".".join(_relaxed(p) for p in parts))
+
+
+def is_spring_key(key: str) -> bool:
+    """True for a ``spring.kafka.*`` key in any relaxed spelling."""
+    return _relaxed(key).startswith("spring.kafka.")
+
+
+def spring_units(items: Iterable[tuple[str, int, int, object]], path: str) -> list[ConfigUnit]:
+    """The Kafka client configs Spring Boot builds from the ``spring.kafka.*`` settings
+    among ``items`` (key, line, col, value): one per role used (producer, consumer, admin,
+    streams), each holding the shared settings too, in Kafka's names, read by the Java
+    client with Spring Kafka's defaults. Spring properties Kafka does not see (listener,
+    template, retry) are left out."""
+    shared: dict[str, Entry] = {}
+    roles: dict[str, dict[str, Entry]] = {}
     for key, line, col, value in items:
-        if _relaxed(key).startswith("spring.kafka.") and (line, col) not in taken:
-            entries[key] = _entry(key, value, line, col)
-    if not entries:
-        return None
-    first = min(entries.values(), key=lambda e: (e.line, e.col))
-    return ConfigUnit(
-        path=path,
-        line=first.line,
-        col=first.col,
-        entries=entries,
-        kind="client",
-        kind_forced=True,
-        source="spring",
-        context={"rules": SPRING_RULES},
-    )
-
-
-def _positions(units: Iterable[ConfigUnit]) -> set[tuple[int, int]]:
-    return {(e.line, e.col) for u in units for e in u.entries.values()}
+        if not is_spring_key(key):
+            continue
+        parts = key.split(".")[2:]
+        role, name = _spring_key(parts)
+        if role is not None:
+            roles.setdefault(role, {})
+        if name is None:
+            continue
+        converted, unknown = _spring_value(name, value)
+        dynamic = unknown or _entry(name, value, line, col).dynamic
+        entry = Entry(key=key, value=converted, line=line, col=col, dynamic=dynamic, setting=name)
+        (roles[role] if role is not None else shared)[name] = entry
+    units: list[ConfigUnit] = []
+    used = [r for r in _SPRING_ROLES if roles.get(r)] or ([] if not shared else [""])
+    for role in used:
+        entries = {**shared, **roles.get(role, {})}
+        # A finding about an unset key points at the role's block, not the shared settings.
+        first = min((roles.get(role) or entries).values(), key=lambda e: (e.line, e.col))
+        kind: Kind = _SPRING_ROLES.get(role, "client")
+        context: dict[str, object] = {"client": "java", "framework": "Spring Kafka"}
+        if role == "consumer":
+            context["defaults"] = dict(SPRING_CONSUMER_DEFAULTS)
+        if role == "streams":
+            context["rules"] = SPRING_STREAMS_RULES
+        units.append(
+            ConfigUnit(
+                path=path,
+                line=first.line,
+                col=first.col,
+                entries=entries,
+                kind=kind,
+                kind_forced=True,
+                name=f"spring.kafka.{role}" if role else "spring.kafka",
+                source="spring",
+                context=context,
+            )
+        )
+    return units
 
 
 def _walk(
@@ -363,14 +487,15 @@ def _read_yaml(text: str, path: str, kind: Kind | None) -> ReadResult:
             if doc is not None:
                 _check_expansion(doc, cap)
                 root = tree.node(doc)
-                before = len(result.units)
-                _walk(root, path, kind, None, result.units)
-                if root.mapping is not None:
+                if root.mapping is not None and any(
+                    _relaxed(k) == "spring" or is_spring_key(k) for k, _, _, _ in root.mapping
+                ):
                     flat = [(k[1:], line, col, v) for k, line, col, v in _flatten("", root)]
-                    taken = _positions(result.units[before:])
-                    spring = spring_unit(flat, path, taken)
-                    if spring is not None:
-                        result.units.append(spring)
+                    result.units.extend(spring_units(flat, path))
+                    # Spring's tree is read above; the rest of the document as usual.
+                    rest = [m for m in root.mapping if not _relaxed(m[0]).startswith("spring")]
+                    root = _Node(line=root.line, col=root.col, mapping=rest)
+                _walk(root, path, kind, None, result.units)
     except _TooComplex as exc:
         result.units.clear()
         result.error = ParseError(line=exc.line, col=exc.col, message=exc.message)
@@ -654,7 +779,11 @@ def _read_properties(text: str, path: str, kind: Kind | None) -> ReadResult:
     except _PropertiesError as exc:
         result.error = ParseError(line=exc.line, col=exc.col, message=exc.message)
         return result
-    if kind is not None or looks_like_kafka(entries, False):
+    spring = [(e.key, e.line, e.col, e.value) for e in entries.values() if is_spring_key(e.key)]
+    if spring:
+        result.units.extend(spring_units(spring, path))
+        entries = {k: e for k, e in entries.items() if not k.lower().startswith("spring.")}
+    if entries and (kind is not None or looks_like_kafka(entries, False)):
         result.units.append(
             ConfigUnit(
                 path=path,
@@ -666,11 +795,6 @@ def _read_properties(text: str, path: str, kind: Kind | None) -> ReadResult:
                 source="properties",
             )
         )
-    else:
-        items = [(e.key, e.line, e.col, e.value) for e in entries.values()]
-        spring = spring_unit(items, path, set())
-        if spring is not None:
-            result.units.append(spring)
     return result
 
 

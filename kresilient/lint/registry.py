@@ -7,13 +7,25 @@ or renumber one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from kresilient import _catalog as catalog
 from kresilient.lint.model import CLIENT_KINDS, ConfigUnit, Entry, Severity
 
-__all__ = ["RULES", "Hit", "Rule", "effective", "number", "rule"]
+__all__ = ["CLIENTS", "RULES", "Hit", "Rule", "client_of", "effective", "number", "rule"]
+
+#: The client libraries whose defaults a client config can be judged by.
+CLIENTS: tuple[str, ...] = ("librdkafka", "java")
+#: librdkafka names -> the Java client's name for the same setting (for Java defaults).
+_JAVA_NAMES = {
+    "message.timeout.ms": "delivery.timeout.ms",
+    "max.in.flight": "max.in.flight.requests.per.connection",
+    "request.required.acks": "acks",
+    "message.send.max.retries": "retries",
+    "queue.buffering.max.ms": "linger.ms",
+}
 
 #: (message, entry whose key position locates the finding or None for the unit's position)
 Hit = tuple[str, Entry | None]
@@ -37,6 +49,9 @@ class Rule:
     fix: str
     scope: str = "unit"
     input_error: bool = False
+    #: The client libraries whose configs the rule judges (a librdkafka-only constraint or
+    #: default does not apply to a config the Java client reads).
+    clients: frozenset[str] = frozenset(CLIENTS)
     check: UnitCheck | None = None
     project_check: ProjectCheck | None = None
 
@@ -67,8 +82,10 @@ def rule(
     summary: str,
     why: str,
     fix: str,
+    clients: Iterable[str] = CLIENTS,
 ) -> Callable[[UnitCheck], UnitCheck]:
-    """Decorator registering a per-config check ``fn(unit) -> iterable of (message, entry)``."""
+    """Decorator registering a per-config check ``fn(unit) -> iterable of (message, entry)``;
+    ``clients`` limits it to configs read by those client libraries."""
 
     def decorate(fn: UnitCheck) -> UnitCheck:
         register(
@@ -82,6 +99,7 @@ def rule(
                 why=why,
                 fix=fix,
                 check=fn,
+                clients=frozenset(clients),
             )
         )
         return fn
@@ -131,10 +149,43 @@ def _defaults_known(unit: ConfigUnit) -> bool:
     return not unit.context.get("resilient") and bool(unit.context.get("config_known", True))
 
 
+def client_of(unit: ConfigUnit) -> str:
+    """The client library that reads ``unit``: ``java`` or ``librdkafka`` (the default)."""
+    client = unit.context.get("client")
+    return client if isinstance(client, str) and client in CLIENTS else "librdkafka"
+
+
+def _java_default(unit: ConfigUnit, key: str) -> str | None:
+    """The Java client's default for ``key`` (or its Java name), from Kafka's ConfigDef."""
+    names = [key, _JAVA_NAMES.get(key, key)]
+    prop = catalog.lookup(key)
+    if prop is not None:
+        names += [prop.canonical, _JAVA_NAMES.get(prop.canonical, prop.canonical), *prop.aliases]
+    kinds = (unit.kind,) if unit.kind in ("producer", "consumer", "admin") else ()
+    for name in names:
+        owners = catalog.java_client_kinds(name)
+        for kind in kinds or owners[:1]:
+            if kind in owners:
+                return _java_defaults(kind).get(name)
+    return None
+
+
+@functools.cache
+def _java_defaults(kind: str) -> dict[str, str | None]:
+    return {k.name: k.default for k in catalog.all_kafka_configs(kind)}  # type: ignore[arg-type]
+
+
 def default_of(unit: ConfigUnit, key: str) -> str | None:
-    """The default a key takes when unset, for this unit's kind (None if unknown)."""
+    """The default a key takes when unset, for this unit's kind and client (None if
+    unknown). A framework's own defaults (``context["defaults"]``, e.g. Spring Kafka's
+    ``enable.auto.commit=false``) come first."""
     if not _defaults_known(unit):
         return None
+    overrides = unit.context.get("defaults")
+    if isinstance(overrides, dict) and key in overrides:
+        return str(overrides[key])
+    if unit.kind in CLIENT_KINDS and client_of(unit) == "java":
+        return _java_default(unit, key)
     if unit.kind == "broker":
         broker = catalog.broker_config(key)
         return broker.default if broker else None
@@ -191,9 +242,26 @@ def is_client(unit: ConfigUnit) -> bool:
 
 
 def idempotent(unit: ConfigUnit) -> bool | None:
-    """Whether the producer runs idempotent (``transactional.id`` implies it)."""
+    """Whether the producer runs idempotent (``transactional.id`` implies it).
+
+    The Java client (3.0.1, 3.1.1, 3.2+; KAFKA-13598) defaults to idempotence, but turns it
+    off silently when it is not set explicitly and acks, retries or max.in.flight conflict
+    with it (KAFKA-13673).
+    """
     if explicit(unit, "transactional.id"):
-        return truthy(unit, "enable.idempotence") is not False
+        # Only an explicit false counts: an unset key's default does not turn it off.
+        entry = explicit(unit, "enable.idempotence")
+        return not (entry is not None and truthy(unit, "enable.idempotence") is False)
+    if client_of(unit) == "java" and unit.get("enable.idempotence") is None:
+        overrides = unit.context.get("defaults")
+        if not _defaults_known(unit) or (
+            isinstance(overrides, dict) and "enable.idempotence" in overrides
+        ):
+            return truthy(unit, "enable.idempotence")
+        acks, inflight = number(unit, "acks"), number(unit, "max.in.flight")
+        retries = number(unit, "retries")
+        if acks not in (None, -1.0) or (inflight or 0) > 5 or retries == 0:
+            return False
     return truthy(unit, "enable.idempotence")
 
 

@@ -12,6 +12,7 @@ from kresilient import _catalog as catalog
 from kresilient.lint.model import TOPIC_SPEC_KEYS, ConfigUnit, Entry, Severity
 from kresilient.lint.registry import (
     Hit,
+    client_of,
     effective,
     explicit,
     fmt,
@@ -25,6 +26,9 @@ from kresilient.lint.registry import (
 E, W, N = Severity.ERROR, Severity.WARNING, Severity.INFO
 P, C, ANY = ("producer",), ("consumer",), ("producer", "consumer", "admin", "client")
 _EAGER = frozenset({"range", "roundrobin"})
+#: Rules about librdkafka's own constraints, names or defaults: a config the Java client
+#: reads is not judged by them (Java accepts, names or defaults these differently).
+LIBRDKAFKA = ("librdkafka",)
 _COOPERATIVE = frozenset({"cooperative-sticky"})
 
 
@@ -45,6 +49,10 @@ _COOPERATIVE = frozenset({"cooperative-sticky"})
 def _idempotence_constraints(unit: ConfigUnit) -> Iterator[Hit]:
     if not idempotent(unit):
         return
+    if client_of(unit) == "java" and not (
+        explicit(unit, "enable.idempotence") or explicit(unit, "transactional.id")
+    ):
+        return  # Java turns its default idempotence off instead of refusing (KAFKA-13673)
     acks = explicit(unit, "acks", "request.required.acks")
     if acks and number(unit, "acks") != -1:
         yield f"{acks.key}={acks.shown} with enable.idempotence=true: must be all", acks
@@ -154,8 +162,21 @@ def _placement(name: str) -> str:
     "librdkafka equivalent).",
 )
 def _unknown(unit: ConfigUnit) -> Iterator[Hit]:
+    java = client_of(unit) == "java"
     for key, entry in unit.entries.items():
-        if is_client(unit):
+        if is_client(unit) and java:
+            # The Java client passes unknown keys on to plugins (serializers, interceptors,
+            # schema registry ...) and only logs them: report a likely misspelling only.
+            if catalog.java_client_kinds(key) or "." not in key:
+                continue
+            close = [
+                k
+                for kind in ("producer", "consumer", "admin")
+                for k in catalog.suggest(key, kind=kind)
+            ]
+            if close and close[0] != key:
+                yield f"unknown Java client property {key!r} (did you mean {close[0]!r}?)", entry
+        elif is_client(unit):
             if catalog.lookup(key) is not None:
                 continue
             hint = catalog.suggest(key)
@@ -245,6 +266,25 @@ def _acks_one(unit: ConfigUnit) -> Iterator[Hit]:
     fix="Set enable.idempotence=true.",
 )
 def _idempotence(unit: ConfigUnit) -> Iterator[Hit]:
+    if (
+        idempotent(unit) is False
+        and client_of(unit) == "java"
+        and unit.get("enable.idempotence") is None
+    ):
+        conflict = explicit(
+            unit,
+            "acks",
+            "request.required.acks",
+            "retries",
+            "max.in.flight.requests.per.connection",
+        )
+        shown = f"{conflict.key}={conflict.shown}" if conflict else "a conflicting setting"
+        yield (
+            f"{shown} turns the Java client's default idempotence off: retries can "
+            "duplicate and reorder messages",
+            conflict,
+        )
+        return
     if idempotent(unit) is False:
         entry = explicit(unit, "enable.idempotence")
         shown = f"enable.idempotence={entry.shown}" if entry else "enable.idempotence is unset"
@@ -322,6 +362,7 @@ def _timeout_short(unit: ConfigUnit) -> Iterator[Hit]:
     "the same key to a different partition, breaking per-key order and joins when both "
     "kinds of producers write to a topic (librdkafka#4510).",
     fix="Set partitioner=murmur2_random.",
+    clients=LIBRDKAFKA,
 )
 def _partitioner(unit: ConfigUnit) -> Iterator[Hit]:
     entry = explicit(unit, "partitioner")
@@ -464,6 +505,23 @@ def _max_age(unit: ConfigUnit) -> Iterator[Hit]:
     "(or use ResilientConsumer).",
 )
 def _auto_commit(unit: ConfigUnit) -> Iterator[Hit]:
+    if client_of(unit) == "java":
+        # The Java consumer commits, in poll(), the records the previous poll() returned:
+        # at-least-once for a plain loop. Spring's container commits after the listener
+        # unless enable-auto-commit is set, which hands commits back to the client's timer.
+        entry = explicit(unit, "enable.auto.commit")
+        if (
+            unit.context.get("framework") == "Spring Kafka"
+            and entry
+            and truthy(unit, "enable.auto.commit")
+        ):
+            yield (
+                f"{entry.key}=true: the listener container no longer commits after "
+                "processing; offsets of records handed off or given up by the error handler "
+                "can be committed unprocessed",
+                entry,
+            )
+        return
     if truthy(unit, "enable.auto.commit") and truthy(unit, "enable.auto.offset.store"):
         entry = explicit(unit, "enable.auto.offset.store", "enable.auto.commit")
         yield (
@@ -560,6 +618,7 @@ def _classic(unit: ConfigUnit) -> bool:
     why="rd_kafka_conf_finalize rejects it: the member would be evicted for slow "
     "processing before its session could even expire.",
     fix="Keep max.poll.interval.ms >= session.timeout.ms.",
+    clients=LIBRDKAFKA,
 )
 def _poll_vs_session(unit: ConfigUnit) -> Iterator[Hit]:
     poll, session = number(unit, "max.poll.interval.ms"), number(unit, "session.timeout.ms")
@@ -625,6 +684,7 @@ def _kip848(unit: ConfigUnit) -> Iterator[Hit]:
     summary="Eager and cooperative assignors mixed in partition.assignment.strategy.",
     why="librdkafka refuses the mix (rdkafka_assignor.c): the rebalance protocols differ.",
     fix="Use cooperative-sticky alone (migrate with a two-step rolling restart).",
+    clients=LIBRDKAFKA,
 )
 def _mixed(unit: ConfigUnit) -> Iterator[Hit]:
     entry = explicit(unit, "partition.assignment.strategy")
@@ -643,6 +703,7 @@ def _mixed(unit: ConfigUnit) -> Iterator[Hit]:
     summary="Eager assignor (the default range,roundrobin).",
     why="Every rebalance revokes all partitions from all members (stop-the-world).",
     fix="Set partition.assignment.strategy=cooperative-sticky (or group.protocol=consumer).",
+    clients=LIBRDKAFKA,
 )
 def _eager(unit: ConfigUnit) -> Iterator[Hit]:
     value = effective(unit, "partition.assignment.strategy")
@@ -664,6 +725,7 @@ def _eager(unit: ConfigUnit) -> Iterator[Hit]:
     why="Fetch requests may time out on the client while the broker is still waiting "
     "(rd_kafka_conf_warn), causing reconnects.",
     fix="Keep socket.timeout.ms > fetch.wait.max.ms + 1000.",
+    clients=LIBRDKAFKA,
 )
 def _fetch_wait(unit: ConfigUnit) -> Iterator[Hit]:
     wait, sock = number(unit, "fetch.wait.max.ms"), number(unit, "socket.timeout.ms")
@@ -682,6 +744,7 @@ def _fetch_wait(unit: ConfigUnit) -> Iterator[Hit]:
     "fetch.max.bytes + 512.",
     why="rd_kafka_conf_finalize rejects both: a response could not hold one message.",
     fix="Raise fetch.max.bytes / receive.message.max.bytes or leave them unset.",
+    clients=LIBRDKAFKA,
 )
 def _fetch_sizes(unit: ConfigUnit) -> Iterator[Hit]:
     fetch, msg = number(unit, "fetch.max.bytes"), number(unit, "message.max.bytes")
@@ -747,6 +810,15 @@ def _client_rack(unit: ConfigUnit) -> Iterator[Hit]:
 )
 def _wrong_kind(unit: ConfigUnit) -> Iterator[Hit]:
     wrong = {"producer": ("C",), "consumer": ("P",), "admin": ("P", "C")}[unit.kind]
+    if client_of(unit) == "java":
+        for key, entry in unit.entries.items():
+            owners = catalog.java_client_kinds(key)
+            if owners and unit.kind not in owners and owners != ("admin",):
+                yield (
+                    f"{key} is a Java {'/'.join(owners)} property and is ignored by a {unit.kind}",
+                    entry,
+                )
+        return
     for key, entry in unit.entries.items():
         prop = catalog.lookup(key)
         if prop is not None and prop.scope in wrong:
@@ -764,6 +836,7 @@ def _wrong_kind(unit: ConfigUnit) -> Iterator[Hit]:
     why="librdkafka warns at construction; deprecated properties are no longer used or "
     "will be removed, experimental ones may change.",
     fix="Remove it or use its replacement (see librdkafka CONFIGURATION.md).",
+    clients=LIBRDKAFKA,
 )
 def _deprecated(unit: ConfigUnit) -> Iterator[Hit]:
     for key, entry in unit.entries.items():
@@ -801,6 +874,7 @@ def _single_bootstrap(unit: ConfigUnit) -> Iterator[Hit]:
     why="rd_kafka_conf_set fails with 'Invalid value for configuration property' and the "
     "client cannot be created.",
     fix="Use a value of the documented type and range (see --explain and CONFIGURATION.md).",
+    clients=LIBRDKAFKA,
 )
 def _invalid(unit: ConfigUnit) -> Iterator[Hit]:
     for key, entry in unit.entries.items():
@@ -825,6 +899,7 @@ def _invalid(unit: ConfigUnit) -> Iterator[Hit]:
     summary="partitioner unset: librdkafka's consistent_random, not Java's murmur2.",
     why="The default crc32-based partitioner maps keys differently from Java producers.",
     fix="Set partitioner=murmur2_random if any Java producer writes the same topics.",
+    clients=LIBRDKAFKA,
 )
 def _partitioner_default(unit: ConfigUnit) -> Iterator[Hit]:
     if unit.get("partitioner") is None and effective(unit, "partitioner") == "consistent_random":

@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from kresilient import _catalog as catalog
-from kresilient.lint.model import ConfigUnit, Entry, Severity
+from kresilient.lint.model import ConfigUnit, Entry, Severity, is_secret
 from kresilient.lint.registry import (
     Hit,
     Rule,
@@ -188,7 +187,7 @@ def _sasl_plaintext(unit: ConfigUnit) -> Iterator[Hit]:
 )
 def _credential(unit: ConfigUnit) -> Iterator[Hit]:
     for key, entry in unit.entries.items():
-        if entry.dynamic or entry.value is None or not catalog.is_secret_key(key):
+        if entry.dynamic or entry.value is None or not is_secret(key):
             continue
         if _SECRET_ELSEWHERE.search(key.lower()):
             continue
@@ -196,10 +195,10 @@ def _credential(unit: ConfigUnit) -> Iterator[Hit]:
         if key.endswith(("jaas.config", "oauthbearer.config")):
             option = _literal_in_options(text)
             if option is not None:
-                yield f"{key} holds a literal {option} (value not shown)", entry
+                yield f"{entry.key} holds a literal {option} (value not shown)", entry
             continue
         if not is_stand_in(text):
-            yield f"{key} holds a literal credential (value not shown)", entry
+            yield f"{entry.key} holds a literal credential (value not shown)", entry
 
 
 @rule(

@@ -8,6 +8,7 @@ Example ``pyproject.toml``::
     fail-on = "warning"           # error (default), warning or info
     exclude = ["tests/fixtures/*"]
     max-file-size = 1048576       # bytes; a larger file is a KR000 finding, not read
+    client = "java"               # judge client configs by Java defaults (default: detect)
     [tool.kresilient.lint.severity]
     KR021 = "error"
 
@@ -60,6 +61,9 @@ class Settings:
     lag_threshold: int = 1000
     max_file_size: int = MAX_FILE_SIZE
     source: str | None = None
+    #: ``java`` or ``librdkafka``: whose defaults judge every client config (None: tell
+    #: from the file, e.g. Java serializer class names or Spring Boot keys mean ``java``).
+    client: str | None = None
 
     def enabled(self, rule_id: str) -> bool:
         """Meta rules (parse errors) always run; others obey select/ignore prefixes."""
@@ -80,10 +84,12 @@ class Settings:
         ignore: tuple[str, ...] | None = None,
         fail_on: Severity | None = None,
         kind: Kind | None = None,
+        client: str | None = None,
     ) -> Settings:
         """A copy with the given (non-None) fields replaced."""
         return dataclasses.replace(
             self,
+            client=self.client if client is None else client,
             select=self.select if select is None else select,
             ignore=self.ignore if ignore is None else ignore,
             fail_on=self.fail_on if fail_on is None else fail_on,
@@ -119,6 +125,7 @@ def settings_from_mapping(data: Mapping[str, object], source: str) -> Settings:
         "lag_threshold",
         "max-file-size",
         "max_file_size",
+        "client",
     }
     for key in data:
         if key not in allowed:
@@ -150,6 +157,9 @@ def settings_from_mapping(data: Mapping[str, object], source: str) -> Settings:
         raise ConfigError(
             f"{source}: max-file-size must be a positive int (bytes)", key="max-file-size"
         )
+    client = data.get("client")
+    if client is not None and client not in ("java", "librdkafka"):
+        raise ConfigError(f"{source}: client must be java or librdkafka", key="client")
     try:
         fail = Severity.parse(fail_on) if isinstance(fail_on, str) else settings.fail_on
     except ValueError as exc:
@@ -164,6 +174,7 @@ def settings_from_mapping(data: Mapping[str, object], source: str) -> Settings:
         exclude=tuple(exclude),
         lag_threshold=lag,
         max_file_size=max_size,
+        client=client if isinstance(client, str) else None,
     )
 
 
