@@ -224,6 +224,13 @@ def test_offset_expiry_threshold_is_half_the_retention() -> None:
     expiry = [f for f in check_snapshot(snap) if f.rule == "KR069"]
     assert [f.path.rsplit("/", 1)[1] for f in expiry] == ["stale"]
     assert "5 min old, offsets.retention.minutes=10" in expiry[0].message
+    # Idle for years by its records' timestamps, yet its offsets are still there: the
+    # estimate is refuted (old producer timestamps), no false alarm; within the retention
+    # plus one expiry sweep it is still reported.
+    snap.broker_configs[1]["offsets.retention.check.interval.ms"] = "60000"
+    snap.idle_ms = {"replayed": 3 * 365 * 86_400_000, "edge": 660_000, "past": 660_001}
+    expiry = [f for f in check_snapshot(snap) if f.rule == "KR069"]
+    assert [f.path.rsplit("/", 1)[1] for f in expiry] == ["edge"]
     snap.broker_configs = {}
     assert not [f for f in check_snapshot(snap) if f.rule == "KR069"]
 

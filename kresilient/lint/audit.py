@@ -88,6 +88,7 @@ _BROKER_KEYS = (
     "message.max.bytes",
     "socket.request.max.bytes",
     "offsets.retention.minutes",
+    "offsets.retention.check.interval.ms",
 )
 
 
@@ -144,7 +145,9 @@ for _rule in (
         "(earliest) or skips what arrived meanwhile (latest). The Admin API does not give the "
         "commit time: the idle time is estimated by the age of the newest record the group "
         "committed past, which overstates it when records carry old producer timestamps "
-        "(replayed data): such a group may be reported although it committed recently.",
+        "(replayed data). An estimate beyond the retention is refuted by the offsets still "
+        "being there and not reported; one between half and all of it may be a false alarm "
+        "for such a group.",
         fix="Restart a consumer of the group before the retention passes, raise "
         "offsets.retention.minutes beyond the longest planned downtime, and check what "
         "auto.offset.reset does on a restart; reset expired offsets explicitly "
@@ -441,8 +444,19 @@ def _offset_expiry(snap: ClusterSnapshot, settings: Settings) -> Iterator[Findin
         )
     if retention is None:
         return
+    interval = min(
+        (
+            int(v)
+            for conf in snap.broker_configs.values()
+            if (v := conf.get("offsets.retention.check.interval.ms")) is not None and v.isdigit()
+        ),
+        default=600_000,
+    )
     for group, idle in sorted(snap.idle_ms.items()):
-        if idle <= retention / 2:
+        # Idle longer than the retention (plus one expiry sweep) yet still holding offsets:
+        # the estimate is refuted (records with old producer timestamps), the group committed
+        # later than it says. Nothing is claimed rather than a false alarm.
+        if idle <= retention / 2 or idle > retention + interval:
             continue
         yield _finding(
             settings,
