@@ -313,15 +313,20 @@ def test_key_blocks_keep_later_records_of_a_key_behind_the_moved_one() -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("ordered", [True, False], ids=["ordered", "unordered-control"])
+@pytest.mark.parametrize(
+    ("ordered", "failures"),
+    [(True, 1), (True, 2), (False, 1)],
+    ids=["ordered", "ordered-two-tiers", "unordered-control"],
+)
 def test_ordered_retry_topics_keep_a_keys_later_records_behind_it(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, ordered: bool
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, ordered: bool, failures: int
 ) -> None:
-    """K's first record fails once; K's next two records come after it. ordered=True: the
-    handler succeeds on K's records in offset order; the other key is not held. Control
-    (ordered=False): K's later records are handled before the retried one."""
+    """K's first record fails once (or also in the first tier); K's next two records come
+    after it. ordered=True: the handler succeeds on K's records in offset order; the other key
+    is not held. Control (ordered=False): K's later records are handled before the retried
+    one."""
     bootstrap = kafka_cluster.bootstrap_servers
-    topic, _ = _topics(topic_factory, partitions=1)
+    topic, _ = _topics(topic_factory, partitions=3)  # K's retry records: one partition by key
     items = [
         (b"K", b"K0", [], 0),
         (b"J", b"J1", [], 0),
@@ -334,7 +339,8 @@ def test_ordered_retry_topics_keep_a_keys_later_records_behind_it(
 
     def handle(msg: Any) -> None:
         value = msg.value()
-        fail = value == b"K0" and not RetryView.is_retry(msg)
+        tier = RetryView(msg).tier if RetryView.is_retry(msg) else 0
+        fail = value == b"K0" and tier < failures
         calls.append((value, not fail))
         if fail:
             raise RuntimeError("downstream refused K0 once")
@@ -361,11 +367,14 @@ def test_ordered_retry_topics_keep_a_keys_later_records_behind_it(
     assert sorted(done) == [b"J1", b"J4", b"K0", b"K2", b"K3"]  # each once
     k_order = [v for v in done if v.startswith(b"K")]
     assert calls[0] == (b"K0", False)
+    assert [ok for v, ok in calls if v == b"K0"] == [False] * failures + [True]
     # the other key is never held behind K: J's records before K0's retry
     assert done.index(b"J4") < done.index(b"K0")
     if ordered:
         assert k_order == [b"K0", b"K2", b"K3"]
-        assert consumer.health().moved_to_retry == 3  # K0 after its failure, K2, K3 behind it
+        # K0 once per failure; K2 and K3 behind it into the first tier, and into the second
+        # one after it when K0 went on there (consumed after it from the first tier)
+        assert consumer.health().moved_to_retry == failures * 3
     else:
         assert k_order == [b"K2", b"K3", b"K0"]
         assert consumer.health().moved_to_retry == 1
