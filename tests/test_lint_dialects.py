@@ -168,3 +168,85 @@ def test_client_setting_in_pyproject_is_validated() -> None:
     assert settings_from_mapping({"client": "java"}, "pyproject.toml").client == "java"
     with pytest.raises(ConfigError, match="client must be java or librdkafka"):
         settings_from_mapping({"client": "jvm"}, "pyproject.toml")
+
+
+# ----------------------------------------------------------------------------- Strimzi
+
+
+def test_strimzi_kafkatopic_replicas_and_config_at_their_lines() -> None:
+    assert _found(DATA / "strimzi" / "topics.yaml") == [
+        (10, "KR042"),  # spec.replicas: 2 (issue 15: was not flagged)
+        (13, "KR044"),  # min.insync.replicas 2 with 2 replicas: one broker down stops writes
+        (27, "KR043"),  # payments-audit: min.insync.replicas 1
+        (28, "KR045"),  # unclean.leader.election.enable: true
+    ]
+
+
+def test_strimzi_topic_units_name_kind_and_spelling() -> None:
+    units = read_text((DATA / "strimzi" / "topics.yaml").read_text(), "t.yaml", "yaml").units
+    assert [(u.name, u.kind, u.source) for u in units] == [
+        ("payments", "topic", "strimzi"),
+        ("payments.audit.v1", "topic", "strimzi"),  # spec.topicName wins over metadata.name
+    ]
+    assert units[0].entries["replication.factor"].key == "spec.replicas"
+
+
+def test_strimzi_kafka_broker_config() -> None:
+    assert _found(DATA / "strimzi" / "kafka.yaml") == [
+        (9, "KR047"),  # no spec.kafka.rack: located at the spec.kafka block
+        (20, "KR042"),  # default.replication.factor: 2
+        (21, "KR044"),  # min.insync.replicas 2 = default.replication.factor
+        (22, "KR045"),
+    ]
+
+
+@pytest.mark.parametrize("name", ["topics-good.yaml", "kafka-good.yaml"])
+def test_strimzi_correct_resources_give_no_finding(name: str) -> None:
+    """Negative control (with a KafkaUser, a Strimzi resource holding no Kafka config)."""
+    assert _found(DATA / "strimzi" / name) == []
+
+
+# ----------------------------------------------------------------------------- Jikkou, topicctl
+
+
+def test_jikkou_topic_list() -> None:
+    assert _found(DATA / "jikkou" / "topics.yaml") == [
+        (9, "KR042"),  # clickstream: replicas 1
+        (18, "KR044"),  # clickstream-dlq: min.insync.replicas 3 with 3 replicas
+    ]
+
+
+def test_topicctl_topic_spec_and_retention_minutes() -> None:
+    path = DATA / "topicctl" / "topic-events.yaml"
+    assert _found(path) == [(11, "KR042"), (16, "KR044")]
+    (unit,) = read_text(path.read_text(), str(path), "yaml").units
+    assert unit.name == "events" and unit.entries["retention.ms"].value == 1440 * 60_000
+
+
+@pytest.mark.parametrize("path", ["jikkou/topic-good.yaml", "topicctl/topic-good.yaml"])
+def test_topic_spec_correct_files_give_no_finding(path: str) -> None:
+    assert _found(DATA / path) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaTopic\nspec: [1, 2]\n",
+        "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaTopic\nspec:\n  replicas: {a: 1}\n",
+        "apiVersion: kafka.strimzi.io/v1beta2\nkind: Kafka\nspec:\n  kafka: 3\n",
+        "apiVersion: kafka.jikkou.io/v1\nkind: KafkaTopicList\nitems: 7\n",
+        "meta:\n  name: [x]\nspec:\n  partitions: many\n  replicationFactor: null\n",
+    ],
+)
+def test_odd_resource_shapes_never_crash(text: str) -> None:
+    findings = lint_text(text, "r.yaml")
+    assert all(f.rule != "KR000" for f in findings)
+
+
+def test_malformed_strimzi_yaml_is_a_located_kr000() -> None:
+    text = (
+        "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaTopic\n"
+        "spec:\n  replicas: 2\n  config: {a: 1\n"
+    )
+    (finding,) = lint_text(text, "topic.yaml")
+    assert finding.rule == "KR000" and finding.line >= 5

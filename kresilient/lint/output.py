@@ -250,6 +250,14 @@ files and Python sources (configs passed to confluent-kafka and kresilient clien
     `PT5M`) and sizes (`16KB`) become ms and bytes. One config per role, holding the shared
     settings; findings quote the key as written (`spring.kafka.producer.acks`). `streams`
     is checked for security rules only (Kafka Streams has its own defaults).
+  - Strimzi custom resources (`apiVersion: kafka.strimzi.io/...`, any document of a
+    multi-document YAML): `KafkaTopic` (`spec.replicas` as the replication factor,
+    `spec.partitions`, `spec.config`, the name from `spec.topicName` or `metadata.name`)
+    and `Kafka` (`spec.kafka.config` as a broker config; `spec.kafka.rack` counts as
+    `broker.rack`, which Strimzi sets). Other Strimzi resources hold no Kafka config.
+  - Jikkou `KafkaTopic`/`KafkaTopicList` (`apiVersion: kafka.jikkou.io/...`,
+    `spec.replicas`, `spec.configs`) and topicctl topic specs (`meta.name` with
+    `spec.replicationFactor`, `spec.retentionMinutes` as `retention.ms`, `spec.settings`).
 - Clients: a client config is judged by the defaults of the library that reads it:
   librdkafka (confluent-kafka, the default) or the Java client. Java is assumed for Spring
   Boot files and for configs naming Java serializer classes or Java-only keys

@@ -367,6 +367,161 @@ def _walk(
         _walk(child, path, child_hint, child_label, out)
 
 
+# ----------------------------------------------------------------------------- Kafka resources
+
+
+def _child(node: _Node | None, *keys: str) -> tuple[int, int, _Node] | None:
+    """The value under ``keys`` (a path of mapping keys) with its key's position."""
+    found: tuple[int, int, _Node] | None = None
+    for key in keys:
+        if node is None or node.mapping is None:
+            return None
+        found = next(((ln, c, v) for k, ln, c, v in node.mapping if k == key), None)
+        if found is None:
+            return None
+        node = found[2]
+    return found
+
+
+def _spec_entry(spelled: str, setting: str, at: tuple[int, int, _Node], scale: int = 1) -> Entry:
+    """An entry for a resource field (``spec.replicas``) that sets the Kafka key
+    ``setting`` (``replication.factor``), its value scaled (topicctl's minutes -> ms)."""
+    line, col, node = at
+    value = node.scalar
+    if scale != 1 and isinstance(value, int) and not isinstance(value, bool):
+        value = value * scale
+    entry = _entry(setting, value, line, col)
+    return Entry(
+        key=spelled, value=value, line=line, col=col, dynamic=entry.dynamic, setting=setting
+    )
+
+
+def _config_entries(at: tuple[int, int, _Node] | None, into: dict[str, Entry]) -> None:
+    if at is None or at[2].mapping is None:
+        return
+    for name, line, col, value in _flatten("", at[2]):
+        into[name[1:]] = _entry(name[1:], value, line, col)
+
+
+#: Topic fields of topic-as-code resources: (path under the document, Kafka key, scale).
+_TOPIC_FIELDS: dict[str, tuple[tuple[tuple[str, ...], str, int], ...]] = {
+    "strimzi": (
+        (("spec", "replicas"), "replication.factor", 1),
+        (("spec", "partitions"), "partitions", 1),
+    ),
+    "jikkou": (
+        (("spec", "replicas"), "replication.factor", 1),
+        (("spec", "partitions"), "partitions", 1),
+    ),
+    "topicctl": (
+        (("spec", "replicationFactor"), "replication.factor", 1),
+        (("spec", "partitions"), "partitions", 1),
+        (("spec", "retentionMinutes"), "retention.ms", 60_000),
+    ),
+}
+_TOPIC_CONFIGS = {"strimzi": "config", "jikkou": "configs", "topicctl": "settings"}
+
+
+def _resource_kind(root: _Node) -> tuple[str, str] | None:
+    """(tool, kind) of a Strimzi or Jikkou custom resource or a topicctl topic spec."""
+    api = _child(root, "apiVersion")
+    kind = _child(root, "kind")
+    api_text = str(api[2].scalar) if api else ""
+    kind_text = str(kind[2].scalar) if kind else ""
+    if api_text.startswith("kafka.strimzi.io/"):
+        return "strimzi", kind_text
+    if api_text.startswith("kafka.jikkou.io/"):
+        return "jikkou", kind_text
+    if _child(root, "meta", "name") and (
+        _child(root, "spec", "partitions") or _child(root, "spec", "replicationFactor")
+    ):
+        return "topicctl", "Topic"
+    return None
+
+
+def resource_units(root: _Node, path: str) -> list[ConfigUnit] | None:
+    """The topic and broker configs of a Strimzi ``KafkaTopic``/``Kafka``, a Jikkou
+    ``KafkaTopic``/``KafkaTopicList`` or a topicctl topic spec; None when ``root`` is
+    none of these (an unrelated Kubernetes resource of those tools gives [])."""
+    found = _resource_kind(root)
+    if found is None:
+        return None
+    tool, kind = found
+    if tool == "jikkou" and kind == "KafkaTopicList":
+        items = _child(root, "items")
+        units: list[ConfigUnit] = []
+        for item in (items[2].sequence or []) if items else []:
+            units.extend(_topic_resource(item, path, tool))
+        return units
+    if kind in ("KafkaTopic", "Topic"):
+        return _topic_resource(root, path, tool)
+    if tool == "strimzi" and kind == "Kafka":
+        return _strimzi_kafka(root, path)
+    return []
+
+
+def _topic_resource(root: _Node, path: str, tool: str) -> list[ConfigUnit]:
+    entries: dict[str, Entry] = {}
+    for keys, setting, scale in _TOPIC_FIELDS[tool]:
+        at = _child(root, *keys)
+        if at is not None and at[2].mapping is None and at[2].sequence is None:
+            entries[setting] = _spec_entry(".".join(keys), setting, at, scale)
+    _config_entries(_child(root, "spec", _TOPIC_CONFIGS[tool]), entries)
+    name_at = (
+        _child(root, "spec", "topicName")
+        or _child(root, "metadata", "name")
+        or _child(root, "meta", "name")
+    )
+    spec = _child(root, "spec")
+    line, col = (spec[0], spec[1]) if spec else (root.line, root.col)
+    return [
+        ConfigUnit(
+            path=path,
+            line=line,
+            col=col,
+            entries=entries,
+            kind="topic",
+            kind_forced=True,
+            name=str(name_at[2].scalar) if name_at else None,
+            source="strimzi" if tool == "strimzi" else "topicspec",
+            context={"tool": tool},
+        )
+    ]
+
+
+def _strimzi_kafka(root: _Node, path: str) -> list[ConfigUnit]:
+    """The broker config of a Strimzi ``Kafka``: ``spec.kafka.config``; Strimzi sets
+    ``broker.rack`` itself from ``spec.kafka.rack``."""
+    kafka = _child(root, "spec", "kafka")
+    if kafka is None:
+        return []
+    entries: dict[str, Entry] = {}
+    _config_entries(_child(kafka[2], "config"), entries)
+    rack = _child(kafka[2], "rack")
+    if rack is not None:
+        entries["broker.rack"] = Entry(
+            key="spec.kafka.rack",
+            value="<set by Strimzi>",
+            line=rack[0],
+            col=rack[1],
+            dynamic=True,
+            setting="broker.rack",
+        )
+    return [
+        ConfigUnit(
+            path=path,
+            line=kafka[0],
+            col=kafka[1],
+            entries=entries,
+            kind="broker",
+            kind_forced=True,
+            name=str(n[2].scalar) if (n := _child(root, "metadata", "name")) else None,
+            source="strimzi",
+            context={"tool": "strimzi"},
+        )
+    ]
+
+
 # ----------------------------------------------------------------------------- YAML
 
 
@@ -487,6 +642,10 @@ def _read_yaml(text: str, path: str, kind: Kind | None) -> ReadResult:
             if doc is not None:
                 _check_expansion(doc, cap)
                 root = tree.node(doc)
+                resources = resource_units(root, path)
+                if resources is not None:
+                    result.units.extend(resources)
+                    continue
                 if root.mapping is not None and any(
                     _relaxed(k) == "spring" or is_spring_key(k) for k, _, _, _ in root.mapping
                 ):
