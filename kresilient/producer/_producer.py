@@ -74,6 +74,7 @@ from kresilient.producer._support import (
     LogBridge,
     Reachability,
     category_counts,
+    client_certificate,
     compose_delivery_error,
     drain,
     fatal_cause,
@@ -298,7 +299,9 @@ class ResilientProducer:
                 log=self._log,
                 trace_carrier=self._tel.trace_carrier,
             )
-        self._reach = Reachability(self._log, interval=_UNREACHABLE_LOG_INTERVAL)
+        self._reach = Reachability(
+            self._log, interval=_UNREACHABLE_LOG_INTERVAL, certificate=client_certificate(cfg)
+        )
         self._log_bridge = LogBridge(
             self._log,
             self._monitor.on_log,

@@ -8,7 +8,9 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException
@@ -23,6 +25,8 @@ __all__ = [
     "Reachability",
     "auth_failure",
     "category_counts",
+    "certificate_expiry",
+    "client_certificate",
     "compose_delivery_error",
     "drain",
     "fatal_cause",
@@ -279,6 +283,50 @@ def auth_failure(text: str, code: int | None = None) -> AuthFailure | None:
     return None
 
 
+def client_certificate(config: Mapping[str, Any]) -> str | None:
+    """The client certificate a config names (``ssl.certificate.location`` or the inline
+    ``ssl.certificate.pem``), for :func:`certificate_expiry`; never the key."""
+    for key in ("ssl.certificate.location", "ssl.certificate.pem"):
+        value = config.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def certificate_expiry(source: str | None, now: datetime | None = None) -> str | None:
+    """``"the client certificate (...) expired on <date>"`` if the certificate in ``source``
+    (a PEM file path or PEM text) is outside its validity period, else ``None``.
+
+    A JDK broker answers an expired client certificate with the TLS alert "certificate
+    unknown", the same as for any certificate it does not trust: only the client can tell
+    that it expired. Needs the ``cryptography`` package; without it (or for an unreadable
+    file) nothing is said and the remedy stays generic.
+    """
+    if not source:
+        return None
+    try:
+        from cryptography import x509
+    except ImportError:
+        return None
+    inline = "-----BEGIN" in source
+    try:
+        data = source.encode() if inline else Path(source).read_bytes()
+        cert = x509.load_pem_x509_certificate(data)
+    except (OSError, ValueError):
+        return None
+    after = getattr(cert, "not_valid_after_utc", None) or cert.not_valid_after.replace(tzinfo=UTC)
+    before = getattr(cert, "not_valid_before_utc", None) or cert.not_valid_before.replace(
+        tzinfo=UTC
+    )
+    now = now or datetime.now(UTC)
+    where = "ssl.certificate.pem" if inline else f"ssl.certificate.location={source}"
+    if now > after:
+        return f"the client certificate ({where}) expired on {after:%Y-%m-%d %H:%M} UTC"
+    if now < before:
+        return f"the client certificate ({where}) is not valid before {before:%Y-%m-%d %H:%M} UTC"
+    return None
+
+
 def connect_failure(text: str) -> tuple[str, str] | None:
     """``(host:port, reason)`` of a librdkafka connection failure line, else ``None``.
 
@@ -309,8 +357,13 @@ class Reachability:
     out" or "no broker reachable".
     """
 
-    def __init__(self, log: Any, *, interval: float = 60.0) -> None:
+    def __init__(self, log: Any, *, interval: float = 60.0, certificate: str | None = None) -> None:
         self._log = log
+        #: the client certificate (:func:`client_certificate`), checked once when the broker
+        #: refuses it: an expired one is then named as the cause
+        self._certificate = certificate
+        self._expiry: str | None = None
+        self._expiry_checked = False
         self._limiter = RateLimiter(interval)
         self._lock = threading.Lock()
         self._hosts: dict[str, str] = {}
@@ -322,8 +375,15 @@ class Reachability:
     def refusal(self, text: str, code: int | None = None) -> AuthFailure | None:
         """Record ``text`` (redacted) if it says the cluster refused this client; return it."""
         found = auth_failure(text, code)
-        if found is not None:
-            self.refused = found
+        if found is None:
+            return None
+        if found.cause in ("certificate", "tls") and self._certificate is not None:
+            if not self._expiry_checked:
+                self._expiry_checked = True
+                self._expiry = certificate_expiry(self._certificate)
+            if self._expiry is not None:
+                found = AuthFailure(found.code, "expired", f"{found.detail}; {self._expiry}")
+        self.refused = found
         return found
 
     def failed(self, text: str) -> bool:
