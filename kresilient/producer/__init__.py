@@ -20,14 +20,23 @@ from kresilient.producer._spool import (
     SpoolCorruptError,
     SpoolError,
 )
-from kresilient.producer._support import LogBridge, Reachability, connect_failure
+from kresilient.producer._support import (
+    AuthFailure,
+    LogBridge,
+    Reachability,
+    client_certificate,
+    connect_failure,
+)
 
 # LogBridge (librdkafka log lines into structlog, redacted, connection failures summarised),
 # Reachability ("cluster unreachable" warnings naming hosts and reasons) and connect_failure
-# are public for the other clients (consumer, admin) that route librdkafka output the same way.
+# are public for the other clients (consumer, admin) that route librdkafka output the same way;
+# AuthFailure is what Reachability.refused holds (a refused SASL login or TLS handshake) and
+# client_certificate() what Reachability(certificate=...) checks for expiry.
 __all__ = [
     "MESSAGE_ID_HEADER",
     "POSSIBLE_DUPLICATE_HEADER",
+    "AuthFailure",
     "DeliveryHandle",
     "DeliveryResult",
     "FlushResult",
@@ -38,5 +47,6 @@ __all__ = [
     "Spool",
     "SpoolCorruptError",
     "SpoolError",
+    "client_certificate",
     "connect_failure",
 ]
