@@ -34,7 +34,7 @@ import structlog
 from confluent_kafka import KafkaError
 
 from kresilient._version import __version__
-from kresilient.errors import ConfigError, KafkaClientError
+from kresilient.errors import ConfigError, ErrorCategory, KafkaClientError
 
 _CONTRIBUTORS = ("kresilient.lint.cli", "kresilient.deadletter_cli", "kresilient.doctor")
 _BOOTSTRAP_ENV = "KRESILIENT_BOOTSTRAP_SERVERS"
@@ -163,6 +163,38 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- topic
 
 
+def read_command_config(path: str) -> dict[str, str]:
+    """The client properties of a ``--command-config`` file, read like the Kafka tools read
+    theirs (Java properties: ``key=value`` or ``key: value``, ``#``/``!`` comments,
+    ``\\`` line continuations and escapes), with the parser ``kresilient lint``,
+    ``audit`` and ``doctor`` use. A malformed file is a :class:`ConfigError` naming the
+    file and line, never its values (they may be secrets)."""
+    from kresilient.lint.readers import read_text
+
+    with open(path, encoding="utf-8") as fh:
+        result = read_text(fh.read(), path, "properties", "client")
+    if result.error:
+        raise ConfigError(f"{path}:{result.error.line}: {result.error.message}", key=None)
+    config: dict[str, str] = {}
+    for unit in result.units:
+        config.update({k: e.text for k, e in unit.entries.items()})
+    return config
+
+
+def _auth_hint(exc: KafkaClientError, args: argparse.Namespace) -> str:
+    """For a refused login or ACL: the error's name and what to grant or fix (the broker
+    only says "Authorization failed")."""
+    if exc.classification.category is not ErrorCategory.AUTH:
+        return ""
+    if exc.code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED):
+        topics = f"{args.name}" + (f" and {args.name}.dlq" if args.dlq else "")
+        return (
+            f" [{exc.name}]: the user needs CREATE and DESCRIBE on topic {topics} (a "
+            "prefixed ACL covers both), or CREATE on the cluster"
+        )
+    return f" [{exc.name}]: {exc.remedy}"
+
+
 def _cmd_topic_create(args: argparse.Namespace) -> int:
     from kresilient.admin import create_topic, parse_config_items
 
@@ -170,7 +202,10 @@ def _cmd_topic_create(args: argparse.Namespace) -> int:
         _err(f"kresilient topic create: pass --bootstrap-servers HOSTS or set ${_BOOTSTRAP_ENV}")
         return 2
     try:
-        client = parse_config_items(args.property or ())
+        # -X wins over the file, as in the other commands
+        path = getattr(args, "command_config", None)
+        client = read_command_config(path) if path else {}
+        client.update(parse_config_items(args.property or ()))
         results = create_topic(
             args.bootstrap_servers,
             args.name,
@@ -185,8 +220,11 @@ def _cmd_topic_create(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         _err(f"kresilient topic create: {exc.message}")
         return 2
+    except OSError as exc:  # the --command-config file: its name and why, not its content
+        _err(f"kresilient topic create: cannot read {exc.filename}: {exc.strerror}")
+        return 2
     except KafkaClientError as exc:
-        _err(f"kresilient topic create: {exc.message}")
+        _err(f"kresilient topic create: {exc.message}{_auth_hint(exc, args)}")
         # Nothing answered: like a wrong --bootstrap-servers, an input error.
         return 2 if exc.code in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT) else 1
     for result in results:
@@ -333,6 +371,12 @@ def _add_topic(sub: Any) -> None:
         default=os.environ.get(_BOOTSTRAP_ENV),
         metavar="HOSTS",
         help=f"Comma-separated host:port list of the cluster (default: ${_BOOTSTRAP_ENV}).",
+    )
+    create.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="A file of client properties as the Kafka tools take it, one key=value per line "
+        "(security.protocol, sasl.*, ssl.*); -X wins over it. Values are never printed.",
     )
     create.add_argument(
         "-X",

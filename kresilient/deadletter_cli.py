@@ -96,6 +96,7 @@ from kresilient.errors import (
     classify,
 )
 from kresilient.lint.connect import ConnectionErrors, fetch_metadata, quiet_client_config
+from kresilient.lint.readers import read_text
 
 __all__ = [
     "DEFAULT_MAX_REPLAYS",
@@ -1175,15 +1176,14 @@ def _properties(args: argparse.Namespace) -> dict[str, str]:
     config: dict[str, str] = {}
     path = _arg(args, "command_config")
     if path:
+        # Java properties, as the Kafka tools read --command-config (``key: value``, line
+        # continuations, escapes), with the parser lint, audit, doctor and topic create use.
         with open(path, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                text = line.strip()
-                if not text or text[0] in "#!":
-                    continue
-                key, sep, value = text.partition("=")
-                if not sep:
-                    raise ConfigError(f"{path}:{number}: expected key=value", key=key.strip())
-                config[key.strip()] = value.strip()
+            result = read_text(fh.read(), path, "properties", "client")
+        if result.error:
+            raise ConfigError(f"{path}:{result.error.line}: {result.error.message}", key=None)
+        for unit in result.units:
+            config.update({k: e.text for k, e in unit.entries.items()})
     for item in _arg(args, "property") or ():
         key, sep, value = item.partition("=")
         if not sep:
