@@ -7,6 +7,7 @@ the same from Python with :func:`inspect_dead_letters` and :func:`replay_dead_le
     kresilient dlq inspect orders.dlq --json --show-data            # JSON lines, keys and values
     kresilient dlq replay --from orders.dlq --to orders \\
         --filter category=poison --filter exception=JSONDecodeError --dry-run
+    kresilient dlq replay --from orders.dlq --group orders-replayer --max-replays 5
 
 From Python (no argument parsing involved)::
 
