@@ -160,12 +160,12 @@ class KeyBlocks:
     @staticmethod
     def key_of(msg: Any) -> tuple[BK | None, Any]:
         """``(block key, original record view)`` of ``msg``; no key: ``None``."""
-        original = RetryView(msg) if RetryView.is_retry(msg) else msg
+        original: Any = RetryView(msg) if RetryView.is_retry(msg) else msg
         key = msg.key()
         if key is None:
             return None, original
         raw = key if isinstance(key, bytes) else str(key).encode()
-        return (str(original.topic()), int(original.partition()), raw), original
+        return (str(original.topic()), int(original.partition() or 0), raw), original
 
     def route(self, msg: Any) -> int | None:
         """The tier to move ``msg`` to, behind its blocked key; ``None``: handle it."""
