@@ -375,6 +375,7 @@ def test_ordered_retry_topics_keep_a_keys_later_records_behind_it(
         # K0 once per failure; K2 and K3 behind it into the first tier, and into the second
         # one after it when K0 went on there (consumed after it from the first tier)
         assert consumer.health().moved_to_retry == failures * 3
+        assert consumer.health().blocked_keys == 0  # released once K3 was handled
     else:
         assert k_order == [b"K2", b"K3", b"K0"]
         assert consumer.health().moved_to_retry == 1

@@ -125,7 +125,9 @@ class ConsumerHealth:
 
     ``moved_to_retry``: records written to a retry topic; ``crash_loops``: records
     dead-lettered for killing the process; ``duplicates_skipped``: deliveries of possible
-    duplicates ``dedupe`` skipped (their offsets stored; not in ``processed``).
+    duplicates ``dedupe`` skipped (their offsets stored; not in ``processed``);
+    ``blocked_keys``: keys whose later records wait behind a record in a retry topic
+    (``RetryTopicPolicy(ordered=True)``).
     ``held_partitions``: the partitions paused for a retry (topic, partition, offset,
     attempts, resumed); ``rebalances``: assigned/revoked/lost
     callbacks so far; ``circuit_breaker``: its state (``None`` without a breaker);
@@ -151,6 +153,7 @@ class ConsumerHealth:
     moved_to_retry: int = 0  #: records written to a retry topic (retry_topics)
     crash_loops: int = 0  #: records dead-lettered for killing the process (crash_loop)
     duplicates_skipped: int = 0  #: possible duplicates skipped by ``dedupe``
+    blocked_keys: int = 0  #: keys held behind a record in a retry topic (``ordered=True``)
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict (what ``health()`` returned in 0.1)."""
@@ -1077,6 +1080,7 @@ class ResilientConsumer:
             moved_to_retry=self._failures.moved,
             crash_loops=self._crash.crash_loops if self._crash is not None else 0,
             duplicates_skipped=state.duplicates,
+            blocked_keys=len(self._failures.keys) if self._failures.keys is not None else 0,
         )
 
     @property
