@@ -290,7 +290,7 @@ def test_summary_counts_files_read_skipped_and_unreadable(
 
 
 @pytest.mark.parametrize("option", ["--select", "--ignore"])
-@pytest.mark.parametrize("ids", ["KR9", "KR07", "KR0,KR9999", "XX1"])
+@pytest.mark.parametrize("ids", ["KR9", "KR08", "KR0,KR9999", "XX1"])
 def test_unknown_rule_prefix_is_a_usage_error_naming_it(
     project: Path, capsys: pytest.CaptureFixture[str], option: str, ids: str
 ) -> None:

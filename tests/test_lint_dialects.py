@@ -250,3 +250,147 @@ def test_malformed_strimzi_yaml_is_a_located_kr000() -> None:
     )
     (finding,) = lint_text(text, "topic.yaml")
     assert finding.rule == "KR000" and finding.line >= 5
+
+
+# ----------------------------------------------------------------------------- Terraform
+
+
+def test_terraform_kafka_topic_resources_at_their_lines() -> None:
+    """Issue 15: a kafka_topic with replication_factor = 1 was not read at all (exit 0)."""
+    assert _found(DATA / "terraform" / "topics.tf") == [
+        (18, "KR042"),  # replication_factor = 1
+        (24, "KR043"),  # "min.insync.replicas" = "1"
+        (34, "KR044"),  # min.insync.replicas 3 with replication_factor 3
+        (35, "KR045"),  # "unclean.leader.election.enable" = true
+        (36, "KR005"),  # "retension.ms": misspelt, the provider would send it to the broker
+    ]
+
+
+def test_terraform_expressions_are_dynamic_not_guessed() -> None:
+    from kresilient.lint.hclreader import read_terraform
+
+    text = (DATA / "terraform" / "topics.tf").read_text()
+    units = read_terraform(text, "topics.tf").units
+    assert [u.name for u in units] == ["orders", "orders.dlq", None]
+    per_env = units[2]
+    assert all(e.dynamic for e in per_env.entries.values())  # each.value..., "${var.min_isr}"
+    assert units[0].entries["replication.factor"].key == "replication_factor"
+
+
+def test_terraform_correct_file_and_confluent_topic_give_no_finding() -> None:
+    path = DATA / "terraform" / "topics_good.tf"
+    assert _found(path) == []
+    from kresilient.lint.hclreader import read_terraform
+
+    units = read_terraform(path.read_text(), str(path)).units
+    assert [(u.name, sorted(u.entries)) for u in units] == [
+        (
+            "payments",
+            [
+                "cleanup.policy",
+                "max.message.bytes",
+                "min.insync.replicas",
+                "partitions",
+                "replication.factor",
+            ],
+        ),
+        ("invoices", ["cleanup.policy", "partitions", "retention.ms"]),
+    ]
+
+
+def test_terraform_is_found_by_a_directory_walk() -> None:
+    from kresilient.lint.model import LintStats
+
+    stats = LintStats()
+    lint_paths([str(DATA / "terraform")], stats=stats)
+    assert stats.files_read == 2 and stats.with_config == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ('resource "kafka_topic" "x" {\n  name = "x"\n  replication_factor = \n}\n', 3),
+        ('resource "kafka_topic" "x" {\n  config = {\n    "a" = "b"\n', 4),
+        ('resource "kafka_topic" "x" {\n' + "  a = {\n" * 3000, 3002),
+    ],
+)
+def test_terraform_malformed_hcl_is_a_located_kr000(text: str, line: int) -> None:
+    findings = lint_text(text, "main.tf")
+    assert [(f.rule, f.line) for f in findings] == [("KR000", line)]
+    assert "Terraform" in findings[0].message
+
+
+def test_terraform_deeply_nested_valid_value_is_a_kr000_or_read_never_a_crash() -> None:
+    text = 'resource "kafka_topic" "x" {\n  config = ' + "{a = " * 2000 + "1" + "}" * 2000 + "\n}\n"
+    findings = lint_text(text, "main.tf")
+    assert all(f.rule in ("KR000",) for f in findings)
+
+
+def test_terraform_without_kafka_resources_is_skipped_not_clean() -> None:
+    from kresilient.lint.model import LintStats
+
+    stats = LintStats()
+    findings = lint_paths([str(DATA / "terraform" / "topics_good.tf")], stats=stats)
+    assert findings == [] and stats.with_config == 1
+    assert lint_text('resource "aws_s3_bucket" "b" {\n  bucket = "x"\n}\n', "s3.tf") == []
+
+
+# ------------------------------------------------------------------------- Python keyword clients
+
+
+def test_aiokafka_keyword_arguments_judged_by_aiokafka_defaults() -> None:
+    findings = lint_paths([str(DATA / "python" / "aio_pipeline.py")])
+    assert [(f.line, f.rule) for f in findings] == [
+        (11, "KR018"),  # AIOKafkaConsumer: background auto-commit (default True)
+        (15, "KR021"),  # auto_offset_reset="latest"
+        (17, "KR008"),  # AIOKafkaProducer: no idempotence by default
+        (19, "KR007"),  # acks=1
+        (24, "KR041"),  # sasl_plain_password literal
+        (26, "KR007"),  # audit producer: acks unset, aiokafka's default is 1
+        (26, "KR008"),
+    ]
+    unset = [f for f in findings if f.key is None]
+    assert unset and all(f.message.endswith("(aiokafka defaults)") for f in unset)
+    assert all("Xk9-rt55-live" not in f.message for f in findings)
+    # value_serializer, sasl_mechanism ... are not called unknown librdkafka properties
+    assert not [f for f in findings if f.rule == "KR005"]
+
+
+def test_kafka_python_follows_java_defaults() -> None:
+    """kafka-python 2.1+ defaults to acks=all with idempotence (turned off by conflicting
+    user settings, as in Java): the bare `safe` producer gives no finding."""
+    findings = lint_paths([str(DATA / "python" / "kafka_python_worker.py")])
+    assert [(f.line, f.rule) for f in findings] == [(5, "KR006"), (5, "KR008"), (6, "KR010")]
+
+
+def test_python_keyword_clients_correct_file_is_clean() -> None:
+    assert lint_paths([str(DATA / "python" / "aio_good.py")]) == []
+
+
+def test_aiokafka_positional_topics_are_not_a_config_and_kwargs_dicts_are_partial() -> None:
+    text = (
+        "from aiokafka import AIOKafkaConsumer\n"
+        "opts = {'enable_auto_commit': False}\n"
+        "c = AIOKafkaConsumer('a', 'b', bootstrap_servers='x:1,y:1', **opts)\n"
+    )
+    (unit,) = read_text(text, "c.py", "python").units
+    assert sorted(unit.entries) == ["bootstrap.servers"]
+    assert unit.context["config_known"] is False
+    # Unknown **options: no finding that depends on a default (auto-commit, offset reset).
+    assert lint_text(text, "c.py") == []
+
+
+def test_confluent_aioproducer_thread_pool_argument_is_not_a_config_key() -> None:
+    """Issue 15: AIOProducer(max_workers=...) was called an unknown config key."""
+    text = (
+        "from confluent_kafka.aio import AIOProducer\n"
+        "p = AIOProducer({'bootstrap.servers': 'a:1,b:1', 'enable.idempotence': True,"
+        " 'error_cb': print, 'on_delivery': print}, max_workers=4)\n"
+    )
+    assert [f.rule for f in lint_text(text, "p.py")] == ["KR038"]  # an info, no KR005
+
+
+def test_python_file_with_syntax_error_naming_aiokafka_is_a_located_kr000() -> None:
+    text = "from aiokafka import AIOKafkaProducer\np = AIOKafkaProducer(acks=1,\n"
+    (finding,) = lint_text(text, "p.py")
+    assert finding.rule == "KR000" and finding.line == 2

@@ -91,7 +91,11 @@ def _lint_file(
 def _parser_rejects(name: str, text: str) -> bool:
     parsers: dict[str, Any] = {
         ".json": json.loads,
-        ".yaml": lambda t: list(yaml.safe_load_all(t)),
+        # The loader the reader uses: libyaml accepts some input the pure-Python loader
+        # refuses ("0\t", a tab after a scalar), and the reader must agree with its parser.
+        ".yaml": lambda t: list(
+            yaml.load_all(t, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        ),
         ".toml": tomllib.loads,
         ".py": ast.parse,
     }

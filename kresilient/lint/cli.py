@@ -242,7 +242,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     """Add the ``lint`` and ``audit`` subcommands to the ``kresilient`` CLI."""
     lint = subparsers.add_parser(
         "lint",
-        help="Lint Kafka configs: .properties, YAML, JSON, TOML, .env and Python files.",
+        help="Lint Kafka configs: .properties, YAML (Spring Boot, Strimzi, topic specs), JSON, "
+        "TOML, .env, Terraform and Python files.",
         description="Lint Kafka client, topic and broker configs for durability, commit, "
         "rebalance, metadata, partitioner, security and size problems. Directories are "
         "walked for the file kinds lint reads.",

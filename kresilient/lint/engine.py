@@ -171,6 +171,9 @@ def detect_client(unit: ConfigUnit) -> str:
 
 
 def _assumed(unit: ConfigUnit) -> str:
+    library = unit.context.get("assumed")  # a Python client library with its own defaults
+    if isinstance(library, str):
+        return library
     framework = unit.context.get("framework")
     client = "Java client" if client_of(unit) == "java" else "librdkafka"
     return f"{framework} / {client}" if isinstance(framework, str) else client
@@ -194,7 +197,11 @@ def unit_findings(unit: ConfigUnit, settings: Settings) -> Iterator[Finding]:
         if is_client(unit) and client not in found.clients:
             continue
         for message, entry in found.check(unit):
-            if entry is None and is_client(unit) and unit.source != "python":
+            if (
+                entry is None
+                and is_client(unit)
+                and (unit.source != "python" or "assumed" in unit.context)
+            ):
                 message = f"{message} ({_assumed(unit)} defaults)"
             yield Finding(
                 rule=found.id,
@@ -282,8 +289,8 @@ def lint_text(
             unit.kind = detect_kind(unit)
         if settings.client is not None and unit.source != "python":
             unit.context["client"] = settings.client
-        elif "client" not in unit.context:
-            unit.context["client"] = detect_client(unit)
+        elif "client" not in unit.context and unit.source != "python":
+            unit.context["client"] = detect_client(unit)  # Python readers know their library
         findings.extend(unit_findings(unit, settings))
         if units_out is not None:
             units_out.append(unit)

@@ -203,7 +203,8 @@ _DOC_HEADER = """\
      (tests/test_lint_docs.py fails when this page and the registry differ.) -->
 
 `kresilient lint PATH...` checks Java `.properties`, YAML, JSON, TOML, `.env` (`KAFKA_*`)
-files and Python sources (configs passed to confluent-kafka and kresilient clients).
+files, Terraform (`.tf`) and Python sources (configs passed to confluent-kafka and
+kresilient clients).
 `kresilient audit --bootstrap-servers HOSTS` checks a live cluster through the Admin API.
 `kresilient lint --explain ID` prints one rule; `--list-rules` lists them all.
 
@@ -258,6 +259,19 @@ files and Python sources (configs passed to confluent-kafka and kresilient clien
   - Jikkou `KafkaTopic`/`KafkaTopicList` (`apiVersion: kafka.jikkou.io/...`,
     `spec.replicas`, `spec.configs`) and topicctl topic specs (`meta.name` with
     `spec.replicationFactor`, `spec.retentionMinutes` as `retention.ms`, `spec.settings`).
+  - Terraform (`.tf`, parsed with python-hcl2): `kafka_topic` of the Mongey/kafka provider
+    (`replication_factor`, `partitions`, `config = {...}`) and `confluent_kafka_topic`
+    (`partitions_count`, `config`). An expression (`var.rf`, `each.value.x`,
+    `"${local.x}"`) is not guessed: no rule judges it. A `.tf` file without such resources
+    counts as skipped, not clean.
+  - Python calls: dicts passed to confluent-kafka and kresilient clients (as before), and
+    the keyword arguments of aiokafka's `AIOKafkaProducer`/`AIOKafkaConsumer` and
+    kafka-python's `KafkaProducer`/`KafkaConsumer` (`acks=1`, `enable_idempotence=False`,
+    `enable_auto_commit=True`; positional arguments are topics). These two are judged by
+    their own defaults: aiokafka 0.14 `acks=1`, no idempotence, auto-commit of fetched
+    positions from a background task; kafka-python 2.1+ the Java client's. Only the rules
+    those options decide run on them (KR001, KR006-KR008, KR010, KR018, KR021, KR036,
+    KR040, KR041).
 - Clients: a client config is judged by the defaults of the library that reads it:
   librdkafka (confluent-kafka, the default) or the Java client. Java is assumed for Spring
   Boot files and for configs naming Java serializer classes or Java-only keys
@@ -278,6 +292,10 @@ files and Python sources (configs passed to confluent-kafka and kresilient clien
 
 def rules_markdown() -> str:
     """The docs/lint-rules.md page: a summary table, then every rule's why and fix."""
+    # The audit registers its cluster rules on import; the page lists every rule whatever
+    # was imported before (audit imports this package, so not at module level).
+    from kresilient.lint import audit  # noqa: F401
+
     rules = list(iter_rules())
     lines = [
         _DOC_HEADER,

@@ -1,5 +1,11 @@
 """Find Kafka client configs in Python source with :mod:`ast`, keeping real line numbers.
 
+Also the keyword arguments of aiokafka's ``AIOKafkaProducer``/``AIOKafkaConsumer`` and
+kafka-python's ``KafkaProducer``/``KafkaConsumer`` (``acks=1``, ``enable_idempotence=False``,
+``enable_auto_commit=True``): snake_case names become Kafka's dotted keys, judged by that
+library's own defaults (aiokafka: ``acks=1``, no idempotence, background auto-commit;
+kafka-python 2.1+: the Java client's).
+
 Recognised: dict literals, names bound to dict literals (plus later ``d["k"] = v`` and
 ``d.update({...})``), ``{**base, ...}``, ``dict(base, ...)`` and ``base | {...}``, passed to
 confluent-kafka ``Producer``/``Consumer``/``AdminClient`` (and the serializing / asyncio
@@ -24,6 +30,8 @@ class _Sink:
     kind: Kind
     kwargs_are_config: bool
     resilient: bool
+    #: The library of a keyword-argument client (aiokafka, kafka-python), else None.
+    library: str | None = None
 
 
 _SINKS: dict[str, _Sink] = {
@@ -38,10 +46,29 @@ _SINKS: dict[str, _Sink] = {
     "ResilientConsumer": _Sink("consumer", False, True),
     "producer_config": _Sink("producer", False, True),
     "consumer_config": _Sink("consumer", False, True),
+    "AIOKafkaProducer": _Sink("producer", True, False, "aiokafka"),
+    "AIOKafkaConsumer": _Sink("consumer", True, False, "aiokafka"),
+    "KafkaProducer": _Sink("producer", True, False, "kafka-python"),
+    "KafkaConsumer": _Sink("consumer", True, False, "kafka-python"),
 }
-_ROOTS = ("confluent_kafka", "kresilient")
+_ROOTS = ("confluent_kafka", "kresilient", "aiokafka", "kafka")
+#: The rules run on aiokafka/kafka-python keyword arguments: the ones their options and
+#: defaults (modelled below) decide; librdkafka's own constraints and names do not apply.
+KEYWORD_CLIENT_RULES = frozenset(
+    {"KR001", "KR006", "KR007", "KR008", "KR010", "KR018", "KR021", "KR036", "KR040", "KR041"}
+)
+#: aiokafka 0.14 defaults (AIOKafkaProducer/AIOKafkaConsumer signatures): acks=1 unless
+#: idempotent, no idempotence, auto-commit of fetched positions by a background task.
+_AIOKAFKA_DEFAULTS = {
+    "acks": "1",
+    "enable.idempotence": "false",
+    "enable.auto.commit": "true",
+    "enable.auto.offset.store": "true",
+    "auto.offset.reset": "latest",
+}
 _CONFIG_KWARGS = ("config", "conf", "configs", "user")
-_NOT_CONFIG_KWARGS = frozenset({"allow_unsafe"})
+# Constructor arguments that are not librdkafka settings (AIOProducer's thread pool ...).
+_NOT_CONFIG_KWARGS = frozenset({"allow_unsafe", "max_workers", "executor", "loop"})
 _MISSING = object()
 
 
@@ -139,6 +166,10 @@ def _dotted(node: ast.expr) -> str | None:
 def _literal(node: ast.AST) -> object:
     if isinstance(node, ast.Constant):
         return node.value
+    if isinstance(node, ast.List | ast.Tuple) and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+    ):
+        return ",".join(e.value for e in node.elts)  # type: ignore[attr-defined]
     if (
         isinstance(node, ast.UnaryOp)
         and isinstance(node.op, ast.USub)
@@ -241,6 +272,9 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
         assert sink_name is not None
         sink = _SINKS[sink_name]
         scope = tuple(stack)
+        if sink.library is not None:
+            yield _keyword_unit(call, sink, sink_name, path, visitor)
+            continue
         config_expr: ast.AST | None = call.args[0] if call.args else None
         for kw in call.keywords:
             if kw.arg in _CONFIG_KWARGS and config_expr is None:
@@ -273,10 +307,59 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
         )
 
 
+def _keyword_unit(
+    call: ast.Call, sink: _Sink, name: str, path: str, visitor: _Visitor
+) -> ConfigUnit:
+    """The config of an aiokafka/kafka-python constructor: its keyword arguments
+    (positional arguments are topics), snake_case names mapped to Kafka's dotted keys."""
+    entries: dict[str, Entry] = {}
+    partial = False
+    for kw in call.keywords:
+        if kw.arg is None:
+            partial = True  # **options: unknown here
+            continue
+        key = kw.arg.replace("_", ".")
+        entry = _Resolver._entry(key, kw.value, kw)
+        entries[key] = Entry(
+            key=kw.arg,
+            value=entry.value,
+            line=entry.line,
+            col=entry.col,
+            dynamic=entry.dynamic,
+            setting=key,
+        )
+    context: dict[str, object] = {
+        "constructor": name,
+        "resilient": False,
+        "config_known": not partial,
+        "methods": frozenset(visitor.methods),
+        "rules": KEYWORD_CLIENT_RULES,
+        "assumed": sink.library,
+    }
+    if sink.library == "aiokafka":
+        defaults = dict(_AIOKAFKA_DEFAULTS)
+        idem = entries.get("enable.idempotence")
+        if "transactional.id" in entries or (idem is not None and idem.value is True):
+            defaults["acks"] = "all"  # aiokafka: acks defaults to all when idempotent
+        context["defaults"] = defaults
+    else:
+        context["client"] = "java"  # kafka-python 2.1+ follows the Java client's defaults
+    return ConfigUnit(
+        path=path,
+        line=call.lineno,
+        col=call.col_offset + 1,
+        entries=entries,
+        kind=sink.kind,
+        kind_forced=True,
+        source="python",
+        context=context,
+    )
+
+
 def read_python(text: str, path: str, kind: Kind | None = None) -> ReadResult:
     """Config units of the Kafka client constructors in Python ``text`` (``kind`` unused)."""
     result = ReadResult()
-    if "confluent_kafka" not in text and "kresilient" not in text:
+    if not any(root in text for root in _ROOTS):
         return result
     try:
         tree = ast.parse(text, filename=path)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import yaml
 
 from kresilient import _catalog as catalog
+from kresilient.lint.hclreader import read_terraform
 from kresilient.lint.model import (
     TOPIC_SPEC_KEYS,
     ConfigUnit,
@@ -1024,6 +1025,7 @@ _EXTENSIONS: dict[str, str] = {
     ".env": "env",
     ".py": "python",
     ".pyi": "python",
+    ".tf": "terraform",
 }
 
 
@@ -1054,5 +1056,6 @@ def read_text(text: str, path: str, fmt: str, kind: Kind | None = None) -> ReadR
         "toml": _read_toml,
         "env": _read_env,
         "python": read_python,
+        "terraform": read_terraform,
     }
     return readers[fmt](text, path, kind)

@@ -247,11 +247,9 @@ def _acks_zero(unit: ConfigUnit) -> Iterator[Hit]:
 )
 def _acks_one(unit: ConfigUnit) -> Iterator[Hit]:
     acks = explicit(unit, "acks", "request.required.acks")
-    if acks and number(unit, "acks") == 1:
-        yield (
-            f"{acks.key}={acks.shown}: only the leader has the write when it is acknowledged",
-            acks,
-        )
+    if number(unit, "acks") == 1 and (acks or unit.get("acks") is None):
+        shown = f"{acks.key}={acks.shown}" if acks else "acks is unset (default 1)"
+        yield f"{shown}: only the leader has the write when it is acknowledged", acks
 
 
 @rule(
@@ -280,7 +278,7 @@ def _idempotence(unit: ConfigUnit) -> Iterator[Hit]:
         )
         shown = f"{conflict.key}={conflict.shown}" if conflict else "a conflicting setting"
         yield (
-            f"{shown} turns the Java client's default idempotence off: retries can "
+            f"{shown} turns the default enable.idempotence=true off: retries can "
             "duplicate and reorder messages",
             conflict,
         )
@@ -521,6 +519,15 @@ def _auto_commit(unit: ConfigUnit) -> Iterator[Hit]:
                 "can be committed unprocessed",
                 entry,
             )
+        return
+    if unit.context.get("assumed") == "aiokafka" and truthy(unit, "enable.auto.commit"):
+        entry = explicit(unit, "enable.auto.commit")
+        shown = f"{entry.key}={entry.shown}" if entry else "enable_auto_commit is unset (True)"
+        yield (
+            f"{shown}: aiokafka commits the positions of fetched messages from a background "
+            "task, before their processing ends",
+            entry,
+        )
         return
     if truthy(unit, "enable.auto.commit") and truthy(unit, "enable.auto.offset.store"):
         entry = explicit(unit, "enable.auto.offset.store", "enable.auto.commit")
