@@ -37,6 +37,8 @@ from kresilient.producer import ResilientProducer
 from kresilient.testing import KafkaCluster
 
 PAYMENTS = 500
+# Unordered (the default): a moved record's later same-key records are handled before it.
+# RetryTopicPolicy(delays=(2, 5), ordered=True) keeps them behind it (docs/consumer.md).
 TIERS = RetryTopicPolicy(delays=(2, 5))
 
 

@@ -6,21 +6,21 @@ Starts a local 3-node Kafka cluster (or uses ``$KRESILIENT_BOOTSTRAP_SERVERS``).
 producer pointed at a port where nothing listens stores 1,000 orders in its spool and is
 closed without any of them delivered (what a crash or a long outage leaves). Round 2: a new
 producer on the same spool file and the real cluster re-sends them first (marked as possible
-duplicates), then 1,000 new orders. A consumer reading the topic with a ``Deduplicator``
-processes each order exactly once.
+duplicates), then 1,000 new orders. A ``ResilientConsumer(dedupe=Deduplicator())`` skips
+the marked copies of orders it already processed, so its handler sees each order exactly once.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import structlog
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Message
 
+from kresilient.consumer import ResilientConsumer
 from kresilient.dedupe import Deduplicator
 from kresilient.producer import ResilientProducer, Spool
 from kresilient.testing import KafkaCluster
@@ -31,23 +31,12 @@ TOPIC = f"orders-{uuid.uuid4().hex[:8]}"
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 
-def read_back(bootstrap: str) -> list[object]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{TOPIC}"})
-    end = consumer.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=30)[1]
-    consumer.assign([TopicPartition(TOPIC, 0, 0)])
-    records: list[object] = []
-    deadline = time.monotonic() + 60
-    while len(records) < end and time.monotonic() < deadline:
-        records += [m for m in consumer.consume(1000, 1.0) if m.error() is None]
-    consumer.close()
-    return records
-
-
 def main() -> None:
     path = Path(tempfile.mkdtemp()) / "orders-spool.db"
     with KafkaCluster() as cluster:
         bootstrap = cluster.bootstrap_servers
         cluster.create_topic(TOPIC, partitions=1, replication_factor=3)
+        cluster.create_topic(TOPIC + ".dlq", partitions=1, replication_factor=3)
 
         # Round 1: nothing reachable -> everything stays in the spool (not reported lost).
         down = ResilientProducer(
@@ -65,13 +54,21 @@ def main() -> None:
                 producer.produce(TOPIC, b"order-%05d" % i, key=b"customer-1")
             print("round 2:", producer.flush(60))
 
-        dedupe = Deduplicator()
-        processed = []
-        for msg in read_back(bootstrap):
-            if dedupe.is_duplicate(msg):
-                continue
-            processed.append(int(msg.value()[6:]))  # type: ignore[attr-defined]
-            dedupe.processed(msg)
+        processed: list[int] = []
+
+        def handle(msg: Message) -> None:
+            processed.append(int(msg.value()[6:]))  # type: ignore[index]
+            if len(processed) == 2 * ORDERS:
+                consumer.stop()
+
+        consumer = ResilientConsumer(
+            {"bootstrap.servers": bootstrap, "group.id": f"billing-{TOPIC}"},
+            [TOPIC],
+            handle,
+            dedupe=Deduplicator(),  # skips marked copies of ids it already processed
+        )
+        consumer.run()
+        print("duplicates skipped:", consumer.health().duplicates_skipped)
         assert processed == list(range(2 * ORDERS)), "lost, duplicated or out of order"
         print(f"{len(processed)} orders, each exactly once and in order")
 
