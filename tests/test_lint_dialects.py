@@ -394,3 +394,42 @@ def test_python_file_with_syntax_error_naming_aiokafka_is_a_located_kr000() -> N
     text = "from aiokafka import AIOKafkaProducer\np = AIOKafkaProducer(acks=1,\n"
     (finding,) = lint_text(text, "p.py")
     assert finding.rule == "KR000" and finding.line == 2
+
+
+# ----------------------------------------------------------------------------- Kafka Connect
+
+
+def test_connect_worker_prefixed_clients_and_internal_topics() -> None:
+    """Issue 15: a worker with producer.acks=1 and producer.enable.idempotence=false gave 0
+    findings (the file was not read as a Kafka config at all)."""
+    assert _found(DATA / "connect" / "connect-distributed.properties") == [
+        (7, "KR042"),  # offset.storage.replication.factor=1
+        (9, "KR042"),  # config.storage.replication.factor=1
+        (11, "KR042"),  # status.storage.replication.factor=1
+        (14, "KR007"),  # producer.acks=1
+        (15, "KR008"),  # producer.enable.idempotence=false
+    ]
+
+
+def test_connect_sink_connector_tolerance_without_dlq_and_overrides() -> None:
+    findings = lint_paths([str(DATA / "connect" / "jdbc-sink.properties")])
+    assert [(f.line, f.rule) for f in findings] == [(7, "KR050"), (9, "KR021"), (9, "KR030")]
+    assert findings[1].key == "consumer.override.auto.offset.reset"
+    assert "Kafka Connect / Java client" in findings[2].message
+
+
+@pytest.mark.parametrize(
+    "name", ["connect-distributed-good.properties", "jdbc-sink-good.properties"]
+)
+def test_connect_correct_files_give_no_finding(name: str) -> None:
+    """Negative control: Connect's own producer defaults (idempotence off, one request in
+    flight) and RF -1 (the broker's default) are not findings; a DLQ satisfies KR050."""
+    assert _found(DATA / "connect" / name) == []
+
+
+def test_connect_source_connector_tolerance_all_is_not_kr050() -> None:
+    text = (
+        "name=src\nconnector.class=io.debezium.connector.postgresql.PostgresConnector\n"
+        "errors.tolerance=all\n"
+    )
+    assert [f.rule for f in lint_text(text, "src.properties")] == []

@@ -155,7 +155,7 @@ _JAVA_MARKERS = frozenset(
 
 #: Readers whose files say what each config is (a Spring ``consumer`` block, a Strimzi
 #: ``KafkaTopic``, a Python constructor): ``--kind`` does not override them.
-SELF_DESCRIBING = frozenset({"python", "spring", "strimzi", "terraform", "topicspec"})
+SELF_DESCRIBING = frozenset({"python", "spring", "strimzi", "terraform", "topicspec", "connect"})
 
 
 def detect_client(unit: ConfigUnit) -> str:

@@ -264,6 +264,13 @@ kresilient clients).
     (`partitions_count`, `config`). An expression (`var.rf`, `each.value.x`,
     `"${local.x}"`) is not guessed: no rule judges it. A `.tf` file without such resources
     counts as skipped, not clean.
+  - Kafka Connect worker `.properties` (recognised by `offset.storage.topic`,
+    `key.converter` ...): the `producer.*`, `consumer.*` and `admin.*` clients (read by
+    the Java client with Connect's defaults: `acks=all`, one request in flight,
+    idempotence off since 3.2, KAFKA-13759) and the internal topics' replication factors
+    (`offset.storage.replication.factor` ...; `-1` is the broker's default); connector
+    `.properties` (`connector.class`): `producer.override.*`/`consumer.override.*` and
+    `errors.tolerance=all` without a dead-letter topic (KR050).
   - Python calls: dicts passed to confluent-kafka and kresilient clients (as before), and
     the keyword arguments of aiokafka's `AIOKafkaProducer`/`AIOKafkaConsumer` and
     kafka-python's `KafkaProducer`/`KafkaConsumer` (`acks=1`, `enable_idempotence=False`,

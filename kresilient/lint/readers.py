@@ -368,6 +368,139 @@ def _walk(
         _walk(child, path, child_hint, child_label, out)
 
 
+# ----------------------------------------------------------------------------- Kafka Connect
+
+#: Keys only a Kafka Connect worker config has.
+_CONNECT_WORKER_KEYS = frozenset(
+    {
+        "offset.storage.topic",
+        "config.storage.topic",
+        "status.storage.topic",
+        "offset.storage.file.filename",
+        "plugin.path",
+        "key.converter",
+        "value.converter",
+    }
+)
+#: What the Connect worker sets on its own clients unless told otherwise (Worker.java:
+#: acks=all, one request in flight, unbounded delivery; idempotence off since 3.2,
+#: KAFKA-13759; sink consumers commit through the framework, from the earliest offset).
+CONNECT_PRODUCER_DEFAULTS = {
+    "acks": "all",
+    "max.in.flight.requests.per.connection": "1",
+    "enable.idempotence": "false",
+    "delivery.timeout.ms": "2147483647",
+}
+CONNECT_CONSUMER_DEFAULTS = {"enable.auto.commit": "false", "auto.offset.reset": "earliest"}
+_CONNECT_INTERNAL = ("offset", "config", "status")
+
+
+def is_connect(entries: dict[str, Entry]) -> bool:
+    """True for a Kafka Connect worker or connector config."""
+    keys = entries.keys()
+    return "connector.class" in keys or (sum(1 for k in keys if k in _CONNECT_WORKER_KEYS) >= 2)
+
+
+def connect_units(entries: dict[str, Entry], path: str) -> list[ConfigUnit]:
+    """The client configs of a Connect worker (``producer.*``, ``consumer.*``,
+    ``admin.*``) or connector (``producer.override.*``, ``consumer.override.*``), read by
+    the Java client with Connect's defaults; the worker's internal topics as topic
+    configs (their replication factor); a connector's own settings (``errors.*``)."""
+    connector = "connector.class" in entries
+    units: list[ConfigUnit] = []
+    prefixes = (
+        (
+            ("producer.override.", "producer"),
+            ("consumer.override.", "consumer"),
+            ("admin.override.", "admin"),
+        )
+        if connector
+        else (("producer.", "producer"), ("consumer.", "consumer"), ("admin.", "admin"))
+    )
+    for prefix, kind in prefixes:
+        sub: dict[str, Entry] = {}
+        for key, entry in entries.items():
+            if key.startswith(prefix):
+                name = key[len(prefix) :]
+                sub[name] = Entry(
+                    key=key,
+                    value=entry.value,
+                    line=entry.line,
+                    col=entry.col,
+                    dynamic=entry.dynamic,
+                    setting=name,
+                )
+        if not sub:
+            continue
+        defaults = CONNECT_PRODUCER_DEFAULTS if kind == "producer" else CONNECT_CONSUMER_DEFAULTS
+        first = min(sub.values(), key=lambda e: (e.line, e.col))
+        units.append(
+            ConfigUnit(
+                path=path,
+                line=first.line,
+                col=first.col,
+                entries=sub,
+                kind=kind,  # type: ignore[arg-type]
+                kind_forced=True,
+                name=prefix.rstrip("."),
+                source="connect",
+                context={
+                    "client": "java",
+                    "framework": "Kafka Connect",
+                    "defaults": dict(defaults) if kind != "admin" else {},
+                },
+            )
+        )
+    if not connector:
+        for topic in _CONNECT_INTERNAL:
+            rf = entries.get(f"{topic}.storage.replication.factor")
+            if rf is None:
+                continue
+            topic_name = entries.get(f"{topic}.storage.topic")
+            rf_entry = Entry(
+                key=rf.key,
+                value=rf.value,
+                line=rf.line,
+                col=rf.col,
+                dynamic=rf.dynamic or rf.text.strip() == "-1",  # -1: the broker's default
+                setting="replication.factor",
+            )
+            units.append(
+                ConfigUnit(
+                    path=path,
+                    line=rf.line,
+                    col=rf.col,
+                    entries={"replication.factor": rf_entry},
+                    kind="topic",
+                    kind_forced=True,
+                    name=topic_name.text if topic_name else f"connect-{topic}s",
+                    source="connect",
+                    context={"tool": "connect", "rules": frozenset({"KR042"})},
+                )
+            )
+    else:
+        own = {
+            k: e
+            for k, e in entries.items()
+            if k.startswith("errors.") or k in ("topics", "topics.regex")
+        }
+        first_key = entries["connector.class"]
+        units.append(
+            ConfigUnit(
+                path=path,
+                line=first_key.line,
+                col=first_key.col,
+                entries={**own, "connector.class": first_key},
+                kind="client",
+                kind_forced=True,
+                name=entries["name"].text if "name" in entries else None,
+                source="connect",
+                context={"connector": True, "rules": frozenset({"KR050"})},
+            )
+        )
+    return units
+
+
 # ----------------------------------------------------------------------------- Kafka resources
 
 
@@ -943,6 +1076,9 @@ def _read_properties(text: str, path: str, kind: Kind | None) -> ReadResult:
     if spring:
         result.units.extend(spring_units(spring, path))
         entries = {k: e for k, e in entries.items() if not k.lower().startswith("spring.")}
+    if kind is None and is_connect(entries):
+        result.units.extend(connect_units(entries, path))
+        return result
     if entries and (kind is not None or looks_like_kafka(entries, False)):
         result.units.append(
             ConfigUnit(

@@ -264,6 +264,8 @@ def _acks_one(unit: ConfigUnit) -> Iterator[Hit]:
     fix="Set enable.idempotence=true.",
 )
 def _idempotence(unit: ConfigUnit) -> Iterator[Hit]:
+    if unit.context.get("framework") == "Kafka Connect" and unit.get("enable.idempotence") is None:
+        return  # Connect's own default (KAFKA-13759), with one request in flight: no reordering
     if (
         idempotent(unit) is False
         and client_of(unit) == "java"

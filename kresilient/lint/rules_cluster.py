@@ -202,6 +202,38 @@ def _credential(unit: ConfigUnit) -> Iterator[Hit]:
 
 
 @rule(
+    "KR050",
+    "errors-tolerance-without-dead-letter-topic",
+    E,
+    ("client",),
+    "connect",
+    summary="A sink connector (it names topics) with errors.tolerance=all and no "
+    "dead-letter topic.",
+    why="With errors.tolerance=all a record that fails conversion or transformation is "
+    "skipped; without errors.deadletterqueue.topic.name it is dropped silently (only "
+    "logged when errors.log.enable=true), and the connector's offsets move past it.",
+    fix="Set errors.deadletterqueue.topic.name (with a replication factor of 3) or keep "
+    "errors.tolerance=none.",
+)
+def _tolerance_without_dlq(unit: ConfigUnit) -> Iterator[Hit]:
+    if not unit.context.get("connector"):
+        return
+    tolerance = explicit(unit, "errors.tolerance")
+    if tolerance is None or tolerance.text.strip().lower() != "all":
+        return
+    dlq = unit.entries.get("errors.deadletterqueue.topic.name")
+    if dlq is not None and (dlq.dynamic or dlq.text.strip()):
+        return
+    if "topics" not in unit.entries and "topics.regex" not in unit.entries:
+        return  # a source connector (sinks must name topics): no dead-letter queue exists
+    yield (
+        "errors.tolerance=all without errors.deadletterqueue.topic.name: failed records "
+        "are dropped",
+        tolerance,
+    )
+
+
+@rule(
     "KR042",
     "replication-factor-low",
     E,
@@ -226,7 +258,10 @@ def _rf(unit: ConfigUnit) -> Iterator[Hit]:
         value = number(unit, key)
         if value is not None and 0 < value < 3:
             entry = explicit(unit, key)
-            shown = f"{key}={fmt(value)}" + ("" if entry else " (the default)")
+            # The key as the file spells it (spec.replicas, replication_factor ...).
+            shown = f"{entry.key if entry else key}={fmt(value)}" + (
+                "" if entry else " (the default)"
+            )
             yield f"{shown}: below 3 replicas", entry
 
 
