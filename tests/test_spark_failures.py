@@ -157,17 +157,100 @@ def test_partition_unwritable_past_message_timeout_fails_job_nothing_dead_letter
         kafka_cluster.wait_for_leader(topic, 0, timeout=120)
 
     # Negative control: the fault was the partition, not the job. Healed, the job succeeds
-    # and the one row that can never be produced is the only dead letter. (register() again:
-    # py4j may have given this thread a new JVM thread, without the active session.)
-    from kresilient.spark import register
-
-    register(spark)
+    # and the one row that can never be produced is the only dead letter.
     _writer(df, bootstrap, topic, dlq).option("kafka.message.timeout.ms", "30000").save()
     summary = _last_summary()
     assert (summary.rows, summary.written, summary.dead_lettered) == (rows, rows - 1, 1)
     assert dict(summary.dead_letter_reasons) == {"MSG_SIZE_TOO_LARGE": 1}
     assert _read_ids(bootstrap, dlq) == [oversized]
     assert sorted(_read_ids(bootstrap, topic)) == [i for i in range(rows) if i != oversized]
+
+
+# --------------------------------------------------------------------------- issue 16: format lost
+def _fork_from_another_thread() -> None:
+    """What ``KafkaCluster.start()`` does to (re)start a broker, and what any library in a
+    driver program may do: fork a child that runs Python before ``exec`` (``preexec_fn``),
+    from a thread other than the one that writes."""
+    import subprocess
+    import threading
+
+    errors: list[BaseException] = []
+
+    def fork() -> None:
+        try:
+            subprocess.run(["true"], preexec_fn=lambda: None, check=True)
+        except BaseException as exc:  # handed to the test's thread
+            errors.append(exc)
+
+    t = threading.Thread(target=fork, name="forking-thread")
+    t.start()
+    t.join()
+    assert not errors, errors
+
+
+def _keyed(df: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return df.select(
+        F.expr("unhex(lpad(hex(id), 16, '0'))").alias("key"),
+        F.expr("repeat('v', 100)").cast("binary").alias("value"),
+    )
+
+
+def test_format_still_found_after_a_failed_job_and_a_fork_in_another_thread(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory, monkeypatch: Any
+) -> None:
+    """A job fails, a broker is restarted (a fork from another thread), and the next
+    ``df.write.format("kresilient")`` in the same thread, without a second register(), must
+    write every row. On the code before this fix it failed with DATA_SOURCE_NOT_FOUND: the
+    forked child's garbage collector shut down this thread's py4j socket, py4j reconnected
+    to a new JVM thread without an active session, and Spark looks Python data sources up
+    only in the active session. Control: with py4j's own close() back, the same fork does
+    move this thread to a new JVM thread and the format is not found."""
+    from py4j import clientserver
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    from kresilient.spark import _fork_guard, register
+
+    rows = 1_000
+    topic, dlq = topic_factory(partitions=2), topic_factory(partitions=1)
+    bootstrap = kafka_cluster.bootstrap_servers
+
+    def jvm_thread() -> int:
+        return int(spark._jvm.java.lang.Thread.currentThread().getId())
+
+    def fail_every_task(batches: Iterator[Any]) -> Iterator[Any]:
+        for _ in batches:
+            raise RuntimeError("injected failure of every task")
+        yield from ()
+
+    failing = _keyed(spark.range(rows, numPartitions=2).mapInArrow(fail_every_task, "id long"))
+    with pytest.raises((Py4JJavaError, PySparkException)) as info:
+        _writer(failing, bootstrap, topic, dlq).save()
+    assert "injected failure of every task" in _failure_text(info.value)
+    before = jvm_thread()
+    _fork_from_another_thread()
+    assert jvm_thread() == before, "the fork cut this thread's py4j connection"
+    _writer(_keyed(spark.range(rows, numPartitions=2)), bootstrap, topic, dlq).save()
+    summary = _last_summary()
+    assert (summary.topic, summary.rows, summary.written) == (topic, rows, rows)
+    assert sorted(_read_ids(bootstrap, topic)) == list(range(rows))
+    assert _end_offsets(bootstrap, dlq) == 0
+
+    # Negative control: the fault is real. py4j's own close() in the forked child shuts the
+    # shared socket down; this thread then talks to a new JVM thread and the format is gone.
+    assert _fork_guard.original_close is not None
+    with monkeypatch.context() as m:
+        m.setattr(clientserver.ClientServerConnection, "close", _fork_guard.original_close)
+        before = jvm_thread()
+        _fork_from_another_thread()
+        assert jvm_thread() != before, "the control fork did not cut the connection"
+    with pytest.raises((Py4JJavaError, PySparkException), match="DATA_SOURCE_NOT_FOUND"):
+        _writer(_keyed(spark.range(10)), bootstrap, topic, dlq).save()
+    register(spark)  # what the format needs after such a reconnect (docs/spark.md)
+    _writer(_keyed(spark.range(rows, 2 * rows, numPartitions=2)), bootstrap, topic, dlq).save()
+    assert sorted(_read_ids(bootstrap, topic)) == list(range(2 * rows))
 
 
 # --------------------------------------------------------------------------- issue 11, defect 9

@@ -29,17 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 TopicFactory = Any
 
 
-@pytest.fixture(autouse=True)
-def _registered(request: pytest.FixtureRequest) -> None:
-    """register() before every test: after a failed job py4j may serve this thread from a new
-    JVM thread without the active session, and the next write would not find the format
-    (DATA_SOURCE_NOT_FOUND; docs/spark.md: call register() again in that thread)."""
-    if "spark" in request.fixturenames:
-        from kresilient.spark import register
-
-        register(request.getfixturevalue("spark"))
-
-
 @pytest.fixture(scope="module", name="spark")
 def _spark() -> Iterator[Any]:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -64,6 +64,7 @@ from opentelemetry import trace
 
 from kresilient.errors import ConfigError
 from kresilient.redaction import SECRET_KEYS, Redactor
+from kresilient.spark import _fork_guard
 from kresilient.spark._options import (
     ColumnLayout,
     SchemaError,
@@ -290,6 +291,7 @@ def register(spark: Any) -> None:
     and extends the session's ``spark.sql.redaction.options.regex`` with
     :data:`PLAN_REDACTION_REGEX`, so that no secret ``kafka.*`` option shows in a plan.
     """
+    _fork_guard.install()  # a fork elsewhere in the driver must not cut this thread's py4j link
     _activate(spark)
     current = spark.conf.get(_OPTIONS_REDACTION_CONF, None)
     if not current:
