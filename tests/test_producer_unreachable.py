@@ -142,6 +142,7 @@ def test_auth_failure_names_the_cause_and_the_setting(
     found = auth_failure(text, code)
     assert found is not None and found.cause == cause
     assert "after" not in found.detail and "thrd" not in found.detail  # librdkafka's noise
+    assert found.host is not None  # a broker's verdict (the consumer stops only on those)
     c = found.classification()
     assert c.category is ErrorCategory.AUTH and not c.retriable and not c.possibly_persisted
     assert setting in c.remedy and found.detail in c.remedy
@@ -162,6 +163,15 @@ def test_network_faults_are_not_refusals(text: str) -> None:
 
     assert auth_failure(text) is None
     assert auth_failure(text, -195) is None  # _TRANSPORT
+
+
+def test_a_refusal_without_a_broker_has_no_host() -> None:
+    """A local failure (an OAUTHBEARER token librdkafka could not acquire) is named, but it is
+    no broker's verdict: the consumer keeps retrying on it."""
+    from kresilient.producer._support import auth_failure
+
+    found = auth_failure("Failed to acquire SASL OAUTHBEARER token: refused", -169)
+    assert found is not None and found.cause == "auth" and found.host is None
 
 
 def test_reachability_keeps_the_refusal_until_a_connection_is_up() -> None:

@@ -136,11 +136,18 @@ class ClientEvents:
         librdkafka keeps reconnecting after a refused SASL login or TLS handshake, and the
         consumer would wait in vain (its start-up check ends with "no broker reachable", its
         loop sees nothing at all). Like the Java client, a refusal is not retried: the first
-        one while no connection ever worked stops the consumer. A consumer that worked before
-        (its password rotated under it) keeps reconnecting and logs the refusal instead.
+        one a broker gives while no connection ever worked stops the consumer. A consumer that
+        worked before (its password rotated under it) keeps reconnecting and logs the refusal
+        instead.
         """
         failure = self.reach.refused
         if failure is None or self.reach.ever_connected or self.fatal is not None:
+            return None
+        if self.state.stop_requested:  # stopping anyway: not raised out of the shutdown
+            return None
+        if failure.host is None:
+            # Not a broker's verdict on the credentials but a local failure (an OAUTHBEARER
+            # token not acquired: the identity provider may be down): librdkafka retries it.
             return None
         error = ConsumeError(
             "no broker accepted this consumer's credentials or certificate",

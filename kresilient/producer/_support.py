@@ -245,6 +245,9 @@ class AuthFailure:
     code: int
     cause: str
     detail: str
+    #: the broker that refused (``host:port``); ``None`` for a refusal librdkafka reported
+    #: without one (a local failure such as an OAUTHBEARER token it could not acquire)
+    host: str | None = None
 
     @property
     def remedy(self) -> str:
@@ -273,13 +276,15 @@ def auth_failure(text: str, code: int | None = None) -> AuthFailure | None:
     refusal even when the text is not recognised.
     """
     detail = _AFTER.sub("", _THREAD.sub("", text))
+    broker = connect_failure(detail)
+    host = broker[0] if broker is not None else None
     for cause, cause_code, pattern in _REFUSALS:
         if pattern.search(detail):
-            return AuthFailure(cause_code, cause, detail)
+            return AuthFailure(cause_code, cause, detail, host)
     if code == KafkaError._AUTHENTICATION:
-        return AuthFailure(code, "auth", detail)
+        return AuthFailure(code, "auth", detail, host)
     if code == KafkaError._SSL:
-        return AuthFailure(code, "tls", detail)
+        return AuthFailure(code, "tls", detail, host)
     return None
 
 
@@ -382,7 +387,9 @@ class Reachability:
                 self._expiry_checked = True
                 self._expiry = certificate_expiry(self._certificate)
             if self._expiry is not None:
-                found = AuthFailure(found.code, "expired", f"{found.detail}; {self._expiry}")
+                found = dataclasses.replace(
+                    found, cause="expired", detail=f"{found.detail}; {self._expiry}"
+                )
         self.refused = found
         return found
 
