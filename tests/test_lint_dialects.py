@@ -50,6 +50,7 @@ def test_spring_properties_relaxed_names_and_properties_maps() -> None:
         (6, "KR008"),  # producer.properties.enable.idempotence=false
         (7, "KR009"),  # max.in.flight 5, Java's retries default, no idempotence
         (8, "KR011"),  # delivery.timeout.ms=10000
+        (8, "KR051"),  # ... below linger.ms + request.timeout.ms: KafkaProducer refuses it
         (10, "KR021"),  # consumer.autoOffsetReset=latest (camelCase)
         (14, "KR041"),  # ssl.key-store-password literal
     ]
@@ -433,3 +434,29 @@ def test_connect_source_connector_tolerance_all_is_not_kr050() -> None:
         "errors.tolerance=all\n"
     )
     assert [f.rule for f in lint_text(text, "src.properties")] == []
+
+
+# ----------------------------------------------------------------------------- relation rules
+
+
+def test_java_delivery_timeout_below_linger_plus_request_is_refused_librdkafka_untouched() -> None:
+    java = JAVA_PRODUCER + "delivery.timeout.ms=30000\nlinger.ms=50\n"
+    assert [(f.line, f.rule) for f in lint_text(java, "p.properties") if f.rule == "KR051"] == [
+        (5, "KR051")
+    ]
+    fixed = JAVA_PRODUCER + "delivery.timeout.ms=30050\nlinger.ms=50\n"  # exactly enough
+    assert not [f for f in lint_text(fixed, "p.properties") if f.rule == "KR051"]
+    librdkafka = "bootstrap.servers=a:1,b:1\ndelivery.timeout.ms=30000\nlinger.ms=50\n"
+    assert not [f for f in lint_text(librdkafka, "p.properties") if f.rule == "KR051"]
+
+
+def test_transaction_timeout_against_the_broker_linted_alongside(tmp_path: Path) -> None:
+    producer = tmp_path / "producer.properties"
+    producer.write_text("acks=all\ntransactional.id=tx-1\ntransaction.timeout.ms=600000\n")
+    broker = tmp_path / "server.properties"
+    broker.write_text("node.id=1\nprocess.roles=broker\ntransaction.max.timeout.ms=300000\n")
+    found = [f for f in lint_paths([str(tmp_path)]) if f.rule == "KR052"]
+    assert [(Path(f.path).name, f.line) for f in found] == [("producer.properties", 3)]
+    assert "server.properties" in found[0].message
+    # Negative control: alone, 600000 is within the brokers' 900000 default.
+    assert not [f for f in lint_paths([str(producer)]) if f.rule == "KR052"]

@@ -915,5 +915,33 @@ def _partitioner_default(unit: ConfigUnit) -> Iterator[Hit]:
         yield "partitioner is unset (consistent_random): not Java-compatible", None
 
 
+@rule(
+    "KR051",
+    "delivery-timeout-below-linger-plus-request",
+    E,
+    P,
+    "producer durability",
+    summary="Java producer: delivery.timeout.ms below linger.ms + request.timeout.ms.",
+    why="KafkaProducer refuses an explicit delivery.timeout.ms smaller than linger.ms + "
+    "request.timeout.ms (ConfigException at construction: a batch could expire before its "
+    "first request can time out); an implicit one is raised silently.",
+    fix="Keep delivery.timeout.ms >= linger.ms + request.timeout.ms (defaults 120000 >= 5 + "
+    "30000).",
+    clients=("java",),
+)
+def _delivery_timeout(unit: ConfigUnit) -> Iterator[Hit]:
+    entry = explicit(unit, "delivery.timeout.ms", "message.timeout.ms")
+    delivery = number(unit, "delivery.timeout.ms")
+    linger, request = number(unit, "linger.ms"), number(unit, "request.timeout.ms")
+    if entry is None or delivery is None or linger is None or request is None:
+        return
+    if delivery < linger + request:
+        yield (
+            f"{entry.key}={entry.shown} is below linger.ms + request.timeout.ms "
+            f"({fmt(linger)} + {fmt(request)}): the Java producer refuses it",
+            entry,
+        )
+
+
 def _unused(_: Entry | None) -> None:  # keeps the import list honest for type checkers
     return None

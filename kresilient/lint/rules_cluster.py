@@ -478,6 +478,51 @@ project_rule(
 )(_cross_sizes)
 
 
+#: Broker default of transaction.max.timeout.ms (15 minutes).
+_TXN_MAX_DEFAULT = 900000.0
+
+
+def _txn_timeouts(units: list[ConfigUnit]) -> Iterator[tuple[ConfigUnit, str, Entry | None]]:
+    limits = [
+        (number(u, "transaction.max.timeout.ms"), u)
+        for u in units
+        if u.kind == "broker" and explicit(u, "transaction.max.timeout.ms")
+    ]
+    known = [(v, u) for v, u in limits if v is not None]
+    limit, where = min(known, key=lambda x: x[0]) if known else (_TXN_MAX_DEFAULT, None)
+    for unit in units:
+        if unit.kind != "producer" or not explicit(unit, "transactional.id"):
+            continue
+        entry = explicit(unit, "transaction.timeout.ms")
+        value = number(unit, "transaction.timeout.ms")
+        if entry and value is not None and value > limit:
+            source = (
+                f"transaction.max.timeout.ms={fmt(limit)} in {where.path}"
+                if where is not None
+                else f"the broker default transaction.max.timeout.ms={fmt(limit)}"
+            )
+            yield (
+                unit,
+                f"transaction.timeout.ms={entry.shown} exceeds {source}: "
+                "init_transactions() fails with INVALID_TRANSACTION_TIMEOUT",
+                entry,
+            )
+
+
+project_rule(
+    "KR052",
+    "transaction-timeout-above-broker-max",
+    E,
+    ("producer",),
+    "producer durability",
+    summary="A transactional producer's transaction.timeout.ms above the brokers' "
+    "transaction.max.timeout.ms (a broker config linted alongside, else its 900000 default).",
+    why="The transaction coordinator refuses InitProducerId with INVALID_TRANSACTION_TIMEOUT, "
+    "a fatal error for the producer: it never starts a transaction.",
+    fix="Lower transaction.timeout.ms, or raise transaction.max.timeout.ms on every broker.",
+)(_txn_timeouts)
+
+
 # ----------------------------------------------------------------------------- meta and audit
 
 for _meta in (
