@@ -8,7 +8,8 @@ live-cluster check with rule ids), so both read the cluster the same way:
   request is written by hand, over PLAINTEXT only;
 - :func:`max_timestamps`: the largest record timestamp of each partition (ListOffsets with
   ``OffsetSpec.max_timestamp``, KIP-734), to find records stamped in the future;
-- :func:`newest_committed_record_ms`: the timestamp of the newest record a group committed
+- :func:`committed_record_timestamps` and :func:`newest_committed_record_ms`: the
+  timestamp of the newest record a group committed
   past, the estimate of how long the group has been idle (Kafka does not expose the commit
   time itself through the Admin API; old producer timestamps overstate the idle time);
 - :func:`permissive_future_bound`: whether a topic accepts records far in the future.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, NamedTuple
@@ -43,6 +45,7 @@ __all__ = [
     "FUTURE_TOLERANCE_MS",
     "LOG_DIR_ERRORS",
     "LogDir",
+    "committed_record_timestamps",
     "describe_log_dirs",
     "max_timestamps",
     "newest_committed_record_ms",
@@ -224,6 +227,64 @@ class _QuietLogger:
         return None
 
 
+def committed_record_timestamps(
+    config: Mapping[str, Any], committed: Iterable[tuple[str, int, int]], timeout: float
+) -> dict[tuple[str, int, int], int]:
+    """(topic, partition, committed offset) -> timestamp of the record just before it.
+
+    Reads with ONE throw-away consumer built from ``config`` (a client config; nothing is
+    committed): every partition is assigned at once and read until each gave its record or
+    ``timeout`` seconds passed (per distinct offset of a partition shared by several groups).
+    A position whose record is gone (deleted by retention) or never arrives is left out; when
+    the record before the committed offset is a transaction marker, the next record stands
+    in, as a consumer would see it.
+    """
+    by_partition: dict[tuple[str, int], list[int]] = {}
+    for topic, partition, offset in sorted(set(committed)):
+        if offset > 0:
+            by_partition.setdefault((topic, partition), []).append(offset - 1)
+    found: dict[tuple[str, int, int], int] = {}
+    if not by_partition:
+        return found
+    conf = dict(config)
+    conf.setdefault("logger", _QuietLogger())
+    conf.update(
+        {
+            "group.id": f"kresilient-clusterinfo-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            # A deleted record is an error for its partition, not a wait at the log end.
+            "auto.offset.reset": "error",
+            # One record per partition is wanted: keep fetches small.
+            "max.partition.fetch.bytes": 65536,
+        }
+    )
+    consumer = Consumer(conf)
+    try:
+        depth = max(len(offsets) for offsets in by_partition.values())
+        for i in range(depth):
+            pending = {k: v[i] for k, v in by_partition.items() if len(v) > i}
+            consumer.assign([TopicPartition(t, p, o) for (t, p), o in pending.items()])
+            deadline = time.monotonic() + timeout
+            while pending and time.monotonic() < deadline:
+                msg = consumer.poll(0.2)
+                if msg is None:
+                    continue
+                got_topic, got_partition, got_offset = msg.topic(), msg.partition(), msg.offset()
+                key = (str(got_topic), got_partition if got_partition is not None else -1)
+                if key not in pending:
+                    continue
+                if msg.error() is not None:
+                    del pending[key]  # out of range: the record is gone
+                    continue
+                if got_offset is not None and got_offset >= pending[key]:
+                    found[(key[0], key[1], pending.pop(key) + 1)] = int(msg.timestamp()[1])
+            consumer.unassign()
+    finally:
+        consumer.close()
+    return found
+
+
 def newest_committed_record_ms(
     config: Mapping[str, Any], committed: Iterable[TopicPartition], timeout: float
 ) -> int | None:
@@ -233,28 +294,9 @@ def newest_committed_record_ms(
     time. A group commits after reading, so now minus this is an UPPER bound of its idle
     time as long as record timestamps tell when records were written: a group that just
     committed past records with old producer timestamps (replayed data, a fixed timestamp in
-    a test) looks idle since then. Reads one record per partition with a throw-away consumer
-    built from ``config`` (a client config; nothing is committed).
+    a test) looks idle since then. Reads with :func:`committed_record_timestamps`.
     """
-    conf = dict(config)
-    conf.setdefault("logger", _QuietLogger())
-    conf.update(
-        {
-            "group.id": f"kresilient-clusterinfo-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-        }
+    stamps = committed_record_timestamps(
+        config, [(tp.topic, tp.partition, tp.offset) for tp in committed], min(timeout, 3.0)
     )
-    consumer = Consumer(conf)
-    newest = None
-    try:
-        for tp in committed:
-            if tp.offset <= 0:
-                continue
-            consumer.assign([TopicPartition(tp.topic, tp.partition, tp.offset - 1)])
-            msg = consumer.poll(min(timeout, 3.0))
-            if msg is not None and msg.error() is None:
-                ts = msg.timestamp()[1]
-                newest = ts if newest is None else max(newest, ts)
-    finally:
-        consumer.close()
-    return newest
+    return max(stamps.values()) if stamps else None

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from kresilient.clusterinfo import describe_log_dirs
+from kresilient.clusterinfo import committed_record_timestamps, describe_log_dirs
 from kresilient.lint import Settings, exit_code, render
 from kresilient.lint.audit import AuditOptions, ClusterSnapshot, audit, check_snapshot
 from kresilient.lint.model import Finding, Severity
@@ -263,3 +263,29 @@ def test_follower_falling_behind_is_kr060_naming_it_once_out_of_the_isr(
     kafka_cluster.wait_for_isr(topic, 0, size=3, timeout=90)
     healed = audit(_conf(kafka_cluster), options=options)
     assert not [f for f in healed if f.rule == "KR060"], healed
+
+
+@pytest.mark.integration
+def test_committed_record_timestamps_one_consumer_for_every_group(
+    kafka_cluster: KafkaCluster, topic_factory: Callable[..., str]
+) -> None:
+    """The idle-time input of KR069: the record before each committed offset, read for
+    several groups at once (two groups on one partition at different offsets), and a
+    position whose record was deleted is left out rather than waited for."""
+    topic = topic_factory(partitions=2)
+    producer = Producer(_conf(kafka_cluster))
+    base = int(time.time() * 1000) - 600_000
+    for i in range(4):
+        producer.produce(topic, f"m{i}".encode(), partition=0, timestamp=base + i)
+        producer.produce(topic, f"n{i}".encode(), partition=1, timestamp=base + 100 + i)
+    assert producer.flush(30) == 0
+    positions = [(topic, 0, 2), (topic, 0, 4), (topic, 1, 1), (topic, 1, 0)]
+    stamps = committed_record_timestamps(_conf(kafka_cluster), positions, 30)
+    assert stamps == {(topic, 0, 2): base + 1, (topic, 0, 4): base + 3, (topic, 1, 1): base + 100}
+    # Records before offset 3 of partition 1 deleted: the group that committed 2 has no
+    # record to date it by (left out); one that committed 4 still has its record.
+    admin = AdminClient(_conf(kafka_cluster))
+    (future,) = admin.delete_records([TopicPartition(topic, 1, 3)]).values()
+    future.result(30)
+    after = committed_record_timestamps(_conf(kafka_cluster), [(topic, 1, 2), (topic, 1, 4)], 30)
+    assert after == {(topic, 1, 4): base + 103}

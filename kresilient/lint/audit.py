@@ -44,9 +44,9 @@ from kresilient.clusterinfo import (
     FUTURE_TOLERANCE_MS,
     LOG_DIR_ERRORS,
     LogDir,
+    committed_record_timestamps,
     describe_log_dirs,
     max_timestamps,
-    newest_committed_record_ms,
     permissive_future_bound,
 )
 from kresilient.errors import KafkaClientError
@@ -722,6 +722,7 @@ def _idle_groups(
         ConnectionErrors(snap.bootstrap),
         t,
     )
+    empty = []
     for group, future in sorted(described.items()):
         try:
             state = _result(future, t).state
@@ -730,18 +731,21 @@ def _idle_groups(
                 (("group", group), f"group {group}: not described: {_describe(exc)}")
             )
             continue
-        if state is None or state.name != "EMPTY":
-            continue
-        parts = [TopicPartition(tp, p, o) for tp, p, o in snap.committed[group]]
-        try:
-            newest = newest_committed_record_ms(conf, parts, t)
-        except _ERRORS as exc:
-            snap.incomplete.append(
-                (("group", group), f"group {group}: idle time not read: {_describe(exc)}")
-            )
-            continue
-        if newest is not None:
-            snap.idle_ms[group] = max(snap.now_ms - newest, 0)
+        if state is not None and state.name == "EMPTY":
+            empty.append(group)
+    if not empty:
+        return
+    # One consumer reads the record before every committed offset of every empty group.
+    positions = [pos for group in empty for pos in snap.committed[group]]
+    try:
+        stamps = committed_record_timestamps(conf, positions, min(t, 10.0))
+    except _ERRORS as exc:
+        snap.incomplete.append((("group",), f"idle time of groups not read: {_describe(exc)}"))
+        return
+    for group in empty:
+        newest = [stamps[pos] for pos in snap.committed[group] if pos in stamps]
+        if newest:
+            snap.idle_ms[group] = max(snap.now_ms - max(newest), 0)
 
 
 def _group_lag(
