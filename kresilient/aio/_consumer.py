@@ -46,6 +46,7 @@ from kresilient.deadletter import (
     DeadLetterWriter,
     build_dead_letter_record,
 )
+from kresilient.dedupe import Deduplicator, record_id
 from kresilient.errors import (
     CircuitBreakerOpenError,
     Classification,
@@ -64,6 +65,8 @@ __all__ = ["AsyncResilientConsumer"]
 
 AsyncHandler = Callable[[Message], Awaitable[object]]
 TP = tuple[str, int]
+#: (topic, kresilient.message.id): the key of the dedupe window
+_Id = tuple[str, bytes]
 
 #: Seconds the start-up metadata request (dead-letter topics exist?) may take.
 _METADATA_TIMEOUT_S: Final = 30.0
@@ -77,6 +80,10 @@ _RUN: Final = 64
 _MAX_BUFFERED: Final = 2_000
 #: Same replay remedy as the sync consumer's POISON (duplicate of consumer/_failures.poison).
 _DEAD_LETTER_RETRY_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
+#: Verdicts of the dedupe gate.
+_HANDLE: Final = 0
+_SKIP: Final = 1
+_STOP: Final = 2
 
 
 class _Partition:
@@ -133,6 +140,15 @@ class AsyncResilientConsumer:
             for the handlers in hand before leaving their records uncommitted.
         handle_signals: on :meth:`run` in the main thread, SIGTERM/SIGINT stop the consumer
             gracefully (handlers restored at exit).
+        dedupe: a :class:`~kresilient.dedupe.Deduplicator`, as
+            :class:`~kresilient.ResilientConsumer`'s: a record marked
+            ``kresilient.possible.duplicate: true`` whose ``kresilient.message.id`` is in its
+            window of ids handled (handler returned) is skipped without awaiting the handler;
+            its offset is stored like a handled one's (in partition order), it is counted in
+            ``health().duplicates_skipped`` and logged at DEBUG (``duplicate_skipped``) with
+            its id. Unmarked records are never skipped. A marked record whose id another
+            partition's handler has in hand (``max_concurrency>1``, or a retry wait) waits for
+            that handler first, so two copies are never handled at once.
         logger, tracer_provider, meter_provider, propagator, record_message_key: as
             :class:`~kresilient.ResilientConsumer`.
 
@@ -170,7 +186,19 @@ class AsyncResilientConsumer:
         meter_provider: Any = None,
         propagator: Any = None,
         record_message_key: bool = False,
+        dedupe: Deduplicator | None = None,
     ) -> None:
+        if dedupe is not None and not isinstance(dedupe, Deduplicator):
+            raise ConfigError(
+                f"dedupe must be a kresilient.dedupe.Deduplicator, got {type(dedupe).__name__} "
+                "(e.g. dedupe=Deduplicator(window=1_000_000))",
+                key="dedupe",
+            )
+        self._dedupe = dedupe
+        # ids whose handler is in hand (dedupe only): a marked copy on another partition waits
+        # for it instead of being handled at the same time
+        self._inflight: dict[_Id, asyncio.Future[None]] = {}
+        self.duplicates_skipped = 0
         if not _is_async(handler):
             name = getattr(handler, "__qualname__", type(handler).__qualname__)
             raise TypeError(
@@ -302,6 +330,7 @@ class AsyncResilientConsumer:
             running=self._running,
             stopping=self._stop and self._running,
             processed=self.processed,
+            duplicates_skipped=self.duplicates_skipped,
             retries=self.retries,
             dead_lettered=self.dead_lettered,
             dead_letters_pending=self._dead_letters_pending,
@@ -642,6 +671,7 @@ class AsyncResilientConsumer:
         sem = self._sem
         assert sem is not None
         handler = self._handler
+        dedupe = self._dedupe
         queue = part.queue
         timing, threshold = self._timing, self._blocking_threshold
         clock = time.monotonic
@@ -659,7 +689,9 @@ class AsyncResilientConsumer:
                             msg = queue.popleft()
                             taken += 1
                             try:
-                                if self._traced:
+                                if dedupe is not None:
+                                    ok = await self._deduped(msg, part)
+                                elif self._traced:
                                     ok = await self._process(msg, part)
                                 else:
                                     try:
@@ -688,6 +720,89 @@ class AsyncResilientConsumer:
                             self._drained.set()
         finally:
             part.task = None
+
+    async def _deduped(self, msg: Message, part: _Partition) -> bool:
+        """``dedupe`` on: skip a marked copy of a handled id, else handle the record (as the
+        fast path of :meth:`_work` does) and remember its id once the handler returned. True:
+        its offset may be stored (handled, dead-lettered or skipped)."""
+        verdict, key = await self._dedupe_gate(msg, part)
+        if verdict == _SKIP:
+            return True
+        if verdict == _STOP:
+            return False
+        try:
+            if self._traced:
+                return await self._process(msg, part)
+            try:
+                await self._handler(msg)
+            except Exception as exc:  # retries, dead letter (the id remembered on success)
+                return await self._process(msg, part, exc)
+            self.processed += 1
+            assert self._dedupe is not None
+            self._dedupe.processed(msg)
+            return True
+        finally:
+            if key is not None:  # handled, failed or interrupted: a waiting copy re-checks
+                self._inflight.pop(key).set_result(None)
+
+    async def _dedupe_gate(self, msg: Message, part: _Partition) -> tuple[int, _Id | None]:
+        """``(_SKIP, None)`` for a marked copy of a handled id; ``(_STOP, None)`` when the
+        partition is revoked or the consumer stops while waiting; else ``(_HANDLE, key)``
+        with ``key`` the id now registered as in hand (None: no id, or already in hand).
+
+        Two copies of one id on different partitions could otherwise be handled at once (the
+        window only learns an id once its handler returned): a marked copy whose id is in
+        hand elsewhere waits for that handler, then is checked against the window. An
+        unmarked copy is handled whatever else is in hand (never skipped, as in the sync
+        consumer).
+        """
+        dedupe = self._dedupe
+        assert dedupe is not None
+        ident, marked = record_id(msg)
+        if ident is None:
+            return _HANDLE, None
+        key: _Id = (str(msg.topic()), ident)
+        inflight = self._inflight
+        if marked:
+            while (first := inflight.get(key)) is not None:
+                await self._await_first(first, part)
+                if part.revoked or self._stop or self._error is not None:
+                    return _STOP, None
+            if dedupe.is_duplicate(msg):
+                self._skipped(msg, ident)
+                return _SKIP, None
+        if key in inflight:
+            return _HANDLE, None  # an unmarked repeat while another copy is in hand
+        inflight[key] = asyncio.get_running_loop().create_future()
+        return _HANDLE, key
+
+    async def _await_first(self, first: asyncio.Future[None], part: _Partition) -> None:
+        """Wait for another partition's handler of the same id (or this partition's cut),
+        without holding a concurrency slot: that handler may need one to finish."""
+        sem = self._sem
+        assert sem is not None
+        sem.release()
+        try:
+            cut = asyncio.ensure_future(part.cut.wait())
+            try:
+                await asyncio.wait((first, cut), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                cut.cancel()
+        finally:
+            await sem.acquire()
+
+    def _skipped(self, msg: Message, ident: bytes) -> None:
+        """A possible duplicate skipped: counted, logged with its id (DEBUG: the per-record
+        path), never dropped silently."""
+        self.duplicates_skipped += 1
+        self._log.debug(
+            "duplicate_skipped",
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+            message_id=ident.decode("utf-8", "replace"),
+            note="marked as a possible duplicate and its message id was processed",
+        )
 
     def _interrupted(self, msg: Message, part: _Partition, exc: BaseException) -> bool:
         """A handler ended with a BaseException (the task's cancellation, KeyboardInterrupt,
@@ -754,6 +869,8 @@ class AsyncResilientConsumer:
                             )
             if failure is None:
                 self.processed += 1  # the breaker is credited in bulk (_credit_breaker)
+                if self._dedupe is not None:
+                    self._dedupe.processed(msg)
                 return True
             if delay is None:
                 return await self._dead_letter_record(msg, part, failure, classification, attempt)
