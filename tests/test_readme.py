@@ -160,10 +160,19 @@ def _delete_leftovers(bootstrap: str, topics: list[str], group: str) -> None:
     while set(doomed) & set(admin.list_topics(timeout=10).topics):
         assert time.monotonic() < deadline, f"topics {doomed} not deleted in 60 s"
         time.sleep(0.2)
-    try:
-        admin.delete_consumer_groups([group], request_timeout=30)[group].result(timeout=60)
-    except KafkaException as exc:  # the group does not exist: nothing to delete
-        assert "GROUP_ID_NOT_FOUND" in str(exc), exc
+    # Right after a cluster starts the group coordinator may not be loaded yet: retried.
+    transient = ("NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            admin.delete_consumer_groups([group], request_timeout=30)[group].result(timeout=60)
+            return
+        except KafkaException as exc:
+            if "GROUP_ID_NOT_FOUND" in str(exc):  # the group does not exist: nothing to delete
+                return
+            assert any(code in str(exc) for code in transient), exc
+            assert time.monotonic() < deadline, f"group {group} not deleted in 60 s: {exc}"
+            time.sleep(0.2)
 
 
 def _end_offset(bootstrap: str, topic: str) -> int:
