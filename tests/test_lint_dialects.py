@@ -460,3 +460,12 @@ def test_transaction_timeout_against_the_broker_linted_alongside(tmp_path: Path)
     assert "server.properties" in found[0].message
     # Negative control: alone, 600000 is within the brokers' 900000 default.
     assert not [f for f in lint_paths([str(producer)]) if f.rule == "KR052"]
+
+
+def test_unset_key_finding_in_properties_points_at_the_first_setting_not_a_comment() -> None:
+    """Issue 15: errors about unset keys were located on line 1, a licence comment."""
+    text = "# Licensed to the Apache Software Foundation\n#\n\nbootstrap.servers=a:1,b:1\n"
+    text += "linger.ms=5\n"
+    findings = lint_text(text, "producer.properties")
+    unset = [f for f in findings if f.key is None]
+    assert unset and all((f.line, f.col) == (4, 1) for f in unset)

@@ -1080,11 +1080,14 @@ def _read_properties(text: str, path: str, kind: Kind | None) -> ReadResult:
         result.units.extend(connect_units(entries, path))
         return result
     if entries and (kind is not None or looks_like_kafka(entries, False)):
+        # A finding about an unset key points at the first setting, not at line 1 (often a
+        # licence comment).
+        first = min(entries.values(), key=lambda e: (e.line, e.col))
         result.units.append(
             ConfigUnit(
                 path=path,
-                line=1,
-                col=1,
+                line=first.line,
+                col=first.col,
                 entries=entries,
                 kind=kind or "client",
                 kind_forced=kind is not None,
