@@ -469,3 +469,26 @@ def test_unset_key_finding_in_properties_points_at_the_first_setting_not_a_comme
     findings = lint_text(text, "producer.properties")
     unset = [f for f in findings if f.key is None]
     assert unset and all((f.line, f.col) == (4, 1) for f in unset)
+
+
+FIXTURES = sorted(
+    p
+    for d in ("spring", "strimzi", "jikkou", "topicctl", "terraform", "connect", "python")
+    for p in (DATA / d).iterdir()
+)
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_truncation_and_mangling_of_a_fixture_is_findings_or_kr000_never_a_crash(
+    path: Path,
+) -> None:
+    """Hostile variants of each new format (cut anywhere, a bracket or quote or tab
+    inserted): lint_text returns located findings; an exception would fail the test."""
+    text = path.read_text()
+    step = max(1, len(text) // 40)
+    for cut in range(0, len(text), step):
+        for variant in (text[:cut], text[:cut] + "{[\"'\t" + text[cut:], text[cut:]):
+            for finding in lint_text(variant, path.name):
+                assert finding.line >= 0 and finding.col >= 0
+                if finding.rule == "KR000":
+                    assert 1 <= finding.line <= variant.count("\n") + 2
