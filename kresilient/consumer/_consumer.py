@@ -86,7 +86,13 @@ from kresilient.deadletter import dead_letter_producer_config as dead_letter_pro
 from kresilient.dedupe import Deduplicator, record_id
 from kresilient.errors import BatchItemError, ConfigError, classify, translate
 from kresilient.leadership import LeadershipMonitor
-from kresilient.producer import LogBridge, Reachability, ResilientProducer, connect_failure
+from kresilient.producer import (
+    LogBridge,
+    Reachability,
+    ResilientProducer,
+    client_certificate,
+    connect_failure,
+)
 from kresilient.redaction import Redactor, redact_config
 from kresilient.telemetry import Telemetry
 
@@ -437,7 +443,9 @@ class ResilientConsumer:
         self._watchdog = Watchdog(max_poll_interval(cfg) / 2, self._on_overrun)
         self._signals = SignalHandlers(self.stop, lambda: state.stop_requested, log)
         self._install_signals = install_signal_handlers
-        self._reach = Reachability(log, interval=_UNREACHABLE_LOG_INTERVAL)
+        self._reach = Reachability(
+            log, interval=_UNREACHABLE_LOG_INTERVAL, certificate=client_certificate(cfg)
+        )
 
         # librdkafka's callbacks go to the collaborators made below (the client comes first)
         self._events: ClientEvents
