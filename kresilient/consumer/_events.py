@@ -165,12 +165,19 @@ class ClientEvents:
         return error
 
     def on_stats(self, stats_json: str) -> None:
-        self.monitor.on_stats(stats_json)
+        # Parsed once (a document of 10,000 partitions costs milliseconds): the monitor gets the
+        # object; the raw text only when it is not one, so the monitor counts it unparsable.
         try:
-            brokers = (json.loads(stats_json).get("brokers") or {}).values()
-            self.reach.up(sum(1 for b in brokers if b.get("state") == "UP"))
-        except (ValueError, AttributeError):  # the monitor counts unparsable statistics
-            pass
+            doc: Any = json.loads(stats_json)
+        except Exception:  # ValueError, RecursionError on deeply nested input
+            doc = None
+        self.monitor.on_stats(doc if isinstance(doc, dict) else stats_json)
+        if isinstance(doc, dict):
+            try:
+                brokers = (doc.get("brokers") or {}).values()
+                self.reach.up(sum(1 for b in brokers if b.get("state") == "UP"))
+            except (AttributeError, TypeError):  # odd shapes: the monitor tolerates them too
+                pass
         user = self.user_cb["stats_cb"]
         if user is not None:
             user(stats_json)
