@@ -26,6 +26,7 @@ import concurrent.futures
 import contextlib
 import functools
 import inspect
+import itertools
 import signal
 import threading
 import time
@@ -74,6 +75,9 @@ _METADATA_TIMEOUT_S: Final = 30.0
 _DRAIN_WAIT_S: Final = 0.05
 #: Records consumed per step (one worker-thread round trip).
 _BATCH: Final = 500
+#: consume() timeouts of a step while records flow / when idle.
+_FLOWING_WAIT_S: Final = 0.01
+_IDLE_WAIT_S: Final = 0.1
 #: Records a partition's worker handles per turn of the concurrency semaphore.
 _RUN: Final = 64
 #: A partition with this many records waiting is paused until it is down to half.
@@ -89,7 +93,7 @@ _STOP: Final = 2
 class _Partition:
     """One assigned partition: its buffered records and its (single) worker task."""
 
-    __slots__ = ("cut", "held", "hold", "last", "paused", "queue", "revoked", "task", "tp")
+    __slots__ = ("cut", "halt", "held", "hold", "last", "paused", "queue", "revoked", "task", "tp")
 
     def __init__(self, tp: TP) -> None:
         self.tp = tp
@@ -102,6 +106,9 @@ class _Partition:
         self.hold: tuple[int, int] = (0, 0)  # (offset, attempts) of the held record
         self.paused = False
         self.revoked = False
+        # revoked, lost, or the consumer stopping or failed: the one flag the worker checks
+        # per record (set with revoked, by stop() and when _error is set)
+        self.halt = False
         self.cut = asyncio.Event()  # set (on the loop) by stop/revoke: ends retry waits
 
 
@@ -213,6 +220,12 @@ class AsyncResilientConsumer:
         self._topics = list(topics)
         if not self._topics:
             raise ValueError("topics must name at least one topic")
+        # one literal topic: every record is of it (the fast path of _dispatch)
+        self._single_topic: str | None = (
+            self._topics[0]
+            if len(self._topics) == 1 and not self._topics[0].startswith("^")
+            else None
+        )
         base_log = logger if logger is not None else structlog.get_logger("kresilient.aio")
         allow = tuple([allow_unsafe] if isinstance(allow_unsafe, str) else allow_unsafe)
         cfg = consumer_config(config, allow_unsafe=allow, logger=base_log)
@@ -268,7 +281,7 @@ class AsyncResilientConsumer:
         self._dead_letters_pending = 0
         self._parts: dict[TP, _Partition] = {}
         self._stop = False
-        self._error: BaseException | None = None
+        self._failure: BaseException | None = None
         self._running = False
         self._ran = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -305,10 +318,27 @@ class AsyncResilientConsumer:
         """Ask :meth:`run` to finish: the records in hand complete, what was handled is
         committed, the group is left. Safe from any thread and from signal handlers."""
         self._stop = True
+        self._halt_all()
         loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is already closed
                 loop.call_soon_threadsafe(self._cut_all)
+
+    @property
+    def _error(self) -> BaseException | None:
+        """What :meth:`run` raises; setting it halts every partition's worker."""
+        return self._failure
+
+    @_error.setter
+    def _error(self, exc: BaseException | None) -> None:
+        self._failure = exc
+        if exc is not None:
+            self._halt_all()
+
+    def _halt_all(self) -> None:
+        # any thread: list() copies the values atomically (no Python code runs meanwhile)
+        for part in list(self._parts.values()):
+            part.halt = True
 
     def health(self) -> ConsumerHealth:
         """A snapshot for health endpoints: the :class:`~kresilient.consumer.ConsumerHealth`
@@ -477,9 +507,11 @@ class AsyncResilientConsumer:
             consumer.pause(pause)
         if resume:
             consumer.resume(resume)
-        # Records flowing: a short wait, so a stop() or a drained batch is acted on soon.
-        # Idle: a longer one, so an idle consumer costs ~10 wake-ups a second.
-        batch = consumer.consume(_BATCH, 0.02 if self._flowing else 0.1)
+        # Records flowing: a short wait (a full batch returns at once; a partial one waits
+        # this long for more), so a stop() or a drained batch is acted on soon: a shutdown
+        # waits for this step. Idle: a longer one, so an idle consumer costs ~10 wake-ups a
+        # second.
+        batch = consumer.consume(_BATCH, _FLOWING_WAIT_S if self._flowing else _IDLE_WAIT_S)
         self._flowing = bool(batch)
         return batch
 
@@ -552,7 +584,7 @@ class AsyncResilientConsumer:
         if not busy:  # nothing in hand (e.g. at close): no hop to the loop needed
             for tp in tps:
                 if (part := self._parts.get(tp)) is not None:
-                    part.revoked = True
+                    part.revoked = part.halt = True
         elif loop is not None and not loop.is_closed():
             future = asyncio.run_coroutine_threadsafe(self._finish(tps), loop)
             try:
@@ -576,7 +608,7 @@ class AsyncResilientConsumer:
         for p in partitions:
             part = self._parts.pop((p.topic, p.partition), None)
             if part is not None:
-                part.revoked = True
+                part.revoked = part.halt = True
                 loop = self._loop
                 if loop is not None and not loop.is_closed():  # queues belong to the loop
                     loop.call_soon_threadsafe(self._drop_queue, part)
@@ -619,31 +651,46 @@ class AsyncResilientConsumer:
         """Queue each record behind its partition's; start the partition's worker if idle.
 
         A batch holds runs of records of one partition: the partition is looked up once per
-        run (by partition number, and topic only when several topics are assigned), not per
-        record.
+        run, not per record. With one literal topic subscribed and no error event in the
+        batch, the runs are found and queued in C (``groupby`` on the partition number,
+        ``deque.extend``); otherwise record by record, by topic and partition.
         """
         parts = self._parts
-        multi = len({tp[0] for tp in parts}) > 1
-        queued = 0
-        last_p: int | None = -2
-        last_t: str | None = None
-        part: _Partition | None = None
         touched: list[_Partition] = []
-        for msg in batch:
-            if msg.error() is not None:
-                self._consume_error(msg)
-                continue
-            p = msg.partition()
-            if p != last_p or (multi and msg.topic() != last_t):
-                last_p, last_t = p, msg.topic()
-                part = parts.get((last_t, p))  # type: ignore[arg-type]
-                if part is not None and part.revoked:
-                    part = None  # fetched before a revoke: the new owner reads it again
-                elif part is not None and part.task is None:
+        queued = 0
+        single = self._single_topic
+        if single is not None and not any(map(Message.error, batch)):
+            for p, run in itertools.groupby(batch, Message.partition):
+                part = parts.get((single, p))  # type: ignore[arg-type]
+                if part is None or part.revoked:
+                    continue  # fetched before a revoke: the new owner reads it again
+                queue = part.queue
+                before = len(queue)
+                queue.extend(run)
+                queued += len(queue) - before
+                if part.task is None:
                     touched.append(part)
-            if part is not None:
-                part.queue.append(msg)
-                queued += 1
+        else:
+            last_p: int | None = -2
+            last_t: str | None = None
+            part = None
+            for msg in batch:
+                if msg.error() is not None:
+                    self._consume_error(msg)
+                    continue
+                p = msg.partition()
+                # the topic too, always: a batch may hold the same partition number of two
+                # topics back to back (a partition of one of them revoked meanwhile)
+                if p != last_p or msg.topic() != last_t:
+                    last_p, last_t = p, msg.topic()
+                    part = parts.get((last_t, p))  # type: ignore[arg-type]
+                    if part is not None and part.revoked:
+                        part = None  # fetched before a revoke: the new owner reads it again
+                    elif part is not None and part.task is None:
+                        touched.append(part)
+                if part is not None:
+                    part.queue.append(msg)
+                    queued += 1
         for part in touched:
             if part.task is None and part.queue:
                 part.task = asyncio.create_task(self._work(part), name=f"kresilient {part.tp}")
@@ -664,15 +711,17 @@ class AsyncResilientConsumer:
     async def _work(self, part: _Partition) -> None:
         """One partition's records, one at a time, in order.
 
-        The hot path per record: ``await handler(msg)`` and one attribute store (plus one
-        clock read when the blocking warning is on); the queue count and the breaker are
-        settled once per run, the offset to store is read from ``part.last`` when stored.
+        The hot path per record: ``await handler(msg)``, the halt checks and one attribute
+        store (plus one clock read when the blocking warning is on); the processed count,
+        the queue count and the breaker are settled once per run, the offset to store is
+        read from ``part.last`` when stored.
         """
         sem = self._sem
         assert sem is not None
         handler = self._handler
         dedupe = self._dedupe
         queue = part.queue
+        popleft = queue.popleft
         timing, threshold = self._timing, self._blocking_threshold
         clock = time.monotonic
         try:
@@ -680,27 +729,36 @@ class AsyncResilientConsumer:
                 # A run of records per acquisition: one task switch per run, not per record
                 # (max_concurrency bounds handlers running at once, not their order).
                 async with sem:
-                    taken = 0
+                    taken = handled = 0
+                    # dedupe or a span per record: the slow path (self._traced changes only
+                    # between poll steps, so once per run is enough)
+                    slow = dedupe is not None or self._traced
                     try:
                         prev = clock()
-                        while taken < _RUN and queue:
-                            if part.revoked or self._stop or self._error is not None:
+                        # the queue only grows meanwhile (a drop on revoke or loss sets
+                        # part.revoked first), so popleft never meets an empty queue
+                        for _ in range(min(_RUN, len(queue))):
+                            if part.halt:  # revoked, lost, stopping or failed
                                 break
-                            msg = queue.popleft()
+                            msg = popleft()
                             taken += 1
                             try:
-                                if dedupe is not None:
-                                    ok = await self._deduped(msg, part)
-                                elif self._traced:
-                                    ok = await self._process(msg, part)
+                                if slow:
+                                    if dedupe is not None:
+                                        ok = await self._deduped(msg, part)
+                                    else:
+                                        ok = await self._process(msg, part)
                                 else:
                                     try:
                                         await handler(msg)
                                     except Exception as exc:  # retries, dead letter
+                                        # the breaker is credited with the successes first
+                                        self.processed += handled
+                                        handled = 0
                                         ok = await self._process(msg, part, exc)
                                     else:
+                                        handled += 1  # counted in bulk (finally below)
                                         ok = True
-                                        self.processed += 1  # breaker credited in bulk
                             except BaseException as exc:  # not an Exception: never skip it
                                 taken -= 1  # _interrupted puts it back in front
                                 if self._interrupted(msg, part, exc):
@@ -715,6 +773,7 @@ class AsyncResilientConsumer:
                                 break  # stopping (or revoked): nothing stored past it
                             part.last = msg
                     finally:
+                        self.processed += handled  # the breaker is credited in bulk too
                         self._queued -= taken
                         if not self._queued:
                             self._drained.set()
@@ -1132,7 +1191,7 @@ class AsyncResilientConsumer:
             if tp in self._parts
         ]
         for part in parts:
-            part.revoked = True
+            part.revoked = part.halt = True
             self._drop_queue(part)  # not started: the next owner (or the restart) reads them
         tasks = [p.task for p in parts if p.task is not None]
         for part in parts:
