@@ -289,3 +289,24 @@ def test_committed_record_timestamps_one_consumer_for_every_group(
     future.result(30)
     after = committed_record_timestamps(_conf(kafka_cluster), [(topic, 1, 2), (topic, 1, 4)], 30)
     assert after == {(topic, 1, 4): base + 103}
+
+
+@pytest.mark.integration
+def test_audit_cli_disk_threshold_option(
+    kafka_cluster: KafkaCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--disk-threshold` reaches KR067 from the command line; 0 skips the log dirs; a value
+    outside 0-1 is a usage error naming the option."""
+    from kresilient.cli import main
+
+    host, port = kafka_cluster.bootstrap_servers.split(",")[0].rsplit(":", 1)
+    used = max(d.used or 0.0 for d in describe_log_dirs(host, int(port), 10))
+    argv = ["audit", "-b", kafka_cluster.bootstrap_servers, "--topic", "__none__"]
+    over = [*argv, "--disk-threshold", f"{used / 2:.6f}", "--fail-on", "warning"]
+    assert main([*over, "--format", "json"]) == 1  # KR067 is a warning
+    rules = {f["rule"] for f in json.loads(capsys.readouterr().out)}
+    assert "KR067" in rules
+    main([*argv, "--disk-threshold", "0", "--format", "json"])  # negative control
+    assert "KR067" not in {f["rule"] for f in json.loads(capsys.readouterr().out)}
+    assert main([*argv, "--disk-threshold", "1.5"]) == 2
+    assert "--disk-threshold" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kresilient.clusterinfo import LogDir
 from kresilient.lint import RULES, Finding, lint_paths
 from kresilient.lint.audit import ClusterSnapshot, PartitionState, check_snapshot
 
@@ -33,6 +34,16 @@ def _snapshot(raw: dict[str, Any]) -> ClusterSnapshot:
         },
         incomplete=[(tuple(where), message) for where, message in raw.get("incomplete", [])],
         errors=raw.get("errors", []),
+        topic_configs=raw.get("topic_configs", {}),
+        broker_configs={int(k): v for k, v in raw.get("broker_configs", {}).items()},
+        log_dirs={int(k): [LogDir(*d) for d in v] for k, v in raw.get("log_dirs", {}).items()},
+        max_timestamps={
+            (tp.rsplit("/", 1)[0], int(tp.rsplit("/", 1)[1])): ts
+            for tp, ts in raw.get("max_timestamps", {}).items()
+        },
+        now_ms=raw.get("now_ms", 0),
+        idle_ms=raw.get("idle_ms", {}),
+        no_offsets=raw.get("no_offsets", []),
     )
 
 

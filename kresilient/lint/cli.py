@@ -12,6 +12,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
+from kresilient.clusterinfo import DISK_USAGE_THRESHOLD, FUTURE_TOLERANCE_MS
 from kresilient.errors import ConfigError
 from kresilient.lint.audit import AuditOptions, audit
 from kresilient.lint.engine import exit_code, lint_paths
@@ -206,10 +207,34 @@ def run_audit(args: argparse.Namespace) -> int:
         else settings.lag_threshold,
         include_internal=args.include_internal,
         timeout=args.timeout,
+        disk_threshold=None if args.disk_threshold == 0 else args.disk_threshold,
+        future_tolerance_ms=args.future_tolerance_ms,
     )
     findings = audit(client, options=options, settings=settings)
     _emit(findings, args, "audit")
     return exit_code(findings, settings)
+
+
+def _fraction(text: str) -> float:
+    """argparse type: a share between 0 and 1 (``--disk-threshold``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number between 0 and 1") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not between 0 and 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    """argparse type: a whole number of milliseconds, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
 
 
 def _client_config(args: argparse.Namespace) -> dict[str, str]:
@@ -331,6 +356,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=None,
         metavar="N",
         help="Report a group lagging more than N messages on a topic (default 1000).",
+    )
+    audit.add_argument(
+        "--disk-threshold",
+        type=_fraction,
+        default=DISK_USAGE_THRESHOLD,
+        metavar="FRACTION",
+        help="Report a broker log dir at least this full, 0-1 (default "
+        f"{DISK_USAGE_THRESHOLD:g}; 0 skips reading log dirs) (KR067).",
+    )
+    audit.add_argument(
+        "--future-tolerance-ms",
+        type=_non_negative_int,
+        default=FUTURE_TOLERANCE_MS,
+        metavar="MS",
+        help="Report a partition whose newest timestamp is more than MS ahead of this "
+        f"machine's clock (default {FUTURE_TOLERANCE_MS}) (KR068).",
     )
     audit.add_argument(
         "--include-internal",

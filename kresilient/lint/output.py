@@ -205,7 +205,13 @@ _DOC_HEADER = """\
 `kresilient lint PATH...` checks Java `.properties`, YAML, JSON, TOML, `.env` (`KAFKA_*`)
 files, Terraform (`.tf`) and Python sources (configs passed to confluent-kafka and
 kresilient clients).
-`kresilient audit --bootstrap-servers HOSTS` checks a live cluster through the Admin API.
+`kresilient audit --bootstrap-servers HOSTS` checks a live cluster through the Admin API:
+durability settings, partition health, leader balance, racks, lag, and the guides' cluster-side
+symptoms: log-dir usage (`--disk-threshold FRACTION`, default 0.8; 0 skips it), records
+timestamped in the future (`--future-tolerance-ms MS`, default one hour), groups whose offsets
+are at risk of expiry, permissive timestamp bounds. A lagging follower is not visible through
+the Admin API (no follower log end offset): KR060 names it once it leaves the ISR; before
+that, only the broker's JMX `MaxLag` shows it.
 `kresilient lint --explain ID` prints one rule; `--list-rules` lists them all.
 
 - Output: `--format text` (`path:line:col: ID [severity] message`), `json`, `sarif`

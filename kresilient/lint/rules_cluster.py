@@ -642,5 +642,81 @@ for _meta in (
         fix="Bring the partition's replicas back (see KR061), or grant the missing ACL "
         "(Describe on Group / Topic, DescribeConfigs), then audit again.",
     ),
+    # the troubleshooting guides' cluster-side symptoms (issue 21)
+    Rule(
+        id="KR067",
+        name="log-dir-usage",
+        severity=W,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="A broker's log dir is fuller than the threshold (default 80%, "
+        "--disk-threshold) (live audit, DescribeLogDirs).",
+        why="Disk exhaustion is the guides' first cause of outages: a broker whose log dir "
+        "fills cannot append, takes its partitions offline and may not restart. Usage grows "
+        "with retention longer than the disk allows, or segments that never roll or delete "
+        "(future timestamps, see KR068). Over SASL or TLS the usage is not read (the request "
+        "is sent over PLAINTEXT only) and an info finding says so.",
+        fix="Add disk or shorten retention.ms/retention.bytes; make segments close and "
+        "become deletable (log.segment.bytes, log.roll.hours); find records with future "
+        "timestamps (KR068).",
+    ),
+    Rule(
+        id="KR068",
+        name="future-timestamps",
+        severity=W,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="A partition holds a record timestamped in the future beyond the tolerance "
+        "(default 1 h) (live audit, ListOffsets max-timestamp).",
+        why="Time-based retention deletes a segment only once its largest timestamp is older "
+        "than retention.ms: a record stamped days ahead (a producer clock advanced during "
+        "testing, an application setting timestamps itself) keeps its segment, and every "
+        "later one, on disk until that date: disk exhaustion.",
+        fix="Fix the producer's clock or timestamps; bound message.timestamp.after.max.ms "
+        "(KR070) or use message.timestamp.type=LogAppendTime; delete the affected records "
+        "(kafka-delete-records.sh) once consumers are past them.",
+    ),
+    Rule(
+        id="KR069",
+        name="offset-expiry-risk",
+        severity=W,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="A consumer group without members has been idle for more than half of "
+        "offsets.retention.minutes, or a group named with --group has no committed offset "
+        "(live audit).",
+        why="A group left empty longer than offsets.retention.minutes loses its committed "
+        "offsets; the next consumer starts from auto.offset.reset and re-reads everything "
+        "(earliest) or skips what arrived meanwhile (latest). The Admin API does not give the "
+        "commit time: the idle time is estimated by the age of the newest record the group "
+        "committed past, which overstates it when records carry old producer timestamps "
+        "(replayed data). An estimate beyond the retention is refuted by the offsets still "
+        "being there and not reported; one between half and all of it may be a false alarm "
+        "for such a group.",
+        fix="Restart a consumer of the group before the retention passes, raise "
+        "offsets.retention.minutes beyond the longest planned downtime, and check what "
+        "auto.offset.reset does on a restart; reset expired offsets explicitly "
+        "(kafka-consumer-groups.sh --reset-offsets).",
+    ),
+    Rule(
+        id="KR070",
+        name="permissive-timestamp-bound",
+        severity=W,
+        family="audit",
+        kinds=frozenset({"cluster"}),
+        scope="audit",
+        summary="A CreateTime topic accepts records more than a day in the future "
+        "(message.timestamp.after.max.ms) (live audit).",
+        why="With message.timestamp.type=CreateTime the broker keeps the producer's "
+        "timestamp; a bound above a day lets a skewed or buggy producer write records that "
+        "stall retention (KR068). Kafka 4 bounds it to one hour by default; Kafka 3 did not. "
+        "message.timestamp.before.max.ms (records in the past) is not reported: old "
+        "timestamps make segments deletable sooner, not never.",
+        fix="Set message.timestamp.after.max.ms=3600000, or "
+        "message.timestamp.type=LogAppendTime when producer time is not needed.",
+    ),
 ):
     register(_meta)
