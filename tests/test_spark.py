@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -216,3 +217,43 @@ def test_failed_task_discards_its_cached_producer_mock_cluster() -> None:
         assert second.producer is not first.producer
     finally:
         sw.discard_producers()
+
+
+def _close_in_forked_child_then_talk(close: Callable[[Any], None]) -> bytes:
+    """A py4j connection over one end of a socket pair is closed (with ``close``) in a child
+    forked to run Python before exec (as ``subprocess.Popen(preexec_fn=...)`` does); then the
+    parent sends through it and returns what arrives at the other end."""
+    import socket
+
+    from py4j.clientserver import ClientServerConnection, JavaParameters, PythonParameters
+
+    ours, theirs = socket.socketpair()
+    conn = ClientServerConnection(
+        JavaParameters(), PythonParameters(), SimpleNamespace(pool=None), None
+    )
+    conn.socket, conn.stream = ours, ours.makefile("rb")
+    try:
+        subprocess.run(["true"], preexec_fn=lambda: close(conn), check=True)
+        theirs.settimeout(10)
+        try:
+            ours.sendall(b"still here")
+        except OSError:
+            return b""
+        return theirs.recv(64)
+    finally:
+        conn.close()
+        theirs.close()
+
+
+def test_py4j_connection_closed_in_a_forked_child_stays_usable_in_the_driver() -> None:
+    """Issue 16: a forked child garbage-collecting the driver's py4j connections shut the
+    shared sockets down, and the driver thread reconnected to a JVM thread without its active
+    session (DATA_SOURCE_NOT_FOUND). With the guard, close() in the child leaves the driver's
+    socket working. Control: py4j's own close() in the child cuts it."""
+    from py4j.clientserver import ClientServerConnection
+
+    from kresilient.spark import _fork_guard
+
+    _fork_guard.install()
+    assert _close_in_forked_child_then_talk(ClientServerConnection.close) == b"still here"
+    assert _close_in_forked_child_then_talk(_fork_guard.original_close) == b""
