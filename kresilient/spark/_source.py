@@ -287,7 +287,10 @@ def register(spark: Any) -> None:
     any other thread that writes with it (Spark finds the format through the thread's active
     session).
 
-    Also creates this driver program's summary directory, read by :func:`last_write_summary`,
+    Also protects the driver's py4j connections from forked children (see
+    :mod:`kresilient.spark._fork_guard`: a fork elsewhere in the program used to move this
+    thread to a JVM thread without the active session, and the format was not found), creates
+    this driver program's summary directory, read by :func:`last_write_summary`,
     and extends the session's ``spark.sql.redaction.options.regex`` with
     :data:`PLAN_REDACTION_REGEX`, so that no secret ``kafka.*`` option shows in a plan.
     """
