@@ -416,13 +416,12 @@ class AsyncResilientConsumer:
                 pending = None
                 self._dispatch(batch)
                 if self._queued:
-                    if batch and not self._stop and self._error is None:
-                        # The next consume runs on the worker while the handlers work through
-                        # this batch (it stores what was handled before them: offsets trail
-                        # by one batch, never run ahead of a handler).
-                        pending = loop.run_in_executor(self._kx, self._step, self._pending_ops())
-                    # Let the handlers work through the batch, but never longer than
-                    # _DRAIN_WAIT_S: polling must go on while handlers await.
+                    # Let the handlers work through the batch before the next consume, but
+                    # never longer than _DRAIN_WAIT_S: polling must go on while handlers
+                    # await (then the next step runs while they do, storing what was handled
+                    # so far, never past a handler). Fast handlers thus never share the GIL
+                    # with a consume() building the next batch's messages, and the step after
+                    # them stores the whole batch.
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._drained.wait(), _DRAIN_WAIT_S)
         except asyncio.CancelledError as exc:
