@@ -162,12 +162,15 @@ def test_task_attempt_failing_mid_write_loses_nothing(
         ctx = TaskContext.get()
         for batch in batches:
             if ctx.attemptNumber() == 0 and fail_at in batch.column(0).to_pylist():
-                # Fail only once rows of this attempt are in Kafka: a failure *mid-write*.
+                # Fail only once rows of this attempt are in Kafka: a failure *mid-write*. The
+                # other task writes at most rows // 2 (partition 0); more than that in the topic
+                # means this attempt's own rows are there (more than 0 did not: partition 0's
+                # rows alone satisfied it and the attempt could fail having written nothing).
                 c = Consumer({"bootstrap.servers": bootstrap, "group.id": "kr-spark-wait"})
                 deadline = time.monotonic() + 120
                 while time.monotonic() < deadline:
                     tps = [TopicPartition(topic, p) for p in (0, 1)]
-                    if sum(c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps) > 0:
+                    if sum(c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps) > rows // 2:
                         break
                     time.sleep(0.05)
                 c.close()
