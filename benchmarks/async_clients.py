@@ -28,6 +28,7 @@ the paired per-round ratio to the raw arm (median and IQR), see benchmarks/_comm
 
     .venv/bin/python benchmarks/async_clients.py --messages 50000 --rounds 3    # quick look
     .venv/bin/python benchmarks/async_clients.py                                # 200k x 10 rounds
+    .venv/bin/python benchmarks/async_clients.py --cpu-path     # consumer per-record CPU, no Kafka
 
 Starts a local 3-node cluster unless ``KRESILIENT_BOOTSTRAP_SERVERS`` names one.
 """
@@ -40,6 +41,7 @@ import gc
 import logging
 import os
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -165,6 +167,71 @@ async def _kresilient_consumer(
     return t
 
 
+def _cpu_path() -> None:
+    """Main-thread CPU per record of the consumer's dispatch + handler path, no Kafka.
+
+    400 batches of 500 records over 3 partitions go through ``_dispatch`` and the partition
+    workers (private: this measures kresilient's own per-record overhead), against the raw
+    arm's loop body over the same batches; ``thread_time``, best of 5.
+    """
+    from confluent_kafka import Message, TopicPartition
+
+    from kresilient.aio._consumer import _Partition
+
+    batches = [
+        [
+            Message(topic="t", partition=p, offset=b * 500 + i, value=b"x" * 100)
+            for p in range(3)
+            for i in range(167 if p < 2 else 166)
+        ]
+        for b in range(400)
+    ]
+    n = sum(map(len, batches))
+
+    async def raw() -> None:
+        for batch in batches:
+            last: dict[tuple[str, int], Any] = {}
+            for msg in batch:
+                if msg.error() is not None:
+                    continue
+                await _noop(msg)
+                last[(msg.topic(), msg.partition())] = msg  # type: ignore[index]
+            [TopicPartition(t, p, m.offset() + 1) for (t, p), m in last.items()]
+
+    async def kresilient(timing: bool) -> None:
+        c = AsyncResilientConsumer(
+            {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"},
+            ["t"],
+            _noop,
+            dead_letter=None,
+            handle_signals=False,
+            blocking_warning_s=0.5 if timing else None,
+        )
+        c._loop = asyncio.get_running_loop()
+        c._sem = asyncio.Semaphore(1)
+        c._running = True
+        for p in range(3):
+            c._parts[("t", p)] = _Partition(("t", p))
+        for batch in batches:
+            c._dispatch(batch)
+            while c._queued:
+                await c._drained.wait()
+            c._pending_ops()
+        assert c.processed == n
+
+    def best(run: Callable[[], Any]) -> float:
+        times = []
+        for _ in range(5):
+            t0 = time.thread_time()
+            asyncio.run(run())
+            times.append(time.thread_time() - t0)
+        return min(times) / n * 1e6
+
+    print(f"raw loop body                     {best(raw):.3f} µs/record (main thread)")
+    print(f"kresilient, blocking warning on   {best(lambda: kresilient(True)):.3f} µs/record")
+    print(f"kresilient, blocking warning off  {best(lambda: kresilient(False)):.3f} µs/record")
+
+
 def _fill(bootstrap: str, topic: str, value: bytes, n: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
     for _ in range(n):
@@ -189,8 +256,16 @@ def main() -> None:
         "--arms", type=lambda s: s.split(","), default=list(PRODUCER_ARMS + CONSUMER_ARMS)
     )
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--cpu-path",
+        action="store_true",
+        help="only the consumer's per-record main-thread CPU, no Kafka (_cpu_path)",
+    )
     args = parser.parse_args()
     _quiet()
+    if args.cpu_path:
+        _cpu_path()
+        return
     load_before = os.getloadavg()[0]
     cluster = None
     bootstrap = os.environ.get("KRESILIENT_BOOTSTRAP_SERVERS")
