@@ -223,8 +223,8 @@ def test_consumer_skips_marked_copies_of_processed_ids_and_commits_past_them(
 
 # --------------------------------------------------------------------------- acceptance
 
-N = 60_000
-KILL_AFTER = 15_000
+N = 200_000  # issue 20 acceptance 1: 200k, SIGKILLed at 60k
+KILL_AFTER = 60_000
 NEW = 1_000
 
 
