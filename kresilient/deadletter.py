@@ -1045,7 +1045,7 @@ class DeadLetterWriter:
                     ) from exc
                 self.poll(0.05)
             except KafkaException as exc:
-                fatal = self._fatal or _fatal_of(exc)
+                fatal = self._fatal or _fatal_of(exc) or self._fatal_cause(exc)
                 if fatal is not None:  # produce() says only _FATAL: name the cause
                     self._fatal = fatal
                     raise DeadLetterError(
@@ -1080,6 +1080,19 @@ class DeadLetterWriter:
             return 0
         finally:
             self._settle()
+
+    def _fatal_cause(self, exc: KafkaException) -> KafkaError | None:
+        """For a bare ``_FATAL`` from produce() before the fatal error was served: serve it
+        now (error_cb, or confluent-kafka raising it from poll) to learn the real cause."""
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is None or err.code() != KafkaError._FATAL:
+            return None
+        try:
+            self._producer.poll(0)
+        except KafkaException as raised:
+            if self._fatal is None:
+                self._fatal = _fatal_of(raised)
+        return self._fatal
 
     def _fatal_reason(self, fatal: KafkaError) -> str:
         return (
@@ -1135,8 +1148,8 @@ class DeadLetterWriter:
                         topic=handle.record.topic,
                         error=err.name(),
                         reason=reason,
-                        category=failure.classification.category.name,
-                        remedy=failure.classification.remedy,
+                        category=classification.category.name,
+                        remedy=classification.remedy,
                         suppressed=suppressed,
                     )
             callback = handle._callback
@@ -1184,6 +1197,10 @@ class DeadLetterWriter:
             self._producer.flush(-1 if timeout is None else timeout)
         except Exception as exc:  # e.g. a fatal error surfacing from librdkafka
             cause = exc
+            if isinstance(exc, KafkaException) and self._fatal is None:
+                self._fatal = _fatal_of(exc)  # the purged writes then name it
+                with contextlib.suppress(KafkaException):
+                    self._producer.poll(0)  # serve the purge reports the raise cut short
         finally:
             self._settle()
         remaining = self._pending

@@ -384,6 +384,26 @@ def test_dead_letter_writer_fatal_init_refusal_names_the_acl_both_ways(
     finally:
         with contextlib.suppress(DeliveryError):
             writer.close(5)
+    # produce() after the fatal error but before anything served it (no poll in between)
+    # says only _FATAL: the writer asks librdkafka for the cause (CI, 2026-11-26 10:13: this
+    # order gave FATAL_PRODUCER instead of AUTH)
+    writer = DeadLetterWriter(cluster.client_config(user))
+    refused: list[DeadLetterError] = []
+
+    def write_until_refused() -> bool:
+        try:
+            writer.write(DeadLetterRecord(topic=dlq, key=None, value=b"x", headers=[]))
+        except DeadLetterError as exc:
+            refused.append(exc)
+        return bool(refused)
+
+    try:
+        _wait("a write refused after the fatal error", write_until_refused)
+        assert "CLUSTER_AUTHORIZATION_FAILED" in str(refused[0]), refused[0]
+        assert refused[0].classification.category is ErrorCategory.AUTH
+    finally:
+        with contextlib.suppress(DeliveryError):
+            writer.close(5)
     # negative control: with WRITE granted, the same principal's writer writes
     cluster.grant(user, topic=dlq, operations=("WRITE",))
     writer = DeadLetterWriter(cluster.client_config(user))
