@@ -227,3 +227,25 @@ def test_fault_arguments_are_checked(rig) -> None:  # type: ignore[no-untyped-de
     assert 1 in network.faulty()
     network.heal()
     assert network.faulty() == {}
+
+
+def test_connection_accepted_while_the_proxy_closes_does_not_deadlock() -> None:
+    """A connection accepted after close() began is closed by the accept thread without
+    holding the proxy's lock (CI, 2026-11-26: closing it under the lock deadlocked the accept
+    thread and then close() itself, and `kresilient demo --fault ack-loss` hung at teardown)."""
+    target = socket.create_server(("127.0.0.1", 0))
+    listener = socket.create_server(("127.0.0.1", 0))
+    proxy = _Proxy(_State([1]), 1, "client", listener, int(target.getsockname()[1]))
+    (accept_thread,) = [t for t in threading.enumerate() if t.name == f"kr-proxy-{proxy}"]
+    proxy.closed = True  # close() has begun; the accept thread is still in accept()
+    client = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+    try:
+        accept_thread.join(10)
+        assert not accept_thread.is_alive(), "the accept thread deadlocked on its own lock"
+        assert proxy._lock.acquire(timeout=5), "the proxy's lock was left held"
+        proxy._lock.release()
+        assert not proxy.connections
+        proxy.close()  # and close() completes
+    finally:
+        client.close()
+        target.close()

@@ -299,10 +299,14 @@ class _Proxy:
                 key = (self.node, self.kind)
                 self.state.accepted[key] = self.state.accepted.get(key, 0) + 1
             with self._lock:
-                if self.closed:
-                    conn.close()
-                    return
-                self.connections.add(conn)
+                closing = self.closed
+                if not closing:
+                    self.connections.add(conn)
+            if closing:
+                # closed outside the lock: _Connection.close() calls forget(), which takes it
+                # (closing under it deadlocked this thread and then close(): a hung teardown)
+                conn.close()
+                return
             conn.start()
 
     def forget(self, conn: _Connection) -> None:
