@@ -12,7 +12,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from kresilient.clusterinfo import committed_record_timestamps, describe_log_dirs
@@ -34,6 +41,27 @@ def _until(what: str, check: Callable[[], Any], timeout: float) -> Any:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+_COORDINATOR_NOT_READY = (
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+)
+
+
+def _commit(consumer: Consumer, **kwargs: Any) -> None:
+    """A synchronous commit, retried while the group coordinator is still loading (a cluster
+    started for this test: CI, 2026-11-26, COORDINATOR_LOAD_IN_PROGRESS on the first commit)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            consumer.commit(asynchronous=False, **kwargs)
+            return
+        except KafkaException as exc:
+            if exc.args[0].code() not in _COORDINATOR_NOT_READY or time.monotonic() > deadline:
+                raise
         time.sleep(0.5)
 
 
@@ -144,7 +172,7 @@ def test_idle_group_at_risk_then_expired_is_kr069_active_group_is_not(
     assert producer.flush(30) == 0
     idle = f"idle-{uuid.uuid4().hex[:8]}"
     committer = Consumer({**_conf(cluster), "group.id": idle, "enable.auto.commit": False})
-    committer.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+    _commit(committer, offsets=[TopicPartition(topic, 0, 3)])
     committer.close()
     # Negative control: a group with a live member commits the same way and stays quiet.
     active = f"active-{uuid.uuid4().hex[:8]}"
@@ -166,7 +194,7 @@ def test_idle_group_at_risk_then_expired_is_kr069_active_group_is_not(
     def member_committed() -> bool:
         msg = member.poll(0.5)
         if msg is not None and msg.error() is None:
-            member.commit(message=msg, asynchronous=False)
+            _commit(member, message=msg)
         return committed(active) > 0
 
     try:

@@ -259,15 +259,21 @@ def test_sigkilled_spooled_producer_then_dedupe_consumer_handles_each_id_once(
     kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
 ) -> None:
     bootstrap = kafka_cluster.bootstrap_servers
-    topic = topic_factory(partitions=6)
-    _killed_spooled_producer(bootstrap, topic, tmp_path / "spool.db", tmp_path / "child.err")
-
-    records = read_back(bootstrap, topic)
-    ids = Counter(header_dict(m)[MESSAGE_ID_HEADER] for m in records)
-    duplicates = sum(c - 1 for c in ids.values())
+    # A copy exists only when the kill lands while acknowledged-by-Kafka records are not yet
+    # marked delivered in the spool; on a loaded machine one kill can miss that window, so the
+    # kill is repeated on a fresh topic (at most three times) until the topic holds copies.
+    for attempt in range(3):
+        topic = topic_factory(partitions=6)
+        spool = tmp_path / f"spool-{attempt}.db"
+        _killed_spooled_producer(bootstrap, topic, spool, tmp_path / f"child-{attempt}.err")
+        records = read_back(bootstrap, topic)
+        ids = Counter(header_dict(m)[MESSAGE_ID_HEADER] for m in records)
+        duplicates = sum(c - 1 for c in ids.values())
+        if duplicates:
+            break
     marked = sum(header_dict(m).get(POSSIBLE_DUPLICATE_HEADER) == b"true" for m in records)
     # the kill was real: copies of records already in the topic were re-sent, marked
-    assert duplicates > 0, "no duplicate in the topic: the fault did not happen"
+    assert duplicates > 0, "no duplicate in the topic after three kills: the fault never happened"
     assert marked >= duplicates
 
     for batch in (False, True):
