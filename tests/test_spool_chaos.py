@@ -15,6 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import structlog
+import structlog.testing
 from _producer_helpers import header_dict, read_back
 
 from kresilient.dedupe import Deduplicator
@@ -61,7 +63,12 @@ def test_cluster_down_longer_than_delivery_timeout_loses_nothing(
         "bootstrap.servers": kafka_cluster.bootstrap_servers,
         "message.timeout.ms": TIMEOUT_MS,
     }
-    spooled = ResilientProducer(config, spool=Spool(tmp_path / "spool.db"))
+    captured = structlog.testing.CapturingLogger()
+    spooled = ResilientProducer(
+        config,
+        spool=Spool(tmp_path / "spool.db"),
+        logger=structlog.wrap_logger(captured, processors=[]),
+    )
     control = ResilientProducer(config)
     produced = 0
     stop = threading.Event()
@@ -99,7 +106,12 @@ def test_cluster_down_longer_than_delivery_timeout_loses_nothing(
             assert not errors, errors
             time.sleep(0.5)  # the outage lasts DOWN_S; the producer thread keeps producing
         during = produced
-        assert spooled._spooler is not None and spooled._spooler.kept_failures > 0
+        # The outage was noticed and reported, and nothing was reported failed.
+        deferred = [
+            c.kwargs for c in captured.calls if c.kwargs["event"] == "spool_delivery_deferred"
+        ]
+        assert deferred and deferred[0]["category"] == "DELIVERY_TIMEOUT", deferred
+        assert spooled.health().failed_total == 0 and spooled.health().spooled > 0
     finally:
         _restart_all(kafka_cluster, topic)
         stop.set()
@@ -126,3 +138,73 @@ def test_cluster_down_longer_than_delivery_timeout_loses_nothing(
     assert set(seen) == set(range(produced))
     for key, indices in order.items():
         assert indices == sorted(indices) and len(indices) == len(set(indices)), key
+
+
+def test_messages_queued_past_the_delivery_timeout_keep_their_order(
+    kafka_cluster: KafkaCluster, topic_factory, tmp_path: Path
+) -> None:
+    """A partition without a leader for longer than ``message.timeout.ms``: the messages
+    queued for it before the outage are written before the ones queued after, even when the
+    application does not poll while the partition comes back.
+
+    Before the fix librdkafka timed the first messages out inside its queue and sent the
+    later ones as soon as the leader returned; the spool took the first ones back only when
+    the application next polled and re-sent them after the later ones (the CI run of
+    2026-11-26 12:15 saw one key reordered this way in the 3-minute outage above).
+    """
+    timeout_ms = 4_000
+    topic = topic_factory(partitions=1, replication_factor=1)
+    leader = kafka_cluster.leader(topic)
+    config = {
+        "bootstrap.servers": kafka_cluster.bootstrap_servers,
+        "message.timeout.ms": timeout_ms,
+    }
+    spooled = ResilientProducer(config, spool=Spool(tmp_path / "order.db"))
+    control = ResilientProducer(config)
+    try:
+        spooled.produce(topic, b"warm", key=b"k")
+        control.produce(topic, b"control-warm", key=b"k")
+        assert spooled.flush(60).complete  # type: ignore[union-attr]
+        control.flush(60)
+        kafka_cluster.stop(leader)
+        down_at = time.monotonic()
+        first = [b"first-%03d" % i for i in range(100)]
+        for value in first:
+            spooled.produce(topic, value, key=b"k")
+        for i in range(10):
+            control.produce(topic, b"control-%d" % i, key=b"k")
+        # Negative control: an unspooled producer reports the outage as delivery timeouts.
+        with pytest.raises(DeliveryError) as lost:
+            control.flush(timeout_ms / 1000 + 30)
+        assert len(lost.value.failures) == 10
+        assert {f.classification.category for f in lost.value.failures} == {
+            ErrorCategory.DELIVERY_TIMEOUT
+        }
+        assert time.monotonic() - down_at > timeout_ms / 1000  # the outage outlasted it
+        kafka_cluster.start(leader)
+        # The spooled producer is not polled from here until every message is in the topic.
+        later = [b"later-%03d" % i for i in range(100)]
+        for value in later:
+            spooled.produce(topic, value, key=b"k")
+        # Wait (without polling the producer) until librdkafka has written the later ones.
+        deadline = time.monotonic() + 120
+        while sum(
+            m.value().startswith(b"later-")
+            for m in read_back(kafka_cluster.bootstrap_servers, topic)
+        ) < len(later):
+            assert time.monotonic() < deadline, "the later messages were never written"
+            time.sleep(0.5)  # polling the topic for a condition with a deadline
+        result = spooled.flush(120)
+        assert result is not None and result.complete, result
+    finally:
+        if not kafka_cluster.running(leader):
+            kafka_cluster.start(leader)
+        spooled.close(10)
+        control.close(0)
+    values = [
+        m.value()
+        for m in read_back(kafka_cluster.bootstrap_servers, topic)
+        if not m.value().startswith(b"control-")
+    ]
+    firsts = list(dict.fromkeys(values))  # first copies, in topic order
+    assert firsts == [b"warm", *first, *later], "the re-sent messages came after later ones"

@@ -196,10 +196,12 @@ class ResilientProducer:
             docs/producer.md, "Forgetting close()").
         spool: a :class:`~kresilient.producer.Spool`: every message is stored in this local
             write-ahead log before it is handed to librdkafka and removed once acknowledged;
-            messages a crashed predecessor left are re-sent first; messages whose delivery
-            timed out (cluster down) stay stored and are re-sent instead of being reported
-            failed; ``flush()`` returns a :class:`~kresilient.producer.FlushResult`
-            (docs/durability.md). Without a spool nothing changes on the per-message path.
+            messages a crashed predecessor left are re-sent first; librdkafka never times a
+            spooled message out (``message.timeout.ms`` is when ``spool_delivery_deferred`` is
+            logged): through an outage messages stay stored and are delivered in order
+            instead of being reported failed; ``flush()`` returns a
+            :class:`~kresilient.producer.FlushResult` (docs/durability.md). Without a spool
+            nothing changes on the per-message path.
     """
 
     def __init__(
@@ -229,6 +231,20 @@ class ResilientProducer:
                 raise ConfigError(f"{name} must be callable", key=name)
         self._scrub: Callable[[str], str] = Redactor.for_config(cfg)
         self._rdk_config = cfg
+        timeout_ms = int(cfg.get("message.timeout.ms", cfg.get("delivery.timeout.ms", 300_000)))
+        if spool is not None:
+            # librdkafka never times a spooled message out: a message that times out while
+            # queued leaves a gap that later messages of its partition fill at once (the
+            # idempotent producer skips it, librdkafka INTRODUCTION.md "Message timeout
+            # considerations"), before the spool could take the rest back, so its re-send
+            # would land after them. The spool keeps them anyway; message.timeout.ms still
+            # bounds close() and says when an outage is reported (spool_delivery_deferred).
+            self._rdk_config = {
+                k: v
+                for k, v in cfg.items()
+                if k not in ("message.timeout.ms", "delivery.timeout.ms")
+            }
+            self._rdk_config["message.timeout.ms"] = "0"
         self.client_id: str = str(cfg.get("client.id", ""))
         self._log = base_log.bind(client_id=self.client_id, kafka_role="producer")
         self._max_bytes = int(cfg.get("message.max.bytes", _DEFAULT_MAX_BYTES))
@@ -317,12 +333,12 @@ class ResilientProducer:
         self._install(self._new_producer())
         self._spooler: SpoolDriver | None = None
         if spool is not None:
-            timeout_ms = int(cfg.get("message.timeout.ms", 300_000))
             self._spool_close_timeout = timeout_ms / 1000.0 + 5.0
             self._spooler = SpoolDriver(
                 self._proxy,
                 spool,
                 log=self._log,
+                delivery_timeout=timeout_ms / 1000.0,
                 new_handle=functools.partial(_lean_handle, self._proxy),
                 backpressure_timeout=backpressure_timeout,
             )

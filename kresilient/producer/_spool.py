@@ -405,6 +405,7 @@ class SpoolDriver:
         new_handle: Callable[[], Any],
         resend_backoff: float = 1.0,
         backpressure_timeout: float = 60.0,
+        delivery_timeout: float = 300.0,
     ) -> None:
         if spool.attached or spool.closed:
             raise ValueError(f"{spool!r} is already used by a producer or closed")
@@ -415,6 +416,7 @@ class SpoolDriver:
         self._new_handle = new_handle
         self._resend_backoff = resend_backoff
         self._backpressure_timeout = backpressure_timeout
+        self._delivery_timeout = delivery_timeout
         self._group = spool.durability == "group"
         self._interval = spool.group_commit_s
         self._max = spool.max_bytes
@@ -437,6 +439,7 @@ class SpoolDriver:
         self._rewind = False
         self._resume_at = 0.0
         self._outage_logged = False
+        self._progress = (-1, 0.0)  # (delivered, when it last changed): the stall watch
         self._store_error: SpoolError | None = None
         self.delivered = 0
         self._delivered_mark = 0
@@ -706,11 +709,20 @@ class SpoolDriver:
                         return
                     owner._handle_fatal(exc, owner._recreations)  # raises unless recreated
                     produce = owner._produce
+                    # The old instance's messages came back failed (_fails): they are
+                    # earlier than this one, so take them back before anything else goes.
+                    self._settle_locked()
+                    if self._rewind:
+                        return
                     continue
                 pending.popleft()
                 self._inflight += 1
                 e.state = _INFLIGHT
-                self._fails.append((e, err or KafkaError(KafkaError._FAIL, str(exc)), None))
+                # Settled now, not at the next settle(): if it is kept, nothing behind it
+                # may be handed over before its re-send (the rewind stops this loop).
+                self._failed(e, err or KafkaError(KafkaError._FAIL, str(exc)), None)
+                if self._rewind:
+                    return
                 continue
             pending.popleft()
             e.state = _INFLIGHT
@@ -725,6 +737,8 @@ class SpoolDriver:
 
         From ``poll()`` it gives way (``wait=False``) when another thread holds the state.
         """
+        if self._inflight and not self._group:  # (the group-commit thread watches otherwise)
+            self._watch_stall()
         if not self._acks and not self._fails and not self._pending and not self._rewind:
             return
         if not self._state.acquire(blocking=wait):
@@ -734,6 +748,27 @@ class SpoolDriver:
             self._pump()
         finally:
             self._state.release()
+
+    def _watch_stall(self) -> None:
+        """Log once when nothing was acknowledged for ``message.timeout.ms`` with messages
+        on their way (librdkafka keeps a spooled message until Kafka takes it)."""
+        delivered, since = self._progress
+        now = time.monotonic()
+        if delivered != self.delivered:
+            self._progress = (self.delivered, now)
+            if self._outage_logged:
+                self._outage_logged = False
+                self._log.info("spool_delivery_resumed", delivered=self.delivered)
+        elif not self._outage_logged and now - since >= self._delivery_timeout:
+            self._outage_logged = True
+            self._log.warning(
+                "spool_delivery_deferred",
+                error="_MSG_TIMED_OUT",
+                category=ErrorCategory.DELIVERY_TIMEOUT.name,
+                spooled=self._inflight + len(self._pending),
+                note="nothing acknowledged for message.timeout.ms: the messages stay in the "
+                "spool and are delivered in order when Kafka answers again",
+            )
 
     def _settle_locked(self) -> None:
         acks = self._acks
@@ -851,6 +886,8 @@ class SpoolDriver:
                 return
             try:
                 self._commit()
+                if self._inflight:
+                    self._watch_stall()
                 if self._rewind:
                     with self._state:
                         self._pump()
