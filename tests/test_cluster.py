@@ -6,7 +6,14 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
 
 from kresilient.testing import ChaosNotSupportedError, ClusterError, KafkaCluster
 
@@ -38,7 +45,10 @@ def _consume_all(
             "isolation.level": "read_committed",
         }
     )
-    consumer.subscribe([topic])
+    # Assigned, not subscribed: right after a restart the group coordinator may still be
+    # loading, and a join could outlast the deadline (an empty read, then a false "lost").
+    parts = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(parts)])
     out: list[Message] = []
     deadline = time.monotonic() + timeout
     try:

@@ -617,9 +617,12 @@ class KafkaCluster:
             "background.threads": 2,
             # The 128 MiB default dedupe buffer does not fit a small heap.
             "log.cleaner.dedupe.buffer.size": 16777216,
-            # A SIGKILLed broker is fenced (and its partitions move) after this.
-            "broker.heartbeat.interval.ms": 500,
-            "broker.session.timeout.ms": 3000,
+            # A SIGKILLed broker is fenced (and its partitions move) after this. Through the
+            # fault proxies (Python threads in the test process) twice as long: the heartbeat
+            # RPC's request timeout is the interval, and at 500 ms a loaded CI machine kept a
+            # broker's heartbeats timing out after an isolated controller was healed.
+            "broker.heartbeat.interval.ms": 1000 if self._network_faults else 500,
+            "broker.session.timeout.ms": 6000 if self._network_faults else 3000,
             "replica.lag.time.max.ms": 5000,
             # KIP-848 groups (group.protocol=consumer): the session timeout is the broker's
             # (45 s, and no lower than this minimum); a test may set a group's own
