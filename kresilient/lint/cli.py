@@ -16,6 +16,7 @@ from kresilient.clusterinfo import DISK_USAGE_THRESHOLD, FUTURE_TOLERANCE_MS
 from kresilient.errors import ConfigError
 from kresilient.lint.audit import AuditOptions, audit
 from kresilient.lint.engine import exit_code, lint_paths
+from kresilient.lint.fix import plan_paths, write_fixes
 from kresilient.lint.model import KINDS, Finding, LintStats, Severity
 from kresilient.lint.output import FORMATS, render
 from kresilient.lint.readers import KNOWN_EXTENSIONS, read_text
@@ -153,6 +154,22 @@ def run_lint(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"kresilient lint: {exc}", file=sys.stderr)
         return 2
+    if args.fix or args.diff:
+        fixes = plan_paths(paths, settings)
+        for fix in fixes:
+            for note in fix.notes:
+                print(f"kresilient lint: {fix.path}: {note}", file=sys.stderr)
+        changed = [f for f in fixes if f.changed]
+        if args.diff:
+            sys.stdout.write("".join(f.diff() for f in changed))
+            return 1 if changed else 0
+        try:
+            written = write_fixes(changed)
+        except OSError as exc:
+            print(f"kresilient lint: --fix could not write: {exc}", file=sys.stderr)
+            return 2
+        count = sum(len(f.fixed) for f in changed)
+        print(f"kresilient lint: fixed {count} finding(s) in {written} file(s)", file=sys.stderr)
     stats = LintStats()
     findings = lint_paths(paths, settings, stats=stats)
     _emit(findings, args, "lint", stats)
@@ -290,6 +307,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         choices=CLIENTS,
         help="Judge every client config by this library's defaults (default: librdkafka, "
         "or java for Spring Boot files and configs naming Java serializer classes).",
+    )
+    lint.add_argument(
+        "--fix",
+        action="store_true",
+        help="Fix what is safe to fix mechanically in .properties, YAML and .env files (acks, "
+        "idempotence, partitioner, Spring auto-commit, auto.offset.reset; KR006 KR007 KR008 "
+        "KR012 KR018 KR021), keeping comments and layout; then report what is left.",
+    )
+    lint.add_argument(
+        "--diff",
+        action="store_true",
+        help="Print what --fix would change as a unified diff, write nothing (exit 1 when "
+        "there is something to fix).",
     )
     lint.add_argument("--explain", metavar="ID", help="Explain one rule, then exit.")
     lint.add_argument("--list-rules", action="store_true", help="List every rule, then exit.")

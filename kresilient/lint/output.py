@@ -216,6 +216,16 @@ that, only the broker's JMX `MaxLag` shows it.
 
 - Output: `--format text` (`path:line:col: ID [severity] message`), `json`, `sarif`
   (SARIF 2.1.0 for code scanning), `github` (workflow annotations); `-o FILE`.
+- `--fix` makes the safe, mechanical fixes in `.properties`, YAML and `.env` files, keeping
+  comments, layout, quoting and line endings, then reports what is left: `acks` to `all`
+  (KR006, KR007), `enable.idempotence=true` (KR008, unless an explicit setting librdkafka
+  refuses beside it is there: then a note), `partitioner=murmur2_random` (KR012), Spring
+  `enable-auto-commit: false` (KR018; elsewhere turning auto-commit off needs code that
+  commits, so it is not touched) and `auto.offset.reset=earliest` (KR021). A value is changed
+  in place; an unset key is added only to a plain `.properties` file. Suppressed and ignored
+  findings are not fixed; a fix that would add any finding is not made; a file with nothing
+  to fix is not written. `--diff` prints the change as a unified diff and writes nothing
+  (exit 1 when there is something to fix).
 - Exit code: 0 clean, 1 a finding at or above `--fail-on` (default `error`), 2 a usage error
   (an unknown option, rule id or prefix), a file that cannot be parsed (KR000), no Kafka
   configuration found in the paths (`--allow-no-config` makes that 0, for a pre-commit hook

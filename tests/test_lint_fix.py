@@ -1,0 +1,241 @@
+"""``kresilient lint --fix`` / ``--diff`` (issue 15): safe mechanical fixes that keep every
+other byte, re-lint clean for the fixed rules, and leave a file with nothing to fix
+byte-identical (and unwritten)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kresilient.lint.engine import lint_text
+from kresilient.lint.fix import FIXABLE, fix_text
+from kresilient.lint.settings import Settings
+
+DATA = Path(__file__).parent / "data" / "lint"
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kresilient.cli", "lint", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _rules(text: str, path: str) -> set[str]:
+    return {f.rule for f in lint_text(text, path)}
+
+
+@pytest.mark.parametrize(
+    ("name", "before", "after", "fixed"),
+    [
+        (
+            "producer.properties",
+            "# orders\nbootstrap.servers=b:9092\nacks = 1\npartitioner : consistent_random\n",
+            "# orders\nbootstrap.servers=b:9092\nacks = all\npartitioner : murmur2_random\n"
+            "enable.idempotence=true\n",
+            {"KR007", "KR008", "KR012"},
+        ),
+        (
+            "consumer.properties",
+            "bootstrap.servers=b:9092\ngroup.id=g\nauto.offset.reset=latest\n",
+            "bootstrap.servers=b:9092\ngroup.id=g\nauto.offset.reset=earliest\n",
+            {"KR021"},
+        ),
+        (
+            "p.yaml",
+            "producer:\n  bootstrap.servers: a:1,b:1\n  acks: '0'   # fast\n"
+            "  enable.idempotence: false\n",
+            "producer:\n  bootstrap.servers: a:1,b:1\n  acks: 'all'   # fast\n"
+            "  enable.idempotence: true\n",
+            {"KR006", "KR008"},
+        ),
+        (
+            "flow.yaml",
+            "producer: {bootstrap.servers: 'a:1', acks: 1, enable.idempotence: true}\n",
+            "producer: {bootstrap.servers: 'a:1', acks: all, enable.idempotence: true}\n",
+            {"KR007"},
+        ),
+        (
+            "application.yml",
+            "spring:\n  kafka:\n    consumer:\n      enable-auto-commit: true   # why\n"
+            '      auto-offset-reset: "latest"\n',
+            "spring:\n  kafka:\n    consumer:\n      enable-auto-commit: false   # why\n"
+            '      auto-offset-reset: "earliest"\n',
+            {"KR018", "KR021"},
+        ),
+        (
+            "application.properties",
+            "spring.kafka.producer.acks=1\nspring.kafka.consumer.auto-offset-reset=latest\n",
+            "spring.kafka.producer.acks=all\nspring.kafka.consumer.auto-offset-reset=earliest\n",
+            # KR008 too: for the Java client acks=1 turned its default idempotence off
+            {"KR007", "KR008", "KR021"},
+        ),
+        (
+            ".env",
+            "KAFKA_BOOTSTRAP_SERVERS=b:9092\nexport KAFKA_PRODUCER_ACKS=0 # fast\n"
+            'KAFKA_PRODUCER_ENABLE_IDEMPOTENCE="false"\n',
+            "KAFKA_BOOTSTRAP_SERVERS=b:9092\nexport KAFKA_PRODUCER_ACKS=all # fast\n"
+            'KAFKA_PRODUCER_ENABLE_IDEMPOTENCE="true"\n',
+            {"KR006", "KR008"},
+        ),
+    ],
+)
+def test_fix_each_format_in_place_and_relints_clean(
+    name: str, before: str, after: str, fixed: set[str]
+) -> None:
+    assert fixed <= _rules(before, name)  # negative control: the findings are there first
+    fix = fix_text(before, name)
+    assert fix.after == after, fix.notes
+    assert {f.rule for f in fix.fixed} == fixed
+    assert not fixed & _rules(fix.after, name)
+
+
+def test_line_endings_bom_and_a_missing_final_newline_are_kept(tmp_path: Path) -> None:
+    text = "\ufeffbootstrap.servers=b:9092\r\nacks=1\r\nlinger.ms=5"
+    path = tmp_path / "p.properties"
+    path.write_bytes(text.encode("utf-8"))
+    out = _cli("--fix", str(path), cwd=tmp_path)
+    assert "fixed 2 finding(s) in 1 file(s)" in out.stderr, out.stderr
+    assert path.read_bytes() == (
+        "\ufeffbootstrap.servers=b:9092\r\nacks=all\r\nlinger.ms=5\r\nenable.idempotence=true\r\n"
+    ).encode("utf-8")
+
+
+def test_a_file_with_nothing_to_fix_is_not_written(tmp_path: Path) -> None:
+    path = tmp_path / "p.properties"
+    path.write_bytes(b"# clean\nbootstrap.servers=b:9092\nacks=all\nenable.idempotence=true\n")
+    os.utime(path, (1_000_000_000, 1_000_000_000))
+    before = path.read_bytes()
+    out = _cli("--fix", str(path), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert path.read_bytes() == before
+    assert path.stat().st_mtime == 1_000_000_000  # not rewritten either
+
+
+def test_diff_writes_nothing_and_exits_1_when_there_is_something_to_fix(tmp_path: Path) -> None:
+    path = tmp_path / "p.properties"
+    path.write_text("bootstrap.servers=b:9092\nacks=0\nenable.idempotence=true\n")
+    before = path.read_bytes()
+    out = _cli("--diff", "p.properties", cwd=tmp_path)
+    assert out.returncode == 1
+    assert "-acks=0\n+acks=all\n" in out.stdout
+    assert out.stdout.startswith("--- a/p.properties\n+++ b/p.properties\n")
+    assert path.read_bytes() == before
+    path.write_text("bootstrap.servers=b:9092\nacks=all\nenable.idempotence=true\n")
+    clean = _cli("--diff", "p.properties", cwd=tmp_path)
+    assert (clean.returncode, clean.stdout) == (0, "")
+
+
+def test_fix_reports_what_is_left_and_exits_by_it(tmp_path: Path) -> None:
+    path = tmp_path / "p.properties"
+    path.write_text("bootstrap.servers=b:9092\nacks=0\nretries=0\n")
+    out = _cli("--fix", "--format", "json", "p.properties", cwd=tmp_path)
+    # acks fixed; enable.idempotence=true would conflict with retries=0, so it is left
+    assert path.read_text() == "bootstrap.servers=b:9092\nacks=all\nretries=0\n"
+    assert "KR008 at line 1: not fixed (retries=0 conflicts" in out.stderr, out.stderr
+    assert '"KR010"' in out.stdout and '"KR006"' not in out.stdout
+    assert out.returncode == 0  # the error is fixed; warnings are below the default --fail-on
+    assert _cli("--fix", "--fail-on", "warning", "p.properties", cwd=tmp_path).returncode == 1
+
+
+def test_idempotence_is_not_set_beside_a_setting_librdkafka_refuses_with_it() -> None:
+    text = "bootstrap.servers=b:9092\nacks=all\nmax.in.flight=10\n"
+    fix = fix_text(text, "p.properties")
+    assert fix.after == text
+    assert any("max.in.flight=10 conflicts" in n for n in fix.notes)
+    # control: without the conflict the same file is fixed
+    assert "enable.idempotence=true" in fix_text(text.replace("10", "5"), "p.properties").after
+
+
+def test_suppressed_ignored_and_java_findings_are_not_fixed() -> None:
+    suppressed = (
+        "producer:\n  bootstrap.servers: a:1\n  enable.idempotence: true\n"
+        "  acks: 1  # kresilient: ignore[KR007] reason: metrics, loss acceptable\n"
+    )
+    assert fix_text(suppressed, "p.yaml").after == suppressed
+    assert "KR007" in _rules(suppressed.replace("# kresilient", "# nobody"), "p.yaml")  # control
+    text = "bootstrap.servers=b:9092\nacks=1\nenable.idempotence=true\n"
+    ignoring = Settings(ignore=("KR007",))
+    assert fix_text(text, "p.properties", ignoring).after == text
+    # A Java producer: idempotence is on by default, KR008 does not fire, nothing to set.
+    java = (
+        "bootstrap.servers=b:9092\n"
+        "key.serializer=org.apache.kafka.common.serialization.StringSerializer\n"
+    )
+    assert fix_text(java, "p.properties").after == java
+
+
+def test_values_that_are_not_one_line_scalars_are_left_with_a_note() -> None:
+    continued = "bootstrap.servers=b:9092\nenable.idempotence=true\nacks=\\\n  1\n"
+    fix = fix_text(continued, "p.properties")
+    assert fix.after == continued
+    assert any("not a one-line scalar" in n for n in fix.notes), fix.notes
+    block = "producer:\n  bootstrap.servers: a:1\n  enable.idempotence: true\n  acks: >-\n    1\n"
+    fix = fix_text(block, "p.yaml")
+    assert fix.after == block
+    assert any("not a one-line scalar" in n for n in fix.notes), fix.notes
+
+
+def test_an_unset_key_is_added_only_to_plain_properties() -> None:
+    yaml_text = "producer:\n  bootstrap.servers: a:1\n  acks: all\n"
+    fix = fix_text(yaml_text, "p.yaml")
+    assert fix.after == yaml_text
+    assert any("add it by hand" in n for n in fix.notes)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "producer:\n  acks: [1\n",  # a parse error
+        "a: &a [" + "x, " * 10 + "]\n" + "b: " + "[*a, " * 50 + "]" * 50 + "\n",
+        "\udcff=1\n",
+    ],
+)
+def test_hostile_or_broken_files_are_left_alone(text: str) -> None:
+    fix = fix_text(text, "h.yaml")
+    assert fix.after == text and not fix.fixed
+
+
+def _corpus() -> list[tuple[str, str]]:
+    cases = yaml.safe_load((DATA / "rule_cases.yaml").read_text())
+    out = [
+        (name, content)
+        for rule, pair in sorted(cases.items())
+        for which in ("bad", "good")
+        if isinstance(pair.get(which), dict)
+        for name, content in (pair[which].get("files") or {}).items()
+    ]
+    out += [
+        (str(p.relative_to(DATA)), p.read_text())
+        for p in sorted(DATA.rglob("*"))
+        if p.suffix in (".properties", ".yaml", ".yml", ".env") and p.name != "rule_cases.yaml"
+    ]
+    return out
+
+
+def test_round_trip_over_the_whole_lint_corpus() -> None:
+    """Acceptance 3 over every corpus file: fixed files re-lint without the fixed findings
+    and without any new one; files with nothing to fix come back byte-identical."""
+    fixed_files = 0
+    for name, text in _corpus():
+        fix = fix_text(text, name)
+        before = lint_text(text, name)
+        if not fix.changed:
+            assert fix.after == text, name
+            continue
+        fixed_files += 1
+        after = lint_text(fix.after, name)
+        new = {(f.rule, f.message) for f in after} - {(f.rule, f.message) for f in before}
+        assert not new, (name, new)
+        left = {(f.rule, f.message) for f in after if f.rule in FIXABLE}
+        assert not left & {(f.rule, f.message) for f in fix.fixed}, (name, left)
+    assert fixed_files >= 8  # the corpus does exercise the fixer
