@@ -121,6 +121,17 @@ def test_a_file_with_nothing_to_fix_is_not_written(tmp_path: Path) -> None:
     assert path.stat().st_mtime == 1_000_000_000  # not rewritten either
 
 
+def test_a_symlinked_config_is_fixed_through_its_link(tmp_path: Path) -> None:
+    real = tmp_path / "real.properties"
+    real.write_text("bootstrap.servers=b:9092\nacks=0\nenable.idempotence=true\n")
+    real.chmod(0o640)
+    link = tmp_path / "p.properties"
+    link.symlink_to(real)
+    assert _cli("--fix", "p.properties", cwd=tmp_path).returncode == 0
+    assert link.is_symlink() and "acks=all" in real.read_text()
+    assert real.stat().st_mode & 0o777 == 0o640
+
+
 def test_diff_writes_nothing_and_exits_1_when_there_is_something_to_fix(tmp_path: Path) -> None:
     path = tmp_path / "p.properties"
     path.write_text("bootstrap.servers=b:9092\nacks=0\nenable.idempotence=true\n")

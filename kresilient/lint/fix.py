@@ -441,14 +441,15 @@ def write_fixes(fixes: Sequence[FileFix]) -> int:
     for fix in fixes:
         if not fix.changed:
             continue
-        directory = os.path.dirname(os.path.abspath(fix.path))
-        mode = os.stat(fix.path).st_mode & 0o7777
+        target = os.path.realpath(fix.path)  # a symlink stays a symlink: write its target
+        directory = os.path.dirname(target)
+        mode = os.stat(target).st_mode & 0o7777
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".kresilient-fix-")
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(fix.after.encode("utf-8"))
             os.chmod(tmp, mode)
-            os.replace(tmp, fix.path)
+            os.replace(tmp, target)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
