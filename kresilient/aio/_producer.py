@@ -64,7 +64,7 @@ class AsyncDeliveryHandle:
     Cancelling the awaiting task cancels only the wait, never the message.
     """
 
-    __slots__ = ("__weakref__", "_err", "_future", "_owner", "_reported", "_size", "_sync")
+    __slots__ = ("__weakref__", "_err", "_future", "_msg", "_owner", "_reported", "_size", "_sync")
 
     def __init__(self, owner: _Bridge, size: int) -> None:
         self._owner = owner
@@ -73,12 +73,14 @@ class AsyncDeliveryHandle:
         self._future: asyncio.Future[DeliveryResult] | None = None
         self._reported = False  # the delivery report reached the event loop
         self._err: KafkaError | None = None
+        self._msg: Any = None
 
     # librdkafka's delivery report (through the sync producer's handle), on whatever thread
     # served it: only record it; the event loop settles the handle.
-    def __call__(self, err: KafkaError | None, _msg: Any) -> None:
+    def __call__(self, err: KafkaError | None, msg: Any) -> None:
         self._err = err
-        self._owner.reported(self)
+        self._msg = msg
+        self._owner._arrived.append(self)  # _Bridge.reported, inlined (once per message)
 
     @property
     def message_id(self) -> int:
@@ -94,7 +96,9 @@ class AsyncDeliveryHandle:
         sync = self._sync
         assert sync is not None
         if self._err is None:
-            return sync.result(0)
+            # The report the sync handle also got (its result() would build the same, slower).
+            msg = self._msg
+            return DeliveryResult(topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
         error = sync.exception(0)
         return error  # None: another thread is classifying it right now
 
