@@ -250,3 +250,15 @@ def test_round_trip_over_the_whole_lint_corpus() -> None:
         left = {(f.rule, f.message) for f in after if f.rule in FIXABLE}
         assert not left & {(f.rule, f.message) for f in fix.fixed}, (name, left)
     assert fixed_files >= 8  # the corpus does exercise the fixer
+
+
+@pytest.mark.parametrize("key", ["retries", "message.send.max.retries"])
+def test_kr001_catches_retries_zero_beside_idempotence(key: str) -> None:
+    """librdkafka refuses it ("`retries` must be set >= 1 when `enable.idempotence` is
+    true"); KR001 read ``number(...) or 1`` and so never saw the 0 (found writing --fix)."""
+    text = f"bootstrap.servers=b:9092\nacks=all\nenable.idempotence=true\n{key}=0\n"
+    assert [(f.rule, f.line) for f in lint_text(text, "p.properties") if f.rule == "KR001"] == [
+        ("KR001", 4)
+    ]
+    ok = text.replace(f"{key}=0", f"{key}=3")
+    assert "KR001" not in _rules(ok, "p.properties")  # control

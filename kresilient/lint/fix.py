@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from kresilient.lint.engine import discover, lint_text
 from kresilient.lint.model import ConfigUnit, Entry, Finding
 from kresilient.lint.readers import detect_format
+from kresilient.lint.registry import explicit, number
 from kresilient.lint.settings import Settings
 
 __all__ = ["FIXABLE", "FileFix", "fix_text", "plan_paths", "write_fixes"]
@@ -104,28 +105,22 @@ def _setting(entry: Entry | None, default: str) -> str:
     return (entry.setting or entry.key) if entry is not None else default
 
 
-def _explicit_text(unit: ConfigUnit, *names: str) -> str | None:
-    for name in names:
-        entry = unit.get(name)
-        if entry is not None and not entry.dynamic:
-            return entry.text.strip().lower()
-    return None
-
-
 def _idempotence_conflict(unit: ConfigUnit, acks_fixed: bool) -> str | None:
-    """The explicit setting librdkafka would refuse beside enable.idempotence=true."""
-    acks = _explicit_text(unit, "acks", "request.required.acks")
-    if acks is not None and acks not in ("all", "-1") and not acks_fixed:
-        return f"acks={acks}"
-    inflight = _explicit_text(unit, "max.in.flight", "max.in.flight.requests.per.connection")
-    if inflight is not None and (not inflight.isdigit() or int(inflight) > 5):
-        return f"max.in.flight={inflight}"
-    retries = _explicit_text(unit, "retries", "message.send.max.retries")
-    if retries is not None and retries == "0":
-        return "retries=0"
-    strategy = _explicit_text(unit, "queuing.strategy")
-    if strategy is not None and strategy != "fifo":
-        return f"queuing.strategy={strategy}"
+    """The explicit setting librdkafka refuses beside enable.idempotence=true (KR001's
+    checks, read with the rules' own helpers)."""
+    acks = explicit(unit, "acks", "request.required.acks")
+    if acks and number(unit, "acks") != -1 and not acks_fixed:
+        return f"{acks.key}={acks.shown}"
+    inflight = explicit(unit, "max.in.flight", "max.in.flight.requests.per.connection")
+    if inflight and (number(unit, "max.in.flight") or 0) > 5:
+        return f"{inflight.key}={inflight.shown}"
+    retries = explicit(unit, "retries", "message.send.max.retries")
+    tries = number(unit, "retries")
+    if retries and tries is not None and tries < 1:
+        return f"{retries.key}={retries.shown}"
+    strategy = explicit(unit, "queuing.strategy")
+    if strategy and strategy.text.lower() != "fifo":
+        return f"queuing.strategy={strategy.shown}"
     return None
 
 

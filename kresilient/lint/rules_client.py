@@ -63,7 +63,8 @@ def _idempotence_constraints(unit: ConfigUnit) -> Iterator[Hit]:
             inflight,
         )
     retries = explicit(unit, "retries", "message.send.max.retries")
-    if retries and (number(unit, "retries") or 1) < 1:
+    tries = number(unit, "retries")
+    if retries and tries is not None and tries < 1:  # (not "or 1": 0 is the case to catch)
         yield f"{retries.key}={retries.shown} with enable.idempotence=true: must be >= 1", retries
     strategy = explicit(unit, "queuing.strategy")
     if strategy and strategy.text.lower() != "fifo":
