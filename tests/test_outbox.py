@@ -327,13 +327,15 @@ def test_outbox_rows_not_acknowledged_stay_unsent_and_come_back_marked(tmp_path:
         outbox,
         {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 500},
         batch_size=10,
-        lease_s=1.0,
+        # A lease well beyond the first attempt (under load a 1 s lease expired before the
+        # check below ran, and the rows were claimed a third time: attempts {3}).
+        lease_s=8.0,
         flush_timeout_s=0.9,
     )
     assert relay.publish_batch() == 0
     assert relay.pending() == 5
-    assert relay.publish_batch() == 0  # still leased: nothing claimed
-    _wait(lambda: relay._claim() != [], "lease expiry", 10)
+    assert relay._claim() == []  # still leased: nothing claimed (and nothing counted)
+    _wait(lambda: relay._claim() != [], "lease expiry", 60)
     with engine.connect() as conn:
         attempts = {r.attempts for r in conn.execute(select(outbox.c.attempts))}
     assert attempts == {2}
