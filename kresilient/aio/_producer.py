@@ -80,7 +80,7 @@ class AsyncDeliveryHandle:
     def __call__(self, err: KafkaError | None, msg: Any) -> None:
         self._err = err
         self._msg = msg
-        self._owner._arrived.append(self)  # _Bridge.reported, inlined (once per message)
+        self._owner._arrived.append(self)  # the loop settles it (_Bridge.settle)
 
     @property
     def message_id(self) -> int:
@@ -136,9 +136,6 @@ class _Bridge:
         self.room.set()
         self.low_messages = 0
         self.low_bytes = 0
-
-    def reported(self, handle: AsyncDeliveryHandle) -> None:
-        self._arrived.append(handle)
 
     def wake(self) -> None:
         """Called by the poll thread after a poll returned (failures are classified by then)."""
