@@ -759,16 +759,22 @@ class SpoolDriver:
             if self._outage_logged:
                 self._outage_logged = False
                 self._log.info("spool_delivery_resumed", delivered=self.delivered)
-        elif not self._outage_logged and now - since >= self._delivery_timeout:
-            self._outage_logged = True
-            self._log.warning(
-                "spool_delivery_deferred",
-                error="_MSG_TIMED_OUT",
-                category=ErrorCategory.DELIVERY_TIMEOUT.name,
-                spooled=self._inflight + len(self._pending),
-                note="nothing acknowledged for message.timeout.ms: the messages stay in the "
-                "spool and are delivered in order when Kafka answers again",
-            )
+        elif now - since >= self._delivery_timeout:
+            self._log_deferred("_MSG_TIMED_OUT", ErrorCategory.DELIVERY_TIMEOUT.name)
+
+    def _log_deferred(self, error: str, category: str) -> None:
+        """The one ``spool_delivery_deferred`` warning of an outage (again after it ends)."""
+        if self._outage_logged:
+            return
+        self._outage_logged = True
+        self._log.warning(
+            "spool_delivery_deferred",
+            error=error,
+            category=category,
+            spooled=self._inflight + len(self._pending),
+            note="not acknowledged in time: the messages stay in the spool and are delivered "
+            "in order when Kafka answers again",
+        )
 
     def _settle_locked(self) -> None:
         acks = self._acks
@@ -814,14 +820,7 @@ class SpoolDriver:
                     # What is queued behind it must not overtake it: fail it back too.
                     with contextlib.suppress(KafkaException):
                         producer.purge(in_queue=True, in_flight=False, blocking=False)
-                if not self._outage_logged:
-                    self._outage_logged = True
-                    self._log.warning(
-                        "spool_delivery_deferred",
-                        error=err.name(),
-                        category=c.category.name,
-                        note="kept in the spool and re-sent in order when Kafka answers again",
-                    )
+                self._log_deferred(err.name(), c.category.name)
             return
         # Cannot be produced, ever (too large, invalid, topic or authorization trouble):
         # reported as failed like without a spool, and removed from the spool.
