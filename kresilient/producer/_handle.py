@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 if TYPE_CHECKING:
     from kresilient.errors import ProduceError
 
-__all__ = ["DeliveryHandle", "DeliveryResult", "handle_extras"]
+__all__ = ["DeliveryHandle", "DeliveryResult", "HandleOwner", "handle_extras"]
 
 
 class _Owner(Protocol):
@@ -32,6 +32,41 @@ class _Owner(Protocol):
     def _delivered_traced(self, handle: _FullHandle, msg: Any) -> None: ...
 
     def _callback_raised(self, exc: Exception) -> None: ...
+
+
+class HandleOwner:
+    """What every handle of one producer points to: the two queues its delivery report feeds,
+    held directly, and the producer behind a weak proxy for the slow paths.
+
+    A delivery report touches only ``_pool`` or ``_reported``; reading them through a
+    ``weakref.proxy`` of the producer cost about 0.1 µs per message (7% of a 100-byte
+    produce's CPU), so they live here, on an object that holds no reference back to the
+    producer: a dropped producer is still finalised at once.
+    """
+
+    __slots__ = ("_pool", "_producer", "_reported")
+
+    def __init__(
+        self,
+        producer: _Owner,
+        pool: deque[DeliveryHandle],
+        reported: deque[tuple[DeliveryHandle, Any, Any]],
+    ) -> None:
+        self._producer = producer  # a weakref.proxy
+        self._pool = pool
+        self._reported = reported
+
+    def poll(self, timeout: float = 0) -> int:
+        return self._producer.poll(timeout)
+
+    def _process_reported(self) -> None:
+        self._producer._process_reported()
+
+    def _delivered_traced(self, handle: _FullHandle, msg: Any) -> None:
+        self._producer._delivered_traced(handle, msg)
+
+    def _callback_raised(self, exc: Exception) -> None:
+        self._producer._callback_raised(exc)
 
 
 class _Probe:

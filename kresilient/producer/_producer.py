@@ -67,7 +67,13 @@ from kresilient.errors import (
 )
 from kresilient.leadership import LeadershipMonitor, LeadershipState
 from kresilient.producer._dlq import OversizedDeadLetters
-from kresilient.producer._handle import DeliveryHandle, DeliveryResult, _FullHandle, handle_extras
+from kresilient.producer._handle import (
+    DeliveryHandle,
+    DeliveryResult,
+    HandleOwner,
+    _FullHandle,
+    handle_extras,
+)
 from kresilient.producer._health import BrokerStats, ProducerHealth, broker_stats
 from kresilient.producer._spool import FlushResult, Spool, SpoolDriver
 from kresilient.producer._support import (
@@ -278,6 +284,7 @@ class ResilientProducer:
         self._recreate_lock = threading.RLock()
         self._reported: deque[tuple[DeliveryHandle, Any, Any]] = deque()
         self._pool: deque[DeliveryHandle] = deque(maxlen=_POOL_MAX)
+        self._owner = HandleOwner(self._proxy, self._pool, self._reported)
         self._failures: list[DeliveryFailure] = []
         self._failed_total = 0
         self._refused = 0  # produce() calls that raised: never queued
@@ -339,7 +346,7 @@ class ResilientProducer:
                 spool,
                 log=self._log,
                 delivery_timeout=timeout_ms / 1000.0,
-                new_handle=functools.partial(_lean_handle, self._proxy),
+                new_handle=functools.partial(_lean_handle, self._owner),
                 backpressure_timeout=backpressure_timeout,
             )
             # An instance attribute shadows the method: the unspooled path stays untouched.
@@ -414,9 +421,9 @@ class ResilientProducer:
                 try:
                     handle = pool.pop()
                 except IndexError:  # another thread took the last one
-                    handle = _lean_handle(self._proxy)
+                    handle = _lean_handle(self._owner)
             else:
-                handle = _lean_handle(self._proxy)
+                handle = _lean_handle(self._owner)
             handle._id = n
         else:
             handle, sent = self._full_handle(
@@ -462,7 +469,7 @@ class ResilientProducer:
                 topic, key, len(value) if value is not None else 0, headers, partition
             )
         cb = self._default_cb if on_delivery is None else on_delivery
-        return _FullHandle(self._proxy, n, headers, cb, token), sent
+        return _FullHandle(self._owner, n, headers, cb, token), sent
 
     def _tick(self) -> None:
         """Every _POLL_MASK+1 messages: serve delivery reports, pick up a late tracer provider."""
