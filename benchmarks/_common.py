@@ -22,14 +22,18 @@ Example::
 from __future__ import annotations
 
 import gc
+import json
 import os
 import platform
 import random
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -42,6 +46,7 @@ __all__ = [
     "median_iqr",
     "paired_ratios",
     "peak_rss_mib",
+    "run_child",
     "run_interleaved",
 ]
 
@@ -244,3 +249,30 @@ def markdown_table(
             f"{gcs} | {ratio} |"
         )
     return "\n".join(lines)
+
+
+def run_child(script: str, tree: str | os.PathLike[str], args: Sequence[str]) -> dict[str, Any]:
+    """Run ``script --child ARGS`` in a fresh interpreter importing kresilient from ``tree``.
+
+    The layout-regression arms (``kresilient_sub`` / ``kresilient_old``): ``tree`` goes first
+    on ``PYTHONPATH`` (ahead of the editable install) and is the working directory; the child
+    times itself and prints one JSON object as its last line of stdout, which is returned.
+    Interpreter start and imports are outside the child's timer. If that object has a
+    ``"kresilient"`` key (``kresilient.__file__`` in the child), it must lie inside ``tree``.
+    """
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run(
+        [sys.executable, script, "--child", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=str(tree),
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"child arm failed ({tree}):\n{proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    imported = result.get("kresilient")
+    if imported is not None and not Path(imported).resolve().is_relative_to(Path(tree).resolve()):
+        raise RuntimeError(f"child arm imported kresilient from {imported}, not from {tree}")
+    return result

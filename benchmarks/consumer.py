@@ -10,6 +10,18 @@ counts, and the same commit rule:
   at-least-once loop we know how to write by hand.
 - ``kresilient``: ``ResilientConsumer(config, [topic], handler)`` with its defaults (retry
   policy, dead-letter topic, circuit breaker, telemetry API without an SDK).
+- ``kresilient_sub`` / ``kresilient_old``: the ``kresilient`` arm in a fresh child interpreter
+  importing kresilient from this tree / from the tree given by ``--old-tree`` (first on
+  ``PYTHONPATH``; e.g. a checkout of 9c6e9f3, the flat layout): the layout-regression check,
+  paired and interleaved in the same run. The child uses only ``ResilientConsumer(config,
+  topics, handler, install_signal_handlers=False)``, ``run()`` and ``stop()`` (in both trees);
+  every other knob is left at each tree's default, so each tree's default consumer is
+  compared. It times itself exactly like the in-process arm (interpreter start, imports and
+  group join excluded) with its own process CPU. With both arms the report adds the paired
+  per-round ratio kresilient_sub/kresilient_old (>= 0.98: no regression)::
+
+    .venv/bin/python -P benchmarks/consumer.py --arms raw,kresilient_sub,kresilient_old \
+        --old-tree /work/old9c --messages 500000 --rounds 7
 
 Each sample is timed from the arm's first handled message to its last (group join excluded);
 CPU is the whole process (librdkafka's threads included). Rounds are interleaved with the arm
@@ -51,6 +63,7 @@ from _common import (
     markdown_table,
     median_iqr,
     paired_ratios,
+    run_child,
     run_interleaved,
 )
 from confluent_kafka import Consumer, Producer
@@ -59,6 +72,9 @@ from kresilient.consumer import ResilientConsumer
 from kresilient.testing import KafkaCluster
 
 VALUE = b"x" * 100
+ARMS = ("raw", "kresilient")
+SUBPROCESS_ARMS = ("kresilient_sub", "kresilient_old")
+_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _produce(bootstrap: str, topic: str, n: int) -> None:
@@ -142,6 +158,28 @@ def run_kresilient(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
     return (last - first) * n / (n - 1), (cpu1 - cpu0) * n / (n - 1)
 
 
+def child(argv: list[str]) -> None:
+    """``--child BOOTSTRAP TOPIC N``: the kresilient arm once; prints its times as JSON."""
+    import kresilient
+
+    _quiet_structlog()
+    bootstrap, topic, n = argv[0], argv[1], int(argv[2])
+    wall, cpu = run_kresilient(bootstrap, topic, n)
+    print(json.dumps({"wall_s": wall, "cpu_s": cpu, "kresilient": kresilient.__file__}))
+
+
+def _quiet_structlog() -> None:
+    import logging
+
+    import structlog
+
+    # nothing below WARNING, on stderr: stdout is the report (and a child's JSON line)
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
 class _StubConsumer:
     """Stands in for confluent_kafka.Consumer in --micro mode (offsets go nowhere)."""
 
@@ -208,19 +246,31 @@ def micro(n: int, rounds: int) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS))
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--old-tree",
+        help="a checkout whose kresilient the kresilient_old arm imports (PYTHONPATH)",
+    )
     parser.add_argument("--json", action="store_true", help="also print every sample")
     parser.add_argument("--micro", action="store_true", help="the loops alone, no broker")
     args = parser.parse_args()
+    unknown = set(args.arms) - set(ARMS) - set(SUBPROCESS_ARMS)
+    if unknown:
+        parser.error(
+            f"unknown arm(s) {sorted(unknown)}; choose from {', '.join(ARMS + SUBPROCESS_ARMS)}"
+        )
+    if "kresilient_old" in args.arms and not args.old_tree:
+        parser.error("the kresilient_old arm needs --old-tree")
 
-    import logging
-
-    import structlog
-
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    _quiet_structlog()
     if args.micro:
         micro(min(args.messages, 500_000), max(args.rounds, 9))
         return
@@ -234,9 +284,15 @@ def main() -> None:
         _produce(bootstrap, topic, args.messages)
         print(f"produced {args.messages:,} x 100 B in {time.monotonic() - t0:.1f} s", flush=True)
 
-        def arm(name: str, run: Any) -> Any:
+        def arm(name: str) -> Any:
             def sample(rnd: int) -> Sample:
-                wall, cpu = run(bootstrap, topic, args.messages)
+                if name in SUBPROCESS_ARMS:
+                    tree = _ROOT if name == "kresilient_sub" else Path(args.old_tree)
+                    r = run_child(__file__, tree, [bootstrap, topic, str(args.messages)])
+                    wall, cpu = r["wall_s"], r["cpu_s"]
+                else:
+                    run = run_raw if name == "raw" else run_kresilient
+                    wall, cpu = run(bootstrap, topic, args.messages)
                 return Sample(arm=name, round=rnd, messages=args.messages, wall_s=wall, cpu_s=cpu)
 
             return sample
@@ -250,28 +306,59 @@ def main() -> None:
             )
 
         samples = run_interleaved(
-            {"raw": arm("raw", run_raw), "kresilient": arm("kresilient", run_kresilient)},
+            {name: arm(name) for name in args.arms},
             rounds=args.rounds,
+            seed=args.seed,
             on_sample=show,
         )
+        cluster.delete_topic(topic)
+        cluster.delete_topic(topic + ".dlq")
     load_after = os.getloadavg()[0]
     env = environment(messages=args.messages, partitions=args.partitions, rounds=args.rounds)
     print()
     print(f"consumer, {contention(load_before, load_after)}: {json.dumps(env)}")
-    print(markdown_table(samples, baseline="raw", title="1 consumer, trivial handler, 100 B"))
-    ratio, q1, q3 = median_iqr(paired_ratios(samples, "kresilient", "raw"))
+    baseline = "raw" if "raw" in args.arms else args.arms[0]
+    print(
+        markdown_table(
+            samples, baseline=baseline, title="1 consumer, trivial handler, 100 B", arms=args.arms
+        )
+    )
     cpu = {
         name: median_iqr([s.cpu_us_per_msg for s in samples if s.arm == name])[0]
-        for name in ("raw", "kresilient")
+        for name in args.arms
     }
-    verdict = "meets" if ratio >= 0.90 else "MISSES"
-    print(
-        f"\npaired throughput ratio kresilient/raw {ratio:.3f} [IQR {q1:.3f}-{q3:.3f}]: {verdict} "
-        f"the >= 0.90 target; CPU per message raw/kresilient "
-        f"{cpu['raw'] / cpu['kresilient']:.3f}"
-    )
+    if {"raw", "kresilient"} <= set(args.arms):
+        ratio, q1, q3 = median_iqr(paired_ratios(samples, "kresilient", "raw"))
+        verdict = "meets" if ratio >= 0.90 else "MISSES"
+        print(
+            f"\npaired throughput ratio kresilient/raw {ratio:.3f} [IQR {q1:.3f}-{q3:.3f}]: "
+            f"{verdict} the >= 0.90 target; CPU per message raw/kresilient "
+            f"{cpu['raw'] / cpu['kresilient']:.3f}"
+        )
+    if set(SUBPROCESS_ARMS) <= set(args.arms):
+        ratio, q1, q3 = median_iqr(paired_ratios(samples, "kresilient_sub", "kresilient_old"))
+        cpu_ratios = _paired_cpu_ratios(samples, "kresilient_old", "kresilient_sub")
+        c, c1, c3 = median_iqr(cpu_ratios)
+        verdict = "no regression" if ratio >= 0.98 else "REGRESSION"
+        print(
+            f"\nlayout check, paired per round: throughput kresilient_sub/kresilient_old "
+            f"{ratio:.3f} [IQR {q1:.3f}-{q3:.3f}] ({verdict} at >= 0.98); CPU per message "
+            f"old/new {c:.3f} [IQR {c1:.3f}-{c3:.3f}]; old tree {args.old_tree}"
+        )
     if args.json:
         print(json.dumps([s.__dict__ | {"extra": dict(s.extra)} for s in samples]))
+
+
+def _paired_cpu_ratios(samples: list[Sample], num: str, den: str) -> list[float]:
+    """CPU µs per message of *num* / *den*, for every round where both ran (> 1: den cheaper)."""
+    by_round: dict[int, dict[str, Sample]] = {}
+    for s in samples:
+        by_round.setdefault(s.round, {})[s.arm] = s
+    return [
+        r[num].cpu_us_per_msg / r[den].cpu_us_per_msg
+        for _, r in sorted(by_round.items())
+        if num in r and den in r and r[den].cpu_s > 0
+    ]
 
 
 if __name__ == "__main__":
