@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 
 from kresilient import _catalog as catalog
-from kresilient.lint import rules_client, rules_cluster  # noqa: F401  (register the rules)
+from kresilient.lint import devstack, rules_client, rules_cluster  # noqa: F401  (register the rules)
 from kresilient.lint.model import (
     TOPIC_SPEC_KEYS,
     ConfigUnit,
@@ -78,6 +78,8 @@ def detect_kind(unit: ConfigUnit) -> Kind:
                 consumer += 1
             elif not (is_broker or is_topic) or key.startswith("bootstrap"):
                 client += 1
+        elif is_broker and catalog.java_client_kinds(key):
+            continue  # ssl.*/sasl.* keys brokers and Java clients share: neither side's sign
         elif is_broker and is_topic:
             shared_bt += 1
         elif is_broker:
@@ -159,10 +161,13 @@ SELF_DESCRIBING = frozenset({"python", "spring", "strimzi", "terraform", "topics
 
 
 def detect_client(unit: ConfigUnit) -> str:
-    """``java`` when ``unit`` names Java classes or Java-only keys, else ``librdkafka``."""
+    """``java`` when ``unit`` names Java classes or holds a key only the Java client knows
+    (``sasl.jaas.config``, ``ssl.truststore.location`` ...), else ``librdkafka``."""
     for key, entry in unit.entries.items():
         if key in _JAVA_MARKERS:
             return "java"
+        if "." in key and catalog.lookup(key) is None and catalog.java_client_kinds(key):
+            return "java"  # a Java-only key (sasl.jaas.config ...): librdkafka would refuse it
         if key.endswith(("serializer", "deserializer")) and entry.text.startswith(
             ("org.", "io.", "com.")
         ):
@@ -179,24 +184,36 @@ def _assumed(unit: ConfigUnit) -> str:
     return f"{framework} / {client}" if isinstance(framework, str) else client
 
 
-def unit_findings(unit: ConfigUnit, settings: Settings) -> Iterator[Finding]:
+def unit_findings(
+    unit: ConfigUnit, settings: Settings, fold: dict[str, int] | None = None
+) -> Iterator[Finding]:
     """The findings of every enabled unit-scope rule for ``unit`` (no suppressions applied);
     the audit runs the topic and broker rules over live configs through this too.
 
     A finding about an unset key names whose defaults it assumed (``librdkafka``,
     ``Java client``, ``Spring Kafka / Java client``).
+
+    On a unit of a dev stack (``unit.context["dev_stack"]``, see
+    :mod:`~kresilient.lint.devstack`) the replication findings are counted by rule instead:
+    into ``fold`` when given (the caller reports one KR053 line for the file), else as a
+    KR053 line of this unit.
     """
     rules: Iterable[Rule] = iter_rules(scope="unit")
     only = unit.context.get("rules")  # a unit read in a dialect only some rules know
     if isinstance(only, frozenset):
         rules = [r for r in rules if r.id in only]
     client = client_of(unit)
+    dev_stack = unit.context.get("dev_stack")
+    folded: dict[str, int] = {}
     for found in rules:
         if found.check is None or unit.kind not in found.kinds or not settings.enabled(found.id):
             continue
         if is_client(unit) and client not in found.clients:
             continue
         for message, entry in found.check(unit):
+            if dev_stack is not None and found.id in devstack.FOLDED_RULES:
+                folded[found.id] = folded.get(found.id, 0) + 1
+                continue
             if (
                 entry is None
                 and is_client(unit)
@@ -212,6 +229,26 @@ def unit_findings(unit: ConfigUnit, settings: Settings) -> Iterator[Finding]:
                 message=message,
                 key=entry.key if entry else None,
             )
+    if fold is not None:
+        for rid, n in folded.items():
+            fold[rid] = fold.get(rid, 0) + n
+    elif folded and settings.enabled("KR053"):
+        yield _dev_stack_finding(unit, str(dev_stack), folded, settings)
+
+
+def _dev_stack_finding(
+    unit: ConfigUnit, reason: str, folded: dict[str, int], settings: Settings
+) -> Finding:
+    counts = ", ".join(f"{rid} x{n}" for rid, n in sorted(folded.items()))
+    return Finding(
+        rule="KR053",
+        severity=settings.severity_of("KR053"),
+        path=unit.path,
+        line=unit.line,
+        col=unit.col,
+        message=f"dev stack ({reason}): replication findings not raised as errors "
+        f"({counts}); they apply before this runs in production",
+    )
 
 
 def _parse_error(path: str, line: int, col: int, message: str) -> Finding:
@@ -278,6 +315,7 @@ def lint_text(
     if result.error is not None:
         err = result.error
         findings.append(_parse_error(path, err.line, err.col, err.message))
+    valid: list[ConfigUnit] = []
     for unit in result.units:
         invalid = _invalid_text(unit)
         if invalid is not None:
@@ -291,9 +329,16 @@ def lint_text(
             unit.context["client"] = settings.client
         elif "client" not in unit.context and unit.source != "python":
             unit.context["client"] = detect_client(unit)  # Python readers know their library
-        findings.extend(unit_findings(unit, settings))
+        valid.append(unit)
+    devstack.evidence(valid, text, fmt)
+    fold: dict[str, int] = {}  # one KR053 line for the whole file, at its first dev unit
+    for unit in valid:
+        findings.extend(unit_findings(unit, settings, fold))
         if units_out is not None:
             units_out.append(unit)
+    if fold and settings.enabled("KR053"):
+        first = next(u for u in valid if "dev_stack" in u.context)
+        findings.append(_dev_stack_finding(first, str(first.context["dev_stack"]), fold, settings))
     sup = parse_suppressions(text, python=fmt == "python")
     return _apply_suppressions(findings, sup, path, settings)
 

@@ -608,6 +608,12 @@ def _topic_resource(root: _Node, path: str, tool: str) -> list[ConfigUnit]:
     )
     spec = _child(root, "spec")
     line, col = (spec[0], spec[1]) if spec else (root.line, root.col)
+    context: dict[str, object] = {"tool": tool}
+    if tool == "topicctl":  # where the topic goes: a "local-env" says it is a dev cluster
+        for field in ("environment", "cluster"):
+            at = _child(root, "meta", field)
+            if at is not None and isinstance(at[2].scalar, str):
+                context[field] = at[2].scalar
     return [
         ConfigUnit(
             path=path,
@@ -618,9 +624,25 @@ def _topic_resource(root: _Node, path: str, tool: str) -> list[ConfigUnit]:
             kind_forced=True,
             name=str(name_at[2].scalar) if name_at else None,
             source="strimzi" if tool == "strimzi" else "topicspec",
-            context={"tool": tool},
+            context=context,
         )
     ]
+
+
+def _node_pool_brokers(root: _Node) -> tuple[str, int] | None:
+    """(cluster, replicas) of a Strimzi ``KafkaNodePool`` with the broker role, else None
+    (the replicas of a pool without a literal count are unknown: None too)."""
+    found = _resource_kind(root)
+    if found != ("strimzi", "KafkaNodePool"):
+        return None
+    roles = _child(root, "spec", "roles")
+    names = [str(n.scalar) for n in (roles[2].sequence or [])] if roles else []
+    replicas = _child(root, "spec", "replicas")
+    cluster = _child(root, "metadata", "labels", "strimzi.io/cluster")
+    count = replicas[2].scalar if replicas else None
+    if "broker" not in names or cluster is None or not isinstance(count, int):
+        return None
+    return str(cluster[2].scalar), count
 
 
 def _strimzi_kafka(root: _Node, path: str) -> list[ConfigUnit]:
@@ -631,6 +653,10 @@ def _strimzi_kafka(root: _Node, path: str) -> list[ConfigUnit]:
         return []
     entries: dict[str, Entry] = {}
     _config_entries(_child(kafka[2], "config"), entries)
+    context: dict[str, object] = {"tool": "strimzi"}
+    replicas = _child(kafka[2], "replicas")  # a cluster without node pools
+    if replicas is not None and isinstance(replicas[2].scalar, int):
+        context["brokers"] = replicas[2].scalar
     rack = _child(kafka[2], "rack")
     if rack is not None:
         entries["broker.rack"] = Entry(
@@ -651,7 +677,7 @@ def _strimzi_kafka(root: _Node, path: str) -> list[ConfigUnit]:
             kind_forced=True,
             name=str(n[2].scalar) if (n := _child(root, "metadata", "name")) else None,
             source="strimzi",
-            context={"tool": "strimzi"},
+            context=context,
         )
     ]
 
@@ -772,6 +798,7 @@ def _read_yaml(text: str, path: str, kind: Kind | None) -> ReadResult:
         docs = list(yaml.compose_all(text, Loader=loader_cls))
         cap = YAML_NODE_BUDGET + len(text)
         tree = _YamlTree(yaml.SafeLoader(""), cap)
+        pools: dict[str, int] = {}  # Strimzi cluster -> brokers of its node pools in this file
         for doc in docs:
             if doc is not None:
                 _check_expansion(doc, cap)
@@ -779,6 +806,9 @@ def _read_yaml(text: str, path: str, kind: Kind | None) -> ReadResult:
                 resources = resource_units(root, path)
                 if resources is not None:
                     result.units.extend(resources)
+                    pool = _node_pool_brokers(root)
+                    if pool is not None:
+                        pools[pool[0]] = pools.get(pool[0], 0) + pool[1]
                     continue
                 if root.mapping is not None and any(
                     _relaxed(k) == "spring" or is_spring_key(k) for k, _, _, _ in root.mapping
@@ -789,6 +819,9 @@ def _read_yaml(text: str, path: str, kind: Kind | None) -> ReadResult:
                     rest = [m for m in root.mapping if not _relaxed(m[0]).startswith("spring")]
                     root = _Node(line=root.line, col=root.col, mapping=rest)
                 _walk(root, path, kind, None, result.units)
+        for unit in result.units:
+            if unit.source == "strimzi" and unit.kind == "broker" and unit.name in pools:
+                unit.context["brokers"] = pools[unit.name]
     except _TooComplex as exc:
         result.units.clear()
         result.error = ParseError(line=exc.line, col=exc.col, message=exc.message)

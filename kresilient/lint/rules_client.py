@@ -202,6 +202,12 @@ def _unknown(unit: ConfigUnit) -> Iterator[Hit]:
         elif unit.kind == "broker" and catalog.broker_config(key) is None:
             if key.startswith(("listener.name.", "log4j", "confluent.", "ssl.", "sasl.")):
                 continue
+            if key.startswith("zookeeper."):
+                # ZooKeeper-mode keys (removed in Kafka 4.0) are right on a ZooKeeper-mode
+                # broker; only a KRaft node (process.roles) ignores them.
+                if "process.roles" in unit.entries:
+                    yield f"{key!r} is a ZooKeeper-mode setting: a KRaft node ignores it", entry
+                continue
             topic_key = catalog.topic_config(key)
             if topic_key is not None and topic_key.synonym:
                 yield (

@@ -9,6 +9,7 @@ from kresilient.lint.model import ConfigUnit, Entry, Severity, is_secret
 from kresilient.lint.registry import (
     Hit,
     Rule,
+    client_of,
     effective,
     explicit,
     fmt,
@@ -112,11 +113,10 @@ def _tls_off(unit: ConfigUnit) -> Iterator[Hit]:
         )
     ident = unit.entries.get("ssl.endpoint.identification.algorithm")
     if ident is not None and not ident.dynamic:
-        off = (
-            ident.text.strip().lower() in ("none", "")
-            if unit.kind == "broker"
-            else (ident.text.strip().lower() == "none")
-        )
+        # An empty value turns verification off for brokers and the Java client;
+        # librdkafka reads only "none" as off.
+        empty_is_off = unit.kind == "broker" or client_of(unit) == "java"
+        off = ident.text.strip().lower() in (("none", "") if empty_is_off else ("none",))
         if off:
             yield (
                 f"ssl.endpoint.identification.algorithm={ident.text or '(empty)'}: "
@@ -162,15 +162,34 @@ def _sasl_plaintext(unit: ConfigUnit) -> Iterator[Hit]:
         if entry and entry.text.lower() == "sasl_plaintext":
             yield "security.protocol=sasl_plaintext: credentials and data are not encrypted", entry
         return
-    for key in (
-        "listeners",
-        "advertised.listeners",
-        "listener.security.protocol.map",
-        "security.inter.broker.protocol",
-    ):
+    # A listener's protocol is its map entry, else its name (PLAINTEXT://, SASL_PLAINTEXT://).
+    # Report the listeners that use SASL_PLAINTEXT once; a map entry no listener uses, and
+    # advertised.listeners repeating the same listeners, are not separate problems.
+    mapping: dict[str, str] = {}
+    proto_map = unit.entries.get("listener.security.protocol.map")
+    if proto_map is not None and not proto_map.dynamic:
+        for pair in proto_map.text.split(","):
+            name, _, protocol = pair.partition(":")
+            mapping[name.strip().upper()] = protocol.strip().upper()
+    for key in ("listeners", "advertised.listeners"):
         entry = explicit(unit, key)
-        if entry and "sasl_plaintext" in entry.text.lower():
-            yield f"{key} uses SASL_PLAINTEXT: credentials and data are not encrypted", entry
+        if entry is None or entry.dynamic:
+            continue
+        names = [item.split("://", 1)[0].strip().upper() for item in entry.text.split(",")]
+        plain = sorted({n for n in names if mapping.get(n, n) == "SASL_PLAINTEXT" and n})
+        if plain:
+            yield (
+                f"{key}: {', '.join(plain)} use{'s' if len(plain) == 1 else ''} "
+                "SASL_PLAINTEXT: credentials and data are not encrypted",
+                entry,
+            )
+            break  # advertised.listeners names the same listeners
+    inter = explicit(unit, "security.inter.broker.protocol")
+    if inter and inter.text.strip().lower() == "sasl_plaintext":
+        yield (
+            "security.inter.broker.protocol=SASL_PLAINTEXT: credentials and data are not encrypted",
+            inter,
+        )
 
 
 @rule(
@@ -233,6 +252,20 @@ def _tolerance_without_dlq(unit: ConfigUnit) -> Iterator[Hit]:
     )
 
 
+def controller_only(unit: ConfigUnit) -> bool:
+    """True for a KRaft controller-only node (``process.roles=controller``): it hosts no
+    partitions and runs no group or transaction coordinator, so broker-side settings
+    (internal-topic replication, broker.rack) do nothing there."""
+    entry = unit.entries.get("process.roles")
+    if unit.kind != "broker" or entry is None or entry.dynamic:
+        return False
+    return {r.strip().lower() for r in entry.text.split(",") if r.strip()} == {"controller"}
+
+
+# Read by the group and transaction coordinators, which run on brokers only.
+_COORDINATOR_KEYS = ("offsets.topic.replication.factor", "transaction.state.log.replication.factor")
+
+
 @rule(
     "KR042",
     "replication-factor-low",
@@ -245,15 +278,13 @@ def _tolerance_without_dlq(unit: ConfigUnit) -> Iterator[Hit]:
     fix="Use replication factor 3 (default.replication.factor=3 on brokers).",
 )
 def _rf(unit: ConfigUnit) -> Iterator[Hit]:
-    keys = (
+    keys: tuple[str, ...] = (
         ("replication.factor",)
         if unit.kind == "topic"
-        else (
-            "default.replication.factor",
-            "offsets.topic.replication.factor",
-            "transaction.state.log.replication.factor",
-        )
+        else ("default.replication.factor", *_COORDINATOR_KEYS)
     )
+    if controller_only(unit):  # the controller creates topics with default.replication.factor
+        keys = ("default.replication.factor",)
     for key in keys:
         value = number(unit, key)
         if value is not None and 0 < value < 3:
@@ -279,7 +310,7 @@ def _rf(unit: ConfigUnit) -> Iterator[Hit]:
 def _min_isr(unit: ConfigUnit) -> Iterator[Hit]:
     keys = (
         ("min.insync.replicas",)
-        if unit.kind == "topic"
+        if unit.kind == "topic" or controller_only(unit)
         else ("min.insync.replicas", "transaction.state.log.min.isr")
     )
     for key in keys:
@@ -359,7 +390,7 @@ def _rebalance_off(unit: ConfigUnit) -> Iterator[Hit]:
     fix="Set broker.rack to the broker's zone.",
 )
 def _no_rack(unit: ConfigUnit) -> Iterator[Hit]:
-    if unit.get("broker.rack") is None:
+    if unit.get("broker.rack") is None and not controller_only(unit):
         yield "broker.rack is unset: replicas are not spread across zones", None
 
 
@@ -542,6 +573,25 @@ for _meta in (
         "values are not valid Unicode (an unpaired \\uD800 escape).",
         fix="Fix the syntax at the reported line and column; for a file that is too large, "
         "raise max-file-size in [tool.kresilient.lint] or exclude the file.",
+    ),
+    Rule(
+        id="KR053",
+        name="dev-stack-replication",
+        severity=N,
+        family="topic durability",
+        kinds=frozenset({"topic", "broker"}),
+        scope="meta",
+        summary="Replication findings (KR042, KR043, KR044, KR047) on a file that says it is "
+        "a single-broker or local dev stack, folded into one info line.",
+        why="A one-broker stack cannot hold 3 replicas, and the file says so itself (a "
+        "one-voter KRaft quorum, listeners on localhost only, a compose file or Strimzi "
+        "cluster with one broker, a Terraform provider on localhost, a topicctl local "
+        "environment, or a comment such as 'single-broker' or 'development testing'). "
+        "Reporting each replication setting as an error there would be noise; the line keeps "
+        "them visible for the day the config is reused in production.",
+        fix="Nothing for a dev stack. Before production: replication factor 3, "
+        "min.insync.replicas=2, broker.rack on every broker (run the linter on the "
+        "production config, where no dev-stack evidence folds these).",
     ),
     Rule(
         id="KR099",
