@@ -21,7 +21,14 @@ counts, and the same commit rule:
   per-round ratio kresilient_sub/kresilient_old (>= 0.98: no regression)::
 
     .venv/bin/python -P benchmarks/consumer.py --arms raw,kresilient_sub,kresilient_old \
-        --old-tree /work/old9c --messages 500000 --rounds 7
+        --old-tree /work/old9c --messages 1000000 --rounds 9 --fetch-queue-backoff-ms 10
+
+``--fetch-queue-backoff-ms`` (every arm): with librdkafka's default (1000 ms), the fetcher
+stops for a second whenever a partition's local queue holds ``queued.min.messages``
+(100,000): a consumer faster than the brokers' fetch then waits out whole seconds, and the
+wall rate moves in steps of one backoff (~140k/160k/180k msg/s here for 1M messages over 3
+partitions, ~7 µs/msg) that hide the client's own cost. 10 ms makes the wall rate follow
+the consumer (~0.65 µs/msg); CPU per message is unaffected either way.
 
 Each sample is timed from the arm's first handled message to its last (group join excluded);
 CPU is the whole process (librdkafka's threads included). Rounds are interleaved with the arm
@@ -94,10 +101,13 @@ def _produce(bootstrap: str, topic: str, n: int) -> None:
         raise RuntimeError("messages still queued after 120 s")
 
 
-def run_raw(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
+def run_raw(
+    bootstrap: str, topic: str, n: int, extra: dict[str, Any] | None = None
+) -> tuple[float, float]:
     """The hand-written at-least-once loop; returns (wall_s, cpu_s) first to last message."""
     consumer = Consumer(
         {
+            **(extra or {}),
             "bootstrap.servers": bootstrap,
             "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
             "auto.offset.reset": "earliest",
@@ -132,7 +142,9 @@ def run_raw(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
         consumer.close()
 
 
-def run_kresilient(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
+def run_kresilient(
+    bootstrap: str, topic: str, n: int, extra: dict[str, Any] | None = None
+) -> tuple[float, float]:
     """ResilientConsumer with its defaults; returns (wall_s, cpu_s) first to last message."""
     count = 0
     first = last = cpu0 = cpu1 = 0.0
@@ -148,7 +160,11 @@ def run_kresilient(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
             consumer.stop()
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"bench-kr-{uuid.uuid4().hex[:8]}"},
+        {
+            **(extra or {}),
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-kr-{uuid.uuid4().hex[:8]}",
+        },
         [topic],
         handler,
         install_signal_handlers=False,
@@ -159,12 +175,14 @@ def run_kresilient(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
 
 
 def child(argv: list[str]) -> None:
-    """``--child BOOTSTRAP TOPIC N``: the kresilient arm once; prints its times as JSON."""
+    """``--child BOOTSTRAP TOPIC N [CONFIG_JSON]``: the kresilient arm once; prints its times
+    as JSON."""
     import kresilient
 
     _quiet_structlog()
     bootstrap, topic, n = argv[0], argv[1], int(argv[2])
-    wall, cpu = run_kresilient(bootstrap, topic, n)
+    extra = json.loads(argv[3]) if len(argv) > 3 else {}
+    wall, cpu = run_kresilient(bootstrap, topic, n, extra)
     print(json.dumps({"wall_s": wall, "cpu_s": cpu, "kresilient": kresilient.__file__}))
 
 
@@ -259,6 +277,12 @@ def main() -> None:
         "--old-tree",
         help="a checkout whose kresilient the kresilient_old arm imports (PYTHONPATH)",
     )
+    parser.add_argument(
+        "--fetch-queue-backoff-ms",
+        type=int,
+        default=None,
+        help="set librdkafka's fetch.queue.backoff.ms in every arm (default: its default, 1000)",
+    )
     parser.add_argument("--json", action="store_true", help="also print every sample")
     parser.add_argument("--micro", action="store_true", help="the loops alone, no broker")
     args = parser.parse_args()
@@ -274,6 +298,9 @@ def main() -> None:
     if args.micro:
         micro(min(args.messages, 500_000), max(args.rounds, 9))
         return
+    extra: dict[str, Any] = {}
+    if args.fetch_queue_backoff_ms is not None:
+        extra["fetch.queue.backoff.ms"] = args.fetch_queue_backoff_ms
     load_before = os.getloadavg()[0]
     with KafkaCluster() as cluster:  # or the one named by $KRESILIENT_BOOTSTRAP_SERVERS
         bootstrap = cluster.bootstrap_servers
@@ -288,11 +315,13 @@ def main() -> None:
             def sample(rnd: int) -> Sample:
                 if name in SUBPROCESS_ARMS:
                     tree = _ROOT if name == "kresilient_sub" else Path(args.old_tree)
-                    r = run_child(__file__, tree, [bootstrap, topic, str(args.messages)])
+                    r = run_child(
+                        __file__, tree, [bootstrap, topic, str(args.messages), json.dumps(extra)]
+                    )
                     wall, cpu = r["wall_s"], r["cpu_s"]
                 else:
                     run = run_raw if name == "raw" else run_kresilient
-                    wall, cpu = run(bootstrap, topic, args.messages)
+                    wall, cpu = run(bootstrap, topic, args.messages, extra)
                 return Sample(arm=name, round=rnd, messages=args.messages, wall_s=wall, cpu_s=cpu)
 
             return sample
@@ -314,7 +343,9 @@ def main() -> None:
         cluster.delete_topic(topic)
         cluster.delete_topic(topic + ".dlq")
     load_after = os.getloadavg()[0]
-    env = environment(messages=args.messages, partitions=args.partitions, rounds=args.rounds)
+    env = environment(
+        messages=args.messages, partitions=args.partitions, rounds=args.rounds, config=extra
+    )
     print()
     print(f"consumer, {contention(load_before, load_after)}: {json.dumps(env)}")
     baseline = "raw" if "raw" in args.arms else args.arms[0]
