@@ -281,3 +281,30 @@ def test_a_client_tls_file_is_read_as_a_java_client_not_a_broker(tmp_path: Path)
     assert {"KR042", "KR043", "KR047"}.isdisjoint(_rules(findings))
     # an empty algorithm turns hostname verification off in the Java client
     assert (7, "KR034") in _errors(findings)
+
+
+def test_a_connect_rest_json_connector_is_read_with_its_credentials(tmp_path: Path) -> None:
+    """Recall fix: the REST form of a connector ({"name", "config"}) was not read at all."""
+    doc = (
+        '{\n  "name": "inventory",\n  "config": {\n'
+        '    "connector.class": "io.debezium.connector.mysql.MySqlConnector",\n'
+        '    "database.user": "debezium",\n'
+        '    "database.password": "{password}",\n'
+        '    "topics": "orders",\n'
+        '    "errors.tolerance": "all"\n  }\n}\n'
+    )
+    literal = _lint(tmp_path, "a/register.json", doc.replace("{password}", "dbz"))
+    assert _errors(literal) == [(6, "KR041"), (8, "KR050")]
+    reference = doc.replace("{password}", "${file:/secrets/db.properties:password}")
+    assert _errors(_lint(tmp_path, "b/register.json", reference)) == [(8, "KR050")]
+
+
+def test_aiokafka_ssl_context_password_is_a_credential(tmp_path: Path) -> None:
+    source = (
+        "import os\nfrom aiokafka.helpers import create_ssl_context\n\n"
+        'context = create_ssl_context(cafile="ca.pem", password={value})\n'
+    )
+    literal = _lint(tmp_path, "a/app.py", source.format(value='"123123"'))
+    assert _errors(literal) == [(4, "KR041")]
+    from_env = _lint(tmp_path, "b/app.py", source.format(value='os.environ["KEY_PASSWORD"]'))
+    assert _errors(from_env) == []

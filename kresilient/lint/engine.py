@@ -101,6 +101,8 @@ def discover(paths: Sequence[str], exclude: Iterable[str] = ()) -> Iterator[str]
     patterns = tuple(exclude)
 
     def excluded(path: str) -> bool:
+        if not patterns:
+            return False  # no relpath per file when nothing is excluded
         rel = os.path.relpath(path)
         return any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(path, p) for p in patterns)
 

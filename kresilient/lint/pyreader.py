@@ -50,7 +50,11 @@ _SINKS: dict[str, _Sink] = {
     "AIOKafkaConsumer": _Sink("consumer", True, False, "aiokafka"),
     "KafkaProducer": _Sink("producer", True, False, "kafka-python"),
     "KafkaConsumer": _Sink("consumer", True, False, "kafka-python"),
+    # aiokafka.helpers.create_ssl_context(password=...): the private key's password.
+    "create_ssl_context": _Sink("client", True, False, "aiokafka"),
 }
+#: Keyword arguments of aiokafka's create_ssl_context that hold a secret, as Kafka keys.
+_SSL_CONTEXT_SECRETS = {"password": "ssl.key.password"}
 _ROOTS = ("confluent_kafka", "kresilient", "aiokafka", "kafka")
 #: The rules run on aiokafka/kafka-python keyword arguments: the ones their options and
 #: defaults (modelled below) decide; librdkafka's own constraints and names do not apply.
@@ -272,6 +276,9 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
         assert sink_name is not None
         sink = _SINKS[sink_name]
         scope = tuple(stack)
+        if sink_name == "create_ssl_context":
+            yield _ssl_context_unit(call, path)
+            continue
         if sink.library is not None:
             yield _keyword_unit(call, sink, sink_name, path, visitor)
             continue
@@ -305,6 +312,34 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
                 "methods": frozenset(visitor.methods),
             },
         )
+
+
+def _ssl_context_unit(call: ast.Call, path: str) -> ConfigUnit:
+    """The secrets passed to aiokafka's ``create_ssl_context`` (only the credential rule
+    judges them: the rest are file names)."""
+    entries: dict[str, Entry] = {}
+    for kw in call.keywords:
+        if kw.arg in _SSL_CONTEXT_SECRETS:
+            key = _SSL_CONTEXT_SECRETS[kw.arg]
+            entry = _Resolver._entry(key, kw.value, kw)
+            entries[key] = Entry(
+                key=kw.arg,
+                value=entry.value,
+                line=entry.line,
+                col=entry.col,
+                dynamic=entry.dynamic,
+                setting=key,
+            )
+    return ConfigUnit(
+        path=path,
+        line=call.lineno,
+        col=call.col_offset + 1,
+        entries=entries,
+        kind="client",
+        kind_forced=True,
+        source="python",
+        context={"constructor": "create_ssl_context", "rules": frozenset({"KR041"})},
+    )
 
 
 def _keyword_unit(

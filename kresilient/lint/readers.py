@@ -27,6 +27,7 @@ from kresilient.lint.model import (
     ParseError,
     ReadResult,
     has_lone_surrogate,
+    is_secret,
 )
 from kresilient.lint.pyreader import read_python
 
@@ -395,6 +396,9 @@ CONNECT_CONSUMER_DEFAULTS = {"enable.auto.commit": "false", "auto.offset.reset":
 _CONNECT_INTERNAL = ("offset", "config", "status")
 
 
+_OVERRIDES = ("producer.override.", "consumer.override.", "admin.override.")
+
+
 def is_connect(entries: dict[str, Entry]) -> bool:
     """True for a Kafka Connect worker or connector config."""
     keys = entries.keys()
@@ -479,10 +483,14 @@ def connect_units(entries: dict[str, Entry], path: str) -> list[ConfigUnit]:
                 )
             )
     else:
+        # The connector's own settings: error handling, its topics, and its credentials
+        # (database.password, connection.password ...), literal or ${file:...} references.
         own = {
             k: e
             for k, e in entries.items()
-            if k.startswith("errors.") or k in ("topics", "topics.regex")
+            if k.startswith("errors.")
+            or k in ("topics", "topics.regex")
+            or (is_secret(k) and not k.startswith(_OVERRIDES))
         }
         first_key = entries["connector.class"]
         units.append(
@@ -495,7 +503,7 @@ def connect_units(entries: dict[str, Entry], path: str) -> list[ConfigUnit]:
                 kind_forced=True,
                 name=entries["name"].text if "name" in entries else None,
                 source="connect",
-                context={"connector": True, "rules": frozenset({"KR050"})},
+                context={"connector": True, "rules": frozenset({"KR050", "KR041"})},
             )
         )
     return units
@@ -912,8 +920,28 @@ def _read_json(text: str, path: str, kind: Kind | None) -> ReadResult:
     except _TooComplex as exc:
         result.error = ParseError(line=exc.line, col=exc.col, message=exc.message)
         return result
+    connector = _rest_connector(node) if kind is None else None
+    if connector is not None:
+        result.units.extend(connect_units(connector, path))
+        return result
     _walk(node, path, kind, None, result.units)
     return result
+
+
+def _rest_connector(node: _Node) -> dict[str, Entry] | None:
+    """The settings of a Kafka Connect REST connector document: ``{"name": ...,
+    "config": {"connector.class": ...}}`` (POST /connectors) or the bare config
+    (PUT /connectors/NAME/config); None for any other JSON."""
+    config = _child(node, "config")
+    body = config[2] if config is not None and config[2].mapping is not None else node
+    if body.mapping is None or not any(k == "connector.class" for k, *_ in body.mapping):
+        return None
+    entries: dict[str, Entry] = {}
+    for key, line, col, child in body.mapping:
+        value = _scalar_text(child)
+        if value is not None or (child.mapping is None and child.sequence is None):
+            entries[key] = _entry(key, value, line, col)
+    return entries
 
 
 # ----------------------------------------------------------------------------- TOML
