@@ -308,3 +308,20 @@ def test_aiokafka_ssl_context_password_is_a_credential(tmp_path: Path) -> None:
     assert _errors(literal) == [(4, "KR041")]
     from_env = _lint(tmp_path, "b/app.py", source.format(value='os.environ["KEY_PASSWORD"]'))
     assert _errors(from_env) == []
+
+
+def test_compose_list_environment_and_bitnami_variables_are_read(tmp_path: Path) -> None:
+    """Recall fix: `environment:` as a list of NAME=value, and bitnami's KAFKA_CFG_*."""
+    compose = "services:\n" + "".join(
+        f"  kafka-{n}:\n    image: bitnami/kafka\n    environment:\n"
+        f"      - KAFKA_CFG_NODE_ID={n}\n"
+        "      - KAFKA_CFG_PROCESS_ROLES=controller,broker\n"
+        "      - KAFKA_CFG_CONTROLLER_QUORUM_VOTERS=0@kafka-0:9093,1@kafka-1:9093,2@kafka-2:9093\n"
+        "      - KAFKA_CFG_DEFAULT_REPLICATION_FACTOR=3\n"
+        "      - KAFKA_CFG_MIN_INSYNC_REPLICAS=2\n"
+        "      - KAFKA_CFG_BROKER_RACK=az1\n"
+        "      - KAFKA_CFG_OFFSETS_TOPIC_REPLICATION_FACTOR=1\n"
+        for n in range(3)
+    )
+    errors = _errors(_lint(tmp_path, "docker-compose.yml", compose))
+    assert errors == [(11, "KR042"), (21, "KR042"), (31, "KR042")]

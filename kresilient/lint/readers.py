@@ -85,6 +85,8 @@ def env_to_key(name: str) -> tuple[str, Kind | None]:
     The Apache Kafka image convention: ``_`` -> ``.``, ``__`` -> ``_``, ``___`` -> ``-``.
     """
     rest = name[len("KAFKA_") :]
+    if rest.startswith("CFG_"):  # the bitnami image: KAFKA_CFG_NODE_ID -> node.id
+        rest = rest[len("CFG_") :]
     role: Kind | None = None
     for prefix, kind in _ENV_ROLE.items():
         if rest.startswith(prefix):
@@ -313,10 +315,33 @@ def spring_units(items: Iterable[tuple[str, int, int, object]], path: str) -> li
     return units
 
 
+_ENV_ITEM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
+
+
+def _env_list(node: _Node) -> _Node | None:
+    """A docker-compose ``environment:`` list (``- KAFKA_NODE_ID=1``) as a mapping node, when
+    every item is ``NAME=value`` and one names a ``KAFKA_*`` variable; else None."""
+    items: list[tuple[str, int, int, _Node]] = []
+    for child in node.sequence or []:
+        match = _ENV_ITEM.match(child.scalar) if isinstance(child.scalar, str) else None
+        if match is None:
+            return None
+        value = _Node(line=child.line, col=child.col + len(match.group(1)) + 1)
+        value.scalar = match.group(2)
+        items.append((match.group(1), child.line, child.col, value))
+    if not any(_ENV_KEY.match(name) for name, _, _, _ in items):
+        return None
+    return _Node(line=node.line, col=node.col, mapping=items)
+
+
 def _walk(
     node: _Node, path: str, hint: Kind | None, label: str | None, out: list[ConfigUnit]
 ) -> None:
     if node.sequence is not None:
+        env = _env_list(node)
+        if env is not None:
+            _walk(env, path, hint, label, out)
+            return
         for child in node.sequence:
             _walk(child, path, hint, label, out)
         return
@@ -325,6 +350,8 @@ def _walk(
     entries: dict[str, Entry] = {}
     children: list[tuple[str, _Node]] = []
     for key, line, col, child in node.mapping:
+        if child.sequence is not None:
+            child = _env_list(child) or child  # compose's list form of environment:
         value = _scalar_text(child)
         env_role: Kind | None = None
         if _ENV_KEY.match(key):
