@@ -66,6 +66,7 @@ from _common import (  # noqa: E402
     environment,
     markdown_table,
     median_iqr,
+    paired_ratios,
     peak_rss_mib,
     run_interleaved,
 )
@@ -257,6 +258,12 @@ def end_to_end(args: argparse.Namespace) -> None:
     )
     for size, samples in out["sizes"].items():
         print(markdown_table(samples, baseline="raw", title=f"{size} B values", arms=args.arms))
+        if {"kresilient_sub", "kresilient_old"} <= set(args.arms):
+            m, q1, q3 = median_iqr(paired_ratios(samples, "kresilient_sub", "kresilient_old"))
+            print(
+                f"\nThis tree / the old tree (`kresilient_sub` / `kresilient_old`, paired per "
+                f"round): **{m:.3f}** [{q1:.3f}-{q3:.3f}]\n"
+            )
         print()
     env = out["environment"]
     print("Environment: " + ", ".join(f"{k}={v}" for k, v in env.items()))
