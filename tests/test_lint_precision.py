@@ -325,3 +325,25 @@ def test_compose_list_environment_and_bitnami_variables_are_read(tmp_path: Path)
     )
     errors = _errors(_lint(tmp_path, "docker-compose.yml", compose))
     assert errors == [(11, "KR042"), (21, "KR042"), (31, "KR042")]
+
+
+def test_strimzi_mirror_maker_2_and_kafka_connect_topics_are_read(tmp_path: Path) -> None:
+    """Recall fix: KafkaMirrorMaker2 and KafkaConnect resources were not read."""
+    mm2 = (
+        "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaMirrorMaker2\n"
+        "metadata:\n  name: mm2\nspec:\n  connectCluster: target\n  clusters:\n"
+        "  - alias: target\n    bootstrapServers: target:9092\n    config:\n"
+        "      config.storage.replication.factor: -1\n"
+        "      offset.storage.replication.factor: 2\n"
+        "  mirrors:\n  - sourceCluster: source\n    targetCluster: target\n"
+        "    sourceConnector:\n      config:\n        replication.factor: 3\n"
+        "        offset-syncs.topic.replication.factor: 1\n"
+    )
+    assert _errors(_lint(tmp_path, "mm2.yaml", mm2)) == [(12, "KR042"), (19, "KR042")]
+    connect = (
+        "apiVersion: kafka.strimzi.io/v1beta2\nkind: KafkaConnect\nmetadata:\n  name: c\n"
+        "spec:\n  config:\n    group.id: c\n    offset.storage.topic: offsets\n"
+        "    offset.storage.replication.factor: 1\n"
+        "    config.storage.replication.factor: -1\n"
+    )
+    assert _errors(_lint(tmp_path, "connect.yaml", connect)) == [(9, "KR042")]

@@ -626,7 +626,67 @@ def resource_units(root: _Node, path: str) -> list[ConfigUnit] | None:
         return _topic_resource(root, path, tool)
     if tool == "strimzi" and kind == "Kafka":
         return _strimzi_kafka(root, path)
+    if tool == "strimzi" and kind == "KafkaConnect":
+        entries: dict[str, Entry] = {}
+        _config_entries(_child(root, "spec", "config"), entries)
+        return connect_units(entries, path) if entries else []
+    if tool == "strimzi" and kind == "KafkaMirrorMaker2":
+        return _mirror_maker(root, path)
     return []
+
+
+#: MirrorMaker 2 connector -> (its topics' replication-factor keys, topic described).
+_MM2_TOPICS = {
+    "sourceConnector": (
+        ("replication.factor", "mirrored topics"),
+        ("offset-syncs.topic.replication.factor", "mm2-offset-syncs"),
+    ),
+    "checkpointConnector": (("checkpoints.topic.replication.factor", "checkpoints"),),
+    "heartbeatConnector": (("heartbeats.topic.replication.factor", "heartbeats"),),
+}
+
+
+def _mirror_maker(root: _Node, path: str) -> list[ConfigUnit]:
+    """The topics a Strimzi ``KafkaMirrorMaker2`` creates (mirrored topics, offset syncs,
+    checkpoints, heartbeats) and its Connect cluster's internal topics, with their
+    replication factors (-1: the target brokers' default, not judged)."""
+    units: list[ConfigUnit] = []
+    clusters = _child(root, "spec", "clusters")
+    for cluster in (clusters[2].sequence or []) if clusters else []:
+        entries: dict[str, Entry] = {}
+        _config_entries(_child(cluster, "config"), entries)
+        units.extend(u for u in connect_units(entries, path) if u.kind == "topic")
+    mirrors = _child(root, "spec", "mirrors")
+    for mirror in (mirrors[2].sequence or []) if mirrors else []:
+        for connector, topics in _MM2_TOPICS.items():
+            config: dict[str, Entry] = {}
+            _config_entries(_child(mirror, connector, "config"), config)
+            for key, name in topics:
+                rf = config.get(key)
+                if rf is None:
+                    continue
+                entry = Entry(
+                    key=rf.key,
+                    value=rf.value,
+                    line=rf.line,
+                    col=rf.col,
+                    dynamic=rf.dynamic or rf.text.strip() == "-1",
+                    setting="replication.factor",
+                )
+                units.append(
+                    ConfigUnit(
+                        path=path,
+                        line=rf.line,
+                        col=rf.col,
+                        entries={"replication.factor": entry},
+                        kind="topic",
+                        kind_forced=True,
+                        name=name,
+                        source="strimzi",
+                        context={"tool": "strimzi", "rules": frozenset({"KR042"})},
+                    )
+                )
+    return units
 
 
 def _topic_resource(root: _Node, path: str, tool: str) -> list[ConfigUnit]:
