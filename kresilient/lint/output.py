@@ -286,7 +286,13 @@ that, only the broker's JMX `MaxLag` shows it.
     idempotence off since 3.2, KAFKA-13759) and the internal topics' replication factors
     (`offset.storage.replication.factor` ...; `-1` is the broker's default); connector
     `.properties` (`connector.class`): `producer.override.*`/`consumer.override.*` and
-    `errors.tolerance=all` without a dead-letter topic (KR050).
+    `errors.tolerance=all` without a dead-letter topic (KR050). The REST form of a
+    connector (`{"name": ..., "config": {...}}` JSON) is read the same way, and a
+    connector's own credentials (`database.password` ...) are judged by KR041. Strimzi
+    `KafkaConnect` (`spec.config`) and `KafkaMirrorMaker2` (the replication factors of the
+    mirrored, offset-syncs, checkpoints and heartbeats topics) too.
+  - docker-compose `environment:` as a mapping or as a `- NAME=value` list, with the Kafka
+    image's `KAFKA_*` and bitnami's `KAFKA_CFG_*` variables.
   - Python calls: dicts passed to confluent-kafka and kresilient clients (as before), and
     the keyword arguments of aiokafka's `AIOKafkaProducer`/`AIOKafkaConsumer` and
     kafka-python's `KafkaProducer`/`KafkaConsumer` (`acks=1`, `enable_idempotence=False`,
@@ -309,7 +315,21 @@ that, only the broker's JMX `MaxLag` shows it.
   below and skipped for Java configs; a finding about an unset key names the defaults it
   assumed, e.g. `(Spring Kafka / Java client defaults)`.
 - Kinds: producer, consumer, admin, client (role unknown), broker, topic; detected from the
-  keys or a section name (`producer:`, `topics:` ...), or forced with `--kind`.
+  keys or a section name (`producer:`, `topics:` ...), or forced with `--kind`. Keys that
+  brokers and Java clients share (`ssl.*`, `sasl.*`) do not make a file a broker config: a
+  client TLS file stays a client file. A Java-only key (`sasl.jaas.config`,
+  `ssl.truststore.location`) makes a file a Java client config.
+- Node roles: a KRaft controller-only node (`process.roles=controller`) gets no broker-side
+  findings (internal-topic replication, `transaction.state.log.min.isr`, `broker.rack`);
+  it keeps `default.replication.factor` and `min.insync.replicas`, which the controller
+  applies to topics created without them. ZooKeeper-mode keys are known on a ZooKeeper
+  broker and reported as ignored on a KRaft node.
+- Dev stacks: when a file says it is a single-broker or local dev stack (a one-voter KRaft
+  quorum, listeners on localhost only, a compose file or Strimzi cluster with one broker, a
+  Terraform provider on localhost, a topicctl local environment, or a comment such as
+  `single-broker` or `development testing`), its replication findings (KR042, KR043,
+  KR044, KR047) become one KR053 info line naming the evidence. Values alone never count
+  as evidence: `offsets.topic.replication.factor=1` by itself is the hazard KR042 reports.
 """
 
 
