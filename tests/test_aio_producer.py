@@ -53,6 +53,21 @@ async def test_await_produce_then_await_handle_gives_where_it_was_written(
     ]
 
 
+async def test_every_handle_is_done_when_flush_returns(
+    kafka_cluster: KafkaCluster, topic: str
+) -> None:
+    # Both the poll thread and flush() serve delivery reports; librdkafka counts a message
+    # until its callback returned, so a handle is done (no future needed to await it) once
+    # flush() has returned, whichever thread served its report.
+    async with AsyncResilientProducer(_conf(kafka_cluster)) as producer:
+        for attempt in range(3):
+            handles = [await producer.produce(topic, b"x" * 100) for _ in range(30_000)]
+            await producer.flush()
+            not_done = sum(not h.done() for h in handles)
+            assert not_done == 0, f"attempt {attempt}: {not_done} handles not done after flush"
+        assert (await handles[-1]).offset == 3 * 30_000 - 1
+
+
 async def test_a_failed_delivery_raises_from_await_handle_and_from_flush(
     kafka_cluster: KafkaCluster,
 ) -> None:
