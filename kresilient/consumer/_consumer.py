@@ -771,6 +771,9 @@ class ResilientConsumer:
         retry_map = self._retry_map
         dedupe = self._dedupe
         keys = self._failures.keys
+        # one test per message when no retry topic or dedupe window is configured (the
+        # default): three would cost ~10 ns a message, ~2% of the whole consumer's CPU
+        routed = keys is not None or bool(retry_map) or dedupe is not None
         state.batch = msgs
         state.nonsuccess = state.credited = 0
         state.batch_errors = False
@@ -789,19 +792,20 @@ class ResilientConsumer:
                         if state.interrupt:
                             break
                         continue
-                if keys is not None and keys.blocked:
-                    tier = keys.route(msg)
-                    if tier is not None:  # ordered: behind the earlier record of its key
-                        self._failures.follow(msg, tier)
+                if routed:
+                    if keys is not None and keys.blocked:
+                        tier = keys.route(msg)
+                        if tier is not None:  # ordered: behind the earlier record of its key
+                            self._failures.follow(msg, tier)
+                            state.nonsuccess += 1
+                            continue
+                    if retry_map and msg.topic() in retry_map and self._defer(msg):
                         state.nonsuccess += 1
                         continue
-                if retry_map and msg.topic() in retry_map and self._defer(msg):
-                    state.nonsuccess += 1
-                    continue
-                if dedupe is not None and dedupe.is_duplicate(self._original(msg)):
-                    self._skipped([msg])  # stored by _finish like a processed record
-                    state.nonsuccess += 1
-                    continue
+                    if dedupe is not None and dedupe.is_duplicate(self._original(msg)):
+                        self._skipped([msg])  # stored by _finish like a processed record
+                        state.nonsuccess += 1
+                        continue
                 try:
                     call(msg)
                 except _Handled as handled:
@@ -812,10 +816,11 @@ class ResilientConsumer:
                     on_failure(msg, exc)
                     state.nonsuccess += 1
                 else:
-                    if dedupe is not None:
-                        dedupe.processed(self._original(msg))
-                    if keys is not None and keys.blocked:
-                        keys.done(msg)
+                    if routed:
+                        if dedupe is not None:
+                            dedupe.processed(self._original(msg))
+                        if keys is not None and keys.blocked:
+                            keys.done(msg)
                 if state.interrupt:
                     break
             else:
