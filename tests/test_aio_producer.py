@@ -6,7 +6,9 @@ Chaos (leader SIGKILL, preferred election, 2 of 3 nodes down) is in test_aio_pro
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
+import weakref
 from typing import Any
 
 import pytest
@@ -66,6 +68,25 @@ async def test_every_handle_is_done_when_flush_returns(
             not_done = sum(not h.done() for h in handles)
             assert not_done == 0, f"attempt {attempt}: {not_done} handles not done after flush"
         assert (await handles[-1]).offset == 3 * 30_000 - 1
+
+
+async def test_a_delivered_handle_nobody_keeps_is_freed_without_the_garbage_collector(
+    kafka_cluster: KafkaCluster, topic: str
+) -> None:
+    # The async handle holds its sync handle, whose delivery callback is the async handle:
+    # a cycle until delivery. Afterwards plain reference counting must free it, or every
+    # message alive waits for a full collection (which scans all the others).
+    async with AsyncResilientProducer(_conf(kafka_cluster)) as producer:
+        handle = await producer.produce(topic, b"x")
+        await producer.flush()
+        assert (await handle).offset == 0
+        gone = weakref.ref(handle)
+        gc.disable()
+        try:
+            del handle
+            assert gone() is None, "the delivered handle is only freed by the garbage collector"
+        finally:
+            gc.enable()
 
 
 async def test_a_failed_delivery_raises_from_await_handle_and_from_flush(

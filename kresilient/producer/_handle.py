@@ -229,9 +229,14 @@ class _FullHandle(DeliveryHandle):
                 self._owner._delivered_traced(self, msg)
             except Exception as exc:
                 self._owner._callback_raised(exc)
-        if self._on_delivery is not None:
+        on_delivery = self._on_delivery
+        if on_delivery is not None:
+            # Called once per message: drop it, since the callback often refers back to this
+            # handle (an asyncio handle holds its sync handle), a cycle that only the garbage
+            # collector would free, after scanning every message still alive.
+            self._on_delivery = None
             try:
-                self._on_delivery(err, msg)
+                on_delivery(err, msg)
             except Exception as exc:  # a user callback must not break delivery accounting
                 self._owner._callback_raised(exc)
 
