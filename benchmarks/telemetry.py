@@ -27,6 +27,25 @@ a shared machine; the span exporter thread's CPU is not in it), and the cost eac
 
     .venv/bin/python benchmarks/telemetry.py [--messages 20000] [--rounds 9] [--json]
 
+Layout check (``--arms kresilient_sub,kresilient_old --old-tree PATH``): the no-broker arms
+``loop``, ``send/*`` and ``process/*`` (not ``raw-produce``, which does not touch kresilient)
+run in fresh child interpreters importing kresilient from this tree (``kresilient_sub``) and
+from ``--old-tree`` (``kresilient_old``, first on ``PYTHONPATH``; e.g. a checkout of 9c6e9f3,
+the flat layout), one child per tree and round, the two children of a round in shuffled order,
+every arm's order shuffled inside a child after a warm-up. Round 0 is a discarded warm-up that
+also sizes each arm: ``max(--messages, --min-sample-s / its CPU cost)`` messages, the same
+count for both trees. The children use only ``Telemetry(tracer_provider=, meter_provider=,
+propagator=, client_id=, consumer_group=, record_message_key=False)``, ``producer_send``,
+``producer_delivered`` and ``process_span`` (in both trees); ``record_message_key`` is set
+because its default differs (old ``True``, new ``False``), so both do the same work;
+``metric_partition_attribute`` (new only) stays at its default. Reports per arm the paired
+per-round ratio new/old of messages per second (= old cost / new cost), from this thread's
+CPU time and from wall time, median [IQR]; ``loop`` touches no kresilient code and is the
+noise control (its ratio should be 1)::
+
+    .venv/bin/python -P benchmarks/telemetry.py --arms kresilient_sub,kresilient_old \
+        --old-tree /work/old9c --rounds 7
+
 Scale (issue 23 defects 8 and 9; same script on the old tree with ``PYTHONPATH=<old tree>``):
 
 - ``--scale memory``: ``--clients`` short-lived ``Telemetry`` objects on one SDK meter provider,
@@ -62,6 +81,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
@@ -73,6 +93,9 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from kresilient.telemetry import Telemetry
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import median_iqr, run_child
 
 TOPIC = "bench"
 VALUE = b"x" * 100
@@ -87,7 +110,13 @@ class _DropExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def _sdk(ratio: float | None, *, traces: bool = True) -> tuple[Telemetry, Callable[[], None]]:
+SUBPROCESS_ARMS = ("kresilient_sub", "kresilient_old")
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _sdk(
+    ratio: float | None, *, traces: bool = True, **options: Any
+) -> tuple[Telemetry, Callable[[], None]]:
     tp = None
     if traces:
         sampler = None if ratio is None else ParentBased(TraceIdRatioBased(ratio))
@@ -96,7 +125,7 @@ def _sdk(ratio: float | None, *, traces: bool = True) -> tuple[Telemetry, Callab
     mp = MeterProvider(metric_readers=[InMemoryMetricReader()])
     tel = Telemetry(
         tracer_provider=tp, meter_provider=mp, propagator=W3C, client_id="bench",
-        consumer_group="bench-group",
+        consumer_group="bench-group", **options,
     )
 
     def close() -> None:
@@ -216,7 +245,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="--scale leadership: also run another tree's leadership.py, paired")
     ap.add_argument("--metric-partitions", action="store_true",
                     help="--scale memory: Telemetry(metric_partition_attribute=True)")
+    ap.add_argument("--arms", type=lambda s: s.split(","), default=[],
+                    help="kresilient_sub,kresilient_old: the layout check (child interpreters)")
+    ap.add_argument("--old-tree",
+                    help="the checkout the kresilient_old arm imports kresilient from")
+    ap.add_argument("--min-sample-s", type=float, default=0.5,
+                    help="layout check: the shortest timed run of one arm")
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        return child(argv[1:])
     args = ap.parse_args(argv)
+    unknown = set(args.arms) - set(SUBPROCESS_ARMS)
+    if unknown:
+        ap.error(f"unknown arm(s) {sorted(unknown)}; choose from {', '.join(SUBPROCESS_ARMS)}")
+    if "kresilient_old" in args.arms and not args.old_tree:
+        ap.error("the kresilient_old arm needs --old-tree")
+    if args.arms:
+        return layout(args)
     if args.broker:
         return broker_main(args)
     if args.scale == "memory":
@@ -284,6 +329,100 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['arm']:<22}{r['us_per_msg']:>9.3f}{r['added_us']:>9.3f}{r['iqr_us']:>9.3f}"
             f"{r['cpu_us_per_msg']:>9.3f}{r['cpu_added_us']:>9.3f}"
         )
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# --arms kresilient_sub,kresilient_old: this tree against an older one, paired per round
+# --------------------------------------------------------------------------------------------
+
+
+def _child_arms() -> tuple[dict[str, Callable[[int], tuple[float, float]]], list[Any]]:
+    """The per-message arms of a layout child, with options both trees accept."""
+    options = {"record_message_key": False}  # its default differs between the trees
+    closers: list[Callable[[], None]] = []
+    arms: dict[str, Callable[[int], tuple[float, float]]] = {"loop": _loop_arm()}
+    noop = Telemetry(propagator=W3C, client_id="bench", consumer_group="bench-group", **options)
+    assert not noop.enabled, "a global OpenTelemetry provider is set; the no-op arm needs none"
+    arms["send/noop"] = _send_arm(noop)
+    arms["process/noop"] = _process_arm(noop)
+    for label, ratio, traces in (
+        ("sdk-100%", None, True), ("sdk-1%", 0.01, True), ("metrics-only", None, False)
+    ):
+        tel, close = _sdk(ratio, traces=traces, **options)
+        closers.append(close)
+        arms[f"send/{label}"] = _send_arm(tel)
+        arms[f"process/{label}"] = _process_arm(tel)
+    return arms, closers
+
+
+def child(argv: list[str]) -> int:
+    """``--child COUNTS_JSON``: every arm once with its message count; prints JSON results."""
+    import kresilient
+
+    counts: dict[str, int] = json.loads(argv[0])
+    arms, closers = _child_arms()
+    for name, run in arms.items():  # warm-up: caches, instruments, the SDK's series
+        run(max(1000, counts[name] // 10))
+    order = list(arms)
+    random.shuffle(order)
+    results = {name: arms[name](counts[name]) for name in order}
+    for close in closers:
+        close()
+    print(json.dumps({"kresilient": kresilient.__file__, "results": results}))
+    return 0
+
+
+def layout(args: argparse.Namespace) -> int:
+    """This tree against ``--old-tree``: every arm's paired per-round ratio new/old."""
+    trees = {
+        name: _ROOT if name == "kresilient_sub" else Path(args.old_tree) for name in args.arms
+    }
+    names = list(_child_arms()[0])
+    counts = {name: args.messages for name in names}
+    per: dict[str, list[dict[str, tuple[float, float]]]] = {t: [] for t in trees}
+    load = [os.getloadavg()[0]]
+    for rnd in range(-1, args.rounds):  # round -1: warm-up, also sizes the arms
+        order = list(trees)
+        random.shuffle(order)
+        got: dict[str, dict[str, tuple[float, float]]] = {}
+        for tree in order:
+            got[tree] = run_child(__file__, trees[tree], [json.dumps(counts)])["results"]
+        print(f"round {rnd}: " + "; ".join(
+            f"{t} " + " ".join(f"{a}={got[t][a][1]:.3f}" for a in names) for t in order
+        ) + f" (cpu us/msg, load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+        if rnd < 0:
+            for a in names:  # from CPU time: wall time under load would undersize them
+                cost_us = min(got[t][a][1] for t in got)
+                counts[a] = max(args.messages, int(args.min_sample_s * 1e6 / cost_us))
+            continue
+        for t in trees:
+            per[t].append(got[t])
+    load.append(os.getloadavg()[0])
+    contended = " CONTENDED" if max(load) > (os.cpu_count() or 1) else ""
+    print(f"## Telemetry per-message cost, layout check ({args.rounds} rounds, 1-min load "
+          f"{load[0]:.1f} -> {load[1]:.1f} on {os.cpu_count()} cores{contended})\n")
+    print(f"old tree: {args.old_tree}; messages per arm: "
+          + ", ".join(f"{a} {counts[a]:,}" for a in names) + "\n")
+    cols = " | ".join(f"{t} CPU µs/msg" for t in trees)
+    both = set(SUBPROCESS_ARMS) <= set(trees)
+    head = f"| arm | {cols} |"
+    if both:
+        head += " new/old rate, CPU median [IQR] | new/old rate, wall median [IQR] |"
+    print(head)
+    print("|---" * (head.count("|") - 1) + "|")
+    for a in names:
+        row = f"| {a} | " + " | ".join(
+            f"{statistics.median(r[a][1] for r in per[t]):.3f}" for t in trees
+        ) + " |"
+        if both:
+            for k in (1, 0):  # rate ratio new/old = old cost / new cost, paired per round
+                m, q1, q3 = median_iqr([
+                    o[a][k] / n[a][k]
+                    for n, o in zip(per["kresilient_sub"], per["kresilient_old"], strict=True)
+                ])
+                row += f" {m:.3f} [{q1:.3f}-{q3:.3f}] |"
+        print(row)
     return 0
 
 
