@@ -31,7 +31,9 @@ partitions, ~7 µs/msg) that hide the client's own cost. 10 ms makes the wall ra
 the consumer (~0.65 µs/msg); CPU per message is unaffected either way.
 
 Each sample is timed from the arm's first handled message to its last (group join excluded);
-CPU is the whole process (librdkafka's threads included). Rounds are interleaved with the arm
+CPU is the whole process (librdkafka's threads included); the consuming thread's own CPU
+time is recorded too (the layout check reports its ratio: on a loaded machine it is the
+steadiest figure of the Python-side cost). Rounds are interleaved with the arm
 order shuffled (benchmarks/_common.py); the headline is the paired per-round ratio
 kresilient/raw, median and IQR. Figures taken while the load average exceeds the core count
 are labelled CONTENDED.
@@ -103,8 +105,9 @@ def _produce(bootstrap: str, topic: str, n: int) -> None:
 
 def run_raw(
     bootstrap: str, topic: str, n: int, extra: dict[str, Any] | None = None
-) -> tuple[float, float]:
-    """The hand-written at-least-once loop; returns (wall_s, cpu_s) first to last message."""
+) -> tuple[float, float, float]:
+    """The hand-written at-least-once loop; returns (wall_s, cpu_s, main_cpu_s) first to last
+    message (``main_cpu_s``: this thread's CPU time only)."""
     consumer = Consumer(
         {
             **(extra or {}),
@@ -117,7 +120,7 @@ def run_raw(
     )
     consumer.subscribe([topic])
     count = 0
-    first = cpu0 = 0.0
+    first = cpu0 = main0 = 0.0
 
     def handler(_msg: Any) -> None:
         nonlocal count
@@ -130,33 +133,38 @@ def run_raw(
             if not msgs:
                 continue
             if not first:
-                first, cpu0 = time.perf_counter(), time.process_time()
+                first, cpu0, main0 = time.perf_counter(), time.process_time(), time.thread_time()
             for msg in msgs:
                 if msg.error() is None:
                     handler(msg)
             last = {(m.topic(), m.partition()): m for m in msgs if m.error() is None}
             for m in last.values():
                 store(message=m)
-        return time.perf_counter() - first, time.process_time() - cpu0
+        return (
+            time.perf_counter() - first,
+            time.process_time() - cpu0,
+            time.thread_time() - main0,
+        )
     finally:
         consumer.close()
 
 
 def run_kresilient(
     bootstrap: str, topic: str, n: int, extra: dict[str, Any] | None = None
-) -> tuple[float, float]:
-    """ResilientConsumer with its defaults; returns (wall_s, cpu_s) first to last message."""
+) -> tuple[float, float, float]:
+    """ResilientConsumer with its defaults; returns (wall_s, cpu_s, main_cpu_s) first to last
+    message."""
     count = 0
-    first = last = cpu0 = cpu1 = 0.0
+    first = last = cpu0 = cpu1 = main0 = main1 = 0.0
     consumer: ResilientConsumer
 
     def handler(_msg: Any) -> None:
-        nonlocal count, first, last, cpu0, cpu1
+        nonlocal count, first, last, cpu0, cpu1, main0, main1
         count += 1
         if count == 1:
-            first, cpu0 = time.perf_counter(), time.process_time()
+            first, cpu0, main0 = time.perf_counter(), time.process_time(), time.thread_time()
         elif count == n:
-            last, cpu1 = time.perf_counter(), time.process_time()
+            last, cpu1, main1 = time.perf_counter(), time.process_time(), time.thread_time()
             consumer.stop()
 
     consumer = ResilientConsumer(
@@ -171,7 +179,8 @@ def run_kresilient(
     )
     consumer.run()
     # timed from the first message: n - 1 intervals, scaled to n like the raw arm
-    return (last - first) * n / (n - 1), (cpu1 - cpu0) * n / (n - 1)
+    scale = n / (n - 1)
+    return (last - first) * scale, (cpu1 - cpu0) * scale, (main1 - main0) * scale
 
 
 def child(argv: list[str]) -> None:
@@ -182,8 +191,9 @@ def child(argv: list[str]) -> None:
     _quiet_structlog()
     bootstrap, topic, n = argv[0], argv[1], int(argv[2])
     extra = json.loads(argv[3]) if len(argv) > 3 else {}
-    wall, cpu = run_kresilient(bootstrap, topic, n, extra)
-    print(json.dumps({"wall_s": wall, "cpu_s": cpu, "kresilient": kresilient.__file__}))
+    wall, cpu, main_cpu = run_kresilient(bootstrap, topic, n, extra)
+    out = {"wall_s": wall, "cpu_s": cpu, "main_cpu_s": main_cpu, "kresilient": kresilient.__file__}
+    print(json.dumps(out))
 
 
 def _quiet_structlog() -> None:
@@ -318,11 +328,18 @@ def main() -> None:
                     r = run_child(
                         __file__, tree, [bootstrap, topic, str(args.messages), json.dumps(extra)]
                     )
-                    wall, cpu = r["wall_s"], r["cpu_s"]
+                    wall, cpu, main_cpu = r["wall_s"], r["cpu_s"], r["main_cpu_s"]
                 else:
                     run = run_raw if name == "raw" else run_kresilient
-                    wall, cpu = run(bootstrap, topic, args.messages, extra)
-                return Sample(arm=name, round=rnd, messages=args.messages, wall_s=wall, cpu_s=cpu)
+                    wall, cpu, main_cpu = run(bootstrap, topic, args.messages, extra)
+                return Sample(
+                    arm=name,
+                    round=rnd,
+                    messages=args.messages,
+                    wall_s=wall,
+                    cpu_s=cpu,
+                    extra={"main_cpu_s": main_cpu},
+                )
 
             return sample
 
@@ -330,6 +347,7 @@ def main() -> None:
             tag = "warm-up" if s.round < 0 else f"round {s.round + 1}"
             print(
                 f"{tag}: {s.arm} {s.rate:,.0f} msg/s, {s.cpu_us_per_msg:.2f} CPU µs/msg "
+                f"({s.extra['main_cpu_s'] / s.messages * 1e6:.3f} in the consuming thread) "
                 f"(load {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
@@ -368,27 +386,37 @@ def main() -> None:
         )
     if set(SUBPROCESS_ARMS) <= set(args.arms):
         ratio, q1, q3 = median_iqr(paired_ratios(samples, "kresilient_sub", "kresilient_old"))
-        cpu_ratios = _paired_cpu_ratios(samples, "kresilient_old", "kresilient_sub")
-        c, c1, c3 = median_iqr(cpu_ratios)
+        c, c1, c3 = median_iqr(_paired_cpu_ratios(samples, "kresilient_old", "kresilient_sub"))
+        t, t1, t3 = median_iqr(
+            _paired_cpu_ratios(samples, "kresilient_old", "kresilient_sub", key="main_cpu_s")
+        )
         verdict = "no regression" if ratio >= 0.98 else "REGRESSION"
         print(
             f"\nlayout check, paired per round: throughput kresilient_sub/kresilient_old "
             f"{ratio:.3f} [IQR {q1:.3f}-{q3:.3f}] ({verdict} at >= 0.98); CPU per message "
-            f"old/new {c:.3f} [IQR {c1:.3f}-{c3:.3f}]; old tree {args.old_tree}"
+            f"old/new {c:.3f} [IQR {c1:.3f}-{c3:.3f}], of the consuming thread alone "
+            f"{t:.3f} [IQR {t1:.3f}-{t3:.3f}]; old tree {args.old_tree}"
         )
     if args.json:
         print(json.dumps([s.__dict__ | {"extra": dict(s.extra)} for s in samples]))
 
 
-def _paired_cpu_ratios(samples: list[Sample], num: str, den: str) -> list[float]:
-    """CPU µs per message of *num* / *den*, for every round where both ran (> 1: den cheaper)."""
+def _paired_cpu_ratios(
+    samples: list[Sample], num: str, den: str, key: str = "cpu_s"
+) -> list[float]:
+    """CPU time of *num* / *den* (process, or ``extra[key]``), for every round where both ran
+    (> 1: den cheaper)."""
     by_round: dict[int, dict[str, Sample]] = {}
     for s in samples:
         by_round.setdefault(s.round, {})[s.arm] = s
+
+    def cpu(s: Sample) -> float:
+        return s.cpu_s if key == "cpu_s" else float(s.extra[key])
+
     return [
-        r[num].cpu_us_per_msg / r[den].cpu_us_per_msg
+        cpu(r[num]) / cpu(r[den])
         for _, r in sorted(by_round.items())
-        if num in r and den in r and r[den].cpu_s > 0
+        if num in r and den in r and cpu(r[den]) > 0
     ]
 
 
