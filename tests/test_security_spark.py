@@ -1,0 +1,117 @@
+"""The ``kresilient`` Spark sink over SASL_SSL as a non-super user (issue 19, acceptance 1).
+
+A batch ``df.write.format("kresilient")`` in local mode against a secured 3-node cluster
+(SCRAM-SHA-512, ACLs enforced), as a user holding only ``WRITE`` and ``DESCRIBE`` on the
+topic: the minimum the sink's idempotent producer needs (docs/security.md). Negative control:
+the same job before the grant writes nothing and fails.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from confluent_kafka import Consumer, TopicPartition
+
+from kresilient.testing import KafkaCluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+_ROWS = 500
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[KafkaCluster]:
+    c = KafkaCluster(security="sasl_ssl")
+    try:
+        c.start_cluster()
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module", name="spark")
+def _spark() -> Iterator[Any]:
+    # the session of tests/test_spark_integration.py (local mode, the connector's jars)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from kresilient.spark import register
+    from kresilient.spark.connector import connector_jars
+
+    spark = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("kresilient-spark-security-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.jars", ",".join(connector_jars()))
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    yield spark
+    spark.stop()
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _read_all(cluster: KafkaCluster, topic: str, expected: int, timeout: float) -> list[bytes]:
+    """Every value of ``topic`` (2 partitions) read as the super user, until ``expected``
+    values or the deadline."""
+    consumer = Consumer(
+        {**cluster.client_config(), "group.id": _name("reader"), "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, p, 0) for p in (0, 1)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(values) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                values.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    return values
+
+
+def test_spark_sink_round_trip_over_sasl_ssl_with_write_and_describe_only(
+    cluster: KafkaCluster, spark: Any
+) -> None:
+    from pyspark.sql import functions as F
+
+    user, topic = _name("spark"), _name("t")
+    password = cluster.create_user(user)
+    cluster.create_topic(topic, 2, 3, {"min.insync.replicas": 2})
+    df = spark.range(_ROWS, numPartitions=2).select(
+        F.col("id").cast("string").cast("binary").alias("key"),
+        F.concat(F.lit("row-"), F.col("id").cast("string")).cast("binary").alias("value"),
+    )
+    writer = df.write.format("kresilient").option("topic", topic).mode("append")
+    for key, value in cluster.client_config(user).items():
+        writer = writer.option(f"kafka.{key}", value)
+    writer = writer.option("kafka.message.timeout.ms", "30000")
+
+    # negative control: the same job without the ACLs fails and writes nothing
+    with pytest.raises(Exception) as denied:  # Spark wraps the task's error
+        writer.save()
+    text = str(denied.value)
+    assert "TOPIC_AUTHORIZATION_FAILED" in text, text[-2000:]
+    assert password not in text
+    assert _read_all(cluster, topic, 1, timeout=3) == []
+
+    cluster.grant(user, topic=topic, operations=("WRITE", "DESCRIBE"))
+    writer.save()
+    values = _read_all(cluster, topic, _ROWS, timeout=60)
+    assert sorted(values) == sorted(b"row-%d" % i for i in range(_ROWS))
