@@ -12,7 +12,9 @@ so a service needs its topics, and its dead-letter topic, created first::
 It gives up within ``timeout`` seconds. When no broker answers it raises
 :class:`~kresilient.errors.KafkaClientError` with one line naming each host and the reason
 (connection refused, name not resolved, timed out, TLS or authentication failure) instead
-of letting librdkafka print a line per reconnect.
+of letting librdkafka print a line per reconnect. When the brokers refuse the credentials or
+the certificate (wrong password, wrong CA) it raises at the first refusal, classified AUTH
+(``_AUTHENTICATION``/``_SSL``), naming librdkafka's reason and the setting to check.
 
 Safe defaults: ``min.insync.replicas`` is ``min(2, replication_factor)`` unless given, so
 ``acks=all`` means "on two replicas" on a 3-node cluster. The dead-letter topic (``NAME.dlq``,
@@ -27,8 +29,9 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
+import structlog
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
@@ -38,7 +41,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from kresilient.errors import ConfigError, KafkaClientError
-from kresilient.producer import connect_failure
+from kresilient.producer import Reachability, client_certificate, connect_failure
+from kresilient.redaction import Redactor
 
 __all__ = [
     "DEAD_LETTER_HEADER_ALLOWANCE",
@@ -63,6 +67,9 @@ DEAD_LETTER_HEADER_ALLOWANCE: Final = 64 * 1024
 dead letter carries on top of the original record."""
 
 _BROKER_DEFAULT_MAX_BYTES: Final = 1048588  # Kafka's message.max.bytes default
+#: Metadata is asked for in slices this long, error_cb served in between: a refused login
+#: is named within a slice instead of at the caller's timeout.
+_METADATA_SLICE: Final = 1.0
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 # The reason words of kresilient.producer.connect_failure, said for a person at a terminal.
@@ -167,6 +174,11 @@ class _Admin:
         self.servers = bootstrap_servers
         self.errors: list[str] = []
         conf: dict[str, Any] = dict(client_config or {})
+        self._scrub = Redactor.for_config(conf)
+        # keeps the refusal of the credentials or certificate, named in the error raised
+        self.reach = Reachability(
+            structlog.get_logger("kresilient.admin"), certificate=client_certificate(conf)
+        )
         conf.update(
             {
                 "bootstrap.servers": bootstrap_servers,
@@ -181,20 +193,47 @@ class _Admin:
     def _on_error(self, err: KafkaError) -> None:
         if len(self.errors) < 1000:
             self.errors.append(err.str())
+        self.reach.refusal(self._scrub(err.str()), err.code())
 
     def metadata(self, deadline: float, topic: str | None = None) -> Any:
-        try:
-            return self.client.list_topics(topic=topic, timeout=max(0.1, _left(deadline)))
-        except KafkaException as exc:
-            self.client.poll(0)  # serves error_cb: the per-host reasons
-            err: KafkaError = exc.args[0]
-            if err.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT):
-                raise KafkaClientError(
-                    describe_unreachable(self.servers, self.errors),
-                    code=err.code(),
-                    name=err.name(),
-                ) from None
-            raise KafkaClientError(err.str(), code=err.code(), name=err.name()) from None
+        while True:
+            try:
+                md = self.client.list_topics(
+                    topic=topic, timeout=max(0.1, min(_METADATA_SLICE, _left(deadline)))
+                )
+            except KafkaException as exc:
+                self.client.poll(0)  # serves error_cb: the per-host reasons, a refusal
+                self._raise_refused()
+                err: KafkaError = exc.args[0]
+                if _left(deadline) > 0 and err.code() in _WAIT_CODES:
+                    continue
+                self._raise_unreachable(err)
+            self.reach.connected()
+            return md
+
+    def _raise_refused(self) -> None:
+        """A broker refused the credentials or certificate, and none accepted them: AUTH."""
+        failure = self.reach.final_refusal()
+        if failure is None:
+            return
+        raise KafkaClientError(
+            f"the brokers at {self.servers} refused this client's credentials or certificate",
+            code=failure.code,
+            classification=failure.classification(),
+        )
+
+    def _raise_unreachable(self, err: KafkaError) -> NoReturn:
+        if err.code() in _WAIT_CODES:
+            raise KafkaClientError(
+                describe_unreachable(self.servers, self.errors),
+                code=err.code(),
+                name=err.name(),
+            ) from None
+        raise KafkaClientError(err.str(), code=err.code(), name=err.name()) from None
+
+
+#: list_topics errors that mean "no answer (yet)": waited out until the deadline.
+_WAIT_CODES: Final = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT})
 
 
 def _left(deadline: float) -> float:

@@ -27,6 +27,7 @@ import contextlib
 import functools
 import inspect
 import itertools
+import json
 import signal
 import threading
 import time
@@ -52,13 +53,14 @@ from kresilient.errors import (
     CircuitBreakerOpenError,
     Classification,
     ConfigError,
+    ConsumeError,
     DeadLetterError,
     ProduceError,
     classify,
     translate,
 )
 from kresilient.leadership import LeadershipMonitor
-from kresilient.producer import ResilientProducer
+from kresilient.producer import Reachability, ResilientProducer, client_certificate
 from kresilient.redaction import Redactor
 from kresilient.telemetry import Telemetry
 
@@ -71,6 +73,13 @@ _Id = tuple[str, bytes]
 
 #: Seconds the start-up metadata request (dead-letter topics exist?) may take.
 _METADATA_TIMEOUT_S: Final = 30.0
+#: The start-up metadata request is made in slices this long, librdkafka's callbacks served
+#: in between: a refused login is named within a slice, not at _METADATA_TIMEOUT_S.
+_METADATA_SLICE_S: Final = 1.0
+#: error_cb codes that say the cluster refused the credentials or the certificate, and
+#: connection failures (whose text may be a refused TLS handshake).
+_REFUSAL_CODES: Final = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
+_CONNECT_CODES: Final = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE})
 #: At most this long the poll loop waits for handlers to work through a batch.
 _DRAIN_WAIT_S: Final = 0.05
 #: Records consumed per step (one worker-thread round trip).
@@ -275,6 +284,8 @@ class AsyncResilientConsumer:
             metadata_max_age_ms=int(max_age) if max_age is not None else None, logger=self._log
         )
         self._monitor.add_listener(self._tel.leadership_listener())
+        # a refused login (wrong password, CA) ends run() naming it, as in ResilientConsumer
+        self._reach = Reachability(self._log, certificate=client_certificate(cfg))
         self._rebalances = {"assigned": 0, "revoked": 0, "lost": 0}
         self.commit_failures = 0
         self._last_commit_error: str | None = None
@@ -472,10 +483,19 @@ class AsyncResilientConsumer:
         wanted = sorted({policy.topic_for(t) for t in self._topics if not t.startswith("^")})
         if not wanted:
             return
-        try:
-            metadata = consumer.list_topics(timeout=_METADATA_TIMEOUT_S)
-        except KafkaException as exc:
-            raise translate(exc, operation="consume", redactor=self._scrub) from None
+        deadline = time.monotonic() + _METADATA_TIMEOUT_S
+        while True:
+            try:
+                metadata = consumer.list_topics(timeout=_METADATA_SLICE_S)
+                break
+            except KafkaException as exc:
+                consumer.poll(0)  # error_cb: a refused login ends the wait (not subscribed yet)
+                if self._error is not None:
+                    raise self._error from None
+                if time.monotonic() < deadline and classify(exc).retriable:
+                    continue
+                raise translate(exc, operation="consume", redactor=self._scrub) from None
+        self._reach.connected()
         missing = [
             t for t in wanted if t not in metadata.topics or metadata.topics[t].error is not None
         ]
@@ -537,15 +557,45 @@ class AsyncResilientConsumer:
 
     def _on_error(self, err: KafkaError) -> None:
         self._monitor.on_error(err)
+        text = self._scrub(err.str())
         if err.fatal():
             self._error = translate(KafkaException(err), operation="consume", redactor=self._scrub)
-        self._log.warning("kafka_client_error", error=err.name(), reason=self._scrub(err.str()))
+        else:
+            code = err.code()
+            if code in _REFUSAL_CODES or code in _CONNECT_CODES:
+                self._reach.refusal(text, code)
+            self._refused()
+        self._log.warning("kafka_client_error", error=err.name(), reason=text)
         user = self._user_cb["error_cb"]
         if user is not None:
             user(err)
 
+    def _refused(self) -> None:
+        """A broker refused this consumer's credentials or certificate and none ever
+        accepted them: run() ends with a ConsumeError naming the cause (AUTH, not retried)
+        instead of polling in vain. A consumer that worked before keeps reconnecting."""
+        failure = self._reach.final_refusal()
+        if failure is None or self._error is not None or self._stop:
+            return
+        self._log.error(
+            "kafka_authentication_failed",
+            cause=failure.cause,
+            detail=failure.detail,
+            remedy=failure.remedy,
+        )
+        self._error = ConsumeError(
+            "no broker accepted this consumer's credentials or certificate",
+            code=failure.code,
+            classification=failure.classification(),
+        )
+
     def _on_stats(self, stats: str) -> None:
         self._monitor.on_stats(stats)  # leadership state for health() and telemetry
+        try:
+            brokers = (json.loads(stats).get("brokers") or {}).values()
+            self._reach.up(sum(1 for b in brokers if b.get("state") == "UP"))
+        except (ValueError, AttributeError, TypeError):  # odd shapes: ignored here too
+            pass
         user = self._user_cb["stats_cb"]
         if user is not None:
             user(stats)
@@ -567,6 +617,7 @@ class AsyncResilientConsumer:
 
     def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Worker thread, inside consume(): only dict stores (the loop is awaiting this step).
+        self._reach.connected()  # the group coordinator answered: the login works
         for p in partitions:
             part = self._parts[(p.topic, p.partition)] = _Partition((p.topic, p.partition))
             # librdkafka may keep a pause from a previous assignment of this partition:

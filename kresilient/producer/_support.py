@@ -376,6 +376,9 @@ class Reachability:
         self.ever_connected = False
         #: The last refusal of the credentials or certificate since no connection was up.
         self.refused: AuthFailure | None = None
+        #: librdkafka said every broker it knows is down (``_ALL_BROKERS_DOWN``) since the
+        #: last connection was up: no connection works right now.
+        self.all_brokers_down = False
 
     def refusal(self, text: str, code: int | None = None) -> AuthFailure | None:
         """Record ``text`` (redacted) if it says the cluster refused this client; return it."""
@@ -392,6 +395,29 @@ class Reachability:
                 )
         self.refused = found
         return found
+
+    def final_refusal(self, *, all_down: bool = False) -> AuthFailure | None:
+        """The refusal to stop on, if this client never got a connection; else ``None``.
+
+        librdkafka keeps reconnecting after a refused SASL login or TLS handshake, so the
+        client would wait in vain until its timeout, saying only "timed out". Like the Java
+        client, a refusal is then final: the first one a broker gives while no connection
+        ever worked ends the operation, naming the cause. Not final:
+
+        * a client that was connected before (a password rotated under it): it keeps
+          reconnecting, the refusal is logged and named when its timeouts come;
+        * a refusal without a broker (``host`` None: a local failure such as an OAUTHBEARER
+          token not acquired while the identity provider is down), which librdkafka retries;
+        * with ``all_down``: until librdkafka also said every broker it knows is down (the
+          producer fails messages on it, so one refusing broker among working ones, before
+          the first statistics say they work, never fails a message).
+        """
+        failure = self.refused
+        if failure is None or failure.host is None or self.ever_connected:
+            return None
+        if all_down and not self.all_brokers_down:
+            return None
+        return failure
 
     def failed(self, text: str) -> bool:
         """Record one connection failure line; False if ``text`` is not one."""
@@ -430,6 +456,7 @@ class Reachability:
 
     def all_down(self, detail: str) -> None:
         """Every broker is down: one warning naming each host and the reason, rate-limited."""
+        self.all_brokers_down = True
         allowed, suppressed = self._limiter.check("*")
         if not allowed:
             return
@@ -459,6 +486,7 @@ class Reachability:
         before is no longer the reason for anything."""
         self.ever_connected = True
         self.refused = None
+        self.all_brokers_down = False
         with self._lock:
             self._hosts.clear()
         self._limiter.reset("*")
