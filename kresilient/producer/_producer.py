@@ -77,6 +77,7 @@ from kresilient.producer._handle import (
 from kresilient.producer._health import BrokerStats, ProducerHealth, broker_stats
 from kresilient.producer._spool import FlushResult, Spool, SpoolDriver
 from kresilient.producer._support import (
+    AuthFailure,
     LogBridge,
     Reachability,
     category_counts,
@@ -113,6 +114,7 @@ _CONNECT_CODES: Final = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE})
 _REFUSAL_CODES: Final = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
 #: Delivery-report codes a refused login turns into (the message waited, then expired).
 _TIMEOUT_CODES: Final = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT_QUEUE})
+_PURGE_QUEUE: Final = KafkaError._PURGE_QUEUE
 
 
 _new_handle = object.__new__
@@ -325,6 +327,8 @@ class ResilientProducer:
         self._reach = Reachability(
             self._log, interval=_UNREACHABLE_LOG_INTERVAL, certificate=client_certificate(cfg)
         )
+        # the refusal the queued messages were failed for (_fail_refused), naming their cause
+        self._auth_purge: AuthFailure | None = None
         self._log_bridge = LogBridge(
             self._log,
             self._monitor.on_log,
@@ -730,7 +734,18 @@ class ResilientProducer:
                 ),
             )
         refused = self._reach.refused
-        if refused is not None and err.code() in _TIMEOUT_CODES:
+        purged_for = self._auth_purge
+        if err.code() == _PURGE_QUEUE and purged_for is not None and not self._reach.ever_connected:
+            # failed by _fail_refused (or purged at close meanwhile): never sent, and the
+            # refusal, not the purge, is what to fix
+            classification = (refused or purged_for).classification(
+                possibly_persisted=False,
+                note=(
+                    "The message was failed at once, not retried until message.timeout.ms: "
+                    "no broker ever accepted this producer, so it was never sent and not written"
+                ),
+            )
+        elif refused is not None and err.code() in _TIMEOUT_CODES:
             # No broker accepted this client's credentials or certificate: that, not the
             # timeout, is what to fix (librdkafka says so only in error_cb and its log).
             classification = refused.classification(
@@ -804,9 +819,12 @@ class ResilientProducer:
 
     def _on_error(self, err: KafkaError) -> None:
         try:
-            self._last_error = (err.name(), time.time())
-            self._monitor.on_error(err)
             code = err.code()
+            if code != KafkaError._ALL_BROKERS_DOWN or self._reach.refused is None:
+                # "all brokers down" after a refused login is its consequence: health()
+                # keeps naming the cause (_AUTHENTICATION/_SSL)
+                self._last_error = (err.name(), time.time())
+            self._monitor.on_error(err)
             text = self._scrub(err.str())
             if code in _REFUSAL_CODES:  # kept to name the cause of the timeouts that follow
                 self._reach.refusal(text, code)
@@ -861,6 +879,8 @@ class ResilientProducer:
             served = 0
             self._settle(exc, generation)
         else:
+            if self._reach.refused is not None:
+                self._fail_refused()  # their reports are served by the next poll or flush
             if self._reported or self._pending_fatal is not None:
                 self._settle(None, generation)
         dlq = self._dlq
@@ -982,14 +1002,57 @@ class ResilientProducer:
         handlers only between C calls, so one long flush would hold off SIGTERM/Ctrl-C until
         message.timeout.ms (two minutes by default)."""
         producer = self._producer
+        purged = False
         while True:
             if deadline is None:
                 left = _FLUSH_SLICE
             else:
                 left = min(_FLUSH_SLICE, max(0.0, deadline - time.monotonic()))
             remaining: int = producer.flush(left)
+            if remaining and not purged and self._reach.refused is not None:
+                purged = self._fail_refused()
+                if purged:
+                    continue  # the next slice serves the purged messages' reports
             if not remaining or (deadline is not None and time.monotonic() >= deadline):
                 return remaining
+
+    def _fail_refused(self) -> bool:
+        """Fail the queued messages at once when the cluster refused this producer's login.
+
+        librdkafka keeps reconnecting after a refused SASL login or TLS handshake, so the
+        messages would wait ``message.timeout.ms`` (minutes) for a connection that a wrong
+        password or CA never gets. When no broker ever accepted this producer and librdkafka
+        says every broker it knows is down (:meth:`Reachability.final_refusal`), the messages
+        still in its queue are purged: each gets a ``_PURGE_QUEUE`` report, classified as the
+        refusal (AUTH, not possibly persisted: nothing was ever sent) and listed by
+        ``flush()``. Messages in flight are never purged here (they reached a broker). A
+        producer that was connected before (a password rotated under it) keeps retrying
+        until ``message.timeout.ms``, its failures naming the refusal; a spooled producer
+        keeps its messages stored. Returns True if messages were purged.
+        """
+        producer = self._producer
+        if self._spooler is not None or producer is None or not len(producer):
+            return False
+        failure = self._reach.final_refusal(all_down=True)
+        if failure is None:
+            return False
+        self._auth_purge = failure
+        try:
+            producer.purge(in_queue=True, in_flight=False, blocking=False)
+        except KafkaException:  # closed or failed meanwhile: the timeout still reports them
+            return False
+        allowed, suppressed = self._limiter.check("auth_purge")
+        if allowed:
+            self._log.error(
+                "kafka_authentication_failed",
+                cause=failure.cause,
+                detail=failure.detail,
+                remedy=failure.remedy,
+                messages=len(producer),
+                suppressed=suppressed,
+                note="queued messages failed at once (never sent); see flush()",
+            )
+        return True
 
     def _flush_dead_letters(self, deadline: float | None) -> list[DeliveryFailure]:
         dlq = self._dlq
