@@ -93,7 +93,7 @@ async def _consume(config: dict[str, str], topic: str, deadline: float) -> list[
 
 @pytest.mark.parametrize("fault", _FAULTS)
 def test_aio_consumer_refused_login_raises_auth_naming_the_setting(
-    cluster: KafkaCluster, tmp_path: Path, fault: str
+    cluster: KafkaCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str], fault: str
 ) -> None:
     user, topic, group = _name("u"), _topic(cluster), _name("g")
     cluster.create_user(user)
@@ -121,6 +121,11 @@ def test_aio_consumer_refused_login_raises_auth_naming_the_setting(
     assert _SETTING[fault] in exc.value.remedy
     if fault == "wrong_password":
         assert bad["sasl.password"] not in str(exc.value)
+    # librdkafka's lines went through the consumer's (redacting) structlog logger, never raw
+    # to stderr; the refusal is logged once as an error naming the cause
+    out = capfd.readouterr()
+    assert "|FAIL|" not in out.err, out.err[-2000:]
+    assert "kafka_authentication_failed" in out.out and _CAUSE[fault] in out.out
 
 
 # --------------------------------------------------------------------------- admin and CLI

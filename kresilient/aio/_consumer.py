@@ -60,7 +60,7 @@ from kresilient.errors import (
     translate,
 )
 from kresilient.leadership import LeadershipMonitor
-from kresilient.producer import Reachability, ResilientProducer, client_certificate
+from kresilient.producer import LogBridge, Reachability, ResilientProducer, client_certificate
 from kresilient.redaction import Redactor
 from kresilient.telemetry import Telemetry
 
@@ -277,7 +277,7 @@ class AsyncResilientConsumer:
         )
         # the user's own librdkafka callbacks run after kresilient's
         self._user_cb: dict[str, Callable[..., Any] | None] = {
-            name: cfg.pop(name, None) for name in ("error_cb", "stats_cb", "on_commit")
+            name: cfg.pop(name, None) for name in ("error_cb", "stats_cb", "on_commit", "logger")
         }
         max_age = cfg.get("metadata.max.age.ms")
         self._monitor = LeadershipMonitor(
@@ -460,6 +460,15 @@ class AsyncResilientConsumer:
         conf["error_cb"] = self._on_error
         conf["stats_cb"] = self._on_stats
         conf["on_commit"] = self._on_commit
+        # librdkafka's log lines through structlog, redacted, connection failures summarised
+        # (never raw "%3|...|FAIL|" lines on stderr); the application's logger gets them too
+        conf["logger"] = LogBridge(
+            self._log,
+            self._monitor.on_log,
+            self._scrub,
+            user_logger=self._user_cb["logger"],
+            reachability=self._reach,
+        )
         try:
             self._consumer = Consumer(conf)
         except KafkaException as exc:
