@@ -115,3 +115,45 @@ def test_spark_sink_round_trip_over_sasl_ssl_with_write_and_describe_only(
     writer.save()
     values = _read_all(cluster, topic, _ROWS, timeout=60)
     assert sorted(values) == sorted(b"row-%d" % i for i in range(_ROWS))
+
+
+@pytest.mark.parametrize("fault", ["wrong_password", "wrong_ca"])
+def test_spark_sink_refused_login_fails_the_job_as_auth_naming_the_setting(
+    cluster: KafkaCluster, spark: Any, tmp_path: Any, fault: str
+) -> None:
+    # message.timeout.ms of ten minutes: the job fails on the refusal itself, naming it (the
+    # "refused this producer" error exists only on that path; at the timeout the rows would
+    # fail as _MSG_TIMED_OUT with the client errors appended). Spark retries the task 3 times.
+    from pyspark.sql import functions as F
+
+    from kresilient.testing import CertificateAuthority
+
+    user, topic = _name("spark"), _name("t")
+    password = cluster.create_user(user)
+    cluster.create_topic(topic, 2, 3, {"min.insync.replicas": 2})
+    cluster.grant(user, topic=topic, operations=("WRITE", "DESCRIBE"))
+    config = dict(cluster.client_config(user))
+    wrong = "Wr0ng-pass-" + uuid.uuid4().hex
+    if fault == "wrong_password":
+        config["sasl.password"] = wrong
+    else:
+        config["ssl.ca.location"] = str(CertificateAuthority(tmp_path / "other").ca_path)
+    df = spark.range(50, numPartitions=2).select(
+        F.col("id").cast("string").cast("binary").alias("value")
+    )
+    writer = df.write.format("kresilient").option("topic", topic).mode("append")
+    for key, value in config.items():
+        writer = writer.option(f"kafka.{key}", value)
+    writer = writer.option("kafka.message.timeout.ms", "600000")
+    began = time.monotonic()
+    with pytest.raises(Exception) as refused:  # Spark wraps the task's DeliveryError
+        writer.save()
+    waited = time.monotonic() - began
+    text = str(refused.value)
+    code = "_AUTHENTICATION" if fault == "wrong_password" else "_SSL"
+    assert f"not sent: the cluster refused this producer (AUTH, {code})" in text, text[-3000:]
+    setting = "sasl.password" if fault == "wrong_password" else "ssl.ca.location"
+    assert setting in text, text[-3000:]
+    assert password not in text and wrong not in text
+    assert _read_all(cluster, topic, 1, timeout=3) == []
+    print(f"\n[{fault}] Spark job failed as AUTH after {waited:.1f} s (message.timeout.ms 600 s)")

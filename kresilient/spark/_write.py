@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import gc
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -49,6 +50,7 @@ from kresilient.errors import (
     is_unproducible,
     translate,
 )
+from kresilient.producer import AuthFailure, Reachability, client_certificate
 from kresilient.redaction import Redactor, redact_text
 from kresilient.spark._options import ColumnLayout, SinkOptions
 from kresilient.spark._task import (
@@ -83,6 +85,12 @@ VALUE_DROPPED_HEADER = "kresilient.value.dropped.bytes"
 _ASIDE: Mapping[str, Any] = {"batch.num.messages": 1, "linger.ms": 0}
 _DEAD_LETTER_MAX_BYTES = 16 * 1024 * 1024
 _MAX_CACHED = 4
+#: flush() in slices: between them the task checks for a refused login (and Python runs
+#: signal handlers).
+_FLUSH_SLICE = 1.0
+_UNREACHABLE_LOG_INTERVAL = 60.0
+#: error_cb codes of a refused SASL login or TLS handshake.
+_REFUSAL_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
 
 #: A deeper local queue than librdkafka's 100k messages (bounded to 256 MiB), so a task rarely
 #: waits for room while earlier rows are still being acknowledged (user settings win).
@@ -110,13 +118,18 @@ class _Failure:
 class _Collector:
     """Delivery-report sink for one producer: only failures arrive (delivery.report.only.error)."""
 
-    def __init__(self, redact: Callable[[str], str] = redact_text) -> None:
+    def __init__(
+        self, redact: Callable[[str], str] = redact_text, *, certificate: str | None = None
+    ) -> None:
         self.failures: list[_Failure] = []
         self.fatal: KafkaError | None = None
         self.redact = redact
         #: Recent client-level errors, redacted, by name: why rows time out (authentication,
         #: connection refused...). Named in the task's failure.
         self.client_errors: dict[str, str] = {}
+        #: Refused logins and brokers down, the producer's rule for failing fast on them
+        #: (:meth:`Reachability.final_refusal`); a flush that delivered marks it connected.
+        self.reach = Reachability(_log, interval=_UNREACHABLE_LOG_INTERVAL, certificate=certificate)
 
     def on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None:
@@ -126,8 +139,14 @@ class _Collector:
         if err.fatal():
             self.fatal = err
         # librdkafka echoes configuration values here (a malformed sasl.oauthbearer.config).
+        text = self.redact(err.str() or "")
         if err.name() in self.client_errors or len(self.client_errors) < 5:
-            self.client_errors[err.name()] = self.redact(err.str() or "")
+            self.client_errors[err.name()] = text
+        code = err.code()
+        if code in _REFUSAL_CODES:
+            self.reach.refusal(text, code)
+        elif code == KafkaError._ALL_BROKERS_DOWN:
+            self.reach.all_down(text)
 
     def reset(self) -> None:
         self.failures = []
@@ -230,7 +249,7 @@ def _acquire(cfg: Mapping[str, Any]) -> tuple[tuple[tuple[str, str], ...], _Entr
 
 def _new_producer(cfg: Mapping[str, Any]) -> tuple[Producer, _Collector]:
     redactor = Redactor.for_config(cfg)
-    collector = _Collector(redactor)
+    collector = _Collector(redactor, certificate=client_certificate(cfg))
     conf = dict(cfg)
     conf["on_delivery"] = collector.on_delivery
     conf["error_cb"] = collector.on_error
@@ -569,9 +588,15 @@ def _wait_for_room(producer: Producer) -> None:
 
 def _flushed_failures(producer: Producer, collector: _Collector) -> list[_Failure]:
     """Flush; return the row failures reported, raise for any other failure."""
-    producer.flush()
-    if len(producer):  # flush() without timeout returns only when the queue is empty
+    sent = len(producer)
+    while producer.flush(_FLUSH_SLICE):
+        refusal = collector.reach.final_refusal(all_down=True)
+        if refusal is not None:
+            _fail_refused(producer, collector, refusal)
+    if len(producer):  # flush() returns 0 only when the queue is empty
         raise DeliveryError(f"{len(producer)} message(s) still queued after flush()")
+    if sent and not collector.failures:
+        collector.reach.connected()  # rows were acknowledged: the login works
     fatal = collector.fatal
     if fatal is not None:
         raise FatalProducerError(
@@ -592,6 +617,41 @@ def _flushed_failures(producer: Producer, collector: _Collector) -> list[_Failur
             )
         raise error
     return failures
+
+
+def _fail_refused(producer: Producer, collector: _Collector, refusal: AuthFailure) -> None:
+    """No broker ever accepted this producer's login or certificate, and every broker is down
+    for it: fail the task now, naming the cause, instead of after ``message.timeout.ms``.
+
+    The rows still queued are purged (never sent: nothing in flight is touched) and listed as
+    AUTH failures, not possibly persisted; the task fails and Spark retries or fails the job.
+    The producer ResilientProducer's rule (:meth:`Reachability.final_refusal`): a producer
+    that was connected before (a password rotated under it) keeps retrying.
+    """
+    with contextlib.suppress(KafkaException):
+        producer.purge(in_queue=True, in_flight=False, blocking=False)
+    producer.flush(_FLUSH_SLICE)  # serves the purged rows' reports
+    classification = refusal.classification(
+        possibly_persisted=False,
+        note="The rows were failed at once: no broker ever accepted this producer, so they "
+        "were never sent and not written",
+    )
+    failures = [dataclasses.replace(f, classification=classification) for f in collector.failures]
+    collector.reset()
+    _log.error(
+        "kafka_authentication_failed",
+        cause=refusal.cause,
+        detail=refusal.detail,
+        remedy=refusal.remedy,
+        rows=len(failures),
+        note="queued rows failed at once (never sent)",
+    )
+    raise DeliveryError(
+        f"{len(failures)} row(s) not sent: the cluster refused this producer "
+        f"({classification.category.name}, {KafkaError(refusal.code).name()}): "
+        f"{refusal.describe()}",
+        failures=[_delivery_failure(f, i) for i, f in enumerate(failures)],
+    )
 
 
 class _Resent:
