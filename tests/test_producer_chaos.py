@@ -149,7 +149,7 @@ def test_two_nodes_down_longer_than_the_delivery_timeout_reports_every_message(
     # reconnects on demand, backing off up to reconnect.backoff.max.ms (10 s), so a probe
     # or two may still time out (6 s) first.
     probes = 0
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 180
     while True:
         probes += 1
         producer.produce(topic, b"probe")

@@ -965,7 +965,7 @@ class KafkaCluster:
         assert self._ca is not None, "the cluster is not started"
         return self._ca.client_certificate(user, self.password(user), expired=expired)
 
-    def create_user(self, name: str, password: str | None = None, *, timeout: float = 30.0) -> str:
+    def create_user(self, name: str, password: str | None = None, *, timeout: float = 60.0) -> str:
         """Create a user with no ACLs; returns its password (random when not given).
 
         ``sasl_ssl``: a SCRAM-SHA-512 credential, returned once every node accepts a login
