@@ -67,3 +67,94 @@ def test_preferred_election_waits_until_every_broker_shows_it(
     calls = _script(cluster, monkeypatch, [1, 2, 2], [1, 1, 2], [1, 1, 2], [1, 1, 1])
     cluster.elect_preferred_leaders("t", timeout=10)
     assert len(calls) == 4, "returned before every broker showed the preferred leader"
+
+
+# ---------------------------------------------------------------- admin requests resent
+# CI failed once at the set-up of a secured cluster: the readiness topic's CreateTopics came
+# back _DESTROY_BROKER (librdkafka decommissions a broker a metadata response leaves out,
+# failing what was queued on it). Such a failure cannot be produced on demand; these fakes
+# script the futures and check that the harness sends the (idempotent) request again.
+
+
+def _failed(code: int) -> Future[None]:
+    from confluent_kafka import KafkaError, KafkaException
+
+    future: Future[None] = Future()
+    future.set_exception(KafkaException(KafkaError(code)))
+    return future
+
+
+def _ok() -> Future[None]:
+    future: Future[None] = Future()
+    future.set_result(None)
+    return future
+
+
+def _sender(*rounds: list[Future[None]]) -> tuple[Any, list[int]]:
+    sent: list[int] = []
+
+    def submit() -> list[Future[None]]:
+        sent.append(1)
+        return rounds[min(len(sent) - 1, len(rounds) - 1)]
+
+    return submit, sent
+
+
+def test_admin_request_is_resent_after_a_destroyed_broker_handle() -> None:
+    from confluent_kafka import KafkaError
+
+    from kresilient.testing._cluster import _admin_request
+
+    submit, sent = _sender([_failed(KafkaError._DESTROY_BROKER)], [_ok()])
+    _admin_request("creating topic 't'", submit, 10.0)
+    assert len(sent) == 2
+
+
+def test_topic_that_exists_after_a_resend_counts_as_created() -> None:
+    from confluent_kafka import KafkaError
+
+    from kresilient.testing._cluster import _admin_request
+
+    exists = frozenset({KafkaError.TOPIC_ALREADY_EXISTS})
+    submit, sent = _sender(
+        [_failed(KafkaError._DESTROY_BROKER)], [_failed(KafkaError.TOPIC_ALREADY_EXISTS)]
+    )
+    _admin_request("creating topic 't'", submit, 10.0, done_after_resend=exists)
+    assert len(sent) == 2
+
+
+def test_topic_that_exists_before_any_resend_is_an_error() -> None:
+    from confluent_kafka import KafkaError
+
+    from kresilient.errors import ClusterError
+    from kresilient.testing._cluster import _admin_request
+
+    exists = frozenset({KafkaError.TOPIC_ALREADY_EXISTS})
+    submit, sent = _sender([_failed(KafkaError.TOPIC_ALREADY_EXISTS)])
+    with pytest.raises(ClusterError, match=r"creating topic 't' failed: .*already exists"):
+        _admin_request("creating topic 't'", submit, 10.0, done_after_resend=exists)
+    assert len(sent) == 1
+
+
+def test_broker_refusal_is_not_resent() -> None:
+    from confluent_kafka import KafkaError
+
+    from kresilient.errors import ClusterError
+    from kresilient.testing._cluster import _admin_request
+
+    submit, sent = _sender([_failed(KafkaError.TOPIC_AUTHORIZATION_FAILED)], [_ok()])
+    with pytest.raises(ClusterError, match="granting x failed"):
+        _admin_request("granting x", submit, 10.0)
+    assert len(sent) == 1
+
+
+def test_resending_stops_at_the_deadline() -> None:
+    from confluent_kafka import KafkaError
+
+    from kresilient.errors import ClusterError
+    from kresilient.testing._cluster import _admin_request
+
+    submit, sent = _sender([_failed(KafkaError._DESTROY_BROKER)])
+    with pytest.raises(ClusterError, match="Broker handle destroyed"):
+        _admin_request("creating topic 't'", submit, 0.5)
+    assert 1 <= len(sent) <= 5

@@ -72,6 +72,7 @@ from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 from confluent_kafka.admin._scram import (
     ScramCredentialInfo,
     ScramMechanism,
+    UserScramCredentialAlteration,
     UserScramCredentialUpsertion,
 )
 from confluent_kafka.cimpl import NewTopic
@@ -244,6 +245,49 @@ def _ignore_error(err: KafkaError) -> None:
 
 
 _LIVE: weakref.WeakSet[KafkaCluster] = weakref.WeakSet()
+
+
+# Local errors after which an admin request may or may not have reached the broker, and
+# sending it again is the remedy: librdkafka (2.10+) decommissions a broker a metadata
+# response leaves out, failing its queued and in-flight requests with _DESTROY_BROKER, and
+# a node that restarts or is fenced while the cluster settles drops the connection.
+_RESENDABLE = frozenset({KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT})
+
+
+def _admin_request(
+    what: str,
+    submit: Callable[[], Iterable[Any]],
+    timeout: float,
+    *,
+    done_after_resend: frozenset[int] = frozenset(),
+) -> None:
+    """Run an idempotent admin request until every future succeeds, resending it while it
+    fails with a local error from :data:`_RESENDABLE` and time is left.
+
+    ``done_after_resend``: broker codes that mean an earlier send took effect (a topic that
+    exists after its creation was resent); they count as success only after a resend.
+    Raises :class:`ClusterError` naming ``what`` and the broker's reason.
+    """
+    deadline = time.monotonic() + timeout
+    resent = False
+    while True:
+        resend: KafkaError | None = None
+        for future in list(submit()):
+            try:
+                future.result(timeout=max(0.1, deadline - time.monotonic()))
+            except KafkaException as exc:
+                err = exc.args[0]
+                code = err.code() if isinstance(err, KafkaError) else None
+                if resent and code in done_after_resend:
+                    continue
+                if code in _RESENDABLE and time.monotonic() < deadline:
+                    resend = err
+                    continue
+                raise ClusterError(f"{what} failed: {err}") from None
+        if resend is None:
+            return
+        resent = True
+        time.sleep(0.2)
 
 
 @atexit.register
@@ -980,15 +1024,16 @@ class KafkaCluster:
                 self._certs[name] = self.issue_certificate(name)
                 return password
         info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
-        futures = self._admin_client().alter_user_scram_credentials(
-            [UserScramCredentialUpsertion(name, info, password.encode())],
-            request_timeout=timeout,
+        upsert: list[UserScramCredentialAlteration] = [
+            UserScramCredentialUpsertion(name, info, password.encode())
+        ]
+        _admin_request(
+            f"creating user {name!r}",
+            lambda: self._admin_client()
+            .alter_user_scram_credentials(upsert, request_timeout=timeout)
+            .values(),
+            timeout,
         )
-        for future in futures.values():
-            try:
-                future.result(timeout=timeout)
-            except KafkaException as exc:
-                raise ClusterError(f"creating user {name!r} failed: {exc.args[0]}") from None
         for node in self._nodes.values():
             self._poll_until(
                 f"node {node.node_id} to accept a login as {name!r}",
@@ -1087,12 +1132,11 @@ class KafkaCluster:
             operations=operations,
             prefixed=prefixed,
         )
-        futures = self._admin_client().create_acls(bindings, request_timeout=timeout)
-        for binding, future in futures.items():
-            try:
-                future.result(timeout=timeout)
-            except KafkaException as exc:
-                raise ClusterError(f"granting {binding} failed: {exc.args[0]}") from None
+        _admin_request(
+            f"granting {', '.join(map(str, bindings))}",
+            lambda: self._admin_client().create_acls(bindings, request_timeout=timeout).values(),
+            timeout,
+        )
         self._wait_acls(bindings, present=True, timeout=timeout)
 
     def revoke(
@@ -1130,12 +1174,11 @@ class KafkaCluster:
             )
             for b in bindings
         ]
-        futures = self._admin_client().delete_acls(filters, request_timeout=timeout)
-        for binding, future in futures.items():
-            try:
-                future.result(timeout=timeout)
-            except KafkaException as exc:
-                raise ClusterError(f"revoking {binding} failed: {exc.args[0]}") from None
+        _admin_request(
+            f"revoking {', '.join(map(str, bindings))}",
+            lambda: self._admin_client().delete_acls(filters, request_timeout=timeout).values(),
+            timeout,
+        )
         self._wait_acls(bindings, present=False, timeout=timeout)
 
     def _node_admin(self, node: _Node) -> AdminClient:
@@ -1206,23 +1249,31 @@ class KafkaCluster:
         )
         # request_timeout: the admin default (socket.timeout.ms, 5 s here) is too short
         # to find the controller right after a node restart on a loaded machine.
-        futures = self._admin_client().create_topics(
-            [new], operation_timeout=timeout, request_timeout=timeout
+        _admin_request(
+            f"creating topic {name!r}",
+            lambda: self._admin_client()
+            .create_topics([new], operation_timeout=timeout, request_timeout=timeout)
+            .values(),
+            timeout,
+            done_after_resend=frozenset({KafkaError.TOPIC_ALREADY_EXISTS}),
         )
-        try:
-            futures[name].result(timeout=timeout)
-        except KafkaException as exc:
-            raise ClusterError(f"creating topic {name!r} failed: {exc.args[0]}") from exc
         for p in range(partitions):
             self.wait_for_isr(name, p, size=replication_factor, timeout=timeout)
         return name
 
     def delete_topic(self, name: str, *, timeout: float = 30.0) -> None:
-        """Delete a topic (waiting for the controller to accept the deletion)."""
-        futures = self._admin_client().delete_topics(
-            [name], operation_timeout=timeout, request_timeout=timeout
+        """Delete a topic (waiting for the controller to accept the deletion).
+
+        Raises :class:`ClusterError` naming the topic and the broker's reason.
+        """
+        _admin_request(
+            f"deleting topic {name!r}",
+            lambda: self._admin_client()
+            .delete_topics([name], operation_timeout=timeout, request_timeout=timeout)
+            .values(),
+            timeout,
+            done_after_resend=frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART}),
         )
-        futures[name].result(timeout=timeout)
 
     def _partition(self, topic: str, partition: int) -> Any:
         """Metadata of one partition, read once (raises _NotYet while it is unknown)."""
