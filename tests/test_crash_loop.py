@@ -158,6 +158,54 @@ def _marker(bootstrap: str, group: str, topic: str) -> str | None:
         c.close()
 
 
+def test_a_partition_without_records_does_not_keep_every_record_behind_the_guard(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """A new group's partition that never gets records stays seeded (its first record's offset
+    is to be committed before that record is handled). Records of the other partitions are
+    handled without the guard once their own seed is done: the guard is for batches holding
+    records of a probed or seeded partition, not for the consumer's whole life. Control in the
+    same run: the first record of partition 0 (seeded) does go through the guard."""
+    import sys
+    import threading
+
+    from test_consumer_integration import Runner, config, wait_for
+
+    from kresilient import ResilientConsumer
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _dlq = with_dlq(topic_factory, partitions=2)
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    callers: list[tuple[int, str]] = []
+    first_wave = threading.Event()
+
+    def handle(msg: Any) -> None:
+        callers.append((msg.offset(), sys._getframe(1).f_code.co_name))
+        if len(callers) == 10:
+            first_wave.set()
+
+    consumer = ResilientConsumer(
+        config(kafka_cluster, group, **{"enable.auto.commit": False}),
+        [topic],
+        handle,
+        install_signal_handlers=False,
+    )
+    produce(bootstrap, topic, [(None, b"a%d" % i, None, 0) for i in range(10)])
+    runner = Runner(consumer)
+    try:
+        wait_for(first_wave.is_set, 120, "the first 10 records")
+        # a later batch: partition 1 (no records, never committed) is still seeded
+        produce(bootstrap, topic, [(None, b"b%d" % i, None, 0) for i in range(10)])
+        wait_for(lambda: len(callers) >= 20, 120, "the next 10 records")
+    finally:
+        runner.stop()
+    assert runner.error is None, runner.error
+    assert callers[0] == (0, "guarded")  # control: the seeded partition's first record
+    later = [name for offset, name in callers if offset >= 10]
+    assert len(later) == 10
+    assert "guarded" not in later, callers
+
+
 def test_markers_parse_and_ignore_foreign_metadata() -> None:
     assert parse_marker(None) is None
     assert parse_marker("spark-query-7") is None

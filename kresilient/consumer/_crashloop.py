@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import OFFSET_INVALID, KafkaException, TopicPartition
 
 from kresilient.consumer._holds import TP
 from kresilient.errors import Classification, CrashLoopError, classify
@@ -54,6 +54,9 @@ CLEAN: Final = PREFIX + '{"clean":1}'
 _PROBE_END: Final = PREFIX + "{}"
 #: Committed-offset lookups on assignment.
 _COMMITTED_TIMEOUT: Final = 10.0
+#: Up to this many probed partitions, each batch asks librdkafka which of them it holds
+#: records of (one position() call); beyond it the guard checks every record (cheaper then).
+_POSITION_CHECK_MAX: Final = 64
 
 #: The classification of a record dead-lettered for killing the process (one definition:
 #: :class:`~kresilient.errors.CrashLoopError`, category ``ErrorCategory.CRASH_LOOP``).
@@ -108,12 +111,14 @@ class Probe:
     deaths: int = 0  #: the suspect's deaths, this one included
     first_ms: int | None = None
     seed: bool = False  #: never committed: commit the first record's offset, then stop
+    position: int = OFFSET_INVALID  #: the consumer's position at the last batch check
 
 
 class CrashGuard:
     """Probes partitions after an unclean end and dead-letters crash-loop records.
 
-    ``probes`` is read on the hot path (empty in steady state). ``call`` wraps the handler.
+    ``probes`` is read on the hot path (empty in steady state); ``wrap`` wraps the handler,
+    needed only for a batch holding records of a probed partition (:meth:`in_batch`).
     """
 
     def __init__(
@@ -176,6 +181,32 @@ class CrashGuard:
                     max_process_deaths=self.max_deaths,
                 )
             self.probes[tp] = probe
+
+    def in_batch(self) -> bool:
+        """Whether the batch just consumed may hold records of a probed partition.
+
+        A probed or seeded partition that gets no records (an empty partition of a new group,
+        a drained one after an unclean end) would otherwise route every record of every other
+        partition through the guard for as long as the consumer lives (~0.1 us a record). The
+        consumer's position of a partition moves whenever a batch holds its records (and on a
+        seek): a partition whose position did not move since the last check has none.
+        """
+        probes = self.probes
+        if not probes:
+            return False
+        if len(probes) > _POSITION_CHECK_MAX:
+            return True
+        try:
+            positions = self._consumer.position([TopicPartition(t, p) for t, p in probes])
+        except KafkaException:
+            return True
+        moved = False
+        for part in positions:
+            probe = probes.get((part.topic, part.partition))
+            if probe is not None and part.offset != probe.position:
+                probe.position = part.offset
+                moved = True
+        return moved
 
     def forget(self, tps: list[TP]) -> None:
         """Revoked or lost partitions are no longer probed here."""
