@@ -42,7 +42,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from kresilient.errors import ConfigError, KafkaClientError
 from kresilient.producer import Reachability, client_certificate, connect_failure
-from kresilient.redaction import Redactor
+from kresilient.redaction import Redactor, redact_text
 
 __all__ = [
     "DEAD_LETTER_HEADER_ALLOWANCE",
@@ -90,6 +90,8 @@ _PROTOCOL = re.compile(r"^[A-Za-z_]+://")
 _QUIET = logging.getLogger("kresilient.admin.librdkafka")
 _QUIET.addHandler(logging.NullHandler())
 _QUIET.propagate = False
+#: Reachability's logger where only its refusal parsing is used (it logs nothing there).
+_QUIET_LOG: Final = structlog.get_logger("kresilient.admin")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,16 +122,33 @@ def describe_unreachable(servers: str, errors: Iterable[str]) -> str:
     """One line naming each bootstrap host and why it could not be reached.
 
     ``errors`` are librdkafka error strings as ``error_cb`` receives them; a host without an
-    error of its own is reported as "no answer".
+    error of its own is reported as "no answer". When a broker refused the client's
+    credentials or certificate (wrong password, wrong CA, a client certificate the brokers
+    refuse), the line says so instead, with librdkafka's reason, the error name
+    (``[_AUTHENTICATION]``/``[_SSL]``) and the setting to check (``sasl.password``,
+    ``ssl.ca.location``, ``ssl.certificate.location``).
     """
     reasons: dict[str, str] = {}
+    # a broker's refusal of the login or certificate, recognised as every client does
+    reach = Reachability(_QUIET_LOG)
     for text in errors:
         parsed = connect_failure(text)
         if parsed is not None:
             host, reason = parsed
             reasons[host] = _REASONS.get(reason, reason)
+        if reach.refused is None or reach.refused.host is None:
+            reach.refusal(text)
     hosts = [_PROTOCOL.sub("", h.strip()) for h in servers.split(",") if h.strip()]
     parts = [f"{host} ({reasons.get(host, 'no answer')})" for host in hosts]
+    refused = reach.refused
+    if refused is not None and refused.host is not None:
+        # The cluster answered and refused: not a network fault. Name librdkafka's reason
+        # (redacted by pattern: the caller's config is not known here) and the setting.
+        return (
+            f"the brokers at {', '.join(hosts)} refused this client's credentials or "
+            f"certificate [{KafkaError(refused.code).name()}]: {redact_text(refused.detail)} "
+            f"({refused.remedy})"
+        )
     return (
         f"cannot reach Kafka at {', '.join(parts)}; "
         "check --bootstrap-servers and that the brokers are running"

@@ -11,8 +11,10 @@ Subcommands are contributed by the modules that own them, each through a
 - ``kresilient doctor`` (:mod:`kresilient.doctor`)
 
 Conventions: results on stdout (one line per result, for scripts), logs and progress on
-stderr. Exit codes: 0 success, 1 findings or a failed operation, 2 usage or input error or
-an unreachable cluster.
+stderr. Exit codes: 0 success, 1 findings or a failed operation, 2 usage or input error, an
+unreachable cluster, or a cluster that refused the login (wrong password, wrong CA, a client
+certificate the brokers refuse: the client's settings are the input to fix). An ACL denial
+for the operation itself is a failed operation (1).
 """
 
 from __future__ import annotations
@@ -40,8 +42,14 @@ _CONTRIBUTORS = ("kresilient.lint.cli", "kresilient.deadletter_cli", "kresilient
 _BOOTSTRAP_ENV = "KRESILIENT_BOOTSTRAP_SERVERS"
 _FAULTS = ("kill", "isolate", "ack-loss")  # kresilient.testing.demo.FAULTS, without importing it
 _EXIT_CODES = (
-    "Exit codes: 0 success, 1 findings or a failed operation, 2 usage or input error or an "
-    "unreachable cluster."
+    "Exit codes: 0 success, 1 findings or a failed operation (an ACL denial included), 2 usage "
+    "or input error, an unreachable cluster, or a cluster that refused the login (wrong "
+    "password, CA or client certificate: the error names the setting to fix)."
+)
+#: Error codes of a refused login or TLS handshake and of a cluster that never answered: the
+#: client's settings are wrong (exit 2, like a wrong --bootstrap-servers).
+_INPUT_CODES = frozenset(
+    {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._AUTHENTICATION, KafkaError._SSL}
 )
 
 
@@ -225,8 +233,9 @@ def _cmd_topic_create(args: argparse.Namespace) -> int:
         return 2
     except KafkaClientError as exc:
         _err(f"kresilient topic create: {exc.message}{_auth_hint(exc, args)}")
-        # Nothing answered: like a wrong --bootstrap-servers, an input error.
-        return 2 if exc.code in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT) else 1
+        # Nothing answered, or the login was refused: like a wrong --bootstrap-servers, an
+        # input error (as dlq, audit and doctor exit); an ACL denial is a failed operation.
+        return 2 if exc.code in _INPUT_CODES else 1
     for result in results:
         settings = "".join(f", {k}={v}" for k, v in sorted(result.config.items()))
         verb = "exists (unchanged)" if result.existed else "created"
@@ -452,7 +461,8 @@ def _logs_to_stderr() -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit code (0 ok, 1 findings/failure, 2 usage error)."""
+    """Run the CLI; returns the exit code (0 ok, 1 findings/failure, 2 usage or input error,
+    an unreachable cluster or a refused login)."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -50,7 +50,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -71,6 +71,9 @@ from kresilient.errors import (
     translate,
 )
 from kresilient.redaction import Redactor, redact_config
+
+if TYPE_CHECKING:
+    from kresilient.producer import AuthFailure, Reachability
 
 __all__ = [
     "ATTEMPTS",
@@ -868,6 +871,17 @@ _FATAL_PURGES: Final = frozenset(
 )
 """Report codes of writes librdkafka failed because the producer hit a fatal error."""
 
+#: error_cb codes that say the cluster refused the credentials or the certificate, and
+#: connection failures (whose text may be a refused TLS handshake: a broker's TLS alert).
+_REFUSAL_CODES: Final = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
+_CONNECT_CODES: Final = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE})
+#: Report codes of a write that waited in vain for a connection (message.timeout.ms).
+_TIMEOUT_CODES: Final = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT_QUEUE})
+#: flush() waits in slices this long: between them a refused login is acted on.
+_FLUSH_SLICE: Final = 0.5
+#: How often the "every broker is down" summary (kafka_unreachable) may be logged.
+_UNREACHABLE_LOG_INTERVAL: Final = 60.0
+
 
 def _fatal_of(exc: KafkaException) -> KafkaError | None:
     """The fatal error ``exc`` carries (its real cause when librdkafka knows it), or None."""
@@ -899,6 +913,15 @@ class DeadLetterWriter:
       when the underlying flush itself raises.
     * :meth:`close` flushes; what is still unacknowledged after ``timeout`` is purged, and
       reported as failed, never silently abandoned.
+    * A refused login (wrong password, wrong CA, a certificate the brokers refuse) fails
+      fast, as :class:`~kresilient.ResilientProducer` does: when a broker refused the
+      credentials or certificate, no dead letter was ever acknowledged and librdkafka says
+      every broker it knows is down (:meth:`kresilient.producer.Reachability.final_refusal`),
+      the dead letters still queued are failed at once (never sent), each a
+      :class:`~kresilient.DeadLetterError` classified AUTH (``_AUTHENTICATION``/``_SSL``, not
+      retriable) naming librdkafka's reason and the setting to check, instead of waiting
+      ``message.timeout.ms`` to fail as timed out. A writer that wrote before (a password
+      rotated under it) keeps retrying; its timeouts then name the refusal.
     * Everything it logs or raises goes through the config's
       :class:`~kresilient.redaction.Redactor`.
 
@@ -944,6 +967,15 @@ class DeadLetterWriter:
         self._closed = False
         self._fatal: KafkaError | None = None
         self._bridge = _LogBridge(self._log, self._redact, self._limiter)
+        from kresilient.producer import Reachability, client_certificate  # (import cycle)
+
+        #: refusals of the login or certificate, "all brokers down", and whether any dead
+        #: letter was acknowledged (connected): the producer's one rule for failing fast
+        self._reach: Reachability = Reachability(
+            self._log, interval=_UNREACHABLE_LOG_INTERVAL, certificate=client_certificate(cfg)
+        )
+        #: the refusal the queued dead letters were failed for (:meth:`_fail_refused`)
+        self._auth_purge: AuthFailure | None = None
         self._config = cfg
         rdk = dict(cfg)
         rdk["error_cb"] = self._on_error
@@ -1049,8 +1081,7 @@ class DeadLetterWriter:
                 if fatal is not None:  # produce() says only _FATAL: name the cause
                     self._fatal = fatal
                     raise DeadLetterError(
-                        f"dead-letter write to {record.topic} refused: "
-                        f"{self._fatal_reason(fatal)}",
+                        f"dead-letter write to {record.topic} refused: {self._fatal_reason(fatal)}",
                         topic=record.topic,
                         classification=self._fatal_classification(fatal),
                     ) from exc
@@ -1066,9 +1097,15 @@ class DeadLetterWriter:
     # ------------------------------------------------------------------ serving
 
     def poll(self, timeout: float = 0) -> int:
-        """Serve delivery reports for up to ``timeout`` seconds; settle their handles."""
+        """Serve delivery reports for up to ``timeout`` seconds; settle their handles.
+
+        A refused login fails the queued dead letters here (see the class docstring): their
+        reports are served by the next ``poll``/``flush``."""
         try:
-            return int(self._producer.poll(timeout))
+            served = int(self._producer.poll(timeout))
+            if self._reach.refused is not None:
+                self._fail_refused()
+            return served
         except KafkaException as exc:
             # confluent-kafka raises a fatal error (e.g. InitProducerId refused: the principal
             # may write no topic) once from poll(); the purged writes are reported by the next
@@ -1124,16 +1161,25 @@ class DeadLetterWriter:
                 with self._lock:
                     self._pending -= 1
                     self._written += 1
+                reach = self._reach
+                if not reach.ever_connected or reach.refused is not None:
+                    reach.connected()  # acknowledged: the login works (no fail-fast after)
             else:
                 failure = failure_from_report(err, msg, headers=handle.record.headers)
                 reason = self._redact(err.str() or err.name())
                 classification = failure.classification
                 fatal = self._fatal
+                refused = self._refusal_classification(err, classification)
+                name = err.name()
                 if fatal is not None and err.code() in _FATAL_PURGES:
                     reason = f"{reason} ({self._fatal_reason(fatal)})"
                     classification = self._fatal_classification(fatal)
+                elif refused is not None:  # the refusal is the cause, not the purge/timeout
+                    reason, classification = refused
+                    name = f"{classification.name} ({err.name()})"
+                    failure = dataclasses.replace(failure, classification=classification)
                 handle._error = DeadLetterError(
-                    f"dead-letter write to {handle.record.topic} failed: {err.name()}: {reason}",
+                    f"dead-letter write to {handle.record.topic} failed: {name}: {reason}",
                     topic=handle.record.topic,
                     classification=classification,
                 )
@@ -1164,17 +1210,99 @@ class DeadLetterWriter:
                             exc_info=exc,
                         )
 
+    def _refusal_classification(
+        self, err: KafkaError, base: Classification
+    ) -> tuple[str, Classification] | None:
+        """``(reason, classification)`` of a failed write when a refused login is its cause:
+        purged by :meth:`_fail_refused` (never sent), or timed out while the brokers refused
+        this client. ``None`` otherwise."""
+        reach = self._reach
+        refused = reach.refused
+        purged_for = self._auth_purge
+        code = err.code()
+        if code == KafkaError._PURGE_QUEUE and purged_for is not None and not reach.ever_connected:
+            failure = refused or purged_for
+            return (
+                f"no broker accepted this client: {failure.detail}",
+                failure.classification(
+                    possibly_persisted=False,
+                    note="The dead letter was failed at once, not retried until "
+                    "message.timeout.ms: no broker ever accepted this writer, so it was never "
+                    "sent and not written",
+                ),
+            )
+        if refused is not None and code in _TIMEOUT_CODES:
+            return (
+                f"{self._redact(err.str() or err.name())} while the brokers refused this "
+                f"client: {refused.detail}",
+                refused.classification(
+                    possibly_persisted=base.possibly_persisted,
+                    note="The dead letter timed out waiting for a connection; "
+                    + (
+                        "it may have been written before the refusals began"
+                        if base.possibly_persisted
+                        else "it was not written"
+                    ),
+                ),
+            )
+        return None
+
+    def _fail_refused(self) -> bool:
+        """Fail the queued dead letters at once when the cluster refused this writer's login.
+
+        The producer's rule (:meth:`kresilient.producer.Reachability.final_refusal` with
+        ``all_down``): a broker refused the credentials or certificate, no dead letter was
+        ever acknowledged, and librdkafka says every broker it knows is down. The dead
+        letters still in librdkafka's queue are purged (never sent; nothing in flight is
+        touched) and each ``_PURGE_QUEUE`` report is classified as the refusal by
+        :meth:`_settle`. Returns True if dead letters were purged.
+        """
+        if self._fatal is not None or not len(self._producer):
+            return False
+        failure = self._reach.final_refusal(all_down=True)
+        if failure is None:
+            return False
+        self._auth_purge = failure
+        try:
+            self._producer.purge(in_queue=True, in_flight=False, blocking=False)
+        except KafkaException:  # closed or failed meanwhile: the timeout still reports them
+            return False
+        allowed, suppressed = self._limiter.check("auth_purge")
+        if allowed:
+            self._log.error(
+                "kafka_authentication_failed",
+                cause=failure.cause,
+                detail=failure.detail,
+                remedy=failure.remedy,
+                dead_letters=self._pending,
+                suppressed=suppressed,
+                note="queued dead letters failed at once (never sent); see flush()",
+            )
+        return True
+
     def _on_error(self, err: KafkaError) -> None:
         try:
             if err.fatal():
                 self._fatal = err
-            allowed, suppressed = self._limiter.check(("error", err.code()))
+            code = err.code()
+            text = self._redact(err.str() or "")
+            # Kept to name the cause of the failures that follow, and to fail fast on a
+            # refused login (_fail_refused); librdkafka reconnects by itself.
+            if code in _REFUSAL_CODES:
+                self._reach.refusal(text, code)
+            elif code in _CONNECT_CODES:
+                self._reach.failed(text)  # the host's reason, a TLS alert's refusal
+            if code == KafkaError._ALL_BROKERS_DOWN:
+                # one kafka_unreachable line naming each host and the refusal, slowly
+                self._reach.all_down(text)
+                return
+            allowed, suppressed = self._limiter.check(("error", code))
             if allowed:
                 c = classify(err)
                 self._log.warning(
                     "dead_letter_client_error",
                     error=err.name(),
-                    reason=self._redact(err.str() or ""),
+                    reason=text,
                     category=c.category.name,
                     remedy=c.remedy,
                     suppressed=suppressed,
@@ -1194,7 +1322,7 @@ class DeadLetterWriter:
         """
         cause: BaseException | None = None
         try:
-            self._producer.flush(-1 if timeout is None else timeout)
+            self._flush_slices(timeout)
         except Exception as exc:  # e.g. a fatal error surfacing from librdkafka
             cause = exc
             if isinstance(exc, KafkaException) and self._fatal is None:
@@ -1222,6 +1350,25 @@ class DeadLetterWriter:
         if cause is not None:
             raise error from cause
         raise error
+
+    def _flush_slices(self, timeout: float | None) -> None:
+        """librdkafka's flush in slices of at most ``_FLUSH_SLICE`` seconds: between them a
+        refused login fails the queued dead letters (:meth:`_fail_refused`), and Python runs
+        signal handlers."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        producer = self._producer
+        purged = False
+        while True:
+            left = _FLUSH_SLICE
+            if deadline is not None:
+                left = min(left, max(0.0, deadline - time.monotonic()))
+            remaining = producer.flush(left)
+            if remaining and not purged and self._reach.refused is not None:
+                purged = self._fail_refused()
+                if purged:
+                    continue  # the next slice serves the purged dead letters' reports
+            if not remaining or (deadline is not None and time.monotonic() >= deadline):
+                return
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Flush for up to ``timeout`` seconds, purge what is left (it is reported as failed,

@@ -50,8 +50,12 @@ name), ``message``, ``topic`` (original), ``partition`` (original), ``group``, `
 A cluster that cannot be reached is given up within ``timeout`` seconds (10 by default) with
 one line naming each bootstrap host and why (connection refused, name not resolved, ...);
 librdkafka's own log lines never reach the terminal. Results go to stdout, logs to stderr.
+A cluster that refuses the login (wrong password, wrong CA, a client certificate the brokers
+refuse) is named the same way, as soon as every broker refused: librdkafka's reason,
+``[_AUTHENTICATION]`` or ``[_SSL]`` and the setting to check (``sasl.password``,
+``ssl.ca.location``, ``ssl.certificate.location``); never a secret.
 Exit codes: 0 done, 1 some records could not be replayed (failed, or refused at the replay
-limit), 2 usage or connection error.
+limit), 2 usage or connection error, a refused login included.
 """
 
 from __future__ import annotations
@@ -1006,7 +1010,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Inspect or replay a dead-letter topic (kresilient, Spring Kafka and "
         "Kafka Streams formats).",
         epilog="Exit codes: 0 done, 1 some records could not be replayed (failed, or refused "
-        "at the replay limit), 2 a usage or connection error.",
+        "at the replay limit), 2 a usage or connection error (a refused login included: "
+        "wrong password, CA or client certificate).",
     )
     sub = dlq.add_subparsers(dest="dlq_command", metavar="SUBCOMMAND")
     dlq.set_defaults(func=lambda _args: _usage(dlq))
@@ -1017,7 +1022,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description="Show the records of a dead-letter topic with their decoded headers and "
         "sizes, then count them by error and by source topic. Nothing is committed.",
         epilog="Results go to stdout, logs and errors to stderr. Exit codes: 0 done, 2 a "
-        "usage or connection error.",
+        "usage or connection error (a refused login included: wrong password, CA or client "
+        "certificate).",
     )
     inspect.add_argument("topic", metavar="TOPIC", help="The dead-letter topic to read.")
     inspect.add_argument(
@@ -1057,7 +1063,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         f"case-insensitive; FIELD is one of {', '.join(_FIELDS)}. Results go to stdout, logs "
         "and errors to stderr. Exit codes: 0 done, 1 some records could not be replayed "
         "(failed, or refused at the replay limit: see --max-replays), 2 a usage or "
-        "connection error.",
+        "connection error (a refused login included: wrong password, CA or client certificate).",
     )
     replay.add_argument(
         "--from",

@@ -16,11 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Message
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from kresilient.admin import create_topic
 from kresilient.aio import AsyncResilientConsumer
 from kresilient.cli import main as cli
+from kresilient.deadletter import DeadLetterRecord, DeadLetterWriter
 from kresilient.errors import (
     ConsumeError,
     DeliveryError,
@@ -183,7 +184,8 @@ def test_topic_create_cli_refused_login_names_cause_and_setting(
     assert cli([*argv, str(good)]) == 0, capfd.readouterr()  # control
     capfd.readouterr()
     bad = _properties(tmp_path / "bad.properties", _bad(cluster, user, fault, tmp_path))
-    assert cli([*argv, str(bad), "--if-not-exists"]) != 0
+    # a refused login is an input error, exit 2 like dlq, audit and doctor (an ACL denial: 1)
+    assert cli([*argv, str(bad), "--if-not-exists"]) == 2
     out = capfd.readouterr()
     text = out.out + out.err
     assert f"[{_CODE[fault]}]" in text, text
@@ -238,6 +240,129 @@ def test_producer_refused_login_fails_queued_messages_as_auth_before_the_timeout
     finally:
         with contextlib.suppress(DeliveryError):  # the messages above, reported already
             producer.close(5)
+
+
+# --------------------------------------------------------------------------- dead-letter writer
+
+
+def _end_offset(cluster: KafkaCluster, topic: str) -> int:
+    consumer = Consumer({**cluster.client_config(), "group.id": _name("w")})
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1])
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("fault", _FAULTS)
+def test_dead_letter_writer_refused_login_fails_fast_as_auth(
+    cluster: KafkaCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str], fault: str
+) -> None:
+    """The writer behind every dead letter (consumer, producer, replay, Spark) fails a dead
+    letter as AUTH once no broker ever accepted it and every broker is down, as the producer
+    does: flush(30) raises listing it (message.timeout.ms 120 s), never sent."""
+    user, topic = _name("u"), _topic(cluster, _name("t") + ".dlq")
+    cluster.create_user(user)
+    cluster.grant(user, topic=topic, operations=("WRITE", "DESCRIBE"))
+    record = DeadLetterRecord(topic=topic, key=b"k", value=b"poison", headers=[])
+    good = {**cluster.client_config(user), "message.timeout.ms": "120000"}
+    with DeadLetterWriter(good) as writer:  # control: the right settings write it
+        handle = writer.write(record)
+        writer.flush(30)
+        assert handle.result(0).offset == 0
+    bad = {**_bad(cluster, user, fault, tmp_path), "message.timeout.ms": "120000"}
+    writer = DeadLetterWriter(bad)
+    try:
+        handles = [writer.write(record) for _ in range(3)]
+        began = time.monotonic()
+        with pytest.raises(DeliveryError) as exc:
+            writer.flush(30)
+        print(f"dead-letter writer {fault}: AUTH after {time.monotonic() - began:.1f} s")
+        assert "still unacknowledged" not in str(exc.value), exc.value
+        assert len(exc.value.failures) == 3
+        for failure in exc.value.failures:
+            c = failure.classification
+            assert c.category is ErrorCategory.AUTH and not c.retriable, c
+            assert c.name == _CODE[fault] and not c.possibly_persisted
+            assert _SETTING[fault] in c.remedy
+        for handle in handles:
+            error = handle.exception(0)
+            assert error is not None and error.classification.category is ErrorCategory.AUTH
+            assert _CAUSE[fault] in str(error)
+        # written after the refusal is known: failed by the next flush, as promptly
+        later = writer.write(record)
+        with pytest.raises(DeliveryError) as again:
+            writer.flush(30)
+        assert [f.classification.category for f in again.value.failures] == [ErrorCategory.AUTH]
+        assert later.done() and writer.pending == 0
+    finally:
+        with contextlib.suppress(DeliveryError):
+            writer.close(5)
+    out = capfd.readouterr()
+    assert "kafka_authentication_failed" in out.out
+    text = out.out + out.err + str(exc.value) + repr(exc.value)
+    if fault == "wrong_password":
+        assert bad["sasl.password"] not in text
+    assert _end_offset(cluster, topic) == 1  # only the control's dead letter
+
+
+# --------------------------------------------------------------------------- aio error_cb
+
+
+def test_aio_consumer_error_callback_lines_are_rate_limited() -> None:
+    """librdkafka reports every failed reconnect (several a second): AsyncResilientConsumer
+    logs them as ResilientConsumer does, connection failures summarised (kafka_unreachable,
+    once per minute), other codes once per code per interval with the count held back.
+    Negative control: the application's error_cb got every one of them. No broker needed:
+    nothing listens on the port."""
+    import socket
+
+    from structlog.testing import capture_logs
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    seen: list[str] = []
+    consumer: AsyncResilientConsumer
+
+    def error_cb(err: KafkaError) -> None:
+        seen.append(err.name())
+        if len(seen) >= 30:
+            consumer.stop()
+
+    async def handle(_msg: Message) -> None:
+        return None
+
+    consumer = AsyncResilientConsumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": _name("g"),
+            "reconnect.backoff.ms": 10,
+            "reconnect.backoff.max.ms": 50,
+            "error_cb": error_cb,
+        },
+        [_name("t")],
+        handle,
+        dead_letter=None,
+        handle_signals=False,
+    )
+    with capture_logs() as logs:
+        asyncio.run(asyncio.wait_for(consumer.run(), 120))
+    assert len(seen) >= 30 and "_TRANSPORT" in seen, seen  # the flood was real
+    lines = [e for e in logs if e["event"] in ("kafka_client_error", "kafka_unreachable")]
+    assert len(lines) <= 2, lines  # one kafka_unreachable (and at most one other line)
+    assert any(e["event"] == "kafka_unreachable" for e in lines), lines
+    # any other code: once per interval, the next line carrying how many were held back
+    from kresilient._ratelimit import RateLimiter
+
+    now = [0.0]
+    consumer._limiter = RateLimiter(5.0, clock=lambda: now[0])
+    with capture_logs() as logs:
+        for _ in range(50):
+            consumer._on_error(KafkaError(KafkaError._TIMED_OUT, "request timed out"))
+        now[0] = 6.0
+        consumer._on_error(KafkaError(KafkaError._TIMED_OUT, "request timed out"))
+    errors = [e for e in logs if e["event"] == "kafka_client_error"]
+    assert [e.get("suppressed") for e in errors] == [None, 49], errors
 
 
 # --------------------------------------------------------------------------- the decision

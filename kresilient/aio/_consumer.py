@@ -38,6 +38,7 @@ import structlog
 import tenacity
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from kresilient._ratelimit import RateLimiter
 from kresilient.aio._producer import AsyncResilientProducer
 from kresilient.config import consumer_config
 from kresilient.consumer import CircuitBreaker, ConsumerHealth, RetryPolicy, poison
@@ -286,6 +287,9 @@ class AsyncResilientConsumer:
         self._monitor.add_listener(self._tel.leadership_listener())
         # a refused login (wrong password, CA) ends run() naming it, as in ResilientConsumer
         self._reach = Reachability(self._log, certificate=client_certificate(cfg))
+        # error_cb lines, one per error code per interval (suppressed=N on the next one), as
+        # ResilientConsumer logs them; connection failures are summarised by _reach instead
+        self._limiter = RateLimiter()
         self._rebalances = {"assigned": 0, "revoked": 0, "lost": 0}
         self.commit_failures = 0
         self._last_commit_error: str | None = None
@@ -567,14 +571,30 @@ class AsyncResilientConsumer:
     def _on_error(self, err: KafkaError) -> None:
         self._monitor.on_error(err)
         text = self._scrub(err.str())
+        code = err.code()
         if err.fatal():
             self._error = translate(KafkaException(err), operation="consume", redactor=self._scrub)
+            self._log.error("kafka_client_error", error=err.name(), reason=text, fatal=True)
         else:
-            code = err.code()
-            if code in _REFUSAL_CODES or code in _CONNECT_CODES:
+            # As ResilientConsumer (consumer/_events.py): librdkafka reports every failed
+            # reconnect, several a second while a cluster is unreachable. Connection failures
+            # are summarised per host (kafka_unreachable, broker_unreachable: Reachability,
+            # at a slow rate), anything else is logged once per code per interval with the
+            # number held back since.
+            if code in _REFUSAL_CODES:
                 self._reach.refusal(text, code)
+            if code == KafkaError._ALL_BROKERS_DOWN:
+                self._reach.all_down(text)
+            elif not (code in _CONNECT_CODES and self._reach.broker_failed(text)):
+                allowed, suppressed = self._limiter.check(("error", code))
+                if allowed:
+                    self._log.warning(
+                        "kafka_client_error",
+                        error=err.name(),
+                        reason=text,
+                        suppressed=suppressed or None,
+                    )
             self._refused()
-        self._log.warning("kafka_client_error", error=err.name(), reason=text)
         user = self._user_cb["error_cb"]
         if user is not None:
             user(err)

@@ -140,14 +140,13 @@ class ClientEvents:
         worked before (its password rotated under it) keeps reconnecting and logs the refusal
         instead.
         """
-        failure = self.reach.refused
-        if failure is None or self.reach.ever_connected or self.fatal is not None:
+        # The one rule (Reachability.final_refusal): a broker refused, no connection ever
+        # worked; a refusal without a broker (an OAUTHBEARER token not acquired: the identity
+        # provider may be down) is left to librdkafka's retries.
+        failure = self.reach.final_refusal()
+        if failure is None or self.fatal is not None:
             return None
         if self.state.stop_requested:  # stopping anyway: not raised out of the shutdown
-            return None
-        if failure.host is None:
-            # Not a broker's verdict on the credentials but a local failure (an OAUTHBEARER
-            # token not acquired: the identity provider may be down): librdkafka retries it.
             return None
         error = ConsumeError(
             "no broker accepted this consumer's credentials or certificate",

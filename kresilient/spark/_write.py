@@ -91,6 +91,8 @@ _FLUSH_SLICE = 1.0
 _UNREACHABLE_LOG_INTERVAL = 60.0
 #: error_cb codes of a refused SASL login or TLS handshake.
 _REFUSAL_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
+#: error_cb codes of a failed connection (a broker's TLS alert among them).
+_CONNECT_CODES = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE})
 
 #: A deeper local queue than librdkafka's 100k messages (bounded to 256 MiB), so a task rarely
 #: waits for room while earlier rows are still being acknowledged (user settings win).
@@ -145,6 +147,10 @@ class _Collector:
         code = err.code()
         if code in _REFUSAL_CODES:
             self.reach.refusal(text, code)
+        elif code in _CONNECT_CODES:
+            # a refused client certificate (mTLS: expired, unknown CA) is a _TRANSPORT whose
+            # text is the broker's TLS alert ("alert certificate unknown")
+            self.reach.failed(text)
         elif code == KafkaError._ALL_BROKERS_DOWN:
             self.reach.all_down(text)
 
