@@ -11,6 +11,8 @@ import marshal
 import os
 import sqlite3
 import subprocess
+import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +70,95 @@ def test_unacknowledged_messages_stay_stored_in_order(tmp_path: Path, durability
     assert [r[2] for r in records] == values  # (seq, topic, value, key, ...)
     seqs = [r[0] for r in records]
     assert seqs == sorted(seqs) and len(set(seqs)) == 200
+
+
+def test_producing_threads_racing_the_commits_store_each_message_once(tmp_path: Path) -> None:
+    """Three threads produce while the spool thread commits every 0.2 ms and another thread
+    calls flush() (a commit) in a loop, with the GIL switching every 10 µs: every message is
+    stored exactly once, each thread's in its order. A guarantee test (it also passed on the
+    defect the next test reproduces deterministically)."""
+    path = tmp_path / "spool.db"
+    producer = _producer(Spool(path, group_commit_ms=0.2))
+    per_thread = 3000
+
+    def work(t: int) -> None:
+        for i in range(per_thread):
+            producer.produce("t", b"%d-%d" % (t, i))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(3)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            producer.flush(0)
+        for thread in threads:
+            thread.join()
+        result = producer.flush(0.2)
+    finally:
+        sys.setswitchinterval(interval)
+    assert result == FlushResult(delivered=0, spooled=3 * per_thread)
+    producer.close(0.5)
+    records = _records(path)
+    values = [r[2] for r in records]
+    assert len(values) == len(set(values)) == 3 * per_thread
+    assert len({r[0] for r in records}) == 3 * per_thread  # sequence numbers unique
+    for t in range(3):  # each thread's messages in its order
+        mine = [v for v in values if v.startswith(b"%d-" % t)]
+        assert mine == [b"%d-%d" % (t, i) for i in range(per_thread)]
+
+
+class _ProduceWhileCommitWaits:
+    """The spool driver's state lock, letting one produce() in at the first acquisition after
+    it is armed: a commit waiting for the lock while another thread produces, made certain."""
+
+    def __init__(self, lock: Any, producer: ResilientProducer) -> None:
+        self.lock = lock
+        self.producer = producer
+        self.armed = False
+
+    def __enter__(self) -> Any:
+        if self.armed:
+            self.armed = False
+            self.producer.produce("t", b"landed-during-commit")
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc: object) -> Any:
+        return self.lock.__exit__(*exc)
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return bool(self.lock.acquire(blocking))
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def test_a_commit_that_finds_nothing_to_store_does_not_take_the_open_segment(
+    tmp_path: Path,
+) -> None:
+    """A commit finding the open segment empty, then waiting for the state lock while a
+    produce() adds a message to it, must not store that still-open segment: it would be
+    stored (and sent) again by the next commit. Failed before the fix: the file held the
+    message twice (the benchmark saw delivered > produced and a negative spooled count)."""
+    path = tmp_path / "spool.db"
+    producer = _producer(Spool(path, group_commit_ms=60_000))
+    driver: Any = producer._spooler
+    hook = _ProduceWhileCommitWaits(driver._state, producer)
+    driver._state = hook
+    producer.produce("t", b"first")
+    producer.flush(0)  # stored: the open segment is empty now
+    hook.armed = True
+    driver.commit()  # finds it empty; the hook's produce() lands while it waits
+    for i in range(5):
+        producer.produce("t", b"after-%d" % i)
+    result = producer.flush(0.2)
+    assert result == FlushResult(delivered=0, spooled=7)
+    producer.close(0.5)
+    values = [r[2] for r in _records(path)]
+    assert sorted(values) == sorted(
+        [b"first", b"landed-during-commit", *(b"after-%d" % i for i in range(5))]
+    )
 
 
 def test_a_reopened_spool_keeps_ids_and_continues_the_sequence(tmp_path: Path) -> None:

@@ -350,7 +350,7 @@ class ResilientProducer:
                 spool,
                 log=self._log,
                 delivery_timeout=timeout_ms / 1000.0,
-                new_handle=functools.partial(_lean_handle, self._owner),
+                handle_owner=self._owner,
                 backpressure_timeout=backpressure_timeout,
             )
             # An instance attribute shadows the method: the unspooled path stays untouched.

@@ -47,6 +47,7 @@ from kresilient.errors import (
     failure_from_report,
     is_unproducible,
 )
+from kresilient.producer._handle import DeliveryHandle, _FullHandle
 
 __all__ = [
     "MESSAGE_ID_HEADER",
@@ -108,36 +109,78 @@ class FlushResult:
 
 
 class _Segment:
-    __slots__ = ("entries", "id", "left", "nbytes", "records")
+    """One group commit: its messages (the handles), stored as one row once committed.
 
-    def __init__(self, seg_id: int, records: list[tuple[Any, ...]], nbytes: int) -> None:
-        self.id = seg_id
-        self.records = records
-        self.nbytes = nbytes
-        self.left = len(records)
-        self.entries: list[_Entry] = []
+    Produced messages join the open segment (``SpoolDriver._open``); a commit stores it and
+    opens the next. ``acks``/``fails`` are the driver's report queues, reached from a
+    handle's delivery report through its segment (one attribute less per message).
+    """
+
+    __slots__ = ("acks", "entries", "fails", "id", "left", "nbytes")
+
+    def __init__(self, acks: deque[Any], fails: deque[Any]) -> None:
+        self.id = 0
+        self.entries: list[Any] = []
+        self.nbytes = 0
+        self.left = 0
+        self.acks = acks
+        self.fails = fails
 
 
-class _Entry:
-    """One spooled message on its way to Kafka; librdkafka's per-message delivery callback."""
+def _spool_report(self: Any, err: Any, msg: Any) -> None:
+    """librdkafka's delivery report of a spooled message (the handle is the callback).
 
-    __slots__ = ("dup", "handle", "idx", "owner", "seg", "state")
+    Only attribute stores and deque appends here (see DeliveryHandle.__call__ on why); the
+    driver settles outside librdkafka's callback. ``_msg`` is set on success only: a failed
+    message the spool keeps is re-sent and its handle stays pending.
+    """
+    if err is None:
+        self._msg = msg
+        self._seg.acks.append(self)
+    else:
+        self._seg.fails.append((self, err, msg))
 
-    def __init__(self, owner: SpoolDriver, seg: _Segment, idx: int, handle: Any, dup: bool):
-        self.owner = owner
-        self.seg = seg
-        self.idx = idx
-        self.handle = handle
-        self.dup = dup
-        self.state = _PENDING
 
-    def __call__(self, err: Any, msg: Any) -> None:
-        # Only deque appends here (see DeliveryHandle.__call__ on why callbacks stay minimal);
-        # the driver settles outside librdkafka's callback.
-        if err is None:
-            self.owner._acks.append((self, msg))
-        else:
-            self.owner._fails.append((self, err, msg))
+class _SpoolHandle(DeliveryHandle):
+    """The handle of a spooled message, also its spool entry (one object per message).
+
+    ``_rec``: the stored record ``(seq, topic, value, key, partition, timestamp, headers)``;
+    ``_seg``: its segment; ``_state``: pending, in flight or done; ``_dup``: re-sent with the
+    possible-duplicate mark.
+    """
+
+    __slots__ = ("_dup", "_rec", "_seg", "_state")
+
+    _dup: bool
+    _rec: tuple[Any, ...]
+    _seg: _Segment
+    _state: int
+
+    __call__ = _spool_report
+
+
+class _SpoolFullHandle(_FullHandle):
+    """A spooled message with headers, a callback or a span (see ``_SpoolHandle``)."""
+
+    __slots__ = ("_dup", "_rec", "_seg", "_state")
+
+    _dup: bool
+    _rec: tuple[Any, ...]
+    _seg: _Segment
+    _state: int
+
+    __call__ = _spool_report
+
+
+_new_handle = object.__new__
+
+
+def _report(handle: Any, err: Any, msg: Any) -> None:
+    """A final delivery report for the application's handle (its plain handle behaviour)."""
+    if isinstance(handle, _FullHandle):
+        _FullHandle.__call__(handle, err, msg)
+    else:
+        DeliveryHandle.__call__(handle, err, msg)
 
 
 class Spool:
@@ -390,10 +433,20 @@ class SpoolDriver:
     ``owner`` is a weak proxy to the producer; the driver calls its raw ``_produce``, its
     lock and failure list, and ``_handle_fatal``.
 
+    One object per message: the :class:`_SpoolHandle` that ``produce()`` returns is also the
+    spool entry and librdkafka's delivery callback; its record tuple (with its sequence
+    number, assigned at ``produce()``) is what the segment stores.
+
     Locks, always taken in this order: ``_commit_lock`` (one commit at a time, so segments are
-    stored and handed over in order), then ``_lock`` (the batch: held for an append only, so
-    ``produce()`` never waits for a disk write) or ``_state`` (segments, hand-off, reports).
-    The SQLite write itself runs under ``_commit_lock`` alone (it releases the GIL).
+    stored and handed over in order), then ``_lock`` (the open segment: held for an append
+    only, so ``produce()`` never waits for a disk write) or ``_state`` (segments, hand-off,
+    reports). The SQLite write itself runs under ``_commit_lock`` alone (it releases the GIL).
+
+    Group commit: the spool thread stores a segment and leaves its hand-off to librdkafka to
+    the application's next ``produce()``/``poll()``/``flush()`` (``_handoff``), so the
+    application's thread does the per-message Python work and the spool thread holds the GIL
+    only briefly; if the application makes no such call for a whole ``group_commit_ms``, the
+    spool thread hands the segment over itself.
     """
 
     def __init__(
@@ -402,7 +455,7 @@ class SpoolDriver:
         spool: Spool,
         *,
         log: Any,
-        new_handle: Callable[[], Any],
+        handle_owner: Any,
         resend_backoff: float = 1.0,
         backpressure_timeout: float = 60.0,
         delivery_timeout: float = 300.0,
@@ -411,9 +464,12 @@ class SpoolDriver:
             raise ValueError(f"{spool!r} is already used by a producer or closed")
         spool.attached = True
         self._owner = owner
+        self._howner = handle_owner
+        self._ids = owner._ids
+        self._lean: bool = owner._lean
+        self._max_message = owner._max_bytes
         self.spool = spool
         self._log = log
-        self._new_handle = new_handle
         self._resend_backoff = resend_backoff
         self._backpressure_timeout = backpressure_timeout
         self._delivery_timeout = delivery_timeout
@@ -425,16 +481,16 @@ class SpoolDriver:
         self._lock = threading.Lock()
         self._state = threading.RLock()
         self._wake = threading.Event()
-        self._batch: list[tuple[Any, ...]] = []
-        self._batch_bytes = 0
+        self._acks: deque[Any] = deque()
+        self._fails: deque[tuple[Any, Any, Any]] = deque()
+        self._open = _Segment(self._acks, self._fails)
         self._bytes = 0
         self._segments: dict[int, _Segment] = {}
         self._next_seg = 1
         self._seq = spool.next_seq
-        self._pending: deque[_Entry] = deque()
+        self._pending: deque[Any] = deque()
         self._inflight = 0
-        self._acks: deque[tuple[_Entry, Any]] = deque()
-        self._fails: deque[tuple[_Entry, Any, Any]] = deque()
+        self._handoff = False
         self._deletes: list[int] = []
         self._rewind = False
         self._resume_at = 0.0
@@ -460,11 +516,24 @@ class SpoolDriver:
 
     def _recover(self) -> None:
         loaded = self.spool.take_loaded()
+        howner = self._howner
         for seg_id, records, nbytes in loaded:
-            seg = _Segment(seg_id, records, nbytes)
-            seg.entries = [_Entry(self, seg, i, None, True) for i in range(len(records))]
+            seg = _Segment(self._acks, self._fails)
+            seg.id = seg_id
+            seg.nbytes = nbytes
+            seg.left = len(records)
+            entries = seg.entries
+            for rec in records:
+                h: _SpoolHandle = _new_handle(_SpoolHandle)
+                h._owner = howner
+                h._id = 0  # no application handle: a previous producer's message
+                h._rec = rec
+                h._seg = seg
+                h._dup = True
+                h._state = _PENDING
+                entries.append(h)
             self._segments[seg_id] = seg
-            self._pending.extend(seg.entries)
+            self._pending.extend(entries)
             self._bytes += nbytes
             self._next_seg = seg_id + 1
             self.recovered += len(records)
@@ -506,7 +575,6 @@ class SpoolDriver:
             error, self._store_error = self._store_error, None
             if error is not None:
                 raise error  # before this message is taken: it was not stored either
-        owner = self._owner
         size = (
             (len(value) if value is not None else 0)
             + (len(key) if key is not None else 0)
@@ -514,44 +582,91 @@ class SpoolDriver:
         )
         part = -1 if partition is None else partition
         ts = 0 if timestamp is None else timestamp
-        n = next(owner._ids)
-        handle, sent = owner._full_handle(n, topic, key, value, headers, partition, on_delivery)
-        if not propagate:
-            sent = headers
-        if size - _RECORD_OVERHEAD > owner._max_bytes:
+        n = next(self._ids)
+        h: Any
+        if on_delivery is None and headers is None and self._lean:
+            h = _new_handle(_SpoolHandle)
+            h._owner = self._howner
+            h._id = n
+            sent = None
+        else:
+            h, sent = self._full_handle(n, topic, key, value, headers, partition, on_delivery)
+            if not propagate:
+                sent = headers
+        if size - _RECORD_OVERHEAD > self._max_message:
             exc = KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "value too large"))
-            return owner._too_large(exc, topic, value, key, part, handle, ts, headers)
+            return self._owner._too_large(exc, topic, value, key, part, h, ts, headers)
         if sent is not None:
             hl = _header_list(sent)
             size += sum(len(k) + (len(v) if v is not None else 0) for k, v in hl)
             sent = hl
-        if self._bytes + self._batch_bytes + size > self._max:
+        if self._bytes + self._open.nbytes + size > self._max:
             try:
                 self._wait_for_room(size, topic)
             except BaseException as exc:
-                owner._end_span(handle, exc, getattr(exc, "classification", None))
+                self._owner._end_span(h, exc, getattr(exc, "classification", None))
                 raise
-        record = (handle, topic, value, key, part, ts, sent)
+        h._dup = False
+        h._state = _PENDING
         with self._lock:
-            batch = self._batch
-            batch.append(record)
-            self._batch_bytes += size
-            full = len(batch) >= _MAX_BATCH
+            seq = self._seq
+            self._seq = seq + 1
+            h._rec = (seq, topic, value, key, part, ts, sent)
+            seg = self._open
+            h._seg = seg
+            entries = seg.entries
+            entries.append(h)
+            seg.nbytes += size
+            full = len(entries) >= _MAX_BATCH
         if not self._group:
-            self._commit(raise_for=handle)
+            self._commit(raise_for=h)
         elif full:
             self._wake.set()
+        elif self._handoff:
+            self._hand_off()
         if not n & 1023:
-            owner.poll(0)
-        return handle
+            owner = self._owner
+            owner._tick()  # serves delivery reports (and settles them here), picks up tracing
+            self._lean = owner._lean
+        return h
+
+    def _full_handle(
+        self,
+        n: int,
+        topic: str,
+        key: Any,
+        value: Any,
+        headers: Any,
+        partition: int | None,
+        on_delivery: Any,
+    ) -> tuple[_SpoolFullHandle, Any]:
+        """ResilientProducer._full_handle for a spooled message (headers, callback or span)."""
+        owner = self._owner
+        token = None
+        sent = headers
+        if owner._tracing:
+            sent, token = owner._tel.producer_send(
+                topic, key, len(value) if value is not None else 0, headers, partition
+            )
+        cb = owner._default_cb if on_delivery is None else on_delivery
+        return _SpoolFullHandle(self._howner, n, headers, cb, token), sent
+
+    def _hand_off(self) -> None:
+        """Hand a segment the spool thread stored to librdkafka (from the application's call)."""
+        if not self._state.acquire(blocking=False):
+            return  # another thread is at it: it pumps what is pending
+        try:
+            self._pump()
+        finally:
+            self._state.release()
 
     def _wait_for_room(self, size: int, topic: str) -> None:
         deadline = time.monotonic() + self._backpressure_timeout
-        while self._bytes + self._batch_bytes + size > self._max:
+        while self._bytes + self._open.nbytes + size > self._max:
             if time.monotonic() >= deadline:
                 self._owner._refused += 1
                 raise SpoolError(
-                    f"spool {self.spool.path} is full: {self._bytes + self._batch_bytes} of "
+                    f"spool {self.spool.path} is full: {self._bytes + self._open.nbytes} of "
                     f"max_bytes={self._max} bytes stored and not acknowledged for "
                     f"{self._backpressure_timeout:g} s; the message was not stored",
                     code=KafkaError._QUEUE_FULL,
@@ -565,16 +680,22 @@ class SpoolDriver:
             self._commit()
             self._owner.poll(0.05)
 
-    def _commit(self, raise_for: Any = None) -> None:
-        """Store the batch as one segment, then hand it over; on failure fail all of it.
+    def _commit(self, raise_for: Any = None, *, pump: bool = True) -> None:
+        """Store the open segment, then hand it over; on failure fail all of it.
 
         Raises the :class:`SpoolError` when ``raise_for`` (the caller's handle) was in the
         failed batch; otherwise the error is kept for the application's next call.
+        ``pump=False`` (the spool thread): leave the hand-off to the application's next call.
         """
         with self._commit_lock:
             with self._lock:
-                batch, self._batch = self._batch, []
-                nbytes, self._batch_bytes = self._batch_bytes, 0
+                seg = self._open
+                batch: list[Any] = seg.entries
+                if batch:
+                    self._open = _Segment(self._acks, self._fails)
+                else:
+                    # Not the open segment's list: produce() may append to it meanwhile.
+                    batch = []
             with self._state:
                 deletes, self._deletes = self._deletes, []
             if not batch:
@@ -588,36 +709,30 @@ class SpoolDriver:
                     with self._state:
                         self._deletes[:0] = deletes
                 return
-            seq = self._seq
-            records = [(seq + i, *rec[1:]) for i, rec in enumerate(batch)]
             seg_id = self._next_seg
             try:
-                self.spool.append(seg_id, records, nbytes, deletes)
+                self.spool.append(seg_id, [h._rec for h in batch], seg.nbytes, deletes)
             except (sqlite3.Error, OSError, SpoolError) as exc:
                 with self._state:
                     self._deletes[:0] = deletes
-                error = self._store_failed(exc, records, [r[0] for r in batch], raise_for)
-                if any(r[0] is raise_for for r in batch):
+                error = self._store_failed(exc, batch, raise_for)
+                if any(h is raise_for for h in batch):
                     raise error from exc
                 self._store_error = error
                 return
-            self._seq = seq + len(records)
             self._next_seg = seg_id + 1
-            seg = _Segment(seg_id, records, nbytes)
-            seg.entries = [_Entry(self, seg, i, r[0], False) for i, r in enumerate(batch)]
+            seg.id = seg_id
+            seg.left = len(batch)
             with self._state:
                 self._segments[seg_id] = seg
-                self._bytes += nbytes
-                self._pending.extend(seg.entries)
-                self._pump()
+                self._bytes += seg.nbytes
+                self._pending.extend(batch)
+                if pump:
+                    self._pump()
+                else:
+                    self._handoff = True
 
-    def _store_failed(
-        self,
-        exc: BaseException,
-        records: list[tuple[Any, ...]],
-        handles: list[Any],
-        raise_for: Any,
-    ) -> SpoolError:
+    def _store_failed(self, exc: BaseException, batch: list[Any], raise_for: Any) -> SpoolError:
         """A commit failed: nothing of the batch was stored or handed to Kafka; say so."""
         full = isinstance(exc, sqlite3.Error) and "full" in str(exc).lower()
         remedy = (
@@ -629,8 +744,9 @@ class SpoolDriver:
         owner = self._owner
         failures: list[DeliveryFailure] = []
         err = KafkaError(KafkaError._FS, f"spool write failed: {exc}")
-        for rec, handle in zip(records, handles, strict=True):
-            _, topic, value, key, part, _ts, headers = rec
+        for handle in batch:
+            _, topic, value, key, part, _ts, headers = handle._rec
+            handle._state = _DONE
             handle._error = SpoolError(
                 f"not stored in spool {self.spool.path}: {exc}; not sent",
                 code=KafkaError._FS,
@@ -662,12 +778,12 @@ class SpoolDriver:
         self._log.error(
             "spool_write_failed",
             path=str(self.spool.path),
-            messages=len(records),
+            messages=len(batch),
             error=str(exc),
             disk_full=full,
         )
         return SpoolError(
-            f"spool {self.spool.path} could not store {len(records)} message(s): {exc}; "
+            f"spool {self.spool.path} could not store {len(batch)} message(s): {exc}; "
             "none of them was handed to Kafka (flush() lists them as failed)",
             code=KafkaError._FS,
             name="_FS",
@@ -678,57 +794,71 @@ class SpoolDriver:
 
     def _pump(self) -> None:
         """Hand stored messages to librdkafka in order (under ``_state``)."""
+        self._handoff = False
         if self._rewind:
             if self._inflight or time.monotonic() < self._resume_at:
                 return
             self._rewind = False
             self._pending = deque(
-                e for seg in self._segments.values() for e in seg.entries if e.state == _PENDING
+                e for seg in self._segments.values() for e in seg.entries if e._state == _PENDING
             )
             if self._pending:
                 self._log.info("spool_resend", messages=len(self._pending))
         pending = self._pending
+        if not pending:
+            return
         owner = self._owner
         produce = owner._produce
         prefix = self._prefix
-        while pending:
-            e = pending[0]
-            seq, topic, value, key, part, ts, headers = e.seg.records[e.idx]
-            hdrs = list(headers) if headers else []
-            hdrs.append((MESSAGE_ID_HEADER, prefix + str(seq).encode()))
-            if e.dup:
-                hdrs.append((POSSIBLE_DUPLICATE_HEADER, b"true"))
-            try:
-                produce(topic, value, key, part, e, None, ts, hdrs)
-            except BufferError:
-                return  # librdkafka's queue is full: the next pump continues here
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-                if err is not None and (err.fatal() or err.code() == KafkaError._FATAL):
-                    if owner._closed:
-                        return
-                    owner._handle_fatal(exc, owner._recreations)  # raises unless recreated
-                    produce = owner._produce
-                    # The old instance's messages came back failed (_fails): they are
-                    # earlier than this one, so take them back before anything else goes.
-                    self._settle_locked()
+        popleft = pending.popleft
+        sent = 0  # added to _inflight (and resent) once, not per message
+        resent = 0
+        try:
+            while pending:
+                e = popleft()
+                seq, topic, value, key, part, ts, headers = e._rec
+                ident = (MESSAGE_ID_HEADER, prefix + str(seq).encode())
+                hdrs = [*headers, ident] if headers else [ident]
+                dup = e._dup
+                if dup:
+                    hdrs.append(_DUP_HEADER)
+                try:
+                    produce(topic, value, key, part, e, None, ts, hdrs)
+                except BufferError:
+                    pending.appendleft(e)
+                    return  # librdkafka's queue is full: the next pump continues here
+                except KafkaException as exc:
+                    self._inflight += sent
+                    self.resent += resent
+                    sent = resent = 0
+                    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                    if err is not None and (err.fatal() or err.code() == KafkaError._FATAL):
+                        pending.appendleft(e)
+                        if owner._closed:
+                            return
+                        owner._handle_fatal(exc, owner._recreations)  # raises unless recreated
+                        produce = owner._produce
+                        # The old instance's messages came back failed (_fails): they are
+                        # earlier than this one, so take them back before anything else goes.
+                        self._settle_locked()
+                        if self._rewind:
+                            return
+                        continue
+                    self._inflight += 1
+                    e._state = _INFLIGHT
+                    # Settled now, not at the next settle(): if it is kept, nothing behind it
+                    # may be handed over before its re-send (the rewind stops this loop).
+                    self._failed(e, err or KafkaError(KafkaError._FAIL, str(exc)), None)
                     if self._rewind:
                         return
                     continue
-                pending.popleft()
-                self._inflight += 1
-                e.state = _INFLIGHT
-                # Settled now, not at the next settle(): if it is kept, nothing behind it
-                # may be handed over before its re-send (the rewind stops this loop).
-                self._failed(e, err or KafkaError(KafkaError._FAIL, str(exc)), None)
-                if self._rewind:
-                    return
-                continue
-            pending.popleft()
-            e.state = _INFLIGHT
-            self._inflight += 1
-            if e.dup:
-                self.resent += 1
+                e._state = _INFLIGHT
+                sent += 1
+                if dup:
+                    resent += 1
+        finally:
+            self._inflight += sent
+            self.resent += resent
 
     # ------------------------------------------------------------------ delivery reports
 
@@ -778,39 +908,58 @@ class SpoolDriver:
 
     def _settle_locked(self) -> None:
         acks = self._acks
+        if acks:
+            popleft = acks.popleft
+            delivered = 0
+            inflight = 0
+            try:
+                while acks:
+                    e = popleft()
+                    if e._state == _INFLIGHT:
+                        inflight += 1
+                    e._state = _DONE
+                    delivered += 1
+                    seg = e._seg
+                    seg.left -= 1
+                    if not seg.left:
+                        self._segment_done(seg)
+                    if e.__class__ is _SpoolFullHandle:  # a callback or a span to end
+                        _FullHandle.__call__(e, None, e._msg)
+            finally:
+                self._inflight -= inflight
+                self.delivered += delivered
         fails = self._fails
-        while acks:
-            e, msg = acks.popleft()
-            self._finish(e)
-            self.delivered += 1
-            if e.handle is not None:
-                e.handle(None, msg)
         while fails:
             e, err, msg = fails.popleft()
             self._failed(e, err, msg)
 
-    def _finish(self, e: _Entry) -> None:
-        if e.state == _INFLIGHT:
+    def _segment_done(self, seg: _Segment) -> None:
+        """Every message of a segment finished: delete its row at the next commit."""
+        del self._segments[seg.id]
+        self._bytes -= seg.nbytes
+        self._deletes.append(seg.id)
+        seg.entries = []  # no handle -> segment -> handle cycle left for the collector
+
+    def _finish(self, e: Any) -> None:
+        if e._state == _INFLIGHT:
             self._inflight -= 1
-        e.state = _DONE
-        seg = e.seg
+        e._state = _DONE
+        seg = e._seg
         seg.left -= 1
         if seg.left == 0:
-            del self._segments[seg.id]
-            self._bytes -= seg.nbytes
-            self._deletes.append(seg.id)
+            self._segment_done(seg)
 
-    def _failed(self, e: _Entry, err: KafkaError, msg: Any) -> None:
+    def _failed(self, e: Any, err: KafkaError, msg: Any) -> None:
         c = classify(err, context="delivery")
         if c.category in _KEEP and not is_unproducible(c):
             persisted = c.possibly_persisted
             if persisted and msg is not None:
                 part = msg.partition()
                 persisted = part is not None and part >= 0  # never assigned: never sent
-            if e.state == _INFLIGHT:
+            if e._state == _INFLIGHT:
                 self._inflight -= 1
-            e.state = _PENDING
-            e.dup = e.dup or persisted
+            e._state = _PENDING
+            e._dup = e._dup or persisted
             self.kept_failures += 1
             if not self._rewind:
                 self._rewind = True
@@ -825,12 +974,8 @@ class SpoolDriver:
         # Cannot be produced, ever (too large, invalid, topic or authorization trouble):
         # reported as failed like without a spool, and removed from the spool.
         self._finish(e)
-        handle = e.handle
-        if handle is None:  # recovered from a previous run: no application handle
-            handle = self._new_handle()
-            handle._id = 0
         if msg is None:
-            _seq, topic, value, key, part, _ts, headers = e.seg.records[e.idx]
+            _seq, topic, value, key, part, _ts, headers = e._rec
             failure = failure_from_report(
                 err,
                 None,
@@ -841,24 +986,24 @@ class SpoolDriver:
                 value=value,
                 headers=headers,
                 classification=c,
-                message_id=handle._id,
+                message_id=e._id,
             )
             owner = self._owner
             with owner._lock:
                 owner._failures.append(failure)
                 owner._failed_total += 1
-            handle._error = ProduceError(
+            e._error = ProduceError(
                 err.str(), code=err.code(), name=err.name(), topic=topic, classification=c
             )
             return
-        handle(err, msg)
+        _report(e, err, msg)
 
     # ------------------------------------------------------------------ flush and close
 
     def unsettled(self) -> int:
         """Messages batched or stored and not finished (delivered, or failed for good)."""
         with self._state:
-            n = len(self._batch)
+            n = len(self._open.entries)
             for seg in self._segments.values():
                 n += seg.left
             return n
@@ -884,12 +1029,14 @@ class SpoolDriver:
             if self._closed:
                 return
             try:
-                self._commit()
-                if self._inflight:
-                    self._watch_stall()
-                if self._rewind:
+                if self._handoff or self._rewind:
+                    # No produce(), poll() or flush() took the last segment over for a whole
+                    # interval (or a re-send is due): hand it over from here.
                     with self._state:
                         self._pump()
+                self._commit(pump=False)
+                if self._inflight:
+                    self._watch_stall()
             except Exception as exc:  # kept for the application's next call
                 self._log.debug("spool_thread_error", error=str(exc))
 
@@ -908,22 +1055,20 @@ class SpoolDriver:
             # written" and stay stored.
             self._settle_locked()
             try:
-                if self._batch:  # produce() raced with close(): store it, do not drop it
-                    batch, self._batch = self._batch, []
-                    self._batch_bytes = 0
-                    self.spool.append(
-                        self._next_seg,
-                        [(self._seq + i, *r[1:]) for i, r in enumerate(batch)],
-                        0,
-                        [],
-                    )
+                with self._lock:
+                    batch = self._open.entries
+                    nbytes = self._open.nbytes
+                    if batch:
+                        self._open = _Segment(self._acks, self._fails)
+                if batch:  # produce() raced with close(): store it, do not drop it
+                    self.spool.append(self._next_seg, [h._rec for h in batch], nbytes, [])
                     kept += len(batch)
                 self.spool.delete(self._deletes)
                 self._deletes = []
                 for seg in self._segments.values():
-                    left = [seg.records[e.idx] for e in seg.entries if e.state != _DONE]
+                    left = [e._rec for e in seg.entries if e._state != _DONE]
                     kept += len(left)
-                    if len(left) < len(seg.records):
+                    if len(left) < len(seg.entries):
                         nbytes = sum(
                             _RECORD_OVERHEAD + len(r[2] or b"") + len(r[3] or b"") for r in left
                         )
@@ -942,6 +1087,7 @@ class SpoolDriver:
 
 
 _KEY_TYPES: Final = (bytes, type(None))
+_DUP_HEADER: Final = (POSSIBLE_DUPLICATE_HEADER, b"true")
 
 
 def _closed_error(topic: str) -> None:
