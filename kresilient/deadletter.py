@@ -877,8 +877,6 @@ _REFUSAL_CODES: Final = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
 _CONNECT_CODES: Final = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE})
 #: Report codes of a write that waited in vain for a connection (message.timeout.ms).
 _TIMEOUT_CODES: Final = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT_QUEUE})
-#: flush() waits in slices this long: between them a refused login is acted on.
-_FLUSH_SLICE: Final = 0.5
 #: How often the "every broker is down" summary (kafka_unreachable) may be logged.
 _UNREACHABLE_LOG_INTERVAL: Final = 60.0
 
@@ -1255,9 +1253,11 @@ class DeadLetterWriter:
         ever acknowledged, and librdkafka says every broker it knows is down. The dead
         letters still in librdkafka's queue are purged (never sent; nothing in flight is
         touched) and each ``_PURGE_QUEUE`` report is classified as the refusal by
-        :meth:`_settle`. Returns True if dead letters were purged.
+        :meth:`_settle`. Called from ``error_cb`` (so during the ``flush()`` or ``poll()``
+        that serves it: that flush serves the purged reports and returns, no slicing) and
+        after ``poll()``. Returns True if dead letters were purged.
         """
-        if self._fatal is not None or not len(self._producer):
+        if self._fatal is not None or not self._pending:
             return False
         failure = self._reach.final_refusal(all_down=True)
         if failure is None:
@@ -1295,6 +1295,11 @@ class DeadLetterWriter:
             if code == KafkaError._ALL_BROKERS_DOWN:
                 # one kafka_unreachable line naming each host and the refusal, slowly
                 self._reach.all_down(text)
+            if self._reach.refused is not None:
+                # served inside flush()/poll() on the caller's thread: the purged dead
+                # letters' reports are served by that same flush, which then returns
+                self._fail_refused()
+            if code == KafkaError._ALL_BROKERS_DOWN:
                 return
             allowed, suppressed = self._limiter.check(("error", code))
             if allowed:
@@ -1321,8 +1326,10 @@ class DeadLetterWriter:
         the failures already known are raised with it (chained), not forgotten.
         """
         cause: BaseException | None = None
+        if self._reach.refused is not None:
+            self._fail_refused()  # written after a refusal: this flush serves their reports
         try:
-            self._flush_slices(timeout)
+            self._producer.flush(-1 if timeout is None else timeout)
         except Exception as exc:  # e.g. a fatal error surfacing from librdkafka
             cause = exc
             if isinstance(exc, KafkaException) and self._fatal is None:
@@ -1350,25 +1357,6 @@ class DeadLetterWriter:
         if cause is not None:
             raise error from cause
         raise error
-
-    def _flush_slices(self, timeout: float | None) -> None:
-        """librdkafka's flush in slices of at most ``_FLUSH_SLICE`` seconds: between them a
-        refused login fails the queued dead letters (:meth:`_fail_refused`), and Python runs
-        signal handlers."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        producer = self._producer
-        purged = False
-        while True:
-            left = _FLUSH_SLICE
-            if deadline is not None:
-                left = min(left, max(0.0, deadline - time.monotonic()))
-            remaining = producer.flush(left)
-            if remaining and not purged and self._reach.refused is not None:
-                purged = self._fail_refused()
-                if purged:
-                    continue  # the next slice serves the purged dead letters' reports
-            if not remaining or (deadline is not None and time.monotonic() >= deadline):
-                return
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Flush for up to ``timeout`` seconds, purge what is left (it is reported as failed,

@@ -455,22 +455,28 @@ def test_doctor_cli_over_sasl_ssl(
     assert all("KR041" in line for line in fails), out
 
 
-@pytest.mark.parametrize("command", ["audit", "dlq", "doctor"])
+@pytest.mark.parametrize("command", ["audit", "dlq", "dlq replay", "topic create", "doctor"])
 def test_cli_wrong_password_names_authentication(
     cluster: KafkaCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str], command: str
 ) -> None:
+    """Every command: a refused login exits 2 (as an unreachable cluster), naming the
+    refusal ([_AUTHENTICATION]) and sasl.password, never the password."""
     bad = {**cluster.client_config(_user(cluster)), "sasl.password": "Wr0ng-" + "x" * 12}
     conf = _properties(tmp_path / "bad.properties", bad)
     argv = {
         "audit": ["audit", "--timeout", "15"],
         "dlq": ["dlq", "inspect", _topic(cluster), "--timeout", "15"],
+        "dlq replay": ["dlq", "replay", "--from", _topic(cluster), "--dry-run", "--timeout", "15"],
+        "topic create": ["topic", "create", _name("t"), "--timeout", "15"],
         "doctor": ["doctor", "--timeout", "15", "--no-probe"],
     }[command]
     argv += ["-b", cluster.bootstrap_servers, "--command-config", str(conf)]
     assert cli(argv) == 2
     out = capfd.readouterr()
-    assert "authentication" in (out.out + out.err).lower()
-    assert "Wr0ng-" not in out.out + out.err
+    text = out.out + out.err
+    assert "authentication" in text.lower()
+    assert "[_AUTHENTICATION]" in text and "sasl.password" in text, text
+    assert "Wr0ng-" not in text
 
 
 # --------------------------------------------------------------------------- wrong credentials
