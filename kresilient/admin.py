@@ -41,7 +41,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from kresilient.errors import ConfigError, KafkaClientError
-from kresilient.producer import Reachability, client_certificate, connect_failure
+from kresilient.reachability import Reachability, client_certificate, connect_failure
 from kresilient.redaction import Redactor, redact_text
 
 __all__ = [

@@ -50,7 +50,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -70,10 +70,8 @@ from kresilient.errors import (
     failure_from_report,
     translate,
 )
+from kresilient.reachability import AuthFailure, Reachability, client_certificate
 from kresilient.redaction import Redactor, redact_config
-
-if TYPE_CHECKING:
-    from kresilient.producer import AuthFailure, Reachability
 
 __all__ = [
     "ATTEMPTS",
@@ -965,8 +963,6 @@ class DeadLetterWriter:
         self._closed = False
         self._fatal: KafkaError | None = None
         self._bridge = _LogBridge(self._log, self._redact, self._limiter)
-        from kresilient.producer import Reachability, client_certificate  # (import cycle)
-
         #: refusals of the login or certificate, "all brokers down", and whether any dead
         #: letter was acknowledged (connected): the producer's one rule for failing fast
         self._reach: Reachability = Reachability(

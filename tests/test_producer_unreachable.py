@@ -137,7 +137,7 @@ def test_auth_failure_names_the_cause_and_the_setting(
     text: str, code: int | None, cause: str, setting: str
 ) -> None:
     from kresilient.errors import ErrorCategory
-    from kresilient.producer._support import auth_failure
+    from kresilient.reachability import auth_failure
 
     found = auth_failure(text, code)
     assert found is not None and found.cause == cause
@@ -159,7 +159,7 @@ def test_auth_failure_names_the_cause_and_the_setting(
 )
 def test_network_faults_are_not_refusals(text: str) -> None:
     """Negative control: a fault the network or an ACL causes names no credential."""
-    from kresilient.producer._support import auth_failure
+    from kresilient.reachability import auth_failure
 
     assert auth_failure(text) is None
     assert auth_failure(text, -195) is None  # _TRANSPORT
@@ -168,7 +168,7 @@ def test_network_faults_are_not_refusals(text: str) -> None:
 def test_a_refusal_without_a_broker_has_no_host() -> None:
     """A local failure (an OAUTHBEARER token librdkafka could not acquire) is named, but it is
     no broker's verdict: the consumer keeps retrying on it."""
-    from kresilient.producer._support import auth_failure
+    from kresilient.reachability import auth_failure
 
     found = auth_failure("Failed to acquire SASL OAUTHBEARER token: refused", -169)
     assert found is not None and found.cause == "auth" and found.host is None
@@ -195,7 +195,7 @@ def test_expired_client_certificate_is_named(tmp_path: Path) -> None:
     import structlog
 
     from kresilient.producer import Reachability
-    from kresilient.producer._support import certificate_expiry
+    from kresilient.reachability import certificate_expiry
     from kresilient.testing import CertificateAuthority
 
     ca = CertificateAuthority(tmp_path)

@@ -61,7 +61,8 @@ from kresilient.errors import (
     translate,
 )
 from kresilient.leadership import LeadershipMonitor
-from kresilient.producer import LogBridge, Reachability, ResilientProducer, client_certificate
+from kresilient.producer import ResilientProducer
+from kresilient.reachability import LogBridge, Reachability, client_certificate
 from kresilient.redaction import Redactor
 from kresilient.telemetry import Telemetry
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from kresilient.consumer._offsets import OffsetKeeper
     from kresilient.consumer._probes import Probes
     from kresilient.leadership import LeadershipMonitor
-    from kresilient.producer import Reachability
+    from kresilient.reachability import Reachability
     from kresilient.telemetry import Telemetry
 
 __all__ = ["ClientEvents"]

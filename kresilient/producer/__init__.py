@@ -20,7 +20,7 @@ from kresilient.producer._spool import (
     SpoolCorruptError,
     SpoolError,
 )
-from kresilient.producer._support import (
+from kresilient.reachability import (
     AuthFailure,
     LogBridge,
     Reachability,
@@ -28,11 +28,12 @@ from kresilient.producer._support import (
     connect_failure,
 )
 
-# LogBridge (librdkafka log lines into structlog, redacted, connection failures summarised),
-# Reachability ("cluster unreachable" warnings naming hosts and reasons) and connect_failure
-# are public for the other clients (consumer, admin) that route librdkafka output the same way;
-# AuthFailure is what Reachability.refused holds (a refused SASL login or TLS handshake) and
-# client_certificate() what Reachability(certificate=...) checks for expiry.
+# These live in kresilient.reachability (below every client, so the dead-letter writer, admin
+# and Spark sink use them without importing the producer) and stay re-exported here. LogBridge
+# routes librdkafka log lines into structlog (redacted, connection failures summarised);
+# Reachability gives "cluster unreachable" warnings naming hosts and reasons and recognises a
+# refused login (AuthFailure); client_certificate() is what Reachability(certificate=...)
+# checks for expiry.
 __all__ = [
     "MESSAGE_ID_HEADER",
     "POSSIBLE_DUPLICATE_HEADER",

@@ -77,11 +77,7 @@ from kresilient.producer._handle import (
 from kresilient.producer._health import BrokerStats, ProducerHealth, broker_stats
 from kresilient.producer._spool import FlushResult, Spool, SpoolDriver
 from kresilient.producer._support import (
-    AuthFailure,
-    LogBridge,
-    Reachability,
     category_counts,
-    client_certificate,
     compose_delivery_error,
     drain,
     fatal_cause,
@@ -90,6 +86,7 @@ from kresilient.producer._support import (
     scrub_exception,
     weak_callback,
 )
+from kresilient.reachability import AuthFailure, LogBridge, Reachability, client_certificate
 from kresilient.redaction import Redactor, redact_config
 from kresilient.telemetry import Telemetry
 

@@ -50,7 +50,7 @@ from kresilient.errors import (
     is_unproducible,
     translate,
 )
-from kresilient.producer import AuthFailure, Reachability, client_certificate
+from kresilient.reachability import AuthFailure, Reachability, client_certificate
 from kresilient.redaction import Redactor, redact_text
 from kresilient.spark._options import ColumnLayout, SinkOptions
 from kresilient.spark._task import (
