@@ -6,6 +6,7 @@ inter-broker and controller connection passes through the fault proxies.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -239,6 +240,34 @@ def test_isolated_leader_is_replaced_and_nothing_acknowledged_is_lost(
     for err in errors:  # every error the client saw is explained
         assert classify(err).category is not ErrorCategory.UNKNOWN, err
     net_cluster.wait_for_isr(topic, size=3, timeout=120)
+    # After an election and a heal, every node still reaches every other through a proxy.
+    assert net_cluster.direct_peer_connections() == []
+
+
+_LEADER_ENDPOINT = re.compile(
+    r"leaderEndpoints=Endpoints\(endpoints=\{ListenerName\(CONTROLLER\)=[^:]+:(\d+)"
+)
+_CONTROLLER_LISTENER = re.compile(r"^\s*listeners = .*CONTROLLER://[^,]*:(\d+)", re.M)
+
+
+def test_the_controller_quorum_is_reached_only_through_the_proxies(
+    net_cluster: KafkaCluster,
+) -> None:
+    # A KRaft leader sends its followers its own endpoints (KIP-853) and a follower that
+    # reconnects uses them. Unadvertised, they were the leader's real CONTROLLER port: in a
+    # CI run a follower fetched from an isolated controller around its proxy, kept it the
+    # leader, and no partition got a new leader in 60 s. This failed before the fix (the
+    # logged leader endpoint was the real port).
+    real: set[int] = set()
+    learned: set[int] = set()
+    for node in net_cluster.node_ids:
+        log = net_cluster.logs(node)
+        real.update(int(m) for m in _CONTROLLER_LISTENER.findall(log))
+        learned.update(int(m) for m in _LEADER_ENDPOINT.findall(log))
+    assert len(real) == len(net_cluster.node_ids), real  # every node's own listener found
+    assert learned, "no follower logged the leader's endpoints"
+    assert not learned & real, f"followers were given real controller ports {learned & real}"
+    assert net_cluster.direct_peer_connections() == []
 
 
 def test_slow_follower_leaves_the_isr_and_rejoins_after_heal(net_cluster: KafkaCluster) -> None:

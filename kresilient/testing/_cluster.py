@@ -614,6 +614,15 @@ class KafkaCluster:
         # without faults has the same listeners, advertised directly.
         client_protocol = _SECURITY_PROTOCOL.get(self.security, "PLAINTEXT")
         internal = node.internal_proxy_port or node.internal_port
+        # The KRaft leader tells its followers its own endpoints (Fetch/Vote/BeginQuorumEpoch
+        # responses carry them, KIP-853); unadvertised, that is its real CONTROLLER port, and
+        # a follower that reconnected after learning it fetched from the leader around the
+        # proxy: an isolated controller kept one follower and no election happened.
+        controller = (
+            f",CONTROLLER://127.0.0.1:{node.controller_proxy_port}"
+            if node.controller_proxy_port
+            else ""
+        )
         return {
             "listeners": (
                 f"CLIENT://127.0.0.1:{node.direct_client_port},"
@@ -624,7 +633,7 @@ class KafkaCluster:
             "advertised.listeners": (
                 f"CLIENT://127.0.0.1:{node.client_port},"
                 f"INTERNAL://127.0.0.1:{internal},"
-                f"ADMIN://127.0.0.1:{node.admin_port}"
+                f"ADMIN://127.0.0.1:{node.admin_port}{controller}"
             ),
             "inter.broker.listener.name": "INTERNAL",
             "listener.security.protocol.map": (
@@ -1458,6 +1467,41 @@ class KafkaCluster:
             return self._nodes[node_id]
         except KeyError:
             raise ClusterError(f"no node {node_id}; nodes are {sorted(self._nodes)}") from None
+
+    def direct_peer_connections(self) -> list[tuple[int, int, int]]:
+        """Connections one node holds to another node's own ports, around the fault proxies.
+
+        With ``network_faults=True`` every node-to-node byte must pass a proxy, or
+        ``cluster.network.isolate`` is not a partition. Each entry is ``(from_node, to_node,
+        port)``; an empty list is the expected answer. Linux only (reads ``/proc``).
+        """
+        if self._network is None:
+            return []
+        real: dict[int, int] = {}
+        for node in self._nodes.values():
+            for port in (node.direct_client_port, node.internal_port, node.controller_port):
+                real[port] = node.node_id
+        owner: dict[str, int] = {}  # socket inode -> node id
+        for node_id, pid in self.pids().items():
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(f"/proc/{pid}/fd"):
+                    with contextlib.suppress(OSError):
+                        link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                        if link.startswith("socket:["):
+                            owner[link[8:-1]] = node_id
+        found: list[tuple[int, int, int]] = []
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(OSError), open(table) as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    if len(cols) < 10 or cols[3] != "01":  # 01: ESTABLISHED
+                        continue
+                    port = int(cols[2].rsplit(":", 1)[1], 16)
+                    source, target = owner.get(cols[9]), real.get(port)
+                    if source is not None and target is not None and source != target:
+                        found.append((source, target, port))
+        return sorted(found)
 
     def pids(self) -> dict[int, int]:
         """Node id -> pid of every running node process."""
