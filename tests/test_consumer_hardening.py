@@ -294,7 +294,28 @@ def _read_until(proc: subprocess.Popen[str], needle: str, timeout: float, seen: 
     t = threading.Thread(target=read, daemon=True)
     t.start()
     t.join(timeout)
-    assert result.get("hit"), f"no {needle!r} within {timeout} s; output:\n{''.join(seen)}"
+    if not result.get("hit"):
+        proc.kill()  # no live worker left behind for the next test
+        proc.wait()
+        raise AssertionError(f"no {needle!r} within {timeout} s; output:\n{''.join(seen)}")
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float, seen: list[str]) -> None:
+    """Wait for the worker to exit (with a deadline) and add the rest of its output to ``seen``.
+
+    A worker still running at the deadline is killed and its output is in the failure, so a
+    hang says where it hung and no live ``Popen`` is left for the next test to trip over.
+    """
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        seen.append(out or "")
+        raise AssertionError(
+            f"the worker did not exit within {timeout} s; output:\n{''.join(seen)}"
+        ) from None
+    seen.append(out)
 
 
 def _shutdown_worker(
@@ -328,8 +349,7 @@ def test_second_sigint_during_shutdown_still_commits_and_closes(
 ) -> None:
     proc, group, topic, seen = _shutdown_worker(kafka_cluster, topic_factory, tmp_path)
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
-    seen.append(out)
+    _finish(proc, 120, seen)
     text = "".join(seen)
     assert proc.returncode == 0, text
     assert "shutdown_signal_received" in text
@@ -346,8 +366,7 @@ def test_third_signal_aborts_the_shutdown_and_says_so(
     proc.send_signal(signal.SIGINT)
     _read_until(proc, "shutdown_signal_received", 60, seen)
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
-    seen.append(out)
+    _finish(proc, 120, seen)
     text = "".join(seen)
     assert proc.returncode != 0, text
     assert "shutdown_aborted" in text and "consumer_closed" not in text

@@ -8,6 +8,7 @@ fields the monitor reads); one test on the real cluster for a deleted topic.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -142,17 +143,39 @@ def test_delivery_reports_after_deleting_the_topic_on_the_real_cluster_are_not_l
     })
     producer.produce(topic, b"before")
     assert producer.flush(30) == 0
-    kafka_cluster.delete_topic(topic)
+    # Produce while the topic is being deleted: messages in flight then get the brokers'
+    # UNKNOWN_TOPIC_OR_PART. Once librdkafka's metadata says the topic is gone, produce()
+    # refuses at once (_UNKNOWN_TOPIC); starting only after the deletion had settled, a CI
+    # run under load met only that refusal.
+    failed: list[BaseException] = []
+
+    def delete() -> None:
+        try:
+            kafka_cluster.delete_topic(topic)
+        except BaseException as exc:  # re-raised by the test thread
+            failed.append(exc)
+
+    deleting = threading.Thread(target=delete)
+    deleting.start()
+    refused = 0
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not any(
         e is not None and e.code() == KafkaError.UNKNOWN_TOPIC_OR_PART for e, _ in reports
     ):
-        producer.produce(topic, b"after", on_delivery=lambda e, m: reports.append((e, m)))
-        producer.poll(0.5)
+        try:
+            producer.produce(topic, b"after", on_delivery=lambda e, m: reports.append((e, m)))
+        except ck.KafkaException as exc:
+            if exc.args[0].code() != KafkaError._UNKNOWN_TOPIC:
+                raise
+            refused += 1
+        producer.poll(0.05 if deleting.is_alive() else 0.5)
+    deleting.join()
+    if failed:
+        raise failed[0]
     producer.flush(10)
     missing = [(e, m) for e, m in reports if e is not None
                and e.code() == KafkaError.UNKNOWN_TOPIC_OR_PART]
-    assert missing, f"no UNKNOWN_TOPIC_OR_PART report: {[e for e, _ in reports][:5]}"
+    assert missing, f"no UNKNOWN_TOPIC_OR_PART report ({refused} refused): {reports[:5]}"
     # negative control: classified without the delivery context, this is a leadership error
     assert classify(missing[0][0]).category is ErrorCategory.LEADERSHIP
     # the monitor knew the topic's partition from the statistics before it was deleted
