@@ -476,6 +476,15 @@ DELIVERY_ROWS: tuple[Row, ...] = (
         "The topic (or partition) does not exist: librdkafka waited "
         "topic.metadata.propagation.max.ms for it; create the topic (broker "
         "auto.create.topics.enable is off) or fix the topic name"),
+    # A report can only be served by a live client, so _DESTROY here is not a closed client:
+    # librdkafka dropped the partition the message was queued on (seen on 2.16.0 when a topic
+    # was deleted while producing: "partition count changed from 3 to 0", the messages
+    # waiting to be sent failed _DESTROY beside _UNKNOWN_PARTITION).
+    Row(-197, "_DESTROY", "CONFIG", "",
+        "The partition this message was queued on disappeared from the cluster's metadata "
+        "(the topic was deleted?): check that the topic exists; the message may have been "
+        "written before it went",
+        retriable=False, persisted=True, action="FAIL"),
 )
 
 #: Codes that only arise on one side of a client: translate() picks ProduceError or

@@ -797,3 +797,14 @@ def test_crash_loop_is_a_category_of_its_own_with_the_header_value_crash_loop() 
 def test_every_category_has_a_default_action() -> None:
     for category in ErrorCategory:
         assert errors._CATEGORY_DEFAULTS[category].action in Action, category
+
+
+def test_destroy_in_a_delivery_report_is_a_vanished_partition_not_a_closed_client() -> None:
+    # A report is only served by a live client: librdkafka fails the messages of a partition
+    # it dropped (topic deleted) with _DESTROY. Outside a report it stays "client closed".
+    report = classify(KafkaError(KafkaError._DESTROY), context="delivery")
+    assert report.category is ErrorCategory.CONFIG
+    assert report.possibly_persisted and not report.retriable
+    assert "deleted" in report.remedy
+    plain = classify(KafkaError(KafkaError._DESTROY))
+    assert plain.category is ErrorCategory.TRANSIENT and "close" in plain.remedy
