@@ -37,6 +37,7 @@ from test_consumer_integration import (
 from test_telemetry import Otel
 
 from kresilient.consumer import ResilientConsumer, RetryPolicy
+from kresilient.consumer._support import SignalHandlers
 from kresilient.producer import ResilientProducer
 from kresilient.testing import KafkaCluster
 
@@ -632,3 +633,45 @@ def test_user_dead_letter_producer_keeps_the_original_traceparent(
         ),
     )
     _byte_for_byte(got)
+
+
+def test_a_signal_landing_inside_a_log_write_does_not_deadlock_the_shutdown() -> None:
+    """A Python signal handler runs on the main thread between two bytecodes, possibly
+    inside a log call holding the logger's non-reentrant write lock (structlog's
+    PrintLogger). The handlers logged there themselves and waited for that lock forever: in
+    CI the worker hung after its second SIGINT (no shutdown_aborted line, nothing written
+    for 120 s). Fails on the previous code (the scenario never finishes)."""
+    write_lock = threading.Lock()
+    lines: list[str] = []
+
+    class LockedLogger:  # what a PrintLogger does around each line
+        def warning(self, event: str, **_fields: Any) -> None:
+            with write_lock:
+                lines.append(event)
+
+        def error(self, event: str, **_fields: Any) -> None:
+            with write_lock:
+                lines.append(event)
+
+    handlers = SignalHandlers(stop=lambda: None, stopping=lambda: True, log=LockedLogger())
+    handlers.shutting_down = True
+    handlers._count = 1  # the first signal started the shutdown
+    outcome: list[str] = []
+
+    def scenario() -> None:
+        with write_lock:  # the main thread is in the middle of writing a log line
+            handlers._handle(signal.SIGINT, None)  # 2nd: logged, the shutdown goes on
+            try:
+                handlers._handle(signal.SIGINT, None)  # 3rd: aborts
+            except KeyboardInterrupt:
+                outcome.append("aborted")
+
+    worker = threading.Thread(target=scenario, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "the signal handler deadlocked on the logger's lock"
+    assert outcome == ["aborted"]
+    deadline = time.monotonic() + 10  # both lines are written once the lock is free
+    while sorted(lines) != ["shutdown_aborted", "shutdown_signal_received"]:
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.01)

@@ -266,20 +266,37 @@ class SignalHandlers:
         elif not self.shutting_down:
             raise KeyboardInterrupt
         elif self._count < 3:
-            self._log.warning(
+            self._log_later(
+                "warning",
                 "shutdown_signal_received",
                 signal=signal.Signals(signum).name,
                 note="committing what was processed, then closing; one more signal aborts "
                 "without the final commit",
             )
         else:
-            self._log.error(
+            self._log_later(
+                "error",
                 "shutdown_aborted",
                 signal=signal.Signals(signum).name,
                 note="third signal: the final commit and close are skipped; messages processed "
                 "since the last commit will be consumed again",
             )
             raise KeyboardInterrupt
+
+    def _log_later(self, method: str, event: str, **fields: Any) -> None:
+        """Log from a short-lived thread, never from the handler itself.
+
+        A handler runs on the main thread between two bytecodes, possibly inside a log call
+        that holds the logger's (non-reentrant) write lock, e.g. structlog's PrintLogger: a
+        handler logging there waited for itself forever. The thread writes the line as soon
+        as the interrupted call has let go of the lock (non-daemon: it is written before exit).
+        """
+        threading.Thread(
+            target=getattr(self._log, method),
+            args=(event,),
+            kwargs=fields,
+            name="kresilient-signal-log",
+        ).start()
 
     def restore(self) -> None:
         for sig, previous in self._previous.items():
