@@ -319,25 +319,26 @@ class Reachability:
 
     def failed(self, text: str) -> bool:
         """Record one connection failure line; False if ``text`` is not one."""
+        return self._record(text) is not None
+
+    def _record(self, text: str) -> tuple[str, str] | None:
+        """(host, reason) of a connection failure, recorded with any refusal it names."""
         parsed = connect_failure(text)
         if parsed is None:
-            return False
+            return None
         host, reason = parsed
         with self._lock:
             self._hosts[host] = reason
         self.refusal(text)
-        return True
+        return parsed
 
     def broker_failed(self, text: str) -> bool:
         """A ``_TRANSPORT``/``_RESOLVE`` error: record it; one warning per host per interval
         once a connection had worked (before that, ``all_down`` speaks for every host)."""
-        parsed = connect_failure(text)
+        parsed = self._record(text)
         if parsed is None:
             return False
         host, reason = parsed
-        with self._lock:
-            self._hosts[host] = reason
-        self.refusal(text)
         if not self.ever_connected:
             return True
         allowed, suppressed = self._limiter.check(host)
