@@ -21,7 +21,15 @@ counts, and the same commit rule:
   per-round ratio kresilient_sub/kresilient_old (>= 0.98: no regression)::
 
     .venv/bin/python -P benchmarks/consumer.py --arms raw,kresilient_sub,kresilient_old \
-        --old-tree /work/old9c --messages 1000000 --rounds 9 --fetch-queue-backoff-ms 10
+        --old-tree /work/old9c --messages 1000000 --rounds 9 --fetch-queue-backoff-ms 10 \
+        --start restart
+
+``--start`` (every arm): ``new-group`` (default) gives each sample a never-committed group;
+the crash-loop guard (issue 17, newer than the flat layout) then commits each partition once,
+synchronously, before its first record: 3 commits inside the timed window of a 1M-message
+round, a start-up cost a service pays once in its group's life. ``restart`` pre-commits each
+sample's group at offset 0 with the clean-end marker, as a cleanly stopped consumer leaves it:
+the steady state, and the layout comparison (the old tree has no guard to pay for).
 
 ``--fetch-queue-backoff-ms`` (every arm): with librdkafka's default (1000 ms), the fetcher
 stops for a second whenever a partition's local queue holds ``queued.min.messages``
@@ -75,7 +83,7 @@ from _common import (
     run_child,
     run_interleaved,
 )
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kresilient.consumer import ResilientConsumer
 from kresilient.testing import KafkaCluster
@@ -103,6 +111,27 @@ def _produce(bootstrap: str, topic: str, n: int) -> None:
         raise RuntimeError("messages still queued after 120 s")
 
 
+def _clean_restart_group(bootstrap: str, topic: str, partitions: int) -> str:
+    """A new group whose every partition is committed at offset 0 with kresilient's clean-end
+    marker (what a consumer that stopped cleanly leaves): the arms start from it as from a
+    restart, without the crash-loop guard's first-start commits (issue 17: one synchronous
+    commit per never-committed partition, once in a group's life). The raw loop and a tree
+    without the guard ignore the metadata."""
+    # here, not at the top: a --child of an --old-tree checkout imports this file too
+    from kresilient.consumer._crashloop import CLEAN
+
+    group = f"bench-restart-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        parts = [TopicPartition(topic, p, 0, metadata=CLEAN) for p in range(partitions)]
+        for part in consumer.commit(offsets=parts, asynchronous=False) or []:
+            if part.error is not None:
+                raise RuntimeError(f"pre-commit of {group} failed: {part.error}")
+    finally:
+        consumer.close()
+    return group
+
+
 def run_raw(
     bootstrap: str, topic: str, n: int, extra: dict[str, Any] | None = None
 ) -> tuple[float, float, float]:
@@ -110,9 +139,9 @@ def run_raw(
     message (``main_cpu_s``: this thread's CPU time only)."""
     consumer = Consumer(
         {
+            "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
             **(extra or {}),
             "bootstrap.servers": bootstrap,
-            "group.id": f"bench-raw-{uuid.uuid4().hex[:8]}",
             "auto.offset.reset": "earliest",
             "enable.auto.offset.store": False,
             "partition.assignment.strategy": "cooperative-sticky",
@@ -169,9 +198,9 @@ def run_kresilient(
 
     consumer = ResilientConsumer(
         {
+            "group.id": f"bench-kr-{uuid.uuid4().hex[:8]}",
             **(extra or {}),
             "bootstrap.servers": bootstrap,
-            "group.id": f"bench-kr-{uuid.uuid4().hex[:8]}",
         },
         [topic],
         handler,
@@ -293,6 +322,14 @@ def main() -> None:
         default=None,
         help="set librdkafka's fetch.queue.backoff.ms in every arm (default: its default, 1000)",
     )
+    parser.add_argument(
+        "--start",
+        choices=("new-group", "restart"),
+        default="new-group",
+        help="each sample's group: new (never committed; kresilient's crash-loop guard then "
+        "commits each partition once before its first record) or restart (pre-committed at "
+        "offset 0 with the clean-end marker, the steady state of a restarted service)",
+    )
     parser.add_argument("--json", action="store_true", help="also print every sample")
     parser.add_argument("--micro", action="store_true", help="the loops alone, no broker")
     args = parser.parse_args()
@@ -323,6 +360,8 @@ def main() -> None:
 
         def arm(name: str) -> Any:
             def sample(rnd: int) -> Sample:
+                if args.start == "restart":
+                    extra["group.id"] = _clean_restart_group(bootstrap, topic, args.partitions)
                 if name in SUBPROCESS_ARMS:
                     tree = _ROOT if name == "kresilient_sub" else Path(args.old_tree)
                     r = run_child(
@@ -361,8 +400,13 @@ def main() -> None:
         cluster.delete_topic(topic)
         cluster.delete_topic(topic + ".dlq")
     load_after = os.getloadavg()[0]
+    extra.pop("group.id", None)
     env = environment(
-        messages=args.messages, partitions=args.partitions, rounds=args.rounds, config=extra
+        messages=args.messages,
+        partitions=args.partitions,
+        rounds=args.rounds,
+        config=extra,
+        start=args.start,
     )
     print()
     print(f"consumer, {contention(load_before, load_after)}: {json.dumps(env)}")
