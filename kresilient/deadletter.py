@@ -70,7 +70,12 @@ from kresilient.errors import (
     failure_from_report,
     translate,
 )
-from kresilient.reachability import AuthFailure, Reachability, client_certificate
+from kresilient.reachability import (
+    AuthFailure,
+    Reachability,
+    client_certificate,
+    purge_refused,
+)
 from kresilient.redaction import Redactor, redact_config
 
 __all__ = [
@@ -1259,22 +1264,15 @@ class DeadLetterWriter:
         if failure is None:
             return False
         self._auth_purge = failure
-        try:
-            self._producer.purge(in_queue=True, in_flight=False, blocking=False)
-        except KafkaException:  # closed or failed meanwhile: the timeout still reports them
-            return False
-        allowed, suppressed = self._limiter.check("auth_purge")
-        if allowed:
-            self._log.error(
-                "kafka_authentication_failed",
-                cause=failure.cause,
-                detail=failure.detail,
-                remedy=failure.remedy,
-                dead_letters=self._pending,
-                suppressed=suppressed,
-                note="queued dead letters failed at once (never sent); see flush()",
-            )
-        return True
+        return purge_refused(
+            self._producer,
+            failure,
+            self._limiter,
+            self._log,
+            counted="dead_letters",
+            count=lambda: self._pending,
+            note="queued dead letters failed at once (never sent); see flush()",
+        )
 
     def _on_error(self, err: KafkaError) -> None:
         try:

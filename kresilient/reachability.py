@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from kresilient._ratelimit import RateLimiter
 from kresilient.errors import Classification, classify
@@ -152,6 +152,10 @@ class AuthFailure:
         """What to check (names settings, never their values)."""
         return _REMEDIES[self.cause]
 
+    def log_fields(self) -> dict[str, str]:
+        """The fields of the ``kafka_authentication_failed`` line every client logs."""
+        return {"cause": self.cause, "detail": self.detail, "remedy": self.remedy}
+
     def describe(self) -> str:
         """``<librdkafka's reason>: <remedy>``."""
         return f"{self.detail} ({self.remedy})"
@@ -165,6 +169,41 @@ class AuthFailure:
             possibly_persisted=possibly_persisted,
             remedy=remedy + (f". {note}" if note else ""),
         )
+
+
+def purge_refused(
+    client: Any,
+    failure: AuthFailure,
+    limiter: RateLimiter,
+    log: Any,
+    *,
+    counted: str,
+    count: Callable[[], int],
+    note: str,
+) -> bool:
+    """Fail ``client``'s queued messages at once after a final refusal (the producer's and the
+    dead-letter writer's fail-fast, one definition).
+
+    Purges what is still in librdkafka's queue (never sent; nothing in flight is touched):
+    each message gets a ``_PURGE_QUEUE`` report, which the client classifies as ``failure``.
+    Logs ``kafka_authentication_failed`` (rate-limited under the key ``auth_purge``) with
+    ``counted=count()``. Returns False if the purge raised (the client was closed or failed
+    meanwhile: its timeout still reports the messages).
+    """
+    try:
+        client.purge(in_queue=True, in_flight=False, blocking=False)
+    except KafkaException:
+        return False
+    allowed, suppressed = limiter.check("auth_purge")
+    if allowed:
+        log.error(
+            "kafka_authentication_failed",
+            **failure.log_fields(),
+            **{counted: count()},
+            suppressed=suppressed,
+            note=note,
+        )
+    return True
 
 
 def auth_failure(text: str, code: int | None = None) -> AuthFailure | None:

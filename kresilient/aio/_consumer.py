@@ -609,9 +609,7 @@ class AsyncResilientConsumer:
             return
         self._log.error(
             "kafka_authentication_failed",
-            cause=failure.cause,
-            detail=failure.detail,
-            remedy=failure.remedy,
+            **failure.log_fields(),
         )
         self._error = ConsumeError(
             "no broker accepted this consumer's credentials or certificate",

@@ -157,9 +157,7 @@ class ClientEvents:
         self.state.interrupt = True
         self.log.error(
             "kafka_authentication_failed",
-            cause=failure.cause,
-            detail=failure.detail,
-            remedy=failure.remedy,
+            **failure.log_fields(),
         )
         return error
 

@@ -86,7 +86,13 @@ from kresilient.producer._support import (
     scrub_exception,
     weak_callback,
 )
-from kresilient.reachability import AuthFailure, LogBridge, Reachability, client_certificate
+from kresilient.reachability import (
+    AuthFailure,
+    LogBridge,
+    Reachability,
+    client_certificate,
+    purge_refused,
+)
 from kresilient.redaction import Redactor, redact_config
 from kresilient.telemetry import Telemetry
 
@@ -427,9 +433,7 @@ class ResilientProducer:
                 handle = _lean_handle(self._owner)
             handle._id = n
         else:
-            handle, sent = self._full_handle(
-                n, topic, key, value, headers, partition, on_delivery
-            )
+            handle, sent = self._full_handle(n, topic, key, value, headers, partition, on_delivery)
             if propagate:
                 headers = sent
         part = -1 if partition is None else partition
@@ -1034,22 +1038,15 @@ class ResilientProducer:
         if failure is None:
             return False
         self._auth_purge = failure
-        try:
-            producer.purge(in_queue=True, in_flight=False, blocking=False)
-        except KafkaException:  # closed or failed meanwhile: the timeout still reports them
-            return False
-        allowed, suppressed = self._limiter.check("auth_purge")
-        if allowed:
-            self._log.error(
-                "kafka_authentication_failed",
-                cause=failure.cause,
-                detail=failure.detail,
-                remedy=failure.remedy,
-                messages=len(producer),
-                suppressed=suppressed,
-                note="queued messages failed at once (never sent); see flush()",
-            )
-        return True
+        return purge_refused(
+            producer,
+            failure,
+            self._limiter,
+            self._log,
+            counted="messages",
+            count=lambda: len(producer),
+            note="queued messages failed at once (never sent); see flush()",
+        )
 
     def _flush_dead_letters(self, deadline: float | None) -> list[DeliveryFailure]:
         dlq = self._dlq

@@ -646,9 +646,7 @@ def _fail_refused(producer: Producer, collector: _Collector, refusal: AuthFailur
     collector.reset()
     _log.error(
         "kafka_authentication_failed",
-        cause=refusal.cause,
-        detail=refusal.detail,
-        remedy=refusal.remedy,
+        **refusal.log_fields(),
         rows=len(failures),
         note="queued rows failed at once (never sent)",
     )
