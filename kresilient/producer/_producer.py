@@ -1202,7 +1202,10 @@ class ResilientProducer:
             self._finalize("garbage_collected")
 
     def __len__(self) -> int:
-        """Messages queued, in flight, or awaiting their delivery report."""
+        """librdkafka's queue length: messages queued, in flight or awaiting their delivery
+        report, plus client events (errors, log lines, statistics) that ``poll()`` or
+        ``flush()`` has not served yet. ``flush()`` succeeding is the test that no message is
+        left."""
         return len(self._producer) if self._producer is not None else 0
 
     @property
