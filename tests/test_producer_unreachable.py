@@ -215,3 +215,38 @@ def test_expired_client_certificate_is_named(tmp_path: Path) -> None:
     reach = Reachability(structlog.get_logger("test"), certificate=str(valid.certificate))
     reach.failed(_ALERT_UNKNOWN)
     assert reach.refused is not None and reach.refused.cause == "certificate"
+
+
+def test_health_keeps_naming_the_refusal_through_the_reconnect_failures_after_it() -> None:
+    """A wrong CA under load in CI: the refusal came as _SSL, the next broker's (the same
+    certificate check) as _TRANSPORT, and health().last_error said _TRANSPORT. After a
+    refusal, until a connection is up again, reconnect failures and "all brokers down" are
+    its consequences; any other error is still named as itself."""
+    from confluent_kafka import KafkaError
+
+    from kresilient.producer import ResilientProducer
+
+    producer = ResilientProducer({"bootstrap.servers": "127.0.0.1:1"}, exit_timeout=0)
+    try:
+        producer._on_error(KafkaError(KafkaError._TRANSPORT, "127.0.0.1:1/bootstrap: Disconnected"))
+        assert producer.health().last_error == "_TRANSPORT"  # no refusal yet: itself
+        verify = (
+            "sasl_ssl://127.0.0.1:1/bootstrap: SSL handshake failed: error:0A000086:"
+            "SSL routines::certificate verify failed"
+        )
+        producer._on_error(KafkaError(KafkaError._SSL, verify))
+        assert producer.health().last_error == "_SSL"
+        for code, text in [
+            (KafkaError._TRANSPORT, verify.replace("SSL handshake failed: ", "")),
+            (KafkaError._TRANSPORT, "127.0.0.1:2/bootstrap: Connect failed: Connection refused"),
+            (KafkaError._ALL_BROKERS_DOWN, "3/3 brokers are down"),
+        ]:
+            producer._on_error(KafkaError(code, text))
+            assert producer.health().last_error == "_SSL", text
+        producer._on_error(KafkaError(KafkaError._TIMED_OUT, "request timed out"))
+        assert producer.health().last_error == "_TIMED_OUT"  # not a connection failure
+        producer._reach.connected()  # a connection is up: the refusal is over
+        producer._on_error(KafkaError(KafkaError._TRANSPORT, "127.0.0.1:1/bootstrap: Disconnected"))
+        assert producer.health().last_error == "_TRANSPORT"
+    finally:
+        producer.close(0)

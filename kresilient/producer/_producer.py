@@ -821,10 +821,6 @@ class ResilientProducer:
     def _on_error(self, err: KafkaError) -> None:
         try:
             code = err.code()
-            if code != KafkaError._ALL_BROKERS_DOWN or self._reach.refused is None:
-                # "all brokers down" after a refused login is its consequence: health()
-                # keeps naming the cause (_AUTHENTICATION/_SSL)
-                self._last_error = (err.name(), time.time())
             self._monitor.on_error(err)
             text = self._scrub(err.str())
             if code in _REFUSAL_CODES:  # kept to name the cause of the timeouts that follow
@@ -847,6 +843,17 @@ class ResilientProducer:
                         remedy=c.remedy,
                         suppressed=suppressed,
                     )
+            refused = self._reach.refused
+            if refused is not None and (
+                code == KafkaError._ALL_BROKERS_DOWN or code in _CONNECT_CODES
+            ):
+                # After a refused login (kept until a connection is up again), "all brokers
+                # down" and the failed reconnects are its consequences, and a TLS refusal may
+                # itself come as _TRANSPORT: health() keeps naming the cause (_SSL or
+                # _AUTHENTICATION), not whichever reconnect failed last.
+                self._last_error = (KafkaError(refused.code).name(), time.time())
+            else:
+                self._last_error = (err.name(), time.time())
             cb = self._user_cb["error_cb"]
             if cb is not None:
                 cb(err)
