@@ -575,3 +575,145 @@ def test_process_span_link_mode_and_other_samplers_keep_the_generic_path() -> No
         # link mode: the span is a root of the consumer's own trace, decided by the SDK
         assert span is not None
         assert trace.get_current_span().get_span_context().trace_id != 0xABC
+
+
+# --- consumer side: the traceparent read without the propagator -----------------------------
+
+_PARENT = "00-00000000000000000000000000000abc-1122334455667788-{flags}"
+
+# (name, headers): every form the header-reading path must treat as the propagator does; the
+# canonical not-sampled ones take the direct read, the others the propagator.
+HEADER_FORMS: list[tuple[str, Any]] = [
+    ("not-sampled", [(TRACEPARENT, _PARENT.format(flags="00").encode())]),
+    ("not-sampled-random", [(TRACEPARENT, _PARENT.format(flags="02").encode())]),
+    ("sampled", [(TRACEPARENT, _PARENT.format(flags="01").encode())]),
+    ("sampled-random", [(TRACEPARENT, _PARENT.format(flags="03").encode())]),
+    ("unknown-flag-bits", [(TRACEPARENT, _PARENT.format(flags="fc").encode())]),
+    ("with-tracestate", [(TRACEPARENT, _PARENT.format(flags="00").encode()),
+                         ("tracestate", b"vendor=abc")]),
+    ("with-baggage", [(TRACEPARENT, _PARENT.format(flags="00").encode()),
+                      ("baggage", b"tenant=7")]),
+    ("other-headers-kept-out", [("app", b"1"), (TRACEPARENT, _PARENT.format(flags="00").encode()),
+                                ("Content-Type", b"x")]),
+    ("repeated-last-wins", [(TRACEPARENT, _PARENT.format(flags="01").encode()),
+                            (TRACEPARENT, _PARENT.format(flags="00").encode())]),
+    ("repeated-last-sampled", [(TRACEPARENT, _PARENT.format(flags="00").encode()),
+                               (TRACEPARENT, _PARENT.format(flags="01").encode())]),
+    ("mixed-case-key", [("TraceParent", _PARENT.format(flags="00").encode())]),
+    ("mixed-case-key-last", [(TRACEPARENT, _PARENT.format(flags="01").encode()),
+                             ("TRACEPARENT", _PARENT.format(flags="00").encode())]),
+    ("upper-case-hex", [(TRACEPARENT, _PARENT.format(flags="00").upper().encode())]),
+    ("surrounding-space", [(TRACEPARENT, b" " + _PARENT.format(flags="00").encode() + b" ")]),
+    ("version-01-extra", [(TRACEPARENT, _PARENT.format(flags="00").replace("00-", "01-", 1)
+                           .encode() + b"-extra")]),
+    ("version-00-extra", [(TRACEPARENT, _PARENT.format(flags="00").encode() + b"-extra")]),
+    ("version-ff", [(TRACEPARENT, _PARENT.format(flags="00").replace("00-", "ff-", 1)
+                     .encode())]),
+    ("zero-trace-id", [(TRACEPARENT, b"00-" + b"0" * 32 + b"-1122334455667788-00")]),
+    ("zero-span-id", [(TRACEPARENT, _PARENT.format(flags="00")[:36].encode() + b"0" * 16
+                       + b"-00")]),
+    ("str-value", [(TRACEPARENT, _PARENT.format(flags="00"))]),
+    ("none-value", [(TRACEPARENT, None)]),
+    ("bytes-key", [(b"traceparent", _PARENT.format(flags="01").encode())]),
+    ("truncated", [(TRACEPARENT, _PARENT.format(flags="00").encode()[:-1])]),
+    ("not-utf8", [(TRACEPARENT, b"\xff" * 55)]),
+    ("dict-headers", {TRACEPARENT: _PARENT.format(flags="00").encode()}),
+]
+
+
+def _counting_composite() -> tuple[CompositePropagator, list[int]]:
+    """The SDK's default composite whose W3C member counts ``extract`` calls (an instance
+    attribute: the member's type, which the fast path checks, stays the SDK's)."""
+    w3c = TraceContextTextMapPropagator()
+    calls: list[int] = []
+    real = w3c.extract
+
+    def extract(*args: Any, **kwargs: Any) -> Context:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    w3c.extract = extract  # type: ignore[method-assign]
+    return CompositePropagator([w3c, W3CBaggagePropagator()]), calls
+
+
+def _inside(tel: Telemetry, headers: Any) -> tuple[Any, ...]:
+    """What a handler sees inside process_span: the span's context and recording state, and
+    the current context's contents (span replaced by its context, baggage as a dict)."""
+    with tel.process_span(message(headers)) as span:
+        current = otel_context.get_current()
+        seen = trace.get_current_span().get_span_context()
+        assert span is None or span.get_span_context() == seen
+        others = {k: v for k, v in current.items() if not isinstance(v, trace.Span)}
+        return (
+            span is not None and span.is_recording(),
+            seen.trace_id == 0xABC, seen.trace_flags, seen.trace_state, seen.is_remote,
+            seen.is_valid,
+            seen.span_id in (0, 0x1122334455667788),
+            sorted(map(str, others.values())),
+        )
+
+
+@pytest.mark.parametrize("outer_baggage", [False, True], ids=["bare", "outer-baggage"])
+@pytest.mark.parametrize(("form", "headers"), HEADER_FORMS, ids=[f for f, _ in HEADER_FORMS])
+def test_header_read_gives_what_the_propagator_gives(
+    form: str, headers: Any, outer_baggage: bool, attached: list[Any]
+) -> None:
+    if outer_baggage:  # the handler's caller had baggage current: extract() starts afresh
+        attached.append(otel_context.attach(set_baggage("outer", "1")))
+    # rate 0: a root span (a header the propagator refuses) is never sampled, so both paths'
+    # roots compare; a parent's sampled flag still decides for its child
+    tp, _ = provider(ParentBased(TraceIdRatioBased(0.0)))
+    fast = telemetry(tp, propagator=DEFAULT_COMPOSITE)
+    slow = generic(telemetry(tp, propagator=DEFAULT_COMPOSITE))
+    assert fast._fast is not None
+    for _ in range(3):  # span ids are random: compare the shape, thrice
+        assert _inside(fast, headers) == _inside(slow, headers), form
+
+
+DIRECT = {"not-sampled", "not-sampled-random", "other-headers-kept-out", "repeated-last-wins",
+          "mixed-case-key", "mixed-case-key-last", "unknown-flag-bits"}
+
+
+@pytest.mark.parametrize(("form", "headers"), HEADER_FORMS, ids=[f for f, _ in HEADER_FORMS])
+def test_only_canonical_not_sampled_parents_skip_the_propagator(
+    form: str, headers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The direct read is taken exactly for the canonical not-sampled forms, and then the
+    propagator is not called; anything else (tracestate, baggage, another spelling, a sampled
+    parent) goes through the propagator. ``unknown-flag-bits`` (fc: sampled bit clear) is a
+    not-sampled parent."""
+    direct: list[bool] = []
+    real = sampling.FastSampler.drop_from_headers
+
+    def spy(self: Any, *args: Any) -> Any:
+        got = real(self, *args)
+        direct.append(got is not None)
+        return got
+
+    monkeypatch.setattr(sampling.FastSampler, "drop_from_headers", spy)
+    tp, _ = provider(ParentBased(TraceIdRatioBased(0.01)))
+    prop, extracts = _counting_composite()
+    tel = telemetry(tp, propagator=prop)
+    assert tel._fast is not None
+    _inside(tel, headers)
+    assert direct == [form in DIRECT], form
+    if form in DIRECT:
+        assert extracts == [], form
+
+
+def test_header_read_is_off_where_the_fast_path_is() -> None:
+    """Negative controls: a plain ratio sampler decides on the parent's trace id (kept ->
+    recorded), and link mode never parents to the header."""
+    tp, exporter = provider(TraceIdRatioBased(0.5))
+    tel = telemetry(tp, propagator=DEFAULT_COMPOSITE)
+    bound = TraceIdRatioBased(0.5).bound
+    for trace_id in (bound - 1, bound + 1):
+        value = f"00-{trace_id:032x}-1122334455667788-00".encode()
+        with tel.process_span(message([(TRACEPARENT, value)])):
+            pass
+    assert [s.context.trace_id for s in exporter.get_finished_spans()] == [bound - 1]
+    prop, extracts = _counting_composite()
+    linked = telemetry(provider(ParentBased(TraceIdRatioBased(0.01)))[0], propagator=prop,
+                       link_mode="link")
+    _inside(linked, HEADER_FORMS[0][1])
+    assert extracts == [1]

@@ -17,6 +17,7 @@ __all__ = [
     "Headers",
     "MessageLike",
     "extract_context",
+    "fields",
     "inject_headers",
     "merge_carrier",
 ]
@@ -66,7 +67,7 @@ _GETTER = _DictGetter()
 _FIELDS_CACHE: dict[int, tuple[TextMapPropagator, frozenset[str]]] = {}
 
 
-def _fields(propagator: TextMapPropagator) -> frozenset[str]:
+def fields(propagator: TextMapPropagator) -> frozenset[str]:
     """Lower-case header names *propagator* reads/writes (cached per propagator object)."""
     hit = _FIELDS_CACHE.get(id(propagator))
     if hit is not None and hit[0] is propagator:
@@ -116,7 +117,7 @@ def merge_carrier(
     """A new header list: *headers* without the fields *prop* owns, then *carrier* (as bytes)."""
     if not carrier and headers is None:
         return []
-    owned = _fields(prop) | {k.lower() for k in carrier}
+    owned = fields(prop) | {k.lower() for k in carrier}
     out: list[tuple[str, HeaderValue]] = [
         (k, v) for k, v in _items(headers) if not (isinstance(k, str) and k.lower() in owned)
     ]
@@ -136,7 +137,7 @@ def extract_context(
     header repeats, the last value wins (Java ``Headers.lastHeader`` semantics).
     """
     prop = propagator or propagate.get_global_textmap()
-    wanted = _fields(prop)
+    wanted = fields(prop)
     carrier: dict[str, str] = {}
     for item in _items(headers):
         try:

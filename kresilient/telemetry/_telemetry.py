@@ -944,6 +944,15 @@ class _ProcessScope:
             links: list[Link] | None = None
             headers = _call(msg.headers)
             if headers:
+                fast = tel._fast
+                if fast is not None and tel.link_mode == "parent":
+                    # sampled out upstream, read from the canonical traceparent alone: the
+                    # SDK's non-recording child without the propagator (sampling.py)
+                    got = fast.drop_from_headers(headers, tel._propagator)
+                    if got is not None:
+                        self.span = got[0]
+                        self._ctx_token = otel_context.attach(got[1])
+                        return got[0]
                 extracted = tel.extract_context(headers)
                 remote = trace.get_current_span(extracted).get_span_context()
                 if remote.is_valid:

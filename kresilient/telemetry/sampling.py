@@ -18,6 +18,11 @@ takes that decision itself, with the SDK's own rule:
   not sampled: the header carries the parent's trace id and ``tracestate``, a new span id and
   the flags the SDK would set.
 
+CONSUMER spans (``process_span``) take the same rule for the parent read from a record's
+headers: :meth:`FastSampler.drop_child` when the context was extracted already, and
+:meth:`FastSampler.drop_from_headers` straight from the canonical ``traceparent`` (no
+propagator call) when it is the record's only trace-context header.
+
 Anything else -- another sampler, id generator or tracer class, a propagator other than W3C
 trace context (alone, or in a composite with W3C baggage), a disabled tracer, the SDK's
 internal metrics on -- keeps the generic path (:meth:`FastSampler.route` returns ``None``).
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import random
+import re
 import threading
 from binascii import b2a_hex as _hex
 from collections.abc import Callable
@@ -38,7 +44,7 @@ from opentelemetry.context import Context, get_current
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 
-from kresilient.telemetry._propagation import Headers, HeaderValue, merge_carrier
+from kresilient.telemetry._propagation import Headers, HeaderValue, fields, merge_carrier
 
 __all__ = ["FastSampler", "fast_sampler_for"]
 
@@ -47,6 +53,15 @@ _RANDOM_FLAG = 0x02  # W3C trace-context level 2 "random-trace-id"
 _SAMPLED_FLAG = 0x01
 _TRACEPARENT = "traceparent"
 _TRACESTATE = "tracestate"
+
+#: The canonical version-00 ``traceparent`` (what every W3C tracer writes): the only form the
+#: consumer fast path parses itself; any other form is the propagator's to read.
+_CANONICAL_TRACEPARENT = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_ZERO_SPAN_ID = b"0" * 16
+#: The key ``trace.set_span_in_context`` stores the span under (read through the public API).
+(_SPAN_KEY,) = trace.set_span_in_context(trace.INVALID_SPAN, Context())
+_FLAGS_NONE = TraceFlags(0)
+_FLAGS_RANDOM = TraceFlags(_RANDOM_FLAG)
 
 _bits = random.getrandbits
 _get_global_textmap = propagate.get_global_textmap
@@ -183,11 +198,11 @@ class FastSampler:
         self._ids = _PresetIds(tracer.id_generator)
         self._private = copy.copy(tracer)
         self._current = _current_context_getter()
-        # (propagator, the propagators besides W3C trace context it runs, or None: unsupported)
-        self._known: tuple[TextMapPropagator | None, tuple[TextMapPropagator, ...] | None] = (
-            None,
-            None,
-        )
+        # (propagator, the propagators besides W3C trace context it runs or None: unsupported,
+        # the lower-case header names it reads)
+        self._known: tuple[
+            TextMapPropagator | None, tuple[TextMapPropagator, ...] | None, frozenset[str]
+        ] = (None, None, frozenset())
 
     def route(
         self, headers: Headers, propagator: TextMapPropagator | None
@@ -288,10 +303,73 @@ class FastSampler:
             )
         )
 
+    def drop_from_headers(
+        self, headers: Headers, propagator: TextMapPropagator | None
+    ) -> tuple[Span, Context] | None:
+        """:meth:`drop_child` read straight from a consumed record's headers.
+
+        Returns ``(span, context)``: the non-recording child :meth:`drop_child` builds and the
+        context the generic path attaches for it (what the propagator's ``extract`` returns,
+        with the child as its span). Returns ``None`` -- the caller takes the generic path --
+        unless the headers are a list whose only trace-context header is one canonical
+        version-00 ``traceparent`` (bytes; a repeated one: the last, as ``extract_context``)
+        with valid ids that the sampler drops. Any ``tracestate``, ``baggage`` or other header
+        the propagator reads, any other form of ``traceparent``, an unsupported propagator:
+        ``None``. What it skips: the carrier dict, the propagator's regular expression and
+        two ``Context`` copies (~4 µs of the ~9 µs a sampled-out ``process_span`` cost).
+        """
+        prop = propagator or _get_global_textmap()
+        known = self._known
+        if known[0] is not prop:
+            known = self._learn(prop)
+        if known[1] is None or type(headers) is not list:
+            return None
+        owned = known[2]
+        value: object = None
+        for item in headers:
+            if type(item) is not tuple or len(item) != 2:
+                return None
+            key = item[0]
+            if key == _TRACEPARENT:
+                value = item[1]
+            elif type(key) is str and (low := key.lower()) in owned:
+                if low != _TRACEPARENT:
+                    return None
+                value = item[1]
+        if type(value) is not bytes:
+            return None
+        match = _CANONICAL_TRACEPARENT.fullmatch(value)
+        if match is None or not self._tracer._tracer_config.is_enabled:
+            return None
+        trace_hex, span_hex, flags_hex = match.groups()
+        trace_id = int(trace_hex, 16)
+        if not trace_id or span_hex == _ZERO_SPAN_ID:
+            return None  # an invalid parent: the propagator ignores it
+        flags = int(flags_hex, 16)
+        if self._parent_based:
+            if flags & _SAMPLED_FLAG:
+                return None
+        elif trace_id & _MASK64 < self.bound:
+            return None
+        span_id = _bits(64)
+        while not span_id:  # pragma: no cover - probability 2**-64
+            span_id = _bits(64)
+        span = NonRecordingSpan(
+            SpanContext(
+                trace_id,
+                span_id,
+                is_remote=False,
+                trace_flags=_FLAGS_RANDOM if flags & _RANDOM_FLAG else _FLAGS_NONE,
+            )
+        )
+        # extract() starts from an empty context (W3C trace context ignores the current one):
+        # the context holds the span alone, as set_span_in_context(span, Context()) makes it
+        return span, Context({_SPAN_KEY: span})
+
     def _learn(
         self, prop: TextMapPropagator
-    ) -> tuple[TextMapPropagator | None, tuple[TextMapPropagator, ...] | None]:
-        known = (prop, _propagation_kind(prop))
+    ) -> tuple[TextMapPropagator | None, tuple[TextMapPropagator, ...] | None, frozenset[str]]:
+        known = (prop, _propagation_kind(prop), fields(prop))
         self._known = known  # one store: another thread sees the old pair or the new one
         return known
 
