@@ -237,6 +237,8 @@ def test_kip848_retrying_longer_than_max_poll_interval_causes_no_rebalance(
     events: list[tuple[int, int]] = []
     rebalances: list[str] = []
     failing_since: list[float] = []
+    failed_attempts: list[float] = []
+    succeeded_at: list[float] = []
     consumer: ResilientConsumer
 
     def handle(msg: Message) -> None:
@@ -246,7 +248,9 @@ def test_kip848_retrying_longer_than_max_poll_interval_causes_no_rebalance(
                 failing_since.append(time.monotonic())
             # fails for longer than max.poll.interval.ms: a blocking retry would be evicted
             if time.monotonic() - failing_since[0] < 12.0:
+                failed_attempts.append(time.monotonic())
                 raise ConnectionError("downstream unavailable")
+            succeeded_at.append(time.monotonic())
         events.append((p, o))
         if len(events) == 30:
             consumer.stop()
@@ -273,5 +277,8 @@ def test_kip848_retrying_longer_than_max_poll_interval_causes_no_rebalance(
     assert failing_since, "the failure never happened"  # negative control: the retry was real
     assert [o for p, o in events if p == 0] == list(range(20))  # order kept, nothing skipped
     assert "lost" not in rebalances and rebalances.count("revoke") <= 1, rebalances
-    assert consumer.health().retries >= 10
+    # held past max.poll.interval.ms (8 s) by retries made from the poll loop, each counted;
+    # how many fit in 12 s depends on the machine's load, not on the consumer
+    assert succeeded_at[0] - failed_attempts[0] > 8.0
+    assert consumer.health().retries == len(failed_attempts) >= 2
     _assert_next_gen(kafka_cluster, group)
