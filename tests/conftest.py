@@ -10,6 +10,14 @@ import pytest
 _skipped: list[str] = []
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "streaming_source: writeStream.format('kresilient'), which needs pyspark>=4.1 "
+        "(DataSourceStreamArrowWriter); .ci/test deselects it on the lowest supported pyspark",
+    )
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and not hasattr(report, "wasxfail"):
         _skipped.append(report.nodeid)

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.integration
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "spark_job.py"
 
 
+@pytest.mark.streaming_source  # the example's second half streams
 def test_spark_job_example_runs_and_prints_no_raw_librdkafka_line(
     kafka_cluster: KafkaCluster, tmp_path: Path
 ) -> None:

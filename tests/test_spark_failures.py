@@ -263,6 +263,7 @@ def _committed_marker(bootstrap: str, group: str, topic: str) -> int:
         c.close()
 
 
+@pytest.mark.streaming_source
 def test_exactly_once_marker_group_offsets_expired_replay_still_skips_committed_partition(
     spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Any
 ) -> None:

@@ -421,6 +421,7 @@ def _read_records(cluster: KafkaCluster, topic: str) -> list[tuple[bytes, Any, l
 
 
 # --------------------------------------------------------------------------- 4e
+@pytest.mark.streaming_source
 def test_streaming_restart_from_checkpoint_loses_nothing(
     spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
 ) -> None:
@@ -479,6 +480,7 @@ def test_streaming_restart_from_checkpoint_loses_nothing(
 
 
 # --------------------------------------------------------------------------- 4e, exactly-once
+@pytest.mark.streaming_source
 def test_streaming_exactly_once_replay_after_failed_batch_no_loss_no_duplicates(
     spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
 ) -> None:

@@ -7,6 +7,7 @@ The connector jars come through Maven (:func:`kresilient.spark.connector.connect
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -218,6 +219,27 @@ def test_jvm_engine_streaming_routes_per_micro_batch(
     assert sum(s.dead_lettered for s in streamed) == 1
     assert len(_records(kafka_cluster, topic)) == 9
     assert [v[:3] for _, _, v, _ in _records(kafka_cluster, dlq)] == [b"vvv"]
+
+
+def test_streaming_data_source_follows_the_installed_pyspark() -> None:
+    """On the installed pyspark itself (CI runs the Spark tests on the lowest and the newest):
+    4.0 refuses ``writeStream.format('kresilient')`` naming its version and the way out; 4.1+
+    has the Arrow stream writer the data source subclasses."""
+    import pyspark
+
+    from kresilient.spark import _source
+
+    major, minor = (int(p) for p in pyspark.__version__.split(".")[:2])
+    source = _source.KResilientDataSource({"kafka.bootstrap.servers": "b:1", "topic": "t"})
+    if (major, minor) < (4, 1):
+        assert _source.DataSourceStreamArrowWriter is None
+        with pytest.raises(ConfigError, match=rf"pyspark {re.escape(pyspark.__version__)}"):
+            source.streamWriter(None, False)
+    else:
+        from pyspark.sql.datasource import DataSourceStreamArrowWriter
+
+        assert _source.DataSourceStreamArrowWriter is DataSourceStreamArrowWriter
+        assert issubclass(_source._StreamWriter, DataSourceStreamArrowWriter)
 
 
 def test_streaming_data_source_refused_clearly_without_stream_arrow_writer(

@@ -169,6 +169,7 @@ def test_executor_sigkill_mid_write_job_succeeds_no_row_lost(
     _assert_all_present(_read_ids(kafka_cluster, topic), rows)
 
 
+@pytest.mark.streaming_source
 def test_streaming_query_across_executor_loss_no_row_lost(
     standalone: Any,
     spark: Any,
