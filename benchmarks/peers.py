@@ -52,6 +52,11 @@ instrumentation makes one span per ``consume()`` call (none per message).
     /work/bench-venv/bin/python -P benchmarks/peers.py                     # all sections
     /work/bench-venv/bin/python -P benchmarks/peers.py --sections producer --rounds 5
 
+``--start restart`` (consumer arms, tracing consumers too): each sample's group is committed
+at offset 0 of every partition with kresilient's clean-end marker before the arm starts (not
+timed), as a cleanly stopped consumer leaves it; the default ``new-group`` times kresilient's
+first-start commits (one per never-committed partition, once in a group's life) as well.
+
 Uses ``KRESILIENT_BOOTSTRAP_SERVERS`` or starts a local 3-node cluster; deletes every topic it
 creates. Prints markdown (progress on stderr).
 """
@@ -75,7 +80,7 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from kresilient.config import producer_config  # noqa: E402
 from kresilient.consumer import ResilientConsumer  # noqa: E402
@@ -255,8 +260,33 @@ class _Marks:
         return (self.last[0] - self.first[0]) * k, (self.last[1] - self.first[1]) * k
 
 
-def _group(arm: str) -> str:
-    return f"bench-peers-{arm}-{uuid.uuid4().hex[:8]}"
+#: ``--start``: "new-group" (every sample a never-committed group) or "restart" (each sample's
+#: group pre-committed at offset 0 of every partition with kresilient's clean-end marker).
+_START: dict[str, Any] = {"mode": "new-group", "partitions": 6}
+#: ``--fetch-queue-backoff-ms``: librdkafka settings added to every consumer arm's config.
+_CONSUMER_EXTRA: dict[str, Any] = {}
+
+
+def _group(arm: str, bootstrap: str | None = None, topic: str | None = None) -> str:
+    """A new group id; with ``--start restart`` (and a topic) committed at offset 0 first,
+    outside the timed window, as a cleanly stopped consumer of any of the arms leaves it: the
+    crash-loop guard's first-start commits (once in a group's life) are then not timed. The
+    other arms ignore the commit metadata and start from offset 0 as from ``earliest``."""
+    group = f"bench-peers-{arm}-{uuid.uuid4().hex[:8]}"
+    if _START["mode"] == "restart" and bootstrap is not None and topic is not None:
+        from kresilient.consumer._crashloop import CLEAN
+
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+        try:
+            parts = [
+                TopicPartition(topic, p, 0, metadata=CLEAN) for p in range(_START["partitions"])
+            ]
+            for part in consumer.commit(offsets=parts, asynchronous=False) or []:
+                if part.error is not None:
+                    raise RuntimeError(f"pre-commit of {group} failed: {part.error}")
+        finally:
+            consumer.close()
+    return group
 
 
 def consume_raw(
@@ -265,10 +295,11 @@ def consume_raw(
     consumer: Any = Consumer(
         {
             "bootstrap.servers": bootstrap,
-            "group.id": _group("raw"),
+            "group.id": _group("raw", bootstrap, topic),
             "auto.offset.reset": "earliest",
             "enable.auto.offset.store": False,
             "partition.assignment.strategy": "cooperative-sticky",
+            **_CONSUMER_EXTRA,
         }
     )
     if wrap is not None:
@@ -302,7 +333,11 @@ def consume_kresilient(bootstrap: str, topic: str, n: int, **options: Any) -> tu
             consumer.stop()
 
     consumer = ResilientConsumer(
-        {"bootstrap.servers": bootstrap, "group.id": _group("kr")},
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": _group("kr", bootstrap, topic),
+            **_CONSUMER_EXTRA,
+        },
         [topic],
         handler,
         install_signal_handlers=False,
@@ -323,12 +358,13 @@ def consume_quix(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
     marks = _Marks(n)
     app = Application(
         broker_address=bootstrap,
-        consumer_group=_group("quix"),
+        consumer_group=_group("quix", bootstrap, topic),
         auto_offset_reset="earliest",
         commit_interval=5.0,
         loglevel=None,
         auto_create_topics=False,
         use_changelog_topics=False,
+        consumer_extra_config=dict(_CONSUMER_EXTRA),
     )
 
     def handler(_value: Any) -> None:
@@ -366,8 +402,8 @@ def consume_arroyo(bootstrap: str, topic: str, n: int) -> tuple[float, float]:
 
     consumer = KafkaConsumer(
         build_kafka_consumer_configuration(
-            {"bootstrap.servers": bootstrap},
-            group_id=_group("arroyo"),
+            {"bootstrap.servers": bootstrap, **_CONSUMER_EXTRA},
+            group_id=_group("arroyo", bootstrap, topic),
             auto_offset_reset="earliest",
         )
     )
@@ -753,7 +789,26 @@ def main() -> None:
         default=["raw", "kresilient", "quix", "arroyo"],
     )
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--start",
+        choices=("new-group", "restart"),
+        default="new-group",
+        help="consumer arms: each sample in a never-committed group (kresilient's crash-loop "
+        "guard commits each partition once before its first record) or restart (pre-committed "
+        "at offset 0 with the clean-end marker, the steady state of a restarted service)",
+    )
+    parser.add_argument(
+        "--fetch-queue-backoff-ms",
+        type=int,
+        default=None,
+        help="consumer arms: librdkafka's fetch.queue.backoff.ms in every arm (default: its "
+        "default, 1000: a partition whose local queue is over the thresholds is not fetched "
+        "for a second, a stall that falls on one arm or another by chance in a short run)",
+    )
     args = parser.parse_args()
+    _START.update(mode=args.start, partitions=args.partitions)
+    if args.fetch_queue_backoff_ms is not None:
+        _CONSUMER_EXTRA["fetch.queue.backoff.ms"] = args.fetch_queue_backoff_ms
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
