@@ -361,6 +361,14 @@ class ResilientConsumer:
                 for tier, name in enumerate(retry_topics.topics(source)):
                     retry_map[name] = (source, tier)
                     self._topics.append(name)
+        # One literal topic (no pattern, no retry topics): every record of a batch is of it, so
+        # _finish finds each partition's last record by partition() alone (a third of the cost
+        # of a (topic, partition) key per record, which shows at millions of records a second).
+        self._only_topic: str | None = (
+            self._topics[0]
+            if len(self._topics) == 1 and not self._topics[0].startswith("^")
+            else None
+        )
         if (max_process_deaths is not None and max_process_deaths < 1) or crash_probe_records < 1:
             raise ConfigError("max_process_deaths must be None or >= 1, crash_probe_records >= 1")
         base_log = logger if logger is not None else structlog.get_logger("kresilient.consumer")
@@ -960,8 +968,11 @@ class ResilientConsumer:
         state = self._state
         n = len(msgs) if last_seen is None else msgs.index(last_seen) + int(done)
         seq = msgs if n == len(msgs) else msgs[:n]
+        only = self._only_topic
         if state.batch_errors:
             last = {(m.topic(), m.partition()): m for m in seq if m.error() is None}
+        elif only is not None:
+            last = {(only, p): m for p, m in {m.partition(): m for m in seq}.items()}
         else:
             last = {(m.topic(), m.partition()): m for m in seq}
         excluded = self._holds.excluded
