@@ -110,7 +110,9 @@ def _resolve(version: str, target: Path) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(
-                f"Maven could not resolve spark-sql-kafka-0-10_2.13:{version}:\n"
+                f"Maven could not resolve spark-sql-kafka-0-10_2.13:{version} (a new Spark "
+                "release's connector may not be published yet: set "
+                "KRESILIENT_SPARK_CONNECTOR_VERSION to a version your repository has):\n"
                 + (proc.stdout + proc.stderr)[-3000:]
             )
         (staging / "jars" / ".complete").write_text(version)
