@@ -276,3 +276,24 @@ def run_child(script: str, tree: str | os.PathLike[str], args: Sequence[str]) ->
     if imported is not None and not Path(imported).resolve().is_relative_to(Path(tree).resolve()):
         raise RuntimeError(f"child arm imported kresilient from {imported}, not from {tree}")
     return result
+
+
+def precommit_clean(bootstrap: str, group: str, topic: str, partitions: int) -> None:
+    """Commit *group* at offset 0 of every partition of *topic* with kresilient's clean-end
+    marker (what a consumer that stopped cleanly leaves): a consumer arm then starts as from a
+    restart, without the crash-loop guard's first-start commits (one synchronous commit per
+    never-committed partition, once in a group's life). Arms other than kresilient ignore the
+    metadata and start from offset 0."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    # here, not at the top: a --child of an --old-tree checkout imports this file too
+    from kresilient.consumer._crashloop import CLEAN
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        parts = [TopicPartition(topic, p, 0, metadata=CLEAN) for p in range(partitions)]
+        for part in consumer.commit(offsets=parts, asynchronous=False) or []:
+            if part.error is not None:
+                raise RuntimeError(f"pre-commit of {group} failed: {part.error}")
+    finally:
+        consumer.close()

@@ -80,10 +80,11 @@ from _common import (
     markdown_table,
     median_iqr,
     paired_ratios,
+    precommit_clean,
     run_child,
     run_interleaved,
 )
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
 
 from kresilient.consumer import ResilientConsumer
 from kresilient.testing import KafkaCluster
@@ -112,23 +113,10 @@ def _produce(bootstrap: str, topic: str, n: int) -> None:
 
 
 def _clean_restart_group(bootstrap: str, topic: str, partitions: int) -> str:
-    """A new group whose every partition is committed at offset 0 with kresilient's clean-end
-    marker (what a consumer that stopped cleanly leaves): the arms start from it as from a
-    restart, without the crash-loop guard's first-start commits (issue 17: one synchronous
-    commit per never-committed partition, once in a group's life). The raw loop and a tree
-    without the guard ignore the metadata."""
-    # here, not at the top: a --child of an --old-tree checkout imports this file too
-    from kresilient.consumer._crashloop import CLEAN
-
+    """A new group pre-committed at offset 0 with the clean-end marker (``precommit_clean``);
+    the raw loop and a tree without the guard ignore the metadata."""
     group = f"bench-restart-{uuid.uuid4().hex[:8]}"
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    try:
-        parts = [TopicPartition(topic, p, 0, metadata=CLEAN) for p in range(partitions)]
-        for part in consumer.commit(offsets=parts, asynchronous=False) or []:
-            if part.error is not None:
-                raise RuntimeError(f"pre-commit of {group} failed: {part.error}")
-    finally:
-        consumer.close()
+    precommit_clean(bootstrap, group, topic, partitions)
     return group
 
 

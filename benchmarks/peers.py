@@ -80,7 +80,7 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import Consumer, Producer  # noqa: E402
 
 from kresilient.config import producer_config  # noqa: E402
 from kresilient.consumer import ResilientConsumer  # noqa: E402
@@ -95,6 +95,7 @@ from _common import (  # noqa: E402
     environment,
     markdown_table,
     peak_rss_mib,
+    precommit_clean,
     run_interleaved,
 )
 
@@ -274,18 +275,7 @@ def _group(arm: str, bootstrap: str | None = None, topic: str | None = None) -> 
     other arms ignore the commit metadata and start from offset 0 as from ``earliest``."""
     group = f"bench-peers-{arm}-{uuid.uuid4().hex[:8]}"
     if _START["mode"] == "restart" and bootstrap is not None and topic is not None:
-        from kresilient.consumer._crashloop import CLEAN
-
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-        try:
-            parts = [
-                TopicPartition(topic, p, 0, metadata=CLEAN) for p in range(_START["partitions"])
-            ]
-            for part in consumer.commit(offsets=parts, asynchronous=False) or []:
-                if part.error is not None:
-                    raise RuntimeError(f"pre-commit of {group} failed: {part.error}")
-        finally:
-            consumer.close()
+        precommit_clean(bootstrap, group, topic, _START["partitions"])
     return group
 
 
