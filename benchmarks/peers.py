@@ -41,13 +41,16 @@ metrics; kresilient gets the API's no-op meter), the global W3C propagator on bo
   ``instrumented``: raw ``Producer`` wrapped by ``opentelemetry-instrumentation-confluent-
   kafka`` (``ConfluentKafkaInstrumentor().instrument_producer``), same loop as ``raw``;
 - consumer: a topic whose records carry a ``traceparent`` (1% of them sampled, as a 1%-sampling
-  upstream writes them), ``raw`` (no tracing), ``kresilient`` with the SDK, ``instrumented``:
-  raw ``Consumer`` wrapped by ``instrument_consumer``, the raw loop.
+  upstream writes them), ``raw`` (no tracing), ``kresilient`` with the SDK (a handler: one
+  span per message), ``kresilient-batch`` (a ``batch_handler``: one span per partition's run of
+  a consumed batch, linked to each record's producer context), ``instrumented``: raw
+  ``Consumer`` wrapped by ``instrument_consumer``, the raw loop.
 
 What each traced arm records differs, see docs/performance.md: kresilient's producer span ends
 at the delivery report (with partition/offset/error); the official one ends when ``produce()``
-returns. kresilient's consumer span covers the handler per message; the official consumer
-instrumentation makes one span per ``consume()`` call (none per message).
+returns. kresilient's consumer span covers the handler per message (``batch_handler``: per
+call); the official consumer instrumentation makes one span per ``consume()`` call (none per
+message).
 
     /work/bench-venv/bin/python -P benchmarks/peers.py                     # all sections
     /work/bench-venv/bin/python -P benchmarks/peers.py --sections producer --rounds 5
@@ -314,13 +317,22 @@ def consume_raw(
         consumer.close()
 
 
-def consume_kresilient(bootstrap: str, topic: str, n: int, **options: Any) -> tuple[float, float]:
+def consume_kresilient(
+    bootstrap: str, topic: str, n: int, *, batch: bool = False, **options: Any
+) -> tuple[float, float]:
+    """``batch``: a ``batch_handler`` (one call, and one process span, per partition's run of
+    a consumed batch) instead of a per-message handler; same per-message work inside."""
     marks = _Marks(n)
     consumer: ResilientConsumer
 
     def handler(_msg: Any) -> None:
         if marks.hit():
             consumer.stop()
+
+    def batch_handler(msgs: list[Any]) -> None:
+        for _msg in msgs:
+            if marks.hit():
+                consumer.stop()
 
     consumer = ResilientConsumer(
         {
@@ -329,7 +341,8 @@ def consume_kresilient(bootstrap: str, topic: str, n: int, **options: Any) -> tu
             **_CONSUMER_EXTRA,
         },
         [topic],
-        handler,
+        None if batch else handler,
+        batch_handler=batch_handler if batch else None,
         install_signal_handlers=False,
         **options,
     )
@@ -716,6 +729,14 @@ def section_tracing(cluster: Any, args: argparse.Namespace, out: list[str]) -> N
                     cn,
                     lambda k, tp=tp: consume_kresilient(bootstrap, topic, k, **_kr_telemetry(tp)),
                 )
+                if "batch" in args.kr_consumer_modes:
+                    carms[f"kresilient-batch {name}"] = _consumer_arm(
+                        f"kresilient-batch {name}",
+                        cn,
+                        lambda k, tp=tp: consume_kresilient(
+                            bootstrap, topic, k, batch=True, **_kr_telemetry(tp)
+                        ),
+                    )
                 carms[f"instrumented {name}"] = _consumer_arm(
                     f"instrumented {name}",
                     cn,
@@ -748,6 +769,16 @@ def section_tracing(cluster: Any, args: argparse.Namespace, out: list[str]) -> N
                     title=f"Tracing consumer {name}: kresilient vs official",
                 )
             )
+            if "batch" in args.kr_consumer_modes:
+                out.append(
+                    markdown_table(
+                        csamples,
+                        baseline=f"instrumented {name}",
+                        arms=[f"kresilient-batch {name}", f"instrumented {name}"],
+                        title=f"Tracing consumer {name}: kresilient batch_handler "
+                        "(one span per partition run, linked) vs official",
+                    )
+                )
     for tp in providers.values():
         tp.shutdown()
 
@@ -769,6 +800,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--trace-sides", type=lambda s: s.split(","), default=["producer", "consumer"]
+    )
+    parser.add_argument(
+        "--kr-consumer-modes",
+        type=lambda s: s.split(","),
+        default=["message", "batch"],
+        help="traced kresilient consumer arms: 'message' (a handler, a span per message; "
+        "always run) and 'batch' (a batch_handler, a span per partition run with links)",
     )
     parser.add_argument(
         "--producer-arms", type=lambda s: s.split(","), default=["raw", "kresilient", "quix"]

@@ -15,6 +15,7 @@ from typing import Any
 import confluent_kafka as ck
 import pytest
 import tenacity
+from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.semconv._incubating.attributes import messaging_attributes as MA
 from opentelemetry.semconv._incubating.metrics import messaging_metrics as MM
@@ -290,3 +291,77 @@ def test_link_mode_links_the_process_span_to_the_producer(
     (link,) = proc.links
     assert (link.context.trace_id, link.context.span_id) == (
         send.context.trace_id, send.context.span_id)
+
+
+def test_batch_handler_gets_one_span_per_call_linked_to_its_producers(
+    kafka_cluster: KafkaCluster, topic: str, otel: Otel
+) -> None:
+    """A batch handler's call runs inside one ``process`` span that links every message's send
+    span; a failed call's span carries the error and the retry; metrics count messages."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    providers: dict[str, Any] = {
+        "tracer_provider": otel.tracer_provider,
+        "meter_provider": otel.meter_provider,
+        "propagator": W3C,
+    }
+    total = 40
+    with ResilientProducer({"bootstrap.servers": bootstrap}, **providers) as producer:
+        handles = [producer.produce(topic, b"v%d" % i, key=b"k") for i in range(total)]
+        producer.flush(60)
+    assert [h.result().offset for h in handles] == list(range(total))
+
+    calls: list[tuple[list[int], Any]] = []  # (offsets, the span current in the handler)
+    done: set[int] = set()
+    failed_once = threading.Event()
+
+    def handle(msgs: list[Any]) -> None:
+        calls.append(([m.offset() for m in msgs], otel_trace.get_current_span()))
+        if not failed_once.is_set():
+            failed_once.set()
+            raise RuntimeError("downstream busy")
+        done.update(m.offset() for m in msgs)
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"g-{topic}"},
+        [topic],
+        batch_handler=handle,
+        retry=RetryPolicy(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(0.2)),
+        dead_letter=None,
+        install_signal_handlers=False,
+        poll_timeout=0.2,
+        **providers,
+    )
+    worker = threading.Thread(target=consumer.run, daemon=True)
+    worker.start()
+    try:
+        _wait_for(lambda: len(done) == total, 90, "every message handled")
+    finally:
+        consumer.stop()
+        worker.join(60)
+    assert not worker.is_alive()
+
+    sends = {_attrs(s)[MA.MESSAGING_KAFKA_OFFSET]: s.context
+             for s in otel.spans() if s.name == f"send {topic}"}
+    procs = {s.context.span_id: s for s in otel.spans() if s.name == f"process {topic}"}
+    assert len(procs) == len(calls) >= 2  # one span per handler call, no other
+    for offsets, current in calls:
+        span = procs[current.get_span_context().span_id]  # the handler ran inside it
+        a = _attrs(span)
+        assert span.kind is SpanKind.CONSUMER
+        assert a[MA.MESSAGING_BATCH_MESSAGE_COUNT] == len(offsets)
+        assert a[MA.MESSAGING_OPERATION_TYPE] == PROCESS
+        assert a[MA.MESSAGING_DESTINATION_PARTITION_ID] == "0"
+        linked = [(lk.context.trace_id, lk.context.span_id) for lk in span.links]
+        assert linked == [(sends[o].trace_id, sends[o].span_id) for o in offsets[:128]]
+    first = procs[calls[0][1].get_span_context().span_id]
+    assert first.status.status_code is StatusCode.ERROR
+    assert _attrs(first)[ERROR_TYPE] == "RuntimeError"
+    assert [e.name for e in first.events].count("kresilient.retry") == 1
+    assert all(procs[c.get_span_context().span_id].status.status_code is not StatusCode.ERROR
+               for _, c in calls[1:])
+    consumed = sum(v for a, v in otel.points(MM.MESSAGING_CLIENT_CONSUMED_MESSAGES)
+                   if a[MA.MESSAGING_DESTINATION_NAME] == topic)
+    assert consumed == sum(len(o) for o, _ in calls)  # the failed call's messages counted too
+    durations = sorted((a.get(ERROR_TYPE, ""), n)
+                       for a, n in otel.points(MM.MESSAGING_PROCESS_DURATION))
+    assert durations == [("", len(calls) - 1), ("RuntimeError", 1)]

@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Message
 
-from kresilient.consumer._holds import TP, Holds, LoopState, Verdict
-from kresilient.errors import BatchItemError
+from kresilient.consumer._holds import TP, Hold, Holds, LoopState, Verdict
+from kresilient.errors import BatchItemError, classify
 
 if TYPE_CHECKING:
     from kresilient.consumer._breaker import CircuitBreaker
     from kresilient.consumer._failures import FailureHandler
     from kresilient.consumer._offsets import OffsetKeeper
     from kresilient.dedupe import Deduplicator
+    from kresilient.telemetry import Telemetry
 
 __all__ = ["BatchProcessor"]
 
@@ -49,6 +50,8 @@ class BatchProcessor:
         overrun: Callable[[list[Message]], None],
         dedupe: Deduplicator | None = None,
         skipped: Callable[[list[Message]], None] | None = None,
+        tel: Telemetry | None = None,
+        group: str | None = None,
     ) -> None:
         self.call = call
         self.state = state
@@ -60,6 +63,9 @@ class BatchProcessor:
         self.overrun = overrun
         self.dedupe = dedupe
         self.skipped = skipped
+        self.tel = tel
+        self.group = group
+        self._failed = False  # the handler call in progress failed (recorded on its span)
 
     def process(self, msgs: list[Message]) -> None:
         """One handler call per partition's run of messages in this batch."""
@@ -103,11 +109,34 @@ class BatchProcessor:
             todo, duplicates = dedupe.split(group)
             if duplicates and self.skipped is not None:
                 self.skipped(duplicates)
+        tel = self.tel
+        if todo and tel is not None and self.state.traced:
+            # one process span per handler call, linked to the messages' producers; what the
+            # failure handling raises (breaker open, no DLQ...) leaves after the span ended
+            stop: BaseException | None = None
+            self._failed = False
+            with tel.batch_process_span(todo, group=self.group):
+                try:
+                    self._run(group, todo, tp, hold)
+                except BaseException as raised:
+                    if not self._failed:
+                        raise  # the handler's own BaseException: recorded on the span
+                    stop = raised
+            if stop is not None:
+                raise stop
+        else:
+            self._run(group, todo, tp, hold)
+
+    def _run(self, group: list[Message], todo: list[Message], tp: TP, hold: Hold | None) -> None:
+        """The handler call for one partition's run and what follows its result."""
+        holds = self.holds.by_tp
+        dedupe = self.dedupe
         on_failure = self.failures.on_failure
         try:
             if todo:
                 self.call(todo)
         except BatchItemError as exc:
+            self._fail(exc.failure())
             index = exc.index
             if not 0 <= index < len(todo):
                 on_failure(todo[0], exc, batch=todo)
@@ -126,6 +155,7 @@ class BatchProcessor:
                 if rest:
                     self.holds.give_back(rest)
         except Exception as exc:
+            self._fail(exc)
             on_failure(todo[0], exc, batch=todo)
         else:
             last = group[-1].offset()
@@ -138,6 +168,13 @@ class BatchProcessor:
                 del holds[tp]
         finally:
             self.holds.excluded.clear()
+
+    def _fail(self, exc: BaseException) -> None:
+        """Record the handler's failure on the current span (traced calls only)."""
+        self._failed = True
+        tel = self.tel
+        if tel is not None and self.state.traced:
+            tel.set_error(exc, classify(exc))
 
     def _remember(self, msgs: list[Message]) -> None:
         if self.dedupe is not None:

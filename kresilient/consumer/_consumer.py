@@ -556,6 +556,8 @@ class ResilientConsumer:
             overrun=self._give_back,
             dedupe=dedupe,
             skipped=self._skipped,
+            tel=self._tel,
+            group=self.group_id,
         )
         self._sink: DeadLetterSink | None = None
         log.info(

@@ -37,9 +37,9 @@ message goes on as if telemetry were off for that step.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import structlog
 from opentelemetry import context as otel_context
@@ -86,7 +86,7 @@ from kresilient.telemetry._util import (
     _state_name,
     _str_or_none,
 )
-from kresilient.telemetry.sampling import FastSampler, fast_sampler_for
+from kresilient.telemetry.sampling import FastSampler, RemoteReader, fast_sampler_for
 
 __all__ = [
     "NO_PROPAGATION",
@@ -112,12 +112,12 @@ class _MetricSet:
         self.counter: _LocalCounter | None = None
         self.cell: list[Any] | None = None
 
-    def count(self, counter: _LocalCounter) -> None:
+    def count(self, counter: _LocalCounter, n: int = 1) -> None:
         cell = self.cell
         if cell is None or self.counter is not counter:
             cell = self.cell = counter.cell(self.attrs)
             self.counter = counter
-        counter.add_to(cell)
+        counter.add_to(cell, n)
 
 
 def _header_list(headers: Headers) -> list[tuple[str, HeaderValue]]:
@@ -190,7 +190,8 @@ class Telemetry:
             if server_port is not None:
                 self._common[N.SERVER_PORT] = server_port
         self._send_bases: dict[str, _Bases] = {}
-        self._process_bases: dict[tuple[str, str | None], _Bases] = {}
+        self._process_bases: dict[tuple[str | None, str | None], _Bases] = {}
+        self._remote = RemoteReader()
         # Never evicted: bounded by topics x partitions x error names (x 1 partition when the
         # partition is not a metric attribute); dies with the client.
         self._metric_cache: dict[tuple[int, int | None, str | None], _MetricSet] = {}
@@ -501,9 +502,12 @@ class Telemetry:
 
     # --- consumer ---------------------------------------------------------------------------
 
-    def _process_base(self, topic: str, group: str | None) -> _Bases:
+    def _process_base(self, topic: str | None, group: str | None) -> _Bases:
+        """The bases of ``process {topic}``; ``topic=None``: a batch of several topics
+        (``process``, no destination)."""
         span = dict(self._common)
-        span[N.MESSAGING_DESTINATION_NAME] = topic
+        if topic is not None:
+            span[N.MESSAGING_DESTINATION_NAME] = topic
         span[N.MESSAGING_OPERATION_TYPE] = N.OP_TYPE_PROCESS
         span[N.MESSAGING_OPERATION_NAME] = N.OP_NAME_PROCESS
         if group:
@@ -512,7 +516,8 @@ class Telemetry:
         del metric[N.MESSAGING_OPERATION_TYPE]
         if self.client_id:
             span[N.MESSAGING_CLIENT_ID] = self.client_id
-        base = _Bases(f"{N.OP_NAME_PROCESS} {topic}", span, metric)
+        name = N.OP_NAME_PROCESS if topic is None else f"{N.OP_NAME_PROCESS} {topic}"
+        base = _Bases(name, span, metric)
         self._process_bases[(topic, group)] = base
         return base
 
@@ -533,6 +538,52 @@ class Telemetry:
         if tracer is None and instr is None:
             return _NULL_SCOPE
         return _ProcessScope(self, tracer, msg, group or self.consumer_group)
+
+    def batch_process_span(
+        self, msgs: Sequence[MessageLike], *, group: str | None = None
+    ) -> AbstractContextManager[Span | None]:
+        """Context manager around processing a batch of consumed messages in one call.
+
+        Creates one CONSUMER span ``process {topic}`` (``process`` when the messages are of
+        several topics), current while the block runs, with ``messaging.batch.message_count``
+        and the partition when they share one. As the messaging conventions recommend for
+        batches, the span is not parented to any one producer: it is a child of the current
+        context (a new trace in a consumer loop) and **links** to each message's producer
+        context (at most the SDK's span link limit, ``OTEL_SPAN_LINK_COUNT_LIMIT``, default
+        128: the first messages'). A sampled-out batch builds no links. Records
+        ``messaging.client.consumed.messages`` (one per message) and one
+        ``messaging.process.duration``. Failures: as :meth:`process_span`. An empty *msgs*
+        gives no span.
+        """
+        tracer, instr = self._active()
+        if (tracer is None and instr is None) or not msgs:
+            return _NULL_SCOPE
+        return _BatchScope(self, tracer, msgs, group or self.consumer_group)
+
+    def _batch_links(self, msgs: Sequence[MessageLike], tracer: trace.Tracer) -> list[Link]:
+        """Links to the producer contexts of *msgs* (up to the tracer's span link limit)."""
+        cap = getattr(getattr(tracer, "_span_limits", None), "max_links", None)
+        if not isinstance(cap, int) or cap < 0:
+            cap = len(msgs)  # another tracer, or no limit
+        links: list[Link] = []
+        if not cap:
+            return links
+        read = self._remote.read
+        prop = self._propagator
+        for msg in msgs:
+            headers = msg.headers()
+            if not headers:
+                continue
+            remote = read(headers, prop)
+            if remote is None:  # any other header form: the propagator's (never our context)
+                extracted = self.extract_context(headers, Context())
+                remote = trace.get_current_span(extracted).get_span_context()
+                if not remote.is_valid:
+                    continue
+            links.append(Link(remote))
+            if len(links) >= cap:
+                break
+        return links
 
     def set_error(self, exc: BaseException, classification: Any = None) -> None:
         """Mark the current :meth:`process_span` as failed by *exc* (without raising it).
@@ -1033,10 +1084,109 @@ class _ProcessScope:
         instr = tel._instr
         if instr is not None:
             try:
-                metric = tel._metric_set(self._base.metric, self.partition, None)
-                metric.count(instr.consumed)
-                if self.error_type is not None:
-                    metric = tel._metric_set(self._base.metric, self.partition, self.error_type)
-                instr.process_duration.record(elapsed, metric.attrs)
+                self._record(tel, instr, elapsed)
             except Exception as err:
                 tel._guard("process_span", err)
+
+    def _record(self, tel: Telemetry, instr: _Instruments, elapsed: float) -> None:
+        metric = tel._metric_set(self._base.metric, self.partition, None)
+        metric.count(instr.consumed)
+        if self.error_type is not None:
+            metric = tel._metric_set(self._base.metric, self.partition, self.error_type)
+        instr.process_duration.record(elapsed, metric.attrs)
+
+
+class _BatchScope(_ProcessScope):
+    """The enabled path of :meth:`Telemetry.batch_process_span`: one span for many messages.
+
+    ``_msg`` holds the message sequence; ``_topics`` the count per topic when they are of
+    several (their consumed-messages counts go to each topic's series).
+    """
+
+    __slots__ = ("_topics",)
+
+    def __init__(
+        self,
+        tel: Telemetry,
+        tracer: trace.Tracer | None,
+        msgs: Sequence[MessageLike],
+        group: str | None,
+    ) -> None:
+        super().__init__(tel, tracer, cast(Any, msgs), group)
+        self._topics: dict[str, int] | None = None
+
+    def __enter__(self) -> Span | None:
+        tel = self._tel
+        msgs: Sequence[MessageLike] = self._msg  # type: ignore[assignment]
+        try:
+            first = msgs[0]
+            topic: str | None = first.topic() or ""
+            partition = _safe_int(first.partition)
+            mixed = False
+            for msg in msgs:
+                if msg.topic() != topic or _safe_int(msg.partition) != partition:
+                    mixed = True
+                    break
+            if mixed:  # not one partition: which topics, how many each
+                topics: dict[str, int] = {}
+                for msg in msgs:
+                    name = msg.topic() or ""
+                    topics[name] = topics.get(name, 0) + 1
+                partition = None
+                if len(topics) > 1:
+                    self._topics, topic = topics, None
+            self.topic = topic or ""
+            self.partition = partition
+            self._base = base = tel._process_bases.get((topic, self._group)) or (
+                tel._process_base(topic, self._group)
+            )
+        except Exception as exc:  # not messages telemetry can read: no scope at all
+            tel._guard("process_span", exc)
+            return None
+        self._scope_token = _CURRENT.set(self)
+        self.start = time.perf_counter()
+        tracer = self._tracer
+        if tracer is None:
+            return None
+        span: Span | None = None
+        try:
+            fast = tel._fast
+            decided = fast.drop_root() if fast is not None else None
+            if decided is not None and not isinstance(decided, int):
+                self.span = decided  # sampled out: no links, attributes or processors
+                self._ctx_token = otel_context.attach(trace.set_span_in_context(decided))
+                return decided
+            attrs = base.span.copy()
+            if partition is not None and partition >= 0:
+                attrs[N.MESSAGING_DESTINATION_PARTITION_ID] = str(partition)
+            attrs[N.MESSAGING_BATCH_MESSAGE_COUNT] = len(msgs)
+            links = tel._batch_links(msgs, tracer)
+            if decided is None or fast is None:
+                span = tracer.start_span(
+                    base.name, kind=SpanKind.CONSUMER, attributes=attrs, links=links
+                )
+            else:
+                span = fast.start_root(decided, base.name, SpanKind.CONSUMER, attrs, links)
+            self.span = span
+            self._ctx_token = otel_context.attach(trace.set_span_in_context(span))
+        except Exception as exc:  # e.g. a span processor's on_start raised: handle untraced
+            tel._guard("process_span", exc)
+            tel._end_quietly(self.span)
+            self.span = None
+            return None
+        return span
+
+    def _record(self, tel: Telemetry, instr: _Instruments, elapsed: float) -> None:
+        msgs: Sequence[MessageLike] = self._msg  # type: ignore[assignment]
+        base = self._base
+        topics = self._topics
+        if topics is None:
+            tel._metric_set(base.metric, self.partition, None).count(instr.consumed, len(msgs))
+        else:
+            for topic, n in topics.items():
+                own = tel._process_bases.get((topic, self._group)) or (
+                    tel._process_base(topic, self._group)
+                )
+                tel._metric_set(own.metric, None, None).count(instr.consumed, n)
+        metric = tel._metric_set(base.metric, self.partition, self.error_type)
+        instr.process_duration.record(elapsed, metric.attrs)

@@ -132,10 +132,10 @@ class _LocalCounter:
                 rec = self._series[key] = [attrs, 0]
             return rec
 
-    def add_to(self, cell: list[Any]) -> None:
-        """Count one in a cell from :meth:`cell`."""
+    def add_to(self, cell: list[Any], n: int = 1) -> None:
+        """Count *n* (one) in a cell from :meth:`cell`."""
         with self._lock:
-            cell[1] += 1
+            cell[1] += n
 
     def add(self, attrs: dict[str, Any]) -> None:
         """Count one in the series *attrs* (resolves the cell each time: not per message)."""

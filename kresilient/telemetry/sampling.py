@@ -1,4 +1,4 @@
-"""Sampled-out fast path for PRODUCER spans (part of :mod:`kresilient.telemetry`).
+"""Sampled-out fast paths for PRODUCER and CONSUMER spans (part of :mod:`kresilient.telemetry`).
 
 The SDK's ``Tracer.start_span`` costs several microseconds even when its sampler drops the
 span, and the token that carries the span to the delivery report keeps objects alive while the
@@ -23,6 +23,11 @@ headers: :meth:`FastSampler.drop_child` when the context was extracted already, 
 :meth:`FastSampler.drop_from_headers` straight from the canonical ``traceparent`` (no
 propagator call) when it is the record's only trace-context header.
 
+A batch's CONSUMER span (``batch_process_span``) is a root in the consumer loop:
+:meth:`FastSampler.drop_root` takes the root rule above, so a sampled-out batch builds no links;
+:class:`RemoteReader` reads each record's producer context for the links of a sampled one
+straight from its canonical ``traceparent`` (with any sampler).
+
 Anything else -- another sampler, id generator or tracer class, a propagator other than W3C
 trace context (alone, or in a composite with W3C baggage), a disabled tracer, the SDK's
 internal metrics on -- keeps the generic path (:meth:`FastSampler.route` returns ``None``).
@@ -35,18 +40,18 @@ import random
 import re
 import threading
 from binascii import b2a_hex as _hex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context, get_current
 from opentelemetry.propagators.textmap import TextMapPropagator
-from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 
 from kresilient.telemetry._propagation import Headers, HeaderValue, fields, merge_carrier
 
-__all__ = ["FastSampler", "fast_sampler_for"]
+__all__ = ["FastSampler", "RemoteReader", "fast_sampler_for"]
 
 _MASK64 = (1 << 64) - 1
 _RANDOM_FLAG = 0x02  # W3C trace-context level 2 "random-trace-id"
@@ -176,6 +181,70 @@ def _propagation_kind(prop: TextMapPropagator) -> tuple[TextMapPropagator, ...] 
     return tuple(others)
 
 
+_Known = tuple[TextMapPropagator | None, tuple[TextMapPropagator, ...] | None, frozenset[str]]
+
+
+def _know(prop: TextMapPropagator) -> _Known:
+    """(propagator, the propagators besides W3C trace context it runs or ``None``: unsupported,
+    the lower-case header names it reads)."""
+    return (prop, _propagation_kind(prop), fields(prop))
+
+
+def _canonical_ids(headers: Headers, known: _Known) -> tuple[int, int, int] | None:
+    """``(trace id, span id, flags)`` of a record whose only trace-context header is one
+    canonical version-00 ``traceparent`` (bytes; a repeated one: the last, as
+    ``extract_context``) with valid ids, under a supported propagator; else ``None``."""
+    if known[1] is None or type(headers) is not list:
+        return None
+    owned = known[2]
+    value: object = None
+    for item in headers:
+        if type(item) is not tuple or len(item) != 2:
+            return None
+        key = item[0]
+        if key == _TRACEPARENT:
+            value = item[1]
+        elif type(key) is str and (low := key.lower()) in owned:
+            if low != _TRACEPARENT:
+                return None
+            value = item[1]
+    if type(value) is not bytes:
+        return None
+    match = _CANONICAL_TRACEPARENT.fullmatch(value)
+    if match is None:
+        return None
+    trace_hex, span_hex, flags_hex = match.groups()
+    trace_id = int(trace_hex, 16)
+    if not trace_id or span_hex == _ZERO_SPAN_ID:
+        return None  # an invalid parent: the propagator ignores it
+    return trace_id, int(span_hex, 16), int(flags_hex, 16)
+
+
+class RemoteReader:
+    """The producer's span context of a consumed record, for a batch span's links.
+
+    :meth:`read` parses the canonical ``traceparent`` itself (as :meth:`FastSampler.
+    drop_from_headers`) and returns the ``SpanContext`` the propagator's ``extract`` would
+    give; ``None`` for any other header form or propagator (the caller extracts).
+    """
+
+    __slots__ = ("_known",)
+
+    def __init__(self) -> None:
+        self._known: _Known = (None, None, frozenset())
+
+    def read(self, headers: Headers, propagator: TextMapPropagator | None) -> SpanContext | None:
+        prop = propagator or _get_global_textmap()
+        known = self._known
+        if known[0] is not prop:
+            known = self._known = _know(prop)
+        parsed = _canonical_ids(headers, known)
+        if parsed is None:
+            return None
+        trace_id, span_id, flags = parsed
+        return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+
+
 class FastSampler:
     """The sampling decision of a ratio sampler, taken without the SDK for dropped spans."""
 
@@ -200,9 +269,7 @@ class FastSampler:
         self._current = _current_context_getter()
         # (propagator, the propagators besides W3C trace context it runs or None: unsupported,
         # the lower-case header names it reads)
-        self._known: tuple[
-            TextMapPropagator | None, tuple[TextMapPropagator, ...] | None, frozenset[str]
-        ] = (None, None, frozenset())
+        self._known: _Known = (None, None, frozenset())
 
     def route(
         self, headers: Headers, propagator: TextMapPropagator | None
@@ -322,30 +389,10 @@ class FastSampler:
         known = self._known
         if known[0] is not prop:
             known = self._learn(prop)
-        if known[1] is None or type(headers) is not list:
+        parsed = _canonical_ids(headers, known)
+        if parsed is None or not self._tracer._tracer_config.is_enabled:
             return None
-        owned = known[2]
-        value: object = None
-        for item in headers:
-            if type(item) is not tuple or len(item) != 2:
-                return None
-            key = item[0]
-            if key == _TRACEPARENT:
-                value = item[1]
-            elif type(key) is str and (low := key.lower()) in owned:
-                if low != _TRACEPARENT:
-                    return None
-                value = item[1]
-        if type(value) is not bytes:
-            return None
-        match = _CANONICAL_TRACEPARENT.fullmatch(value)
-        if match is None or not self._tracer._tracer_config.is_enabled:
-            return None
-        trace_hex, span_hex, flags_hex = match.groups()
-        trace_id = int(trace_hex, 16)
-        if not trace_id or span_hex == _ZERO_SPAN_ID:
-            return None  # an invalid parent: the propagator ignores it
-        flags = int(flags_hex, 16)
+        trace_id, _, flags = parsed
         if self._parent_based:
             if flags & _SAMPLED_FLAG:
                 return None
@@ -366,15 +413,40 @@ class FastSampler:
         # the context holds the span alone, as set_span_in_context(span, Context()) makes it
         return span, Context({_SPAN_KEY: span})
 
-    def _learn(
-        self, prop: TextMapPropagator
-    ) -> tuple[TextMapPropagator | None, tuple[TextMapPropagator, ...] | None, frozenset[str]]:
-        known = (prop, _propagation_kind(prop), fields(prop))
+    def _learn(self, prop: TextMapPropagator) -> _Known:
+        known = _know(prop)
         self._known = known  # one store: another thread sees the old pair or the new one
         return known
 
+    def drop_root(self) -> Span | int | None:
+        """Decide a root span in the current context (a batch's CONSUMER span).
+
+        Returns the non-recording span the SDK would start when the sampler drops it (the
+        caller builds nothing else: no links, attributes or span processors), the trace id of
+        a sampled one (start it with :meth:`start_root`), or ``None`` -- the generic path --
+        when the current context is not empty (a parent or baggage) or the tracer is disabled.
+        """
+        if self._current() or not self._tracer._tracer_config.is_enabled:
+            return None
+        ids = _bits(192)  # trace id (128 bits), then span id (64 bits)
+        trace_id = ids >> 64
+        if trace_id & _MASK64 < self.bound:
+            return trace_id or None  # sampled; an all-zero id is left to the SDK to redraw
+        span_id = ids & _MASK64
+        if not trace_id or not span_id:  # pragma: no cover - probability 2**-64
+            return None
+        # the SDK's dropped root: random-trace-id flag (RandomIdGenerator), no trace state
+        return NonRecordingSpan(
+            SpanContext(trace_id, span_id, is_remote=False, trace_flags=_FLAGS_RANDOM)
+        )
+
     def start_root(
-        self, trace_id: int, name: str, kind: SpanKind, attributes: dict[str, Any]
+        self,
+        trace_id: int,
+        name: str,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        links: Sequence[Link] | None = None,
     ) -> Span:
         """Start a root span with *trace_id* through the provider's tracer (a copy of it).
 
@@ -386,5 +458,5 @@ class FastSampler:
             private.__dict__.update(self._tracer.__dict__)  # resource/config updates
             private.id_generator = self._ids
             self._ids.trace_id = trace_id
-            span: Span = private.start_span(name, kind=kind, attributes=attributes)
+            span: Span = private.start_span(name, kind=kind, attributes=attributes, links=links)
             return span
