@@ -27,9 +27,9 @@ from opentelemetry.semconv._incubating.attributes import messaging_attributes as
 from opentelemetry.semconv._incubating.metrics import messaging_metrics as MM
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import SpanKind, StatusCode
-from test_telemetry_sampling import DEFAULT_COMPOSITE, HEADER_FORMS, W3C
+from test_telemetry_sampling import DEFAULT_COMPOSITE, HEADER_FORMS, W3C, PropagatorOnly
 
-from kresilient.telemetry import Telemetry, extract_context, sampling
+from kresilient.telemetry import Telemetry, extract_context, inject_headers, sampling
 
 TRACEPARENT = "traceparent"  # the W3C header name: a propagation format, not a semconv name
 PROCESS = MA.MessagingOperationTypeValues.PROCESS.value
@@ -80,13 +80,6 @@ def provider(sampler: Sampler = ALWAYS_ON, **kw: Any) -> tuple[TracerProvider,
 def telemetry(tp: TracerProvider, **kw: Any) -> Telemetry:
     kw.setdefault("propagator", W3C)
     return Telemetry(tracer_provider=tp, client_id="worker-1", **kw)
-
-
-class _Never:
-    """A reader that leaves every record to the propagator (the generic path)."""
-
-    def read(self, *_: Any) -> None:
-        return None
 
 
 def generic_context(headers: Any, propagator: Any = W3C) -> trace.SpanContext:
@@ -143,13 +136,13 @@ def test_batch_span_is_a_child_of_the_current_span() -> None:
 def test_links_read_from_headers_are_the_propagators(form: str, headers: Any,
                                                      propagator: Any) -> None:
     """The direct read gives exactly the propagator's context, or leaves it to it."""
-    direct = sampling.RemoteReader().read(headers, propagator)
+    direct = sampling.DirectW3C().read(headers, propagator)
     if direct is not None:
         assert direct == generic_context(headers, propagator), form
     tp, exporter = provider()
     fast = telemetry(tp, propagator=propagator)
     slow = telemetry(tp, propagator=propagator)
-    slow._remote = _Never()  # type: ignore[assignment]  # always the propagator
+    slow._w3c = PropagatorOnly()  # type: ignore[assignment]  # always the propagator
     for tel in (fast, slow):
         with tel.batch_process_span([Msg(headers_=headers)]):
             pass
@@ -331,3 +324,69 @@ def test_empty_batch_and_no_provider_give_no_span() -> None:
     with Telemetry(tracer_provider=trace.NoOpTracerProvider()).batch_process_span([Msg()]) as s:
         assert s is None
     assert exporter.get_finished_spans() == ()
+
+
+# --- the direct traceparent write of a recorded PRODUCER span --------------------------------
+
+
+class _B3Like:
+    """A propagator of another format: never written directly."""
+
+    def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+        sc = trace.get_current_span(context).get_span_context()
+        carrier["b3"] = f"{sc.trace_id:032x}-{sc.span_id:016x}"
+
+    def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Context:
+        return context or Context()
+
+    @property
+    def fields(self) -> set[str]:
+        return {"b3"}
+
+
+@pytest.mark.parametrize("headers", [None, [], {}], ids=["none", "empty-list", "empty-dict"])
+@pytest.mark.parametrize("propagator", [W3C, DEFAULT_COMPOSITE], ids=["w3c", "composite"])
+@pytest.mark.parametrize("flags", [0x01, 0x03])
+def test_direct_write_is_what_the_propagator_injects(headers: Any, propagator: Any,
+                                                     flags: int) -> None:
+    sc = trace.SpanContext(0xABC, 0x1122334455667788, is_remote=False,
+                           trace_flags=trace.TraceFlags(flags))
+    direct = sampling.DirectW3C().write(sc, headers, propagator)
+    generic = inject_headers(headers, context=trace.set_span_in_context(
+        trace.NonRecordingSpan(sc)), propagator=propagator)
+    assert direct == generic
+    assert isinstance(direct, list) and direct is not headers
+
+
+def test_direct_write_leaves_other_cases_to_the_propagator() -> None:
+    w3c = sampling.DirectW3C()
+    sc = trace.SpanContext(0xABC, 0x1122, is_remote=False, trace_flags=trace.TraceFlags(1))
+    assert w3c.write(sc, [("app", b"1")], W3C) is None  # caller headers: merged by the generic
+    with_state = trace.SpanContext(0xABC, 0x1122, is_remote=False,
+                                   trace_flags=trace.TraceFlags(1),
+                                   trace_state=trace.TraceState([("v", "1")]))
+    assert w3c.write(with_state, None, W3C) is None
+    assert w3c.write(trace.INVALID_SPAN_CONTEXT, None, W3C) is None
+    assert w3c.write(sc, None, _B3Like()) is None  # type: ignore[arg-type]
+    token = otel_context.attach(set_baggage("tenant", "7"))
+    try:  # baggage in the current context: the composite writes it too
+        assert w3c.write(sc, None, DEFAULT_COMPOSITE) is None
+        assert w3c.write(sc, None, W3C) is not None  # W3C alone never writes baggage
+    finally:
+        otel_context.detach(token)
+
+
+@pytest.mark.parametrize("headers", [None, [("app", b"1")]], ids=["none", "caller-headers"])
+def test_recorded_send_span_headers_equal_the_generic_paths(headers: Any) -> None:
+    tp, exporter = provider()
+    fast = telemetry(tp, propagator=DEFAULT_COMPOSITE)
+    slow = telemetry(tp, propagator=DEFAULT_COMPOSITE)
+    slow._w3c = PropagatorOnly()  # type: ignore[assignment]
+    for tel in (fast, slow):
+        out, token = tel.producer_send("orders", b"k", 10, headers, None)
+        assert token is not None and token.span is not None
+        sc = token.span.get_span_context()
+        value = f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}".encode()
+        assert out == [*(headers or []), ("traceparent", value)]
+        tel.producer_delivered(token, None, None)
+    assert len(exporter.get_finished_spans()) == 2

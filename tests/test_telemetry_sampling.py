@@ -74,9 +74,23 @@ def telemetry(tp: TracerProvider, *, propagator: Any = W3C, **kw: Any) -> Teleme
     return Telemetry(tracer_provider=tp, propagator=propagator, client_id="svc-1", **kw)
 
 
+class PropagatorOnly:
+    """Leaves every read and write of trace context to the propagator."""
+
+    def read(self, *_: Any) -> None:
+        return None
+
+    def read_context(self, *_: Any) -> None:
+        return None
+
+    def write(self, *_: Any) -> None:
+        return None
+
+
 def generic(tel: Telemetry) -> Telemetry:
-    """*tel* with the fast path switched off (the behaviour before it existed)."""
+    """*tel* with the fast paths switched off (the behaviour before they existed)."""
     tel._fast = None
+    tel._w3c = PropagatorOnly()  # type: ignore[assignment]
     return tel
 
 
@@ -715,5 +729,22 @@ def test_header_read_is_off_where_the_fast_path_is() -> None:
     prop, extracts = _counting_composite()
     linked = telemetry(provider(ParentBased(TraceIdRatioBased(0.01)))[0], propagator=prop,
                        link_mode="link")
-    _inside(linked, HEADER_FORMS[0][1])
-    assert extracts == [1]
+    inside = _inside(linked, HEADER_FORMS[0][1])
+    assert inside[1] is False  # a root of the consumer's own trace, not the header's child
+    assert extracts == []  # the link's context: the direct read (DirectW3C), as the propagator
+
+
+def test_baggage_before_trace_context_keeps_the_generic_path(attached: list[Any]) -> None:
+    """A composite with W3C baggage first extracts from the current context (the baggage
+    propagator's extract(context=None) starts there): the caller's baggage reaches the handler.
+    The direct read starts from an empty context, so such a composite must not take it."""
+    reverse = CompositePropagator([W3CBaggagePropagator(), TraceContextTextMapPropagator()])
+    attached.append(otel_context.attach(set_baggage("outer", "1")))
+    tp, _ = provider(ParentBased(TraceIdRatioBased(0.0)))
+    fast = telemetry(tp, propagator=reverse)
+    slow = generic(telemetry(tp, propagator=reverse))
+    headers = HEADER_FORMS[0][1]
+    assert _inside(fast, headers) == _inside(slow, headers)
+    assert _inside(slow, headers)[-1] == ["{'outer': '1'}"]  # control: the generic path keeps it
+    # the SDK's default order (trace context first) starts afresh, and takes the direct read
+    assert _inside(telemetry(tp, propagator=DEFAULT_COMPOSITE), headers)[-1] == []

@@ -86,7 +86,7 @@ from kresilient.telemetry._util import (
     _state_name,
     _str_or_none,
 )
-from kresilient.telemetry.sampling import FastSampler, RemoteReader, fast_sampler_for
+from kresilient.telemetry.sampling import DirectW3C, FastSampler, fast_sampler_for
 
 __all__ = [
     "NO_PROPAGATION",
@@ -191,7 +191,7 @@ class Telemetry:
                 self._common[N.SERVER_PORT] = server_port
         self._send_bases: dict[str, _Bases] = {}
         self._process_bases: dict[tuple[str | None, str | None], _Bases] = {}
-        self._remote = RemoteReader()
+        self._w3c = DirectW3C()
         # Never evicted: bounded by topics x partitions x error names (x 1 partition when the
         # partition is not a metric attribute); dies with the client.
         self._metric_cache: dict[tuple[int, int | None, str | None], _MetricSet] = {}
@@ -418,9 +418,11 @@ class Telemetry:
                 span = tracer.start_span(base.name, kind=SpanKind.PRODUCER, attributes=attrs)
             else:  # a sampled root: the trace id the fast path drew
                 span = fast.start_root(root_id, base.name, SpanKind.PRODUCER, attrs)
-            out = inject_headers(
-                headers, context=trace.set_span_in_context(span), propagator=self._propagator
-            )
+            out = self._w3c.write(span.get_span_context(), headers, self._propagator)
+            if out is None:
+                out = inject_headers(
+                    headers, context=trace.set_span_in_context(span), propagator=self._propagator
+                )
             return out, _SendToken(span, time.perf_counter(), base.metric)
         except Exception as exc:  # e.g. a span processor's on_start raised: send untraced
             self._guard("producer_send", exc)
@@ -461,13 +463,16 @@ class Telemetry:
             error_type = None if err is None else _error_name(err)
             if span is not None:
                 if span.is_recording():
+                    at: dict[str, Any] = {}
                     if partition is not None and partition >= 0:
-                        span.set_attribute(N.MESSAGING_DESTINATION_PARTITION_ID, str(partition))
+                        at[N.MESSAGING_DESTINATION_PARTITION_ID] = str(partition)
                     if error_type is None:
                         offset = _safe_int(msg.offset) if msg is not None else None
                         if offset is not None and offset >= 0:
-                            span.set_attribute(N.MESSAGING_KAFKA_OFFSET, offset)
-                    else:
+                            at[N.MESSAGING_KAFKA_OFFSET] = offset
+                    if at:
+                        span.set_attributes(at)  # one lock and call, not one per attribute
+                    if error_type is not None:
                         _mark_error(
                             span, err, error_type, _category(classification, err), self._redact
                         )
@@ -568,7 +573,7 @@ class Telemetry:
         links: list[Link] = []
         if not cap:
             return links
-        read = self._remote.read
+        read = self._w3c.read
         prop = self._propagator
         for msg in msgs:
             headers = msg.headers()
@@ -1004,8 +1009,12 @@ class _ProcessScope:
                         self.span = got[0]
                         self._ctx_token = otel_context.attach(got[1])
                         return got[0]
-                extracted = tel.extract_context(headers)
-                remote = trace.get_current_span(extracted).get_span_context()
+                direct = tel._w3c.read_context(headers, tel._propagator)
+                if direct is not None:  # canonical traceparent: no propagator (sampling.py)
+                    remote, extracted = direct
+                else:
+                    extracted = tel.extract_context(headers)
+                    remote = trace.get_current_span(extracted).get_span_context()
                 if remote.is_valid:
                     if tel.link_mode == "parent":
                         fast = tel._fast

@@ -25,8 +25,9 @@ propagator call) when it is the record's only trace-context header.
 
 A batch's CONSUMER span (``batch_process_span``) is a root in the consumer loop:
 :meth:`FastSampler.drop_root` takes the root rule above, so a sampled-out batch builds no links;
-:class:`RemoteReader` reads each record's producer context for the links of a sampled one
-straight from its canonical ``traceparent`` (with any sampler).
+:class:`DirectW3C` reads each record's producer context for the links of a sampled one
+straight from its canonical ``traceparent``, and writes a recorded PRODUCER span's
+``traceparent`` without the propagator (with any sampler).
 
 Anything else -- another sampler, id generator or tracer class, a propagator other than W3C
 trace context (alone, or in a composite with W3C baggage), a disabled tracer, the SDK's
@@ -51,7 +52,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanK
 
 from kresilient.telemetry._propagation import Headers, HeaderValue, fields, merge_carrier
 
-__all__ = ["FastSampler", "RemoteReader", "fast_sampler_for"]
+__all__ = ["DirectW3C", "FastSampler", "fast_sampler_for"]
 
 _MASK64 = (1 << 64) - 1
 _RANDOM_FLAG = 0x02  # W3C trace-context level 2 "random-trace-id"
@@ -163,7 +164,7 @@ def _propagation_kind(prop: TextMapPropagator) -> tuple[TextMapPropagator, ...] 
     """The propagators besides W3C trace context that *prop* runs, or ``None`` if unsupported.
 
     Supported: ``TraceContextTextMapPropagator`` alone, or a ``CompositePropagator`` holding
-    it (once) and otherwise only ``W3CBaggagePropagator`` (the SDK's default global).
+    it (once, first) and otherwise only ``W3CBaggagePropagator`` (the SDK's default global).
     """
     from opentelemetry.baggage.propagation import W3CBaggagePropagator
     from opentelemetry.propagators.composite import CompositePropagator
@@ -176,7 +177,9 @@ def _propagation_kind(prop: TextMapPropagator) -> tuple[TextMapPropagator, ...] 
     members = list(getattr(prop, "_propagators", None) or ())
     w3c = [p for p in members if type(p) is TraceContextTextMapPropagator]
     others = [p for p in members if type(p) is W3CBaggagePropagator]
-    if len(w3c) != 1 or len(w3c) + len(others) != len(members):
+    if len(w3c) != 1 or len(w3c) + len(others) != len(members) or members[0] is not w3c[0]:
+        # W3C trace context first: a baggage propagator before it would extract from the
+        # *current* context (extract(context=None) does), which the direct read does not
         return None
     return tuple(others)
 
@@ -220,29 +223,61 @@ def _canonical_ids(headers: Headers, known: _Known) -> tuple[int, int, int] | No
     return trace_id, int(span_hex, 16), int(flags_hex, 16)
 
 
-class RemoteReader:
-    """The producer's span context of a consumed record, for a batch span's links.
+class DirectW3C:
+    """W3C trace context read and written without the propagator, where that gives exactly
+    what the propagator gives (any sampler).
 
-    :meth:`read` parses the canonical ``traceparent`` itself (as :meth:`FastSampler.
-    drop_from_headers`) and returns the ``SpanContext`` the propagator's ``extract`` would
-    give; ``None`` for any other header form or propagator (the caller extracts).
+    - :meth:`read`: the producer's span context of a consumed record (the canonical
+      ``traceparent`` parsed as :meth:`FastSampler.drop_from_headers` does), for a batch
+      span's links; :meth:`read_context` also gives the context to parent a process span to;
+    - :meth:`write`: the headers ``inject_headers`` gives a new message for a recorded span.
+
+    Each returns ``None`` where the propagator must do it (another propagator, another header
+    form, a trace state, baggage that may be current, caller headers to merge).
     """
 
-    __slots__ = ("_known",)
+    __slots__ = ("_current", "_known")
 
     def __init__(self) -> None:
         self._known: _Known = (None, None, frozenset())
+        self._current = _current_context_getter()
 
-    def read(self, headers: Headers, propagator: TextMapPropagator | None) -> SpanContext | None:
+    def _kind(self, propagator: TextMapPropagator | None) -> _Known:
         prop = propagator or _get_global_textmap()
         known = self._known
         if known[0] is not prop:
             known = self._known = _know(prop)
-        parsed = _canonical_ids(headers, known)
+        return known
+
+    def read(self, headers: Headers, propagator: TextMapPropagator | None) -> SpanContext | None:
+        parsed = _canonical_ids(headers, self._kind(propagator))
         if parsed is None:
             return None
         trace_id, span_id, flags = parsed
         return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+
+    def read_context(
+        self, headers: Headers, propagator: TextMapPropagator | None
+    ) -> tuple[SpanContext, Context] | None:
+        """:meth:`read`, with the context ``extract_context(headers)`` returns for it (the
+        producer's span alone: W3C trace context, first in a composite, starts afresh)."""
+        remote = self.read(headers, propagator)
+        if remote is None:
+            return None
+        return remote, Context({_SPAN_KEY: NonRecordingSpan(remote)})
+
+    def write(
+        self, context: SpanContext, headers: Headers, propagator: TextMapPropagator | None
+    ) -> list[tuple[str, HeaderValue]] | None:
+        """``[("traceparent", value)]`` for a message without headers whose span has
+        *context*; ``None``: use ``inject_headers``."""
+        if headers or context.trace_state or not context.is_valid:
+            return None
+        others = self._kind(propagator)[1]
+        if others is None or (others and self._current()):
+            return None  # baggage may be in the current context: the propagator writes it
+        value = b"00-%032x-%016x-%02x" % (context.trace_id, context.span_id, context.trace_flags)
+        return [(_TRACEPARENT, value)]
 
 
 class FastSampler:
