@@ -27,7 +27,7 @@ from test_telemetry import Otel, remote
 from kresilient import deadletter
 from kresilient.consumer import ResilientConsumer, RetryPolicy
 from kresilient.deadletter import DeadLetterPolicy
-from kresilient.errors import DeliveryError, ProduceError
+from kresilient.errors import BatchItemError, DeliveryError, ProduceError
 from kresilient.producer import ResilientProducer
 from kresilient.testing import KafkaCluster
 
@@ -365,3 +365,59 @@ def test_batch_handler_gets_one_span_per_call_linked_to_its_producers(
     durations = sorted((a.get(ERROR_TYPE, ""), n)
                        for a, n in otel.points(MM.MESSAGING_PROCESS_DURATION))
     assert durations == [("", len(calls) - 1), ("RuntimeError", 1)]
+
+
+def test_batch_handler_dead_letter_span_is_a_child_of_the_calls_span(
+    kafka_cluster: KafkaCluster, topic: str, otel: Otel
+) -> None:
+    """The item a batch handler names in BatchItemError is dead-lettered inside the call's
+    span: the dead_letter span is its child, the DLQ send span the dead_letter span's."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    dlq = kafka_cluster.create_topic(f"{topic}.dlq", 1, 3, {"min.insync.replicas": 2})
+    providers: dict[str, Any] = {
+        "tracer_provider": otel.tracer_provider,
+        "meter_provider": otel.meter_provider,
+        "propagator": W3C,
+    }
+    with ResilientProducer({"bootstrap.servers": bootstrap}, **providers) as producer:
+        for i in range(5):
+            producer.produce(topic, b"v%d" % i, key=b"k")
+        producer.flush(60)
+
+    done: set[int] = set()
+
+    def handle(msgs: list[Any]) -> None:
+        for i, m in enumerate(msgs):
+            if m.offset() == 2:
+                raise BatchItemError(index=i) from ValueError("poison record 2")
+            done.add(m.offset())
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"g-{topic}"},
+        [topic],
+        batch_handler=handle,
+        retry=RetryPolicy(stop=tenacity.stop_after_attempt(1)),
+        dead_letter=DeadLetterPolicy(),
+        install_signal_handlers=False,
+        poll_timeout=0.2,
+        **providers,
+    )
+    worker = threading.Thread(target=consumer.run, daemon=True)
+    worker.start()
+    try:
+        _wait_for(lambda: done == {0, 1, 3, 4}
+                  and any(s.name == f"send {dlq}" for s in otel.spans()), 90, "DLQ write")
+    finally:
+        consumer.stop()
+        worker.join(60)
+    spans = otel.spans()
+    (dead,) = [s for s in spans if s.name == f"dead_letter {dlq}"]
+    assert _attrs(dead)["kresilient.dead_letter.source.offset"] == 2
+    assert dead.parent is not None
+    (call,) = [s for s in spans if s.context.span_id == dead.parent.span_id]
+    assert call.name == f"process {topic}"
+    assert _attrs(call)[MA.MESSAGING_BATCH_MESSAGE_COUNT] >= 3  # the call that held offset 2
+    assert call.status.status_code is StatusCode.ERROR
+    assert _attrs(call)[ERROR_TYPE] == "ValueError"  # the failed item's exception
+    (dlq_send,) = [s for s in spans if s.name == f"send {dlq}"]
+    assert dlq_send.parent is not None and dlq_send.parent.span_id == dead.context.span_id
