@@ -51,6 +51,15 @@ def _attrs(span: ReadableSpan) -> dict[str, Any]:
     return dict(span.attributes or {})
 
 
+def _providers(otel: Otel) -> dict[str, Any]:
+    """The clients' telemetry options: the test's SDK providers and the W3C propagator."""
+    return {
+        "tracer_provider": otel.tracer_provider,
+        "meter_provider": otel.meter_provider,
+        "propagator": W3C,
+    }
+
+
 def _wait_for(predicate: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -83,11 +92,7 @@ def test_one_trace_from_producer_through_consumer_to_dead_letter_topic(
 ) -> None:
     bootstrap = kafka_cluster.bootstrap_servers
     dlq = kafka_cluster.create_topic(f"{topic}.dlq", 1, 3, {"min.insync.replicas": 2})
-    providers: dict[str, Any] = {
-        "tracer_provider": otel.tracer_provider,
-        "meter_provider": otel.meter_provider,
-        "propagator": W3C,
-    }
+    providers = _providers(otel)
     with ResilientProducer(
         {"bootstrap.servers": bootstrap, "client.id": "orders-api"}, **providers
     ) as producer:
@@ -257,11 +262,7 @@ def test_link_mode_links_the_process_span_to_the_producer(
     kafka_cluster: KafkaCluster, topic: str, otel: Otel
 ) -> None:
     bootstrap = kafka_cluster.bootstrap_servers
-    providers: dict[str, Any] = {
-        "tracer_provider": otel.tracer_provider,
-        "meter_provider": otel.meter_provider,
-        "propagator": W3C,
-    }
+    providers = _providers(otel)
     with ResilientProducer({"bootstrap.servers": bootstrap}, **providers) as producer:
         producer.produce(topic, b"v", key=b"k").result(60)
     handled = threading.Event()
@@ -299,11 +300,7 @@ def test_batch_handler_gets_one_span_per_call_linked_to_its_producers(
     """A batch handler's call runs inside one ``process`` span that links every message's send
     span; a failed call's span carries the error and the retry; metrics count messages."""
     bootstrap = kafka_cluster.bootstrap_servers
-    providers: dict[str, Any] = {
-        "tracer_provider": otel.tracer_provider,
-        "meter_provider": otel.meter_provider,
-        "propagator": W3C,
-    }
+    providers = _providers(otel)
     total = 40
     with ResilientProducer({"bootstrap.servers": bootstrap}, **providers) as producer:
         handles = [producer.produce(topic, b"v%d" % i, key=b"k") for i in range(total)]
@@ -374,11 +371,7 @@ def test_batch_handler_dead_letter_span_is_a_child_of_the_calls_span(
     span: the dead_letter span is its child, the DLQ send span the dead_letter span's."""
     bootstrap = kafka_cluster.bootstrap_servers
     dlq = kafka_cluster.create_topic(f"{topic}.dlq", 1, 3, {"min.insync.replicas": 2})
-    providers: dict[str, Any] = {
-        "tracer_provider": otel.tracer_provider,
-        "meter_provider": otel.meter_provider,
-        "propagator": W3C,
-    }
+    providers = _providers(otel)
     with ResilientProducer({"bootstrap.servers": bootstrap}, **providers) as producer:
         for i in range(5):
             producer.produce(topic, b"v%d" % i, key=b"k")
