@@ -1,28 +1,33 @@
-"""Where does ``engine="jvm"`` lose against the built-in sink? Arms interleaved, paired ratios.
+"""Where does ``engine="jvm"`` cost more than the built-in sink? Arms interleaved, paired ratios.
 
-An experiment, not a product benchmark: it needs ``kresilient/spark/_jvm.py`` with the knobs of
-``spark_jvm_breakdown.patch`` (KR_OBS=full|count|none: the observed aggregates; KR_V2=1|0: the
-V2 or V1 write path; KR_SINK=noop). Run it on a patched worktree::
+An experiment beside ``benchmarks/spark_sink.py`` (the product benchmark). Arms:
 
-    git worktree add /tmp/kr-breakdown HEAD
-    git -C /tmp/kr-breakdown apply "$PWD/benchmarks/spark_jvm_breakdown.patch"
-    ROWS=4000000 ROUNDS=5 ARMS=builtin-v1,builtin-v2,jvm-full-v2,jvm-count-v2,jvm-none-v1 \
-        PYTHONPATH=/tmp/kr-breakdown .venv/bin/python -P benchmarks/spark_jvm_breakdown.py
+* ``builtin-v1`` / ``builtin-v2``: ``format("kafka")`` on Spark's V1 (default) or V2 write path
+  (``engine="jvm"`` writes on V2: the path that reports observed metrics);
+* ``jvm``: ``kresilient.spark.write(engine="jvm")``;
+* ``noop-plain`` / ``noop-jvm``: the same DataFrame, and the same ``engine="jvm"`` plan
+  (routing projection + observed counts), written into Spark's ``noop`` sink: the plan's own
+  JVM cost per row, without a producer or brokers.
 
-Arms: ``builtin-v1``/``builtin-v2`` (``format("kafka")`` on Spark's V1 or V2 write path),
-``jvm-*`` (``kresilient.spark.write(engine="jvm")`` with all 8 observed aggregates, a count
-only, or none), ``noop-*`` (the same plans into the ``noop`` sink: projection cost alone).
-Prints rows/s and the Spark JVM's CPU per row, and each arm's paired ratio to ``builtin-v1``.
+Prints rows/s and the Spark JVM's CPU per row, and each arm's paired ratio to ``builtin-v1``::
+
+    ROWS=4000000 ROUNDS=7 .venv/bin/python -P benchmarks/spark_jvm_breakdown.py
+    ROWS=4000000 ROUNDS=7 HEADERS=1 ARMS=noop-plain,noop-jvm .venv/bin/python -P \\
+        benchmarks/spark_jvm_breakdown.py
 """
 
+import contextlib
 import os
 import statistics
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pyspark
+import pyspark.sql.readwriter as readwriter
 import spark_sink as sb
 
 from kresilient.spark import write
@@ -30,6 +35,7 @@ from kresilient.spark import write
 rows = int(os.environ.get("ROWS", "1000000"))
 size = int(os.environ.get("SIZE", "100"))
 rounds = int(os.environ.get("ROUNDS", "3"))
+headers = os.environ.get("HEADERS") == "1"
 settings = {
     "linger.ms": "5",
     "batch.size": "262144",
@@ -39,7 +45,22 @@ settings = {
 }
 
 
-def builtin(df, boot, topic, v2):
+@contextlib.contextmanager
+def _kafka_into_noop() -> Iterator[None]:
+    """``format("kafka")`` writes into ``noop`` for the duration."""
+    original = readwriter.DataFrameWriter.format
+
+    def fmt(self: Any, source: str) -> Any:
+        return original(self, "noop" if source == "kafka" else source)
+
+    readwriter.DataFrameWriter.format = fmt  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        readwriter.DataFrameWriter.format = original  # type: ignore[method-assign]
+
+
+def builtin(df: Any, boot: str, topic: str, v2: bool) -> None:
     conf = df.sparkSession.conf
     if v2:
         conf.set("spark.sql.sources.useV1SourceList", "avro,csv,json,orc,parquet,text")
@@ -52,30 +73,23 @@ def builtin(df, boot, topic, v2):
         conf.unset("spark.sql.sources.useV1SourceList")
 
 
-def jvm(df, boot, topic, obs, v2, sink="kafka"):
-    os.environ["KR_OBS"] = obs
-    os.environ["KR_V2"] = "1" if v2 else "0"
-    os.environ["KR_SINK"] = sink
-    write(
-        df,
-        topic=topic,
-        bootstrap_servers=boot,
-        engine="jvm",
-        dead_letter_topic=f"{topic}.dlq",
-        options=settings,
-    )
+def jvm(df: Any, boot: str, topic: str) -> None:
+    summary = write(df, topic=topic, bootstrap_servers=boot, engine="jvm",
+                    dead_letter_topic=f"{topic}.dlq", options=settings)  # fmt: skip
+    assert summary.rows == rows and summary.written == rows, summary
+
+
+def noop_jvm(df: Any, boot: str, topic: str) -> None:
+    with _kafka_into_noop():
+        jvm(df, boot, topic)
 
 
 ARMS = {
     "builtin-v1": lambda df, b, t: builtin(df, b, t, False),
     "builtin-v2": lambda df, b, t: builtin(df, b, t, True),
-    "jvm-full-v2": lambda df, b, t: jvm(df, b, t, "full", True),
-    "jvm-count-v2": lambda df, b, t: jvm(df, b, t, "count", True),
-    "jvm-none-v2": lambda df, b, t: jvm(df, b, t, "none", True),
-    "jvm-none-v1": lambda df, b, t: jvm(df, b, t, "none", False),
-    "noop-plain": lambda df, b, t: df.write.format("noop").mode("overwrite").save(),
-    "noop-jvm-full": lambda df, b, t: jvm(df, b, t, "full", True, "noop"),
-    "noop-jvm-none": lambda df, b, t: jvm(df, b, t, "none", True, "noop"),
+    "jvm": jvm,
+    "noop-plain": lambda df, b, t: df.write.format("noop").mode("append").save(),
+    "noop-jvm": noop_jvm,
 }
 only = os.environ.get("ARMS")
 if only:
@@ -84,11 +98,11 @@ if only:
 with sb._cluster(os.environ.get("BOOT")) as cluster:
     boot = cluster.bootstrap_servers
     spark = sb._spark(sb.connector_jars(pyspark.__version__), 2)
-    df = sb._frame(spark, rows, size, 2)
+    df = sb._frame(spark, rows, size, 2, headers=headers)
     jpid = int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-    res = {a: [] for a in ARMS}
+    res: dict[str, list[tuple[float, float]]] = {a: [] for a in ARMS}
 
-    def one(arm):
+    def one(arm: str) -> tuple[float, float]:
         topic = f"x-{arm}-{uuid.uuid4().hex[:6]}"
         cluster.create_topic(topic, 2, 3, {"min.insync.replicas": 2})
         cluster.create_topic(topic + ".dlq", 1, 3, {"min.insync.replicas": 2})
@@ -109,24 +123,17 @@ with sb._cluster(os.environ.get("BOOT")) as cluster:
             el, jcpu = one(arm)
             res[arm].append((el, jcpu))
             print(
-                f"round {r} {arm:14s} {rows / el:10,.0f} rows/s  "
-                f"jvm cpu {jcpu / rows * 1e6:6.2f} us/row",
+                f"round {r} {arm:12s} {rows / el:12,.0f} rows/s  "
+                f"jvm cpu {jcpu / rows * 1e6:6.3f} us/row",
                 flush=True,
             )
-    base = res.get("builtin-v1")
-    print(f"\nrows={rows} size={size} rounds={rounds} load={os.getloadavg()}")
+    base = res.get("builtin-v1") or res.get("noop-plain")
+    print(f"\nrows={rows} size={size} headers={headers} rounds={rounds} load={os.getloadavg()}")
+    print("| arm | rows/s median | Spark JVM CPU µs/row | vs first (paired) median [min..max] |")
     for arm, xs in res.items():
         rate = statistics.median(rows / e for e, _ in xs)
         cpu = statistics.median(j / rows * 1e6 for _, j in xs)
-        ratio = (
-            statistics.median(b[0] / e for (e, _), b in zip(xs, base, strict=True))
-            if base
-            else float("nan")
-        )
-        rr = sorted(b[0] / e for (e, _), b in zip(xs, base, strict=True)) if base else []
-        print(
-            f"| {arm} | {rate:,.0f} | {cpu:.2f} | {ratio:.3f} [{rr[0]:.3f}..{rr[-1]:.3f}] |"
-            if rr
-            else f"| {arm} | {rate:,.0f} | {cpu:.2f} |"
-        )
+        rr = sorted(b[0] / e for (e, _), b in zip(xs, base, strict=True)) if base else [1.0]
+        print(f"| {arm} | {rate:,.0f} | {cpu:.3f} | "
+              f"{statistics.median(rr):.3f} [{rr[0]:.3f}..{rr[-1]:.3f}] |")  # fmt: skip
     spark.stop()

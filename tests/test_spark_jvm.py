@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -174,14 +175,104 @@ def test_jvm_engine_refuses_unsafe_and_unknown_settings_naming_the_key(
         write(df, topic=topic + "-missing", bootstrap_servers=bs, engine="jvm")
 
 
-def test_jvm_engine_client_id_unique_per_write() -> None:
-    from kresilient.spark._jvm import java_producer_options
+def test_jvm_engine_client_id_shared_by_same_settings_until_a_write_fails() -> None:
+    from kresilient.spark._jvm import java_producer_options, retire_client_id
 
-    a = java_producer_options({"bootstrap.servers": "b:1", "client.id": "orders"})
-    b = java_producer_options({"bootstrap.servers": "b:1", "client.id": "orders"})
-    assert a["client.id"] != b["client.id"]
-    assert a["client.id"].startswith("orders-")
+    base = {"bootstrap.servers": "b:1", "client.id": "orders"}
+    a = java_producer_options(base)
+    b = java_producer_options(dict(base))
+    other = java_producer_options({**base, "linger.ms": "7"})
+    unnamed = java_producer_options({"bootstrap.servers": "b:1"})
+    assert a["client.id"] == b["client.id"]  # Spark's pooled producers are reused
+    assert a["client.id"].startswith("orders-") and a["client.id"] != "orders-"
+    assert other["client.id"] != a["client.id"]
+    assert unnamed["client.id"].startswith("kresilient-spark-")
     assert (a["acks"], a["enable.idempotence"]) == ("all", "true")
+
+    retire_client_id(a)  # a failed write
+    c = java_producer_options(base)
+    assert c["client.id"] != a["client.id"] and c["client.id"].startswith("orders-")
+    retire_client_id(a)  # a late report of the same failure retires nothing new
+    assert java_producer_options(base)["client.id"] == c["client.id"]
+    assert java_producer_options({**base, "linger.ms": "7"})["client.id"] == other["client.id"]
+
+
+def test_jvm_engine_record_size_bound_counts_every_header_byte(spark: Any) -> None:
+    """The routing's size bound, computed without lambdas, is exactly Java's upper bound of a
+    one-record batch: 82 + key + value + per header (key bytes + value bytes + 10)."""
+    from kresilient.spark._jvm import TopicLimits, route_plan
+
+    rows = [
+        (b"k", b"v" * 100, [("source", b"spark"), ("id", b"\x00" * 8)]),
+        (None, b"", []),
+        (b"kk", b"value", None),
+        (b"", b"x", [("\u00e9t\u00e9", None), ("a", b"")]),  # a 2-byte char, a null value
+        (b"k", b"v", [("h", b"\xff" * 3000)] * 40),
+    ]
+    schema = "key BINARY, value BINARY, headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
+    df = spark.createDataFrame(rows, schema)
+    limits = {"t": TopicLimits(partitions=1, max_message_bytes=100_000, compacted=False)}
+    plan = route_plan(
+        topic_sql="'t'", has={"key", "value", "headers"}, limits=limits, max_request_size=10**6
+    )
+    got = [(r[0], r[1]) for r in df.selectExpr(f"{plan.size}", f"{plan.reason}").collect()]
+
+    def bound(key: Any, value: bytes, headers: Any) -> int:
+        hs = sum(len(k.encode()) + len(v or b"") + 10 for k, v in headers or [])
+        return 82 + len(key or b"") + len(value) + hs
+
+    want = [bound(*r) for r in rows]
+    assert [g for g, _ in got] == want
+    assert [r for _, r in got] == [None, None, None, None, "MSG_SIZE_TOO_LARGE"]
+    assert plan.reasons == ("MSG_SIZE_TOO_LARGE",)  # a fixed topic: only the size can fail
+
+
+def _producer_client_ids(spark: Any, prefix: str) -> set[str]:
+    """client.id of every live Java producer in the driver's JVM (local mode: the executors'),
+    from its sender thread's name (``kafka-producer-network-thread | <client.id>``)."""
+    threads = str(spark._jvm.java.lang.Thread.getAllStackTraces().keySet().toString())
+    found = re.findall(r"kafka-producer-network-thread \| ([\w.-]+)", threads)
+    return {i for i in found if i.startswith(prefix)}
+
+
+def test_jvm_engine_writes_reuse_pooled_producers_and_a_failed_write_gets_new_ones(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Writes with the same settings share Spark's pooled producers (a streaming query does
+    not leave a producer per micro-batch behind); after a failed write, the next write does
+    not inherit the failed one's producers."""
+    import uuid
+
+    from pyspark.sql import functions as F
+
+    from kresilient.spark import write
+
+    topic = topic_factory(partitions=2)
+    dlq = topic_factory(partitions=1)
+    prefix = f"reuse-{uuid.uuid4().hex[:8]}"
+    df = spark.range(1000, numPartitions=2).select(F.col("id").cast("string").alias("value"))
+
+    def once(frame: Any) -> None:
+        write(frame, topic=topic, bootstrap_servers=kafka_cluster.bootstrap_servers,
+              engine="jvm", dead_letter_topic=dlq, client_id=prefix)  # fmt: skip
+
+    for _ in range(3):
+        once(df)
+    first = _producer_client_ids(spark, prefix)
+    assert len(first) == 1, first  # one client.id for three writes (each had its own before)
+
+    failing = df.select(F.when(F.col("value") == "500", F.raise_error(F.lit("boom")))
+                        .otherwise(F.col("value")).alias("value"))  # fmt: skip
+    with pytest.raises(Exception, match="boom"):
+        once(failing)
+    once(df)
+    after = _producer_client_ids(spark, prefix)
+    assert after - first, (first, after)  # the write after the failure: new producers
+    values = Counter(v.decode() for _, _, v, _ in _records(kafka_cluster, topic))
+    # Nothing lost: the four good writes each wrote every row. The failed write's task that
+    # met row 500 first wrote none of its rows; the other task may have written its own.
+    assert all(values[str(i)] == 4 for i in range(500, 1000))
+    assert all(values[str(i)] in (4, 5) for i in range(500))
 
 
 def test_jvm_engine_streaming_routes_per_micro_batch(
@@ -218,7 +309,13 @@ def test_jvm_engine_streaming_routes_per_micro_batch(
     assert sum(s.written for s in streamed) == 9
     assert sum(s.dead_lettered for s in streamed) == 1
     assert len(_records(kafka_cluster, topic)) == 9
-    assert [v[:3] for _, _, v, _ in _records(kafka_cluster, dlq)] == [b"vvv"]
+    dead = _records(kafka_cluster, dlq)
+    assert [v[:3] for _, _, v, _ in dead] == [b"vvv"]
+    headers = dead[0][3]  # a string value column, no headers column: kresilient's own only
+    assert headers["kresilient.original.topic"] == topic.encode()
+    assert headers["kresilient.exception.message"].startswith(b"MSG_SIZE_TOO_LARGE: record of ")
+    assert headers["kresilient.error.category"] == b"config"
+    assert "kresilient.original.partition" not in headers
 
 
 def test_streaming_data_source_follows_the_installed_pyspark() -> None:

@@ -6,15 +6,18 @@ through ``foreachBatch``). What it does, all on the driver before any row moves:
 
 * the producer settings are the Java client's (``linger.ms``, ``batch.size`` ...): unknown keys
   are refused (checked against the Java ``ProducerConfig``), ``acks=all`` and
-  ``enable.idempotence=true`` are forced, weaker values refused naming the key, and every write
-  gets its own ``client.id`` (Spark pools producers by their settings: a write never inherits a
-  producer a failed write left behind);
+  ``enable.idempotence=true`` are forced, weaker values refused naming the key; Spark pools
+  producers by their settings, so writes with the same settings share a ``client.id`` (and the
+  pooled producers, as the built-in sink's writes do) until one fails: the next write gets a
+  new ``client.id``, so it never inherits a producer the failed write left behind;
 * the target topics' settings are read with the Java ``Admin`` client (partition count,
   ``max.message.bytes``, ``cleanup.policy``, timestamp type and window);
 * one SQL projection routes every row that can be known unproducible before sending to the
   dead-letter topic, with ``kresilient.*`` headers built in SQL; every other row goes to its
-  topic unchanged; Spark's ``kafka`` sink writes both in one pass;
-* counts come from ``Dataset.observe`` over the V2 write path (the V1 path never reports
+  topic unchanged; Spark's ``kafka`` sink writes both in one pass (the projection has no
+  lambda, so it runs in whole-stage generated code);
+* counts come from ``Dataset.observe`` (a row count, and one count per reason the write's
+  rows can get) over the V2 write path (the V1 path never reports
   observed metrics, so :class:`pyspark.sql.Observation` would block there): the write runs
   with ``kafka`` removed from ``spark.sql.sources.useV1SourceList`` for its duration.
 
@@ -26,6 +29,7 @@ built-in sink; no per-row classification of delivery errors, no exactly-once. Us
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -36,7 +40,14 @@ from kresilient.errors import ConfigError, SchemaError
 from kresilient.spark._options import column_layout
 from kresilient.spark._summary import WriteSummary
 
-__all__ = ["JAVA_FORCED", "TopicLimits", "java_producer_options", "route_plan", "write_jvm"]
+__all__ = [
+    "JAVA_FORCED",
+    "TopicLimits",
+    "java_producer_options",
+    "retire_client_id",
+    "route_plan",
+    "write_jvm",
+]
 
 #: Settings forced on the Java producer.
 JAVA_FORCED: Mapping[str, str] = {"acks": "all", "enable.idempotence": "true"}
@@ -72,8 +83,9 @@ def java_producer_options(
     """Validate Java-client producer settings; return them with the safe ones forced.
 
     ``known``: the Java ``ProducerConfig`` names (unknown keys are refused when given).
-    Raises :class:`~kresilient.ConfigError` naming the key. A unique ``client.id`` is added
-    (the user's ``client.id``, if any, becomes its prefix).
+    Raises :class:`~kresilient.ConfigError` naming the key. ``client.id`` becomes
+    ``<the user's client.id or kresilient-spark>-<suffix>``: the same suffix for the same
+    settings until :func:`retire_client_id` (after a failed write).
 
     Example::
 
@@ -122,9 +134,40 @@ def java_producer_options(
             key="retries",
         )
     out.update(JAVA_FORCED)
-    prefix = out.get("client.id") or "kresilient-spark"
-    out["client.id"] = f"{prefix}-{uuid.uuid4().hex[:12]}"
+    prefix = out.pop("client.id", None) or "kresilient-spark"
+    out["client.id"] = f"{prefix}-{_generation(out, prefix)}"
     return out
+
+
+_generations: dict[tuple[tuple[str, str], ...], str] = {}
+_generations_lock = threading.Lock()
+
+
+def _settings_key(config: Mapping[str, str], prefix: str) -> tuple[tuple[str, str], ...]:
+    return (*sorted((k, v) for k, v in config.items() if k != "client.id"), ("", prefix))
+
+
+def _generation(config: Mapping[str, str], prefix: str) -> str:
+    """The current ``client.id`` suffix of writes with these settings.
+
+    Spark pools producers by their settings (all of them, ``client.id`` included): writes that
+    share a suffix share the pooled producers, as the built-in sink's writes do. A failed write
+    retires the suffix (:func:`retire_client_id`), so the next write never inherits a producer
+    the failure left behind.
+    """
+    key = _settings_key(config, prefix)
+    with _generations_lock:
+        return _generations.setdefault(key, uuid.uuid4().hex[:12])
+
+
+def retire_client_id(config: Mapping[str, str]) -> None:
+    """After a failed write with ``config`` (as :func:`java_producer_options` returned it):
+    the next write with the same settings gets a new ``client.id``, so new producers."""
+    prefix, _, suffix = config.get("client.id", "").rpartition("-")
+    key = _settings_key(config, prefix)
+    with _generations_lock:
+        if _generations.get(key) == suffix:
+            del _generations[key]
 
 
 @dataclass(frozen=True)
@@ -146,12 +189,18 @@ def _long(value: str | None) -> int | None:
     return None if n >= 2**62 else n
 
 
+def _java_names(jvm: Any, names: Any) -> frozenset[str]:
+    """A Java ``Set<String>`` as a frozenset, in one round trip (iterating it through py4j
+    costs one per element: about 80 for a client's config names)."""
+    return frozenset(str(jvm.java.lang.String.join("\n", names)).split("\n"))
+
+
 def describe_topics(
     jvm: Any, config: Mapping[str, str], topics: list[str]
 ) -> dict[str, TopicLimits]:
     """Read ``topics``' settings with the Java ``Admin`` client (the write's own settings)."""
     admin_conf = jvm.org.apache.kafka.clients.admin.AdminClientConfig
-    known = set(admin_conf.configNames())
+    known = _java_names(jvm, admin_conf.configNames())
     props = jvm.java.util.Properties()
     for k, v in config.items():
         if k in known and k != "client.id":
@@ -220,6 +269,7 @@ class RoutePlan:
     reason: str  #: SQL: the kresilient reason code of an unproducible row, else NULL
     size: str  #: SQL: upper bound of the record's size in a batch
     detail: str  #: SQL: the dead letter's ``kresilient.exception.message``
+    reasons: tuple[str, ...] = ()  #: the reason codes this write's rows can get
 
 
 def route_plan(
@@ -228,29 +278,45 @@ def route_plan(
     has: set[str],
     limits: Mapping[str, TopicLimits],
     max_request_size: int,
+    fixed_topic: bool | None = None,
 ) -> RoutePlan:
-    """Build the routing expressions over the input columns named in ``has``."""
+    """Build the routing expressions over the input columns named in ``has``.
+
+    ``fixed_topic``: ``topic_sql`` is the write's one topic (a literal), not a column; by
+    default, when ``topic_sql`` is a quoted literal.
+    """
+    if fixed_topic is None:
+        fixed_topic = topic_sql.startswith("'")
     klen = "coalesce(octet_length(key), 0)" if "key" in has else "0"
+    # No lambda (aggregate/filter are interpreted and keep the whole projection out of
+    # whole-stage code generation): the keys' and values' bytes joined, plus each header's
+    # overhead. concat_ws skips nulls; a binary cast to a string keeps its bytes.
     hlen = (
-        f"coalesce(aggregate(headers, 0L, (acc, h) -> acc + octet_length(h.key) "
-        f"+ coalesce(octet_length(h.value), 0) + {_HEADER_OVERHEAD}), 0L)"
+        "IF(headers IS NULL, 0L, CAST(coalesce(octet_length(concat_ws('', headers.key)), 0) "
+        "+ coalesce(octet_length(concat_ws('', CAST(headers.value AS ARRAY<STRING>))), 0) "
+        f"+ size(headers) * {_HEADER_OVERHEAD} AS BIGINT))"
         if "headers" in has
         else "0L"
     )
     size = f"({_BATCH_OVERHEAD} + {klen} + coalesce(octet_length(value), 0) + {hlen})"
     limit = f"least({_per_topic(topic_sql, limits, 'max_message_bytes', '0')}, {max_request_size})"
     known = " OR ".join(f"{topic_sql} = {_sql_str(t)}" for t in limits) or "false"
-    cases = [
-        (f"{topic_sql} IS NULL", "'NULL_TOPIC'"),
-        (f"NOT ({known})", "'UNKNOWN_TOPIC_OR_PART'"),
-        (f"{size} > {limit}", "'MSG_SIZE_TOO_LARGE'"),
-    ]
-    details = [
-        "'the row has no topic (null topic column)'",
-        f"concat('topic ', {topic_sql}, ' is not among the topics of this write')",
+    cases: list[tuple[str, str]] = []
+    details: list[str] = []
+    if not fixed_topic:  # a literal topic is never null and always among the write's topics
+        cases += [
+            (f"{topic_sql} IS NULL", "'NULL_TOPIC'"),
+            (f"NOT ({known})", "'UNKNOWN_TOPIC_OR_PART'"),
+        ]
+        details += [
+            "'the row has no topic (null topic column)'",
+            f"concat('topic ', {topic_sql}, ' is not among the topics of this write')",
+        ]
+    cases.append((f"{size} > {limit}", "'MSG_SIZE_TOO_LARGE'"))
+    details.append(
         f"concat('record of up to ', {size}, ' bytes exceeds ', {limit}, "
-        f"' (the topic''s max.message.bytes / the producer''s max.request.size)')",
-    ]
+        f"' (the topic''s max.message.bytes / the producer''s max.request.size)')"
+    )
     if "partition" in has:
         parts = _per_topic(topic_sql, limits, "partitions", "0")
         cases.append((f"partition IS NOT NULL AND (partition < 0 OR partition >= {parts})",
@@ -285,7 +351,9 @@ def route_plan(
         + " ".join(f"WHEN {c} THEN {d}" for (c, _), d in zip(cases, details, strict=True))
         + " END"
     )
-    return RoutePlan(reason=reason, size=size, detail=detail)
+    return RoutePlan(
+        reason=reason, size=size, detail=detail, reasons=tuple(r.strip("'") for _, r in cases)
+    )
 
 
 #: kresilient.error.category of each reason (as :func:`kresilient.errors.classify` names it).
@@ -302,7 +370,18 @@ _CATEGORY = {
 ROUTED_TYPE = "kresilient.spark.RoutedBeforeSend"
 
 
-def _categories_sql(reason: str) -> str:
+#: An empty ``headers`` array of the kafka sink's type.
+_HEADERS_TYPE = "ARRAY<STRUCT<key: STRING, value: BINARY>>"
+_EMPTY_HEADERS = f"CAST(array() AS {_HEADERS_TYPE})"
+
+
+def _header_sql(name: str, expr: str, nullable: bool) -> str:
+    """One header as a one-element array; an empty array when ``nullable`` and ``expr`` is null."""
+    one = f"array(named_struct('key', {_sql_str(name)}, 'value', CAST({expr} AS BINARY)))"
+    return f"IF(({expr}) IS NULL, {_EMPTY_HEADERS}, {one})" if nullable else one
+
+
+def _categories_sql(reason: str, reasons: tuple[str, ...] | None = None) -> str:
     from kresilient.errors import classify
 
     try:  # the library's own table wins where it has the code
@@ -319,6 +398,8 @@ def _categories_sql(reason: str) -> str:
             cats[name] = classify(KafkaError(code)).category.value
     except ImportError:  # pragma: no cover - confluent-kafka is a core dependency
         cats = dict(_CATEGORY)
+    if reasons is not None:
+        cats = {k: v for k, v in cats.items() if k in reasons}
     return (
         "CASE "
         + " ".join(f"WHEN {reason} = {_sql_str(k)} THEN {_sql_str(v)}" for k, v in cats.items())
@@ -349,7 +430,7 @@ def write_jvm(
             key="engine",
         )
     try:
-        known = frozenset(jvm.org.apache.kafka.clients.producer.ProducerConfig.configNames())
+        known = _java_names(jvm, jvm.org.apache.kafka.clients.producer.ProducerConfig.configNames())
     except Exception:
         raise ConfigError(
             "engine='jvm' needs Spark's Kafka connector (spark-sql-kafka-0-10) on the driver's "
@@ -378,69 +459,77 @@ def write_jvm(
         raise SchemaError("no value column", key="value")
     topic_sql = _sql_str(topic) if topic is not None else "topic"
     plan = route_plan(topic_sql=topic_sql, has=has, limits=limits, max_request_size=max_request)
-    key_sql = "key" if "key" in has else "CAST(NULL AS BINARY)"
-    headers_sql = (
-        "headers" if "headers" in has else "CAST(NULL AS ARRAY<STRUCT<key: STRING, value: BINARY>>)"
-    )
-    part_sql = "partition" if "partition" in has else "CAST(NULL AS INT)"
-    ts_sql = "timestamp" if "timestamp" in has else "CAST(NULL AS TIMESTAMP)"
+    # Only the columns the input has, with their own types (the kafka sink takes a string or
+    # binary key and value): each one the projection adds or casts costs a copy per row.
+    passed = [c for c in ("key", "headers", "partition", "timestamp") if c in has]
     failed_at = (
         "date_format(to_utc_timestamp(current_timestamp(), current_timezone()), "
         "\"yyyy-MM-dd'T'HH:mm:ss.SSS'Z'\")"
     )
     routed = df.selectExpr(
         f"{plan.reason} AS _kr_reason",
-        f"{plan.detail} AS _kr_detail",
+        f"{plan.detail} AS _kr_detail",  # computed for routed rows only (CASE)
         f"{plan.size} AS _kr_size",
         f"{topic_sql} AS _kr_topic",
-        f"CAST({key_sql} AS BINARY) AS _kr_key",
-        "CAST(value AS BINARY) AS _kr_value",
-        f"{headers_sql} AS _kr_headers",
-        f"{part_sql} AS _kr_partition",
-        f"{ts_sql} AS _kr_timestamp",
+        "value AS _kr_value",
+        *(f"{c} AS _kr_{c}" for c in passed),
     )
     # Dead letters keep the row's headers first, then kresilient's (built only for them).
-    own = ", ".join(
-        f"named_struct('key', {_sql_str(name)}, 'value', CAST({expr} AS BINARY))"
-        for name, expr in (
-            ("kresilient.original.topic", "_kr_topic"),
-            ("kresilient.original.partition", "CAST(_kr_partition AS STRING)"),
-            ("kresilient.original.timestamp", "CAST(unix_millis(_kr_timestamp) AS STRING)"),
-            ("kresilient.exception.type", _sql_str(ROUTED_TYPE)),
-            ("kresilient.exception.message", "concat(_kr_reason, ': ', _kr_detail)"),
-            ("kresilient.error.category", _categories_sql("_kr_reason")),
-            ("kresilient.attempts", "'0'"),
-            ("kresilient.failed.at", failed_at),
-        )
-    )
+    # No lambda (filter() would keep the whole projection out of whole-stage code
+    # generation): a header whose value may be null is a one-element array or an empty one.
+    message = "concat(_kr_reason, ': ', _kr_detail)"
+    own = [
+        ("kresilient.original.topic", "_kr_topic", topic is None),
+        *(
+            [("kresilient.original.partition", "CAST(_kr_partition AS STRING)", True)]
+            if "partition" in has
+            else []
+        ),
+        *(
+            [("kresilient.original.timestamp", "CAST(unix_millis(_kr_timestamp) AS STRING)", True)]
+            if "timestamp" in has
+            else []
+        ),
+        ("kresilient.exception.type", _sql_str(ROUTED_TYPE), False),
+        ("kresilient.exception.message", message, False),
+        ("kresilient.error.category", _categories_sql("_kr_reason", plan.reasons), False),
+        ("kresilient.attempts", "'0'", False),
+        ("kresilient.failed.at", failed_at, False),
+    ]
     dead_headers = (
-        f"concat(coalesce(_kr_headers, array()), filter(array({own}), h -> h.value IS NOT NULL))"
+        "concat("
+        + (f"coalesce(_kr_headers, {_EMPTY_HEADERS}), " if "headers" in has else "")
+        + ", ".join(_header_sql(name, expr, nullable) for name, expr, nullable in own)
+        + ")"
     )
     keep_value = (
         f"_kr_size + {_DLQ_HEADER_ROOM} <= least({dlq_limit.max_message_bytes}, {max_request})"
     )
-    dropped = (
-        "named_struct('key', 'kresilient.value.dropped.bytes', "
-        "'value', CAST(CAST(octet_length(_kr_value) AS STRING) AS BINARY))"
+    dropped = _header_sql(
+        "kresilient.value.dropped.bytes", "CAST(octet_length(_kr_value) AS STRING)", False
     )
+    routed_only = [c for c in ("partition", "timestamp") if c in has]  # dead letters: NULL
     out_cols = [
         f"IF(_kr_reason IS NULL, _kr_topic, {_sql_str(dlq)}) AS topic",
-        "_kr_key AS key",
-        f"IF(_kr_reason IS NULL OR {keep_value}, _kr_value, CAST(NULL AS BINARY)) AS value",
-        f"IF(_kr_reason IS NULL, _kr_headers, IF({keep_value}, {dead_headers}, "
-        f"concat({dead_headers}, array({dropped})))) AS headers",
-        "IF(_kr_reason IS NULL, _kr_partition, CAST(NULL AS INT)) AS partition",
-        "IF(_kr_reason IS NULL, _kr_timestamp, CAST(NULL AS TIMESTAMP)) AS timestamp",
-        "_kr_reason",
+        *(["_kr_key AS key"] if "key" in has else []),
+        f"IF(_kr_reason IS NULL OR {keep_value}, _kr_value, NULL) AS value",
+        "IF(_kr_reason IS NULL, "
+        + ("_kr_headers" if "headers" in has else f"CAST(NULL AS {_HEADERS_TYPE})")
+        + f", IF({keep_value}, {dead_headers}, concat({dead_headers}, {dropped}))) AS headers",
+        *(f"IF(_kr_reason IS NULL, _kr_{c}, NULL) AS {c}" for c in routed_only),
+        "_kr_reason",  # the kafka sink ignores a column it does not know
     ]
     projected = routed.selectExpr(*out_cols)
     obs = Observation(f"kresilient-{uuid.uuid4().hex[:12]}")
-    reasons = sorted(_CATEGORY)
-    observed = projected.observe(
-        obs,
-        F.count(F.lit(1)).alias("rows"),
-        *[F.sum(F.when(F.col("_kr_reason") == r, 1).otherwise(0)).alias(r) for r in reasons],
-    ).drop("_kr_reason")
+    # Counted per reason this write's rows can get: one reason (a fixed topic, no partition,
+    # key-less or timestamp column) needs only a count of the non-null reasons.
+    reasons = plan.reasons
+    per_reason = (
+        [F.count("_kr_reason").alias(reasons[0])]
+        if len(reasons) == 1
+        else [F.count(F.when(F.col("_kr_reason") == r, 1)).alias(r) for r in reasons]
+    )
+    observed = projected.observe(obs, F.count(F.lit(1)).alias("rows"), *per_reason)
     writer = observed.write.format("kafka").mode("append")
     for k, v in config.items():
         writer = writer.option(f"kafka.{k}", v)
@@ -453,13 +542,16 @@ def write_jvm(
     conf.set("spark.sql.sources.useV1SourceList", without)
     try:
         writer.save()
+    except BaseException:
+        retire_client_id(config)  # the next write must not inherit this one's producers
+        raise
     finally:
         if old is None:
             conf.unset("spark.sql.sources.useV1SourceList")
         else:
             conf.set("spark.sql.sources.useV1SourceList", old)
     metrics = obs.get
-    dead = {r: int(metrics.get(r) or 0) for r in reasons if metrics.get(r)}
+    dead = {r: int(metrics.get(r) or 0) for r in sorted(reasons) if metrics.get(r)}
     rows = int(metrics.get("rows") or 0)
     total_dead = sum(dead.values())
     return WriteSummary(
