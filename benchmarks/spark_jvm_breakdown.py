@@ -5,6 +5,8 @@ An experiment beside ``benchmarks/spark_sink.py`` (the product benchmark). Arms:
 * ``builtin-v1`` / ``builtin-v2``: ``format("kafka")`` on Spark's V1 (default) or V2 write path
   (``engine="jvm"`` writes on V2: the path that reports observed metrics);
 * ``jvm``: ``kresilient.spark.write(engine="jvm")``;
+* ``jvm-rev``: ``engine="jvm"`` as it was at the commit ``REV`` (its
+  ``kresilient/spark/_jvm.py``, read with ``git show``): before/after in the same run;
 * ``noop-plain`` / ``noop-jvm``: the same DataFrame, and the same ``engine="jvm"`` plan
   (routing projection + observed counts), written into Spark's ``noop`` sink: the plan's own
   JVM cost per row, without a producer or brokers.
@@ -12,6 +14,8 @@ An experiment beside ``benchmarks/spark_sink.py`` (the product benchmark). Arms:
 Prints rows/s and the Spark JVM's CPU per row, and each arm's paired ratio to ``builtin-v1``::
 
     ROWS=4000000 ROUNDS=7 .venv/bin/python -P benchmarks/spark_jvm_breakdown.py
+    REV=7a55e7e ARMS=builtin-v1,jvm-rev,jvm ROWS=4000000 ROUNDS=9 .venv/bin/python -P \
+        benchmarks/spark_jvm_breakdown.py
     ROWS=4000000 ROUNDS=7 HEADERS=1 ARMS=noop-plain,noop-jvm .venv/bin/python -P \\
         benchmarks/spark_jvm_breakdown.py
 """
@@ -79,6 +83,29 @@ def jvm(df: Any, boot: str, topic: str) -> None:
     assert summary.rows == rows and summary.written == rows, summary
 
 
+def _module_at(rev: str) -> Any:
+    """``kresilient/spark/_jvm.py`` as it was at commit ``rev``, loaded as a module."""
+    import subprocess
+    import types
+
+    source = subprocess.run(
+        ["git", "show", f"{rev}:kresilient/spark/_jvm.py"],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    module = types.ModuleType(f"_jvm_at_{rev}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up there
+    exec(compile(source, f"{rev}:kresilient/spark/_jvm.py", "exec"), module.__dict__)
+    return module
+
+
+def jvm_rev(df: Any, boot: str, topic: str) -> None:
+    old = _module_at(os.environ["REV"])
+    summary = old.write_jvm(df, topic=topic, topics=None, dead_letter_topic=f"{topic}.dlq",
+                            producer={"bootstrap.servers": boot, **settings})  # fmt: skip
+    assert summary.rows == rows and summary.written == rows, summary
+
+
 def noop_jvm(df: Any, boot: str, topic: str) -> None:
     with _kafka_into_noop():
         jvm(df, boot, topic)
@@ -88,6 +115,7 @@ ARMS = {
     "builtin-v1": lambda df, b, t: builtin(df, b, t, False),
     "builtin-v2": lambda df, b, t: builtin(df, b, t, True),
     "jvm": jvm,
+    "jvm-rev": jvm_rev,
     "noop-plain": lambda df, b, t: df.write.format("noop").mode("append").save(),
     "noop-jvm": noop_jvm,
 }
