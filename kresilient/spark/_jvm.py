@@ -521,8 +521,8 @@ def write_jvm(
     ]
     projected = routed.selectExpr(*out_cols)
     obs = Observation(f"kresilient-{uuid.uuid4().hex[:12]}")
-    # Counted per reason this write's rows can get: one reason (a fixed topic, no partition,
-    # key-less or timestamp column) needs only a count of the non-null reasons.
+    # Counted per reason this write's rows can get. With one (a fixed topic, no partition or
+    # timestamp column, no compacted topic: only the size) a count of routed rows says it all.
     reasons = plan.reasons
     per_reason = (
         [F.count("_kr_reason").alias(reasons[0])]
