@@ -122,6 +122,50 @@ def test_jvm_engine_routes_unproducible_rows_to_dlq_innocent_rows_written(
             assert value == b"v" * 100
 
 
+def test_jvm_engine_topic_column_routes_per_topic_limits_null_and_unknown_topics(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """With a ``topic`` column: each row is sized against its own topic's limit; a null topic
+    and a topic outside ``topics=[...]`` are dead-lettered; counts per reason are exact."""
+    from kresilient.spark import write
+
+    small = topic_factory(partitions=1, config={"max.message.bytes": 65536})
+    large = topic_factory(partitions=1)  # the broker's default limit, about 1 MB
+    dlq = topic_factory(partitions=1)
+    big = b"b" * (100 * 1024)
+    rows = [
+        (b"1", b"s", small),
+        (b"2", big, small),  # too large for `small` only
+        (b"3", big, large),
+        (b"4", b"s", large),
+        (b"5", b"s", None),
+        (b"6", b"s", "not-a-topic-of-this-write"),
+        (b"7", big, small),
+    ]
+    df = spark.createDataFrame(rows, "key BINARY, value BINARY, topic STRING")
+    summary = write(
+        df, bootstrap_servers=kafka_cluster.bootstrap_servers, engine="jvm",
+        topics=[small, large], dead_letter_topic=dlq,
+    )  # fmt: skip
+
+    assert (summary.rows, summary.written, summary.dead_lettered) == (7, 3, 4)
+    assert dict(summary.dead_letter_reasons) == {
+        "MSG_SIZE_TOO_LARGE": 2,
+        "NULL_TOPIC": 1,
+        "UNKNOWN_TOPIC_OR_PART": 1,
+    }
+    assert sorted(k for _, k, _, _ in _records(kafka_cluster, small)) == [b"1"]
+    assert sorted(k for _, k, _, _ in _records(kafka_cluster, large)) == [b"3", b"4"]
+    dead = {k: h for _, k, _, h in _records(kafka_cluster, dlq)}
+    assert sorted(dead) == [b"2", b"5", b"6", b"7"]
+    assert dead[b"2"]["kresilient.original.topic"] == small.encode()
+    assert dead[b"2"]["kresilient.exception.message"].startswith(b"MSG_SIZE_TOO_LARGE: ")
+    assert "kresilient.original.topic" not in dead[b"5"]  # a null topic: no header, not ""
+    assert dead[b"5"]["kresilient.exception.message"].startswith(b"NULL_TOPIC: ")
+    assert dead[b"6"]["kresilient.original.topic"] == b"not-a-topic-of-this-write"
+    assert dead[b"6"]["kresilient.error.category"] == b"config"
+
+
 def test_jvm_engine_null_key_on_compacted_topic_and_timestamp_window(
     spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
 ) -> None:
