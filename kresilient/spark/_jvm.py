@@ -191,7 +191,7 @@ def _long(value: str | None) -> int | None:
 
 def _java_names(jvm: Any, names: Any) -> frozenset[str]:
     """A Java ``Set<String>`` as a frozenset, in one round trip (iterating it through py4j
-    costs one per element: about 80 for a client's config names)."""
+    costs two per element: about 160 for a client's config names)."""
     return frozenset(str(jvm.java.lang.String.join("\n", names)).split("\n"))
 
 
