@@ -305,14 +305,14 @@ def route_plan(
     details: list[str] = []
     if not fixed_topic:  # a literal topic is never null and always among the write's topics
         cases += [
-            (f"{topic_sql} IS NULL", "'NULL_TOPIC'"),
-            (f"NOT ({known})", "'UNKNOWN_TOPIC_OR_PART'"),
+            (f"{topic_sql} IS NULL", "NULL_TOPIC"),
+            (f"NOT ({known})", "UNKNOWN_TOPIC_OR_PART"),
         ]
         details += [
             "'the row has no topic (null topic column)'",
             f"concat('topic ', {topic_sql}, ' is not among the topics of this write')",
         ]
-    cases.append((f"{size} > {limit}", "'MSG_SIZE_TOO_LARGE'"))
+    cases.append((f"{size} > {limit}", "MSG_SIZE_TOO_LARGE"))
     details.append(
         f"concat('record of up to ', {size}, ' bytes exceeds ', {limit}, "
         f"' (the topic''s max.message.bytes / the producer''s max.request.size)')"
@@ -320,16 +320,16 @@ def route_plan(
     if "partition" in has:
         parts = _per_topic(topic_sql, limits, "partitions", "0")
         cases.append((f"partition IS NOT NULL AND (partition < 0 OR partition >= {parts})",
-                      "'_UNKNOWN_PARTITION'"))  # fmt: skip
+                      "_UNKNOWN_PARTITION"))  # fmt: skip
         details.append(f"concat('partition ', partition, ' does not exist: the topic has ', "
                        f"{parts}, ' partition(s)')")  # fmt: skip
     if "key" in has and any(lim.compacted for lim in limits.values()):
         compacted = _per_topic(topic_sql, limits, "compacted", "false")
-        cases.append((f"key IS NULL AND {compacted}", "'INVALID_RECORD'"))
+        cases.append((f"key IS NULL AND {compacted}", "INVALID_RECORD"))
         details.append("'a compacted topic refuses records without a key'")
     elif "key" not in has and any(lim.compacted for lim in limits.values()):
         compacted = _per_topic(topic_sql, limits, "compacted", "false")
-        cases.append((compacted, "'INVALID_RECORD'"))
+        cases.append((compacted, "INVALID_RECORD"))
         details.append("'a compacted topic refuses records without a key'")
     if "timestamp" in has:
         ts = "unix_millis(timestamp)"
@@ -342,17 +342,17 @@ def route_plan(
             f"({before} IS NOT NULL AND {ts} < {now} - {before}) OR "
             f"({after} IS NOT NULL AND {ts} > {now} + {after}))))"
         )
-        cases.append((cond, "'INVALID_TIMESTAMP'"))
+        cases.append((cond, "INVALID_TIMESTAMP"))
         details.append(f"concat('timestamp ', {ts}, ' ms is outside the topic''s window "
                        f"(message.timestamp.before.max.ms / after.max.ms)')")  # fmt: skip
-    reason = "CASE " + " ".join(f"WHEN {c} THEN {r}" for c, r in cases) + " END"
+    reason = "CASE " + " ".join(f"WHEN {c} THEN {_sql_str(r)}" for c, r in cases) + " END"
     detail = (
         "CASE "
         + " ".join(f"WHEN {c} THEN {d}" for (c, _), d in zip(cases, details, strict=True))
         + " END"
     )
     return RoutePlan(
-        reason=reason, size=size, detail=detail, reasons=tuple(r.strip("'") for _, r in cases)
+        reason=reason, size=size, detail=detail, reasons=tuple(r for _, r in cases)
     )
 
 
@@ -458,7 +458,13 @@ def write_jvm(
     if layout.value is None:  # pragma: no cover - column_layout refuses it
         raise SchemaError("no value column", key="value")
     topic_sql = _sql_str(topic) if topic is not None else "topic"
-    plan = route_plan(topic_sql=topic_sql, has=has, limits=limits, max_request_size=max_request)
+    plan = route_plan(
+        topic_sql=topic_sql,
+        has=has,
+        limits=limits,
+        max_request_size=max_request,
+        fixed_topic=topic is not None,
+    )
     # Only the columns the input has, with their own types (the kafka sink takes a string or
     # binary key and value): each one the projection adds or casts costs a copy per row.
     passed = [c for c in ("key", "headers", "partition", "timestamp") if c in has]
