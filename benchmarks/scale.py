@@ -23,13 +23,13 @@ For each size in ``--sizes`` (default 1, 100, 1,000, 10,000 partitions, spread o
 
 Bookkeeping per statistics document (thread CPU, median over ``--ticks`` ticks 5 s apart on a
 fake clock): ``json.loads`` alone, ``LeadershipMonitor.on_stats(text)``, the producer's own
-``stats_cb`` path (``ResilientProducer._on_stats``: parse, monitor, broker count) and the
-consumer's (``_ConsumerEvents.on_stats``), and the share of one core at
-``statistics.interval.ms=5000``. Growth: the per-partition cost from the smallest to the
-largest size (flat / linear / worse than linear).
+``stats_cb`` path (``ResilientProducer._on_stats``: parse, monitor, broker count), the
+consumer's (``ClientEvents.on_stats``) and the asyncio consumer's (``_on_stats``), and the
+share of one core at ``statistics.interval.ms=5000``. Growth: the per-partition cost from the
+smallest to the largest size (flat / linear / worse than linear).
 
-    KRESILIENT_BOOTSTRAP_SERVERS=... /work/main/.venv/bin/python -P benchmarks/scale.py
-    /work/main/.venv/bin/python -P benchmarks/scale.py --real-max 0      # bookkeeping only
+    KRESILIENT_BOOTSTRAP_SERVERS=... .venv/bin/python -P benchmarks/scale.py
+    .venv/bin/python -P benchmarks/scale.py --real-max 0      # bookkeeping only
 
 Uses ``KRESILIENT_BOOTSTRAP_SERVERS`` or starts a local 3-node cluster (only when a real size
 is asked for). Prints markdown (progress on stderr).
@@ -55,6 +55,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 from confluent_kafka import Consumer, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from kresilient.aio import AsyncResilientConsumer  # noqa: E402
 from kresilient.config import producer_config  # noqa: E402
 from kresilient.consumer import ResilientConsumer  # noqa: E402
 from kresilient.errors import DeliveryError  # noqa: E402
@@ -83,6 +84,10 @@ def _rss_kib() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
+
+
+async def _anoop(*_args: Any) -> None:
+    pass
 
 
 def _noop(*_args: Any) -> None:
@@ -341,24 +346,27 @@ def bookkeeping(doc: str, ticks: int) -> dict[str, float]:
     producer = ResilientProducer(
         {"bootstrap.servers": "127.0.0.1:9", "log_level": 0}, logger=_QUIET
     )
+    conf = {"bootstrap.servers": "127.0.0.1:9", "group.id": "bench-scale-bk", "log_level": 0}
     consumer = ResilientConsumer(
-        {"bootstrap.servers": "127.0.0.1:9", "group.id": "bench-scale-bk", "log_level": 0},
-        ["t"],
-        _noop,
-        dead_letter=None,
-        install_signal_handlers=False,
-        logger=_QUIET,
+        conf, ["t"], _noop, dead_letter=None, install_signal_handlers=False, logger=_QUIET
     )
     events = consumer._events
+    # The asyncio consumer's librdkafka consumer is only created by run().
+    aio = AsyncResilientConsumer(
+        conf, ["t"], _anoop, dead_letter=None, handle_signals=False, logger=_QUIET
+    )
     producer._on_stats(doc)
     events.on_stats(doc)
+    aio._on_stats(doc)
 
     def cpu_ms(fn: Callable[[], object]) -> float:
         c0 = time.thread_time_ns()
         fn()
         return (time.thread_time_ns() - c0) / 1e6
 
-    res: dict[str, list[float]] = {"loads": [], "monitor": [], "producer": [], "consumer": []}
+    res: dict[str, list[float]] = {
+        "loads": [], "monitor": [], "producer": [], "consumer": [], "aio": []
+    }
     try:
         for _ in range(ticks):
             gc.collect()
@@ -367,6 +375,7 @@ def bookkeeping(doc: str, ticks: int) -> dict[str, float]:
             res["monitor"].append(cpu_ms(lambda: monitor.on_stats(doc)))
             res["producer"].append(cpu_ms(lambda: producer._on_stats(doc)))
             res["consumer"].append(cpu_ms(lambda: events.on_stats(doc)))
+            res["aio"].append(cpu_ms(lambda: aio._on_stats(doc)))
     finally:
         producer._producer.purge()
         producer.close(0)
@@ -548,20 +557,22 @@ def main() -> None:
     )
     print(
         "| partitions | document | size MB | json.loads | monitor.on_stats(text) | producer "
-        "stats_cb | consumer stats_cb | % of a core @5 s (producer / consumer) |"
+        "stats_cb | consumer stats_cb | asyncio consumer stats_cb "
+        "| % of a core @5 s (producer / consumer / asyncio consumer) |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for (size, kind), b in book.items():
         pct_p = b["producer"] / INTERVAL_MS * 100
         pct_c = b["consumer"] / INTERVAL_MS * 100
+        pct_a = b["aio"] / INTERVAL_MS * 100
         print(
             f"| {size:,} | {kind} | {docsize[(size, kind)] / 1e6:.2f} | {b['loads']:.2f} | "
-            f"{b['monitor']:.2f} | {b['producer']:.2f} | {b['consumer']:.2f} | "
-            f"{pct_p:.2f}% / {pct_c:.2f}% |"
+            f"{b['monitor']:.2f} | {b['producer']:.2f} | {b['consumer']:.2f} | {b['aio']:.2f} | "
+            f"{pct_p:.2f}% / {pct_c:.2f}% / {pct_a:.2f}% |"
         )
     gen_sizes = [s for s in args.sizes if (s, "generated") in book]
     print("\nGrowth (generated documents, smallest to largest size):")
-    for key in ("loads", "monitor", "producer", "consumer"):
+    for key in ("loads", "monitor", "producer", "consumer", "aio"):
         vals = [book[(s, "generated")][key] for s in gen_sizes]
         print(f"- {key}: {growth(gen_sizes, vals)}")
     if len(results) >= 2:

@@ -27,7 +27,6 @@ import contextlib
 import functools
 import inspect
 import itertools
-import json
 import signal
 import threading
 import time
@@ -42,6 +41,7 @@ from kresilient._ratelimit import RateLimiter
 from kresilient.aio._producer import AsyncResilientProducer
 from kresilient.config import consumer_config
 from kresilient.consumer import CircuitBreaker, ConsumerHealth, RetryPolicy, poison
+from kresilient.consumer._events import feed_stats
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
     DeadLetterPolicy,
@@ -618,12 +618,7 @@ class AsyncResilientConsumer:
         )
 
     def _on_stats(self, stats: str) -> None:
-        self._monitor.on_stats(stats)  # leadership state for health() and telemetry
-        try:
-            brokers = (json.loads(stats).get("brokers") or {}).values()
-            self._reach.up(sum(1 for b in brokers if b.get("state") == "UP"))
-        except (ValueError, AttributeError, TypeError):  # odd shapes: ignored here too
-            pass
+        feed_stats(stats, self._monitor, self._reach)  # leadership for health() and telemetry
         user = self._user_cb["stats_cb"]
         if user is not None:
             user(stats)
