@@ -72,8 +72,11 @@ def main(bootstrap: str | None = None) -> int:
             if payment["blocked"] or (payment["suspicious"] and not retried):
                 raise ConnectionError("fraud service refused")  # -> the next retry tier
             handled.add(payment["id"])
-            if len(handled) == PAYMENTS - 1 and consumer.health().dead_lettered == 1:
-                consumer.stop()
+
+        def done() -> bool:
+            # The last event may be the dead letter rather than a handled payment (the one
+            # refused every time goes through both tiers first): watched from here, not in pay.
+            return len(handled) == PAYMENTS - 1 and consumer.health().dead_lettered == 1
 
         consumer = ResilientConsumer(
             {"bootstrap.servers": bootstrap, "group.id": f"payments-{uuid.uuid4().hex[:6]}"},
@@ -94,10 +97,11 @@ def main(bootstrap: str | None = None) -> int:
                     print(f"GET {path}: {resp.status}")
             except OSError as exc:  # 503 before the group is joined
                 print(f"GET {path}: {exc}")
-        worker.join(120)
-        if worker.is_alive():  # pragma: no cover - a stuck run
-            consumer.stop()
-            worker.join(30)
+        deadline = time.monotonic() + 120
+        while worker.is_alive() and not done() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        consumer.stop()
+        worker.join(30)
         health = consumer.health()
         print(
             f"handled {len(handled)} of {PAYMENTS}; moved to retry topics: "
