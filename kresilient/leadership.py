@@ -265,26 +265,33 @@ class LeadershipMonitor:
                 self._listeners.remove(callback)
 
     # ------------------------------------------------------------------ feeding
-    def on_stats(self, stats: str | bytes | Mapping[str, Any]) -> None:
+    def on_stats(self, stats: str | bytes | Mapping[str, Any]) -> Mapping[str, Any] | None:
         """Feed one librdkafka statistics document (use as ``stats_cb``).
 
         Tolerates missing fields, partitions without a leader (-1) and malformed input (the
         tick is ignored, counted in :meth:`snapshot` as ``unparsable_stats``): invalid or deeply
         nested JSON, odd types. Never raises (it runs inside librdkafka's callback).
+
+        Returns the document as parsed when it is a JSON object (even one whose fields the
+        monitor could not use), else ``None``: a caller that reads other fields of the same
+        document (broker states, say) need not parse it again. A document of 10,000 partitions
+        takes about 50 ms to parse.
         """
+        doc: Any = None
         try:
-            self._on_stats(stats)
+            doc = json.loads(stats) if isinstance(stats, str | bytes) else stats
+            if not isinstance(doc, Mapping):
+                raise TypeError("a statistics document is a JSON object")
+            self._on_stats(doc)
         except Exception as exc:  # RecursionError from json, a Mapping that raises ...
             with self._lock:
                 self._bad_stats += 1
             with contextlib.suppress(Exception):  # a logger that raises: nothing left to do
                 self._log.debug("kafka_stats_unparsable", error=type(exc).__name__)
+        return doc if isinstance(doc, Mapping) else None
 
-    def _on_stats(self, stats: str | bytes | Mapping[str, Any]) -> None:
+    def _on_stats(self, doc: Mapping[str, Any]) -> None:
         now = self._clock()
-        doc = json.loads(stats) if isinstance(stats, str | bytes) else stats
-        if not isinstance(doc, Mapping):
-            raise TypeError("a statistics document is a JSON object")
         changes: list[LeadershipChange] = []
         stale_changes: list[tuple[str, bool, float]] = []
         with self._lock:

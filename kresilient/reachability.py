@@ -414,6 +414,15 @@ class Reachability:
             ),
         )
 
+    def on_stats(self, doc: Mapping[str, Any]) -> None:
+        """A parsed statistics document: any broker connected (``UP``) counts as
+        :meth:`up`. Odd shapes are ignored (the leadership monitor counts those)."""
+        try:
+            brokers = (doc.get("brokers") or {}).values()
+            self.up(sum(1 for b in brokers if b.get("state") == "UP"))
+        except (AttributeError, TypeError):
+            pass
+
     def up(self, up_brokers: int) -> None:
         """Statistics saw ``up_brokers`` connections up."""
         if up_brokers > 0:

@@ -41,7 +41,6 @@ from kresilient._ratelimit import RateLimiter
 from kresilient.aio._producer import AsyncResilientProducer
 from kresilient.config import consumer_config
 from kresilient.consumer import CircuitBreaker, ConsumerHealth, RetryPolicy, poison
-from kresilient.consumer._events import feed_stats
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
     DeadLetterPolicy,
@@ -618,7 +617,11 @@ class AsyncResilientConsumer:
         )
 
     def _on_stats(self, stats: str) -> None:
-        feed_stats(stats, self._monitor, self._reach)  # leadership for health() and telemetry
+        # Parsed once, by the monitor (leadership for health() and telemetry), which hands
+        # back the document for the broker states.
+        doc = self._monitor.on_stats(stats)
+        if doc is not None:
+            self._reach.on_stats(doc)
         user = self._user_cb["stats_cb"]
         if user is not None:
             user(stats)

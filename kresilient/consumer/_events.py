@@ -10,7 +10,6 @@ summarised by host (``kafka_unreachable``), other errors rate-limited.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
     from kresilient.reachability import Reachability
     from kresilient.telemetry import Telemetry
 
-__all__ = ["ClientEvents", "feed_stats"]
+__all__ = ["ClientEvents"]
 
 _PARTITION_EOF: Final = KafkaError._PARTITION_EOF
 #: error_cb codes that are connection failures: summarised per host by Reachability.
@@ -38,27 +37,6 @@ _CONNECT_CODES: Final = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE})
 _REFUSAL_CODES: Final = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
 
 Listener = Callable[[list[TopicPartition]], object]
-
-
-def feed_stats(stats_json: str, monitor: LeadershipMonitor, reach: Reachability) -> None:
-    """One statistics document into a consumer's leadership monitor and broker reachability.
-
-    Parsed once (a document of 10,000 partitions costs about 50 ms to parse): the monitor gets
-    the object, or the raw text when it is not one, so the monitor counts it unparsable. A
-    consumer counts a broker up when connected (``UP``); odd shapes are ignored here as the
-    monitor tolerates them. Shared by the sync and the asyncio consumer.
-    """
-    try:
-        doc: Any = json.loads(stats_json)
-    except Exception:  # ValueError, RecursionError on deeply nested input
-        doc = None
-    monitor.on_stats(doc if isinstance(doc, dict) else stats_json)
-    if isinstance(doc, dict):
-        try:
-            brokers = (doc.get("brokers") or {}).values()
-            reach.up(sum(1 for b in brokers if b.get("state") == "UP"))
-        except (AttributeError, TypeError):
-            pass
 
 
 class ClientEvents:
@@ -183,7 +161,10 @@ class ClientEvents:
         return error
 
     def on_stats(self, stats_json: str) -> None:
-        feed_stats(stats_json, self.monitor, self.reach)
+        # Parsed once, by the monitor, which hands back the document for the broker states.
+        doc = self.monitor.on_stats(stats_json)
+        if doc is not None:
+            self.reach.on_stats(doc)
         user = self.user_cb["stats_cb"]
         if user is not None:
             user(stats_json)
