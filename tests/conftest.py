@@ -18,20 +18,6 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files holding chaos tests run first, each file's tests kept together and in order.
-
-    CI runs two workers with ``--dist loadfile``: a file goes whole to one worker, in
-    collection order. The chaos files are the long ones (a 3-minute outage, network faults,
-    killed brokers); collected alphabetically, some came last and one worker ran on alone.
-    Simulated from the per-test times of a CI run (junit XML, 2,044 tests, 3,256 worker-seconds):
-    the later worker finished at 1,695 s in alphabetical order, 1,630 s with chaos files first.
-    The order is the same on every worker (xdist requires it): a stable sort on the file.
-    """
-    chaos_files = {item.path for item in items if item.get_closest_marker("chaos") is not None}
-    items.sort(key=lambda item: item.path not in chaos_files)
-
-
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and not hasattr(report, "wasxfail"):
         _skipped.append(report.nodeid)
