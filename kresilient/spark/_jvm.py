@@ -323,13 +323,11 @@ def route_plan(
                       "_UNKNOWN_PARTITION"))  # fmt: skip
         details.append(f"concat('partition ', partition, ' does not exist: the topic has ', "
                        f"{parts}, ' partition(s)')")  # fmt: skip
-    if "key" in has and any(lim.compacted for lim in limits.values()):
+    if any(lim.compacted for lim in limits.values()):
         compacted = _per_topic(topic_sql, limits, "compacted", "false")
-        cases.append((f"key IS NULL AND {compacted}", "INVALID_RECORD"))
-        details.append("'a compacted topic refuses records without a key'")
-    elif "key" not in has and any(lim.compacted for lim in limits.values()):
-        compacted = _per_topic(topic_sql, limits, "compacted", "false")
-        cases.append((compacted, "INVALID_RECORD"))
+        # without a key column every row of a compacted topic lacks a key
+        cases.append((f"key IS NULL AND {compacted}" if "key" in has else compacted,
+                      "INVALID_RECORD"))  # fmt: skip
         details.append("'a compacted topic refuses records without a key'")
     if "timestamp" in has:
         ts = "unix_millis(timestamp)"
