@@ -378,36 +378,61 @@ def create_topic(
 
     results: list[TopicResult] = []
     for topic, settings in wanted:
-        existed = topic in md.topics
-        if existed and not if_not_exists:
+        current = md.topics.get(topic)
+        if current is None:
+            try:
+                _create(admin, topic, partitions, replication_factor, settings, deadline)
+            except KafkaClientError as exc:
+                if exc.code != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+                # The broker that answered the metadata request had not yet learnt of a topic
+                # the controller already has (created a moment ago, perhaps by this very
+                # command run twice): it exists, so it is treated exactly as if seen above.
+                current = _existing(admin, topic, deadline)
+            else:
+                results.append(
+                    TopicResult(
+                        name=topic,
+                        partitions=partitions,
+                        replication_factor=replication_factor,
+                        config=settings,
+                    )
+                )
+                continue
+        if not if_not_exists:
             raise KafkaClientError(
                 f"topic {topic!r} already exists (pass --if-not-exists to accept that)",
                 code=KafkaError.TOPIC_ALREADY_EXISTS,
                 topic=topic,
             )
-        if existed:
-            # Report what is there, not what was asked for: it was left unchanged.
-            current = md.topics[topic].partitions
-            replicas = len(current[min(current)].replicas) if current else 0
-            results.append(
-                TopicResult(
-                    name=topic, partitions=len(current), replication_factor=replicas, existed=True
-                )
-            )
-            continue
-        _create(admin, topic, partitions, replication_factor, settings, deadline)
+        # Report what is there, not what was asked for: it was left unchanged.
+        parts = current.partitions
+        replicas = len(parts[min(parts)].replicas) if parts else 0
         results.append(
             TopicResult(
-                name=topic,
-                partitions=partitions,
-                replication_factor=replication_factor,
-                config=settings,
+                name=topic, partitions=len(parts), replication_factor=replicas, existed=True
             )
         )
     for result in results:
         if not result.existed:
             _wait_for_leaders(admin, result.name, partitions, deadline)
     return results
+
+
+def _existing(admin: _Admin, topic: str, deadline: float) -> Any:
+    """The metadata of ``topic``, which the controller says exists, once a broker knows it."""
+    while True:
+        current = admin.metadata(deadline, topic).topics.get(topic)
+        if current is not None and current.error is None and current.partitions:
+            return current
+        if _left(deadline) <= 0:
+            raise KafkaClientError(
+                f"topic {topic!r} exists (the controller refused to create it again) but no "
+                f"broker at {admin.servers} described it in time",
+                code=KafkaError._TIMED_OUT,
+                topic=topic,
+            )
+        time.sleep(0.1)
 
 
 def _create(

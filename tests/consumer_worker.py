@@ -55,9 +55,7 @@ def main() -> int:
 
     poison = args.poison.encode() if args.poison is not None else None
     die_on = args.die_on.encode() if args.die_on is not None else None
-    retry_tiers = (
-        tuple(float(d) for d in args.retry_tiers.split(",")) if args.retry_tiers else None
-    )
+    retry_tiers = tuple(float(d) for d in args.retry_tiers.split(",")) if args.retry_tiers else None
     calls = 0
 
     def handle(msg: Any) -> None:

@@ -93,7 +93,8 @@ def _ok() -> Future[None]:
 def _sender(*rounds: list[Future[None]]) -> tuple[Any, list[int]]:
     sent: list[int] = []
 
-    def submit() -> list[Future[None]]:
+    def submit(seconds: float) -> list[Future[None]]:
+        assert 0 < seconds <= 20  # one send never waits longer than an attempt
         sent.append(1)
         return rounds[min(len(sent) - 1, len(rounds) - 1)]
 
@@ -158,3 +159,27 @@ def test_resending_stops_at_the_deadline() -> None:
     with pytest.raises(ClusterError, match="Broker handle destroyed"):
         _admin_request("creating topic 't'", submit, 0.5)
     assert 1 <= len(sent) <= 5
+
+
+def test_admin_request_timed_out_on_a_starved_cluster_is_sent_again() -> None:
+    from confluent_kafka import KafkaError
+
+    from kresilient.testing._cluster import _admin_request
+
+    for code in (KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT):
+        exists = frozenset({KafkaError.TOPIC_ALREADY_EXISTS})
+        # the first send timed out but took effect: the resend finds the topic
+        submit, sent = _sender([_failed(code)], [_failed(KafkaError.TOPIC_ALREADY_EXISTS)])
+        _admin_request("creating topic 't'", submit, 10.0, done_after_resend=exists)
+        assert len(sent) == 2
+
+
+def test_admin_request_whose_future_never_completes_ends_at_the_deadline() -> None:
+    from kresilient.errors import ClusterError
+    from kresilient.testing._cluster import _admin_request
+
+    never: Future[None] = Future()
+    submit, sent = _sender([never])
+    with pytest.raises(ClusterError, match=r"granting x failed: no answer in 0.5 s"):
+        _admin_request("granting x", submit, 0.5)
+    assert len(sent) >= 1

@@ -152,7 +152,12 @@ def test_7d_leader_sigkill_during_consumption(
 
     delivered: list[int] = []
 
-    def produce_steadily() -> None:  # ~3000 msg/s for ~10 s: data keeps arriving after the kill
+    killed = threading.Event()
+
+    def produce_steadily() -> None:
+        """~3000 msg/s, the second half only once the leader is killed: data keeps arriving
+        after the kill however slowly the consumer started (on a loaded machine it once
+        consumed partition 0 whole before the kill)."""
         producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
@@ -167,6 +172,8 @@ def test_7d_leader_sigkill_during_consumption(
             delivered.append(int(msg.value() or b""))
 
         for start in range(0, n, 300):
+            if start == n // 2:
+                assert killed.wait(300), "the leader was never killed"
             for i in range(start, start + 300):
                 producer.produce(topic, b"%d" % i, key=b"%d" % i, on_delivery=report)
             producer.poll(0.1)
@@ -181,12 +188,13 @@ def test_7d_leader_sigkill_during_consumption(
     victim = kafka_cluster.leader(topic, 0)
     try:
         feeder.start()
-        wait_for(lambda: len(seen) >= 5_000, 60, "consumption to start")
+        wait_for(lambda: len(seen) >= 5_000, 180, "consumption to start")
         killed_at = time.monotonic()
         kafka_cluster.kill(victim)
+        killed.set()
         kafka_cluster.wait_for_leader(topic, 0, not_on=victim, timeout=60)
         elected_at = time.monotonic()
-        feeder.join(180)
+        feeder.join(300)
         assert sorted(delivered) == list(range(n))
         assert all_done.wait(240), f"only {len(set(seen))} of {n} handled after the kill"
     finally:

@@ -23,19 +23,23 @@ from kresilient.reachability import Reachability
 
 
 def _stats(topic: str, partitions: int, brokers: dict[str, str]) -> str:
-    return json.dumps({
-        "brokers": {name: {"name": name, "nodeid": i, "state": state}
-                    for i, (name, state) in enumerate(brokers.items())},
-        "topics": {
-            topic: {
-                "metadata_age": 1000,
-                "partitions": {
-                    "-1": {"partition": -1, "leader": -1},
-                    **{str(p): {"partition": p, "leader": 1} for p in range(partitions)},
-                },
-            }
-        },
-    })
+    return json.dumps(
+        {
+            "brokers": {
+                name: {"name": name, "nodeid": i, "state": state}
+                for i, (name, state) in enumerate(brokers.items())
+            },
+            "topics": {
+                topic: {
+                    "metadata_age": 1000,
+                    "partitions": {
+                        "-1": {"partition": -1, "leader": -1},
+                        **{str(p): {"partition": p, "leader": 1} for p in range(partitions)},
+                    },
+                }
+            },
+        }
+    )
 
 
 @pytest.fixture

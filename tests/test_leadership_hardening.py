@@ -33,18 +33,20 @@ class Clock:
 
 def generated_stats(topics: dict[str, int], leader: int = 1, age: int = 1000) -> str:
     """A generated statistics document: *topics* maps name -> partition count."""
-    return json.dumps({
-        "topics": {
-            name: {
-                "metadata_age": age,
-                "partitions": {
-                    "-1": {"partition": -1, "leader": -1},
-                    **{str(p): {"partition": p, "leader": leader} for p in range(n)},
-                },
+    return json.dumps(
+        {
+            "topics": {
+                name: {
+                    "metadata_age": age,
+                    "partitions": {
+                        "-1": {"partition": -1, "leader": -1},
+                        **{str(p): {"partition": p, "leader": leader} for p in range(n)},
+                    },
+                }
+                for name, n in topics.items()
             }
-            for name, n in topics.items()
         }
-    })
+    )
 
 
 def rig(**kw: Any) -> tuple[LeadershipMonitor, Clock, list[LeadershipChange]]:
@@ -136,11 +138,13 @@ def test_delivery_reports_after_deleting_the_topic_on_the_real_cluster_are_not_l
 ) -> None:
     """Real delivery reports for a topic deleted while the producer still writes to it."""
     reports: list[tuple[Any, Any]] = []
-    producer = ck.Producer({
-        "bootstrap.servers": kafka_cluster.bootstrap_servers,
-        "message.timeout.ms": 5000,
-        "topic.metadata.refresh.interval.ms": 500,
-    })
+    producer = ck.Producer(
+        {
+            "bootstrap.servers": kafka_cluster.bootstrap_servers,
+            "message.timeout.ms": 5000,
+            "topic.metadata.refresh.interval.ms": 500,
+        }
+    )
     producer.produce(topic, b"before")
     assert producer.flush(30) == 0
     # Produce while the topic is being deleted: messages in flight then get the brokers'
@@ -173,8 +177,9 @@ def test_delivery_reports_after_deleting_the_topic_on_the_real_cluster_are_not_l
     if failed:
         raise failed[0]
     producer.flush(10)
-    missing = [(e, m) for e, m in reports if e is not None
-               and e.code() == KafkaError.UNKNOWN_TOPIC_OR_PART]
+    missing = [
+        (e, m) for e, m in reports if e is not None and e.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    ]
     assert missing, f"no UNKNOWN_TOPIC_OR_PART report ({refused} refused): {reports[:5]}"
     # negative control: classified without the delivery context, this is a leadership error
     assert classify(missing[0][0]).category is ErrorCategory.LEADERSHIP

@@ -23,9 +23,18 @@ LINE = re.compile(
 
 def test_batch_tracing_example_links_every_message(kafka_cluster: KafkaCluster) -> None:
     run = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--bootstrap", kafka_cluster.bootstrap_servers,
-         "--messages", "300"],
-        capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--bootstrap",
+            kafka_cluster.bootstrap_servers,
+            "--messages",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     lines = run.stdout.splitlines()

@@ -93,7 +93,6 @@ def header(headers: Any, name: str) -> bytes | None:
     return found[-1] if found else None
 
 
-
 KAFKA = MA.MessagingSystemValues.KAFKA.value
 SEND = MA.MessagingOperationTypeValues.SEND.value
 PROCESS = MA.MessagingOperationTypeValues.PROCESS.value
@@ -138,8 +137,13 @@ def _fresh_globals(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def message(
-    headers: Any, *, topic: str = "orders", partition: int = 2, offset: int = 41,
-    key: bytes | None = b"order-7", value: bytes | None = b"x" * 12,
+    headers: Any,
+    *,
+    topic: str = "orders",
+    partition: int = 2,
+    offset: int = 41,
+    key: bytes | None = b"order-7",
+    value: bytes | None = b"x" * 12,
 ) -> Any:
     return ck.Message(
         topic=topic, partition=partition, offset=offset, key=key, value=value, headers=headers
@@ -186,8 +190,11 @@ def test_send_span_ends_at_delivery_report_with_partition_and_offset(
     assert attrs[MA.MESSAGING_KAFKA_OFFSET] == 41
     assert ERROR_TYPE not in attrs
     # no deprecated names
-    for old in (MA.MESSAGING_OPERATION, MA.MESSAGING_KAFKA_MESSAGE_OFFSET,
-                MA.MESSAGING_KAFKA_DESTINATION_PARTITION):
+    for old in (
+        MA.MESSAGING_OPERATION,
+        MA.MESSAGING_KAFKA_MESSAGE_OFFSET,
+        MA.MESSAGING_KAFKA_DESTINATION_PARTITION,
+    ):
         assert old not in attrs
 
 
@@ -265,14 +272,14 @@ def test_explicit_classification_wins(otel: Otel, tel: Telemetry) -> None:
 def test_send_metrics_count_and_time_each_delivery(otel: Otel, tel: Telemetry) -> None:
     for _ in range(3):
         send_and_deliver(tel)
-    (attrs, count), = otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES)
+    ((attrs, count),) = otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES)
     assert count == 3
     assert attrs == {  # no partition: opt-in on metrics (cardinality)
         MA.MESSAGING_SYSTEM: KAFKA,
         MA.MESSAGING_DESTINATION_NAME: "orders",
         MA.MESSAGING_OPERATION_NAME: SEND,
     }
-    (dattrs, dcount), = otel.points(MM.MESSAGING_CLIENT_OPERATION_DURATION)
+    ((dattrs, dcount),) = otel.points(MM.MESSAGING_CLIENT_OPERATION_DURATION)
     assert dcount == 3
     assert dattrs == attrs
 
@@ -283,8 +290,10 @@ def test_clients_sharing_a_meter_provider_all_count(otel: Otel, tel: Telemetry) 
     send_and_deliver(other)  # same attributes, another client: one series
     out, token = other.producer_send("payments", None, 1, None, None)
     other.producer_delivered(token, None, message(out, topic="payments"))
-    sent = {a[MA.MESSAGING_DESTINATION_NAME]: v
-            for a, v in otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES)}
+    sent = {
+        a[MA.MESSAGING_DESTINATION_NAME]: v
+        for a, v in otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES)
+    }
     assert sent == {"orders": 2, "payments": 1}
 
 
@@ -471,7 +480,9 @@ def test_dead_letter_span_is_a_child_span_naming_the_dlq(otel: Otel, tel: Teleme
     assert attrs["kresilient.attempts"] == 3
     assert ERROR_TYPE not in attrs  # the DLQ write itself succeeded
     assert remote([(k, v.encode()) for k, v in carrier.items()]) == (
-        dead.context.trace_id, dead.context.span_id, True
+        dead.context.trace_id,
+        dead.context.span_id,
+        True,
     )
     # the process span is failed by the reason
     assert dict(proc.attributes or {})[ERROR_TYPE] == "ValueError"
@@ -566,7 +577,8 @@ def test_sampled_out_send_is_not_recorded_but_context_still_propagates() -> None
     otel = Otel(sampler=ParentBased(ALWAYS_OFF))
     try:
         tel = Telemetry(
-            tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider,
+            tracer_provider=otel.tracer_provider,
+            meter_provider=otel.meter_provider,
             propagator=W3C,
         )
         out, token = tel.producer_send("orders", b"k", 1, None, None)
@@ -575,7 +587,9 @@ def test_sampled_out_send_is_not_recorded_but_context_still_propagates() -> None
         tel.producer_delivered(token, None, message(out))
         # the not-sampled decision is propagated, so downstream does not sample either
         assert remote(out) == (
-            token.span.get_span_context().trace_id, token.span.get_span_context().span_id, False
+            token.span.get_span_context().trace_id,
+            token.span.get_span_context().span_id,
+            False,
         )
         with tel.process_span(message(out)) as span:
             assert span is not None and not span.is_recording()
@@ -711,11 +725,15 @@ def test_leadership_listener_counts_and_logs_state_changes(otel: Otel, tel: Tele
     with capture_logs() as logs:
         listener(Change("orders", 0, State.STABLE, State.TRANSIENT_BURST))
         listener(Change("orders", 0, State.TRANSIENT_BURST, State.STABLE))
-    points = {a["kresilient.leadership.state"]: v for a, v in otel.points(
-        "kresilient.leadership.state_changes")}
+    points = {
+        a["kresilient.leadership.state"]: v
+        for a, v in otel.points("kresilient.leadership.state_changes")
+    }
     assert points == {"transient_burst": 1, "stable": 1}
     assert [(e["state"], e["log_level"]) for e in logs] == [
-        ("transient_burst", "warning"), ("stable", "info")]
+        ("transient_burst", "warning"),
+        ("stable", "info"),
+    ]
     with capture_logs() as quiet:
         tel.leadership_listener()(Change("orders", 0, State.STABLE, State.TRANSIENT_BURST))
     assert quiet == []  # the monitor logs changes itself; no duplicate by default
@@ -726,9 +744,17 @@ def test_leadership_listener_with_the_real_monitor_types(otel: Otel, tel: Teleme
     from kresilient.leadership import LeadershipChange, LeadershipState
 
     change = LeadershipChange(
-        topic="orders", partition=1, previous=LeadershipState.STABLE,
-        state=LeadershipState.SUSTAINED_CHURN, at=0.0, reason="errors", leader=2,
-        leader_changes=4, bursts=3, errors=9, window_s=60.0,
+        topic="orders",
+        partition=1,
+        previous=LeadershipState.STABLE,
+        state=LeadershipState.SUSTAINED_CHURN,
+        at=0.0,
+        reason="errors",
+        leader=2,
+        leader_changes=4,
+        bursts=3,
+        errors=9,
+        window_s=60.0,
         classification=classify(ck.KafkaError(ck.KafkaError.NOT_LEADER_FOR_PARTITION)),
     )
     tel.leadership_listener()(change)
@@ -746,11 +772,15 @@ def test_notable_events_carry_trace_ids(otel: Otel, tel: Telemetry) -> None:
         tel.fatal_error(ck.KafkaException(ck.KafkaError(ck.KafkaError._FENCED)))
     sc = span.get_span_context()
     assert [e["event"] for e in logs] == [
-        "kafka_dead_letter_circuit_breaker_opened", "kafka_fatal_error"]
+        "kafka_dead_letter_circuit_breaker_opened",
+        "kafka_fatal_error",
+    ]
     assert all(e["trace_id"] == f"{sc.trace_id:032x}" for e in logs)
     assert logs[1]["error_type"] == "_FENCED"
     assert [e.name for e in otel.span("work").events] == [
-        "kafka_dead_letter_circuit_breaker_opened", "kafka_fatal_error"]
+        "kafka_dead_letter_circuit_breaker_opened",
+        "kafka_fatal_error",
+    ]
 
 
 # --- structlog -----------------------------------------------------------------------------

@@ -69,8 +69,9 @@ def parent(trace_id: int, span_id: int, flags: str) -> list[tuple[str, bytes]]:
     return [(TRACEPARENT, f"00-{trace_id:032x}-{span_id:016x}-{flags}".encode())]
 
 
-def provider(sampler: Sampler = ALWAYS_ON, **kw: Any) -> tuple[TracerProvider,
-                                                             InMemorySpanExporter]:
+def provider(
+    sampler: Sampler = ALWAYS_ON, **kw: Any
+) -> tuple[TracerProvider, InMemorySpanExporter]:
     tp = TracerProvider(sampler=sampler, shutdown_on_exit=False, **kw)
     exporter = InMemorySpanExporter()
     tp.add_span_processor(SimpleSpanProcessor(exporter))
@@ -122,8 +123,10 @@ def test_batch_span_is_a_child_of_the_current_span() -> None:
     tp, exporter = provider()
     tel = telemetry(tp)
     msgs = [Msg(headers_=parent(0xA1, 0xB1, "01"))]
-    with tp.get_tracer("test").start_as_current_span("poll-loop") as outer, \
-            tel.batch_process_span(msgs):
+    with (
+        tp.get_tracer("test").start_as_current_span("poll-loop") as outer,
+        tel.batch_process_span(msgs),
+    ):
         pass
     batch = next(s for s in exporter.get_finished_spans() if s.name == "process orders")
     assert batch.parent is not None
@@ -133,8 +136,9 @@ def test_batch_span_is_a_child_of_the_current_span() -> None:
 
 @pytest.mark.parametrize(("form", "headers"), HEADER_FORMS, ids=[f for f, _ in HEADER_FORMS])
 @pytest.mark.parametrize("propagator", [W3C, DEFAULT_COMPOSITE], ids=["w3c", "composite"])
-def test_links_read_from_headers_are_the_propagators(form: str, headers: Any,
-                                                     propagator: Any) -> None:
+def test_links_read_from_headers_are_the_propagators(
+    form: str, headers: Any, propagator: Any
+) -> None:
     """The direct read gives exactly the propagator's context, or leaves it to it."""
     direct = sampling.DirectW3C().read(headers, propagator)
     if direct is not None:
@@ -214,8 +218,9 @@ def test_drop_root_decides_as_the_sdk(monkeypatch: pytest.MonkeyPatch, sampled: 
     low = ratio.bound - 1 if sampled else ratio.bound + 1
     trace_id = (0x1234 << 64) | low
     span_id = 0x5566778899AABBCC
-    monkeypatch.setattr(sampling, "_bits", lambda n: (trace_id << 64 | span_id) if n == 192
-                        else span_id)
+    monkeypatch.setattr(
+        sampling, "_bits", lambda n: (trace_id << 64 | span_id) if n == 192 else span_id
+    )
     tp, _ = provider(ParentBased(ratio))
     tel = telemetry(tp)
     assert tel._fast is not None
@@ -231,8 +236,15 @@ def test_drop_root_decides_as_the_sdk(monkeypatch: pytest.MonkeyPatch, sampled: 
         def is_trace_id_random(self) -> bool:
             return True
 
-    sdk = TracerProvider(sampler=ParentBased(ratio), id_generator=Preset(),  # type: ignore[arg-type]
-                         shutdown_on_exit=False).get_tracer("sdk").start_span("x")
+    sdk = (
+        TracerProvider(
+            sampler=ParentBased(ratio),
+            id_generator=Preset(),  # type: ignore[arg-type]
+            shutdown_on_exit=False,
+        )
+        .get_tracer("sdk")
+        .start_span("x")
+    )
     assert sdk.is_recording() is sampled
     if sampled:
         assert decided == trace_id
@@ -257,8 +269,10 @@ def test_under_baggage_the_generic_path_keeps_it() -> None:
 def test_failure_in_the_block_marks_the_span_and_is_reraised() -> None:
     tp, exporter = provider()
     tel = telemetry(tp)
-    with pytest.raises(ValueError, match="bad batch"), \
-            tel.batch_process_span([Msg(), Msg(offset_=1)]):
+    with (
+        pytest.raises(ValueError, match="bad batch"),
+        tel.batch_process_span([Msg(), Msg(offset_=1)]),
+    ):
         raise ValueError("bad batch")
     (done,) = exporter.get_finished_spans()
     assert done.status.status_code is StatusCode.ERROR
@@ -275,8 +289,9 @@ def _points(reader: InMemoryMetricReader, metric: str) -> list[tuple[dict[str, A
                 if m.name == metric:
                     for dp in m.data.data_points:
                         value = getattr(dp, "value", None)
-                        out.append((dict(dp.attributes or {}),
-                                    value if value is not None else dp.count))  # type: ignore[union-attr]
+                        out.append(
+                            (dict(dp.attributes or {}), value if value is not None else dp.count)
+                        )  # type: ignore[union-attr]
     return out
 
 
@@ -289,8 +304,9 @@ def test_metrics_count_every_message_and_one_duration_per_batch() -> None:
         raise KeyError("x")
     consumed = _points(reader, MM.MESSAGING_CLIENT_CONSUMED_MESSAGES)
     assert [(a[MA.MESSAGING_DESTINATION_NAME], v) for a, v in consumed] == [("orders", 5)]
-    durations = sorted((a.get(ERROR_TYPE, ""), n)
-                       for a, n in _points(reader, MM.MESSAGING_PROCESS_DURATION))
+    durations = sorted(
+        (a.get(ERROR_TYPE, ""), n) for a, n in _points(reader, MM.MESSAGING_PROCESS_DURATION)
+    )
     assert durations == [("", 1), ("KeyError", 1)]
 
 
@@ -306,8 +322,10 @@ def test_several_topics_name_no_destination_and_count_per_topic() -> None:
     attrs = dict(done.attributes or {})
     assert MA.MESSAGING_DESTINATION_NAME not in attrs
     assert MA.MESSAGING_DESTINATION_PARTITION_ID not in attrs
-    consumed = {a[MA.MESSAGING_DESTINATION_NAME]: v
-                for a, v in _points(reader, MM.MESSAGING_CLIENT_CONSUMED_MESSAGES)}
+    consumed = {
+        a[MA.MESSAGING_DESTINATION_NAME]: v
+        for a, v in _points(reader, MM.MESSAGING_CLIENT_CONSUMED_MESSAGES)
+    }
     assert consumed == {"a": 2, "b": 1}
     # one topic, two partitions: the topic's name, no partition
     with tel.batch_process_span([Msg("a", 0), Msg("a", 1)]):
@@ -347,13 +365,18 @@ class _B3Like:
 @pytest.mark.parametrize("headers", [None, [], {}], ids=["none", "empty-list", "empty-dict"])
 @pytest.mark.parametrize("propagator", [W3C, DEFAULT_COMPOSITE], ids=["w3c", "composite"])
 @pytest.mark.parametrize("flags", [0x01, 0x03])
-def test_direct_write_is_what_the_propagator_injects(headers: Any, propagator: Any,
-                                                     flags: int) -> None:
-    sc = trace.SpanContext(0xABC, 0x1122334455667788, is_remote=False,
-                           trace_flags=trace.TraceFlags(flags))
+def test_direct_write_is_what_the_propagator_injects(
+    headers: Any, propagator: Any, flags: int
+) -> None:
+    sc = trace.SpanContext(
+        0xABC, 0x1122334455667788, is_remote=False, trace_flags=trace.TraceFlags(flags)
+    )
     direct = sampling.DirectW3C().write(sc, headers, propagator)
-    generic = inject_headers(headers, context=trace.set_span_in_context(
-        trace.NonRecordingSpan(sc)), propagator=propagator)
+    generic = inject_headers(
+        headers,
+        context=trace.set_span_in_context(trace.NonRecordingSpan(sc)),
+        propagator=propagator,
+    )
     assert direct == generic
     assert isinstance(direct, list) and direct is not headers
 
@@ -362,9 +385,13 @@ def test_direct_write_leaves_other_cases_to_the_propagator() -> None:
     w3c = sampling.DirectW3C()
     sc = trace.SpanContext(0xABC, 0x1122, is_remote=False, trace_flags=trace.TraceFlags(1))
     assert w3c.write(sc, [("app", b"1")], W3C) is None  # caller headers: merged by the generic
-    with_state = trace.SpanContext(0xABC, 0x1122, is_remote=False,
-                                   trace_flags=trace.TraceFlags(1),
-                                   trace_state=trace.TraceState([("v", "1")]))
+    with_state = trace.SpanContext(
+        0xABC,
+        0x1122,
+        is_remote=False,
+        trace_flags=trace.TraceFlags(1),
+        trace_state=trace.TraceState([("v", "1")]),
+    )
     assert w3c.write(with_state, None, W3C) is None
     assert w3c.write(trace.INVALID_SPAN_CONTEXT, None, W3C) is None
     assert w3c.write(sc, None, _B3Like()) is None  # type: ignore[arg-type]

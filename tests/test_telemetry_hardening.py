@@ -85,15 +85,19 @@ def test_message_keys_are_not_recorded_by_default(otel: Otel) -> None:
 
 def test_record_message_key_true_records_text_keys_on_spans_only(otel: Otel) -> None:
     tel = Telemetry(
-        tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider,
-        propagator=W3C, record_message_key=True,
+        tracer_provider=otel.tracer_provider,
+        meter_provider=otel.meter_provider,
+        propagator=W3C,
+        record_message_key=True,
     )
     out, token = tel.producer_send("orders", b"order-7", 3, None, 0)
     tel.producer_delivered(token, None, message(out))
     with tel.process_span(message(out)):
         pass
     assert [dict(s.attributes or {})[MA.MESSAGING_KAFKA_MESSAGE_KEY] for s in otel.spans()] == [
-        "order-7", "order-7"]
+        "order-7",
+        "order-7",
+    ]
     for metric in (MM.MESSAGING_CLIENT_SENT_MESSAGES, MM.MESSAGING_CLIENT_CONSUMED_MESSAGES):
         assert all(MA.MESSAGING_KAFKA_MESSAGE_KEY not in a for a, _ in otel.points(metric))
 
@@ -123,17 +127,24 @@ def test_scale_10k_partitions_stay_under_the_sdk_series_cap(otel: Otel) -> None:
 
 
 def test_spans_keep_the_partition_and_metrics_take_it_on_request(otel: Otel) -> None:
-    tel = Telemetry(tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider,
-                    propagator=W3C, metric_partition_attribute=True)
+    tel = Telemetry(
+        tracer_provider=otel.tracer_provider,
+        meter_provider=otel.meter_provider,
+        propagator=W3C,
+        metric_partition_attribute=True,
+    )
     assert tel.metric_partition_attribute is True
     for p in (0, 1):
         out, token = tel.producer_send("orders", None, 1, None, None)
         tel.producer_delivered(token, None, message(out, partition=p))
-    sent = sorted(a[MA.MESSAGING_DESTINATION_PARTITION_ID]
-                  for a, _ in otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES))
+    sent = sorted(
+        a[MA.MESSAGING_DESTINATION_PARTITION_ID]
+        for a, _ in otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES)
+    )
     assert sent == ["0", "1"]
-    assert sorted(dict(s.attributes or {})[MA.MESSAGING_DESTINATION_PARTITION_ID]
-                  for s in otel.spans()) == ["0", "1"]
+    assert sorted(
+        dict(s.attributes or {})[MA.MESSAGING_DESTINATION_PARTITION_ID] for s in otel.spans()
+    ) == ["0", "1"]
 
     default = Telemetry(tracer_provider=otel.tracer_provider, propagator=W3C)
     out, token = default.producer_send("orders", None, 1, None, None)
@@ -226,8 +237,9 @@ def test_on_end_raising_never_turns_a_success_into_a_failure(otel: Otel) -> None
     with pytest.raises(KeyError, match="handler"), tel.process_span(message(None)):
         raise KeyError("handler")
     assert processor.raised == 2
-    durations = sorted((a.get(ERROR_TYPE, ""), n)
-                       for a, n in otel.points(MM.MESSAGING_PROCESS_DURATION))
+    durations = sorted(
+        (a.get(ERROR_TYPE, ""), n) for a, n in otel.points(MM.MESSAGING_PROCESS_DURATION)
+    )
     assert durations == [("", 1), ("KeyError", 1)]
 
 
@@ -256,7 +268,9 @@ def test_dead_letter_span_and_commit_with_a_raising_processor(otel: Otel) -> Non
         tel.record_commit([("orders", 0, 5)], duration_s=0.01)
     assert processor.raised == 3
     assert [e["event"] for e in logs if e["event"].startswith("kafka_message_dead")] == [
-        "kafka_message_dead_lettered", "kafka_message_dead_lettered"]
+        "kafka_message_dead_lettered",
+        "kafka_message_dead_lettered",
+    ]
     assert sum(v for _, v in otel.points("kresilient.dead_letters")) == 2
 
 
@@ -310,8 +324,9 @@ class _BrokenMeterProvider:
 
 
 def test_a_raising_meter_costs_the_data_point_not_the_message(otel: Otel) -> None:
-    tel = Telemetry(tracer_provider=otel.tracer_provider, propagator=W3C,
-                    meter_provider=_BrokenMeterProvider())  # type: ignore[arg-type]
+    tel = Telemetry(
+        tracer_provider=otel.tracer_provider, propagator=W3C, meter_provider=_BrokenMeterProvider()
+    )  # type: ignore[arg-type]
     out, token = tel.producer_send("orders", None, 1, None, None)
     tel.producer_delivered(token, None, message(out))
     with tel.process_span(message(out)):
@@ -371,8 +386,9 @@ def test_span_statuses_and_events_carry_redacted_exception_text(otel: Otel) -> N
 
 
 def test_a_client_redactor_removes_its_own_secret_values(otel: Otel) -> None:
-    tel = Telemetry.for_client({"sasl.password": SECRET, "client.id": "c"},
-                               tracer_provider=otel.tracer_provider)
+    tel = Telemetry.for_client(
+        {"sasl.password": SECRET, "client.id": "c"}, tracer_provider=otel.tracer_provider
+    )
     with pytest.raises(RuntimeError), tel.process_span(message(None)):
         raise RuntimeError(f"login failed with {SECRET} for user bob")
     (span,) = otel.spans()

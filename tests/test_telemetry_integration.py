@@ -69,12 +69,14 @@ def _wait_for(predicate: Any, timeout: float, what: str) -> None:
 
 
 def _read_one(bootstrap: str, topic: str, timeout: float = 30.0) -> Any:
-    c = ck.Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"reader-{topic}",
-        "auto.offset.reset": "earliest",
-        "enable.auto.commit": False,
-    })
+    c = ck.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{topic}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         c.subscribe([topic])
         deadline = time.monotonic() + timeout
@@ -158,7 +160,10 @@ def test_one_trace_from_producer_through_consumer_to_dead_letter_topic(
     # the good message: one process span, child of its send span
     ok_send = sends[0]
     (ok_proc,) = [
-        s for s in spans if s.name == f"process {topic}" and s.parent is not None
+        s
+        for s in spans
+        if s.name == f"process {topic}"
+        and s.parent is not None
         and s.parent.span_id == ok_send.context.span_id
     ]
     a = _attrs(ok_proc)
@@ -179,8 +184,9 @@ def test_one_trace_from_producer_through_consumer_to_dead_letter_topic(
         key=lambda s: s.start_time or 0,
     )
     assert len(bad_procs) == 2
-    assert all(p.parent is not None and p.parent.span_id == bad_send.context.span_id
-               for p in bad_procs)
+    assert all(
+        p.parent is not None and p.parent.span_id == bad_send.context.span_id for p in bad_procs
+    )
     assert all(_attrs(p)[MA.MESSAGING_KAFKA_OFFSET] == 1 for p in bad_procs)
     assert all(_attrs(p)[ERROR_TYPE] == "RuntimeError" for p in bad_procs)
     retry_events = [e for e in bad_procs[0].events if e.name == "kresilient.retry"]
@@ -208,20 +214,28 @@ def test_one_trace_from_producer_through_consumer_to_dead_letter_topic(
     record = _read_one(bootstrap, dlq)
     headers = record.headers() or []
     assert remote(headers) == (trace_id, bad_send.context.span_id, True)
-    processing = [(k.removeprefix("kresilient."), v) for k, v in headers
-                  if k == deadletter.TRACEPARENT]
+    processing = [
+        (k.removeprefix("kresilient."), v) for k, v in headers if k == deadletter.TRACEPARENT
+    ]
     assert remote(processing) == (trace_id, dead.context.span_id, True)
 
     # metrics
-    sent = {a[MA.MESSAGING_DESTINATION_NAME]: v
-            for a, v in otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES)}
+    sent = {
+        a[MA.MESSAGING_DESTINATION_NAME]: v
+        for a, v in otel.points(MM.MESSAGING_CLIENT_SENT_MESSAGES)
+    }
     assert sent == {topic: 2, dlq: 1}
-    consumed = sum(v for a, v in otel.points(MM.MESSAGING_CLIENT_CONSUMED_MESSAGES)
-                   if a[MA.MESSAGING_DESTINATION_NAME] == topic)
+    consumed = sum(
+        v
+        for a, v in otel.points(MM.MESSAGING_CLIENT_CONSUMED_MESSAGES)
+        if a[MA.MESSAGING_DESTINATION_NAME] == topic
+    )
     assert consumed == 3  # order-1 once, order-2 twice (redelivered for its retry)
     durations = otel.points(MM.MESSAGING_PROCESS_DURATION)
     assert sorted((a.get(ERROR_TYPE, ""), n) for a, n in durations) == [
-        ("", 1), ("RuntimeError", 2)]
+        ("", 1),
+        ("RuntimeError", 2),
+    ]
     assert sum(v for _, v in otel.points("kresilient.retries")) == 1
     ((dattrs, dead_letters),) = otel.points("kresilient.dead_letters")
     assert dead_letters == 1
@@ -291,7 +305,9 @@ def test_link_mode_links_the_process_span_to_the_producer(
     assert proc.context.trace_id != send.context.trace_id
     (link,) = proc.links
     assert (link.context.trace_id, link.context.span_id) == (
-        send.context.trace_id, send.context.span_id)
+        send.context.trace_id,
+        send.context.span_id,
+    )
 
 
 def test_batch_handler_gets_one_span_per_call_linked_to_its_producers(
@@ -337,8 +353,11 @@ def test_batch_handler_gets_one_span_per_call_linked_to_its_producers(
         worker.join(60)
     assert not worker.is_alive()
 
-    sends = {_attrs(s)[MA.MESSAGING_KAFKA_OFFSET]: s.context
-             for s in otel.spans() if s.name == f"send {topic}"}
+    sends = {
+        _attrs(s)[MA.MESSAGING_KAFKA_OFFSET]: s.context
+        for s in otel.spans()
+        if s.name == f"send {topic}"
+    }
     procs = {s.context.span_id: s for s in otel.spans() if s.name == f"process {topic}"}
     assert len(procs) == len(calls) >= 2  # one span per handler call, no other
     for offsets, current in calls:
@@ -354,13 +373,19 @@ def test_batch_handler_gets_one_span_per_call_linked_to_its_producers(
     assert first.status.status_code is StatusCode.ERROR
     assert _attrs(first)[ERROR_TYPE] == "RuntimeError"
     assert [e.name for e in first.events].count("kresilient.retry") == 1
-    assert all(procs[c.get_span_context().span_id].status.status_code is not StatusCode.ERROR
-               for _, c in calls[1:])
-    consumed = sum(v for a, v in otel.points(MM.MESSAGING_CLIENT_CONSUMED_MESSAGES)
-                   if a[MA.MESSAGING_DESTINATION_NAME] == topic)
+    assert all(
+        procs[c.get_span_context().span_id].status.status_code is not StatusCode.ERROR
+        for _, c in calls[1:]
+    )
+    consumed = sum(
+        v
+        for a, v in otel.points(MM.MESSAGING_CLIENT_CONSUMED_MESSAGES)
+        if a[MA.MESSAGING_DESTINATION_NAME] == topic
+    )
     assert consumed == sum(len(o) for o, _ in calls)  # the failed call's messages counted too
-    durations = sorted((a.get(ERROR_TYPE, ""), n)
-                       for a, n in otel.points(MM.MESSAGING_PROCESS_DURATION))
+    durations = sorted(
+        (a.get(ERROR_TYPE, ""), n) for a, n in otel.points(MM.MESSAGING_PROCESS_DURATION)
+    )
     assert durations == [("", len(calls) - 1), ("RuntimeError", 1)]
 
 
@@ -398,8 +423,11 @@ def test_batch_handler_dead_letter_span_is_a_child_of_the_calls_span(
     worker = threading.Thread(target=consumer.run, daemon=True)
     worker.start()
     try:
-        _wait_for(lambda: done == {0, 1, 3, 4}
-                  and any(s.name == f"send {dlq}" for s in otel.spans()), 90, "DLQ write")
+        _wait_for(
+            lambda: done == {0, 1, 3, 4} and any(s.name == f"send {dlq}" for s in otel.spans()),
+            90,
+            "DLQ write",
+        )
     finally:
         consumer.stop()
         worker.join(60)

@@ -100,8 +100,14 @@ def header(headers: Any, name: str = TRACEPARENT) -> str | None:
 
 
 def message(headers: Any, partition: int = 2, offset: int = 41) -> Any:
-    return ck.Message(topic="orders", partition=partition, offset=offset, key=b"order-7",
-                      value=b"x" * 12, headers=headers)
+    return ck.Message(
+        topic="orders",
+        partition=partition,
+        offset=offset,
+        key=b"order-7",
+        value=b"x" * 12,
+        headers=headers,
+    )
 
 
 @pytest.fixture(name="attached")
@@ -218,8 +224,11 @@ def test_metrics_still_count_sampled_out_messages() -> None:
         assert data is not None
         counts = [
             dp.value
-            for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
-            if m.name == MM.MESSAGING_CLIENT_SENT_MESSAGES for dp in m.data.data_points
+            for rm in data.resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == MM.MESSAGING_CLIENT_SENT_MESSAGES
+            for dp in m.data.data_points
         ]
         assert counts == [3]
         assert exporter.get_finished_spans() == ()
@@ -279,9 +288,7 @@ def test_sampled_span_is_the_generic_paths_span(monkeypatch: pytest.MonkeyPatch)
         tel.producer_delivered(token, None, message(out, partition=2, offset=41))
         (span,) = exporter.get_finished_spans()
         assert span.end_time is not None
-        assert header(out) == (
-            f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-03"
-        )
+        assert header(out) == (f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-03")
         views.append(_span_view(span))
     assert len(roots) == 1  # the first arm went through the fast path's sampled branch
     fast, slow = views
@@ -435,8 +442,11 @@ class _OtherPropagator(TraceContextTextMapPropagator):
 
 @pytest.mark.parametrize(
     "propagator",
-    [_OtherPropagator(), CompositePropagator([W3C, _OtherPropagator()]),
-     CompositePropagator([W3CBaggagePropagator()])],
+    [
+        _OtherPropagator(),
+        CompositePropagator([W3C, _OtherPropagator()]),
+        CompositePropagator([W3CBaggagePropagator()]),
+    ],
     ids=["subclass", "composite-with-unknown", "baggage-only"],
 )
 def test_other_propagators_keep_the_generic_path(propagator: Any) -> None:
@@ -472,9 +482,7 @@ def test_late_global_provider_gets_the_fast_path(monkeypatch: pytest.MonkeyPatch
     assert token is None
     value = header(out)
     assert value is not None and UNSAMPLED.match(value)
-    assert trace.get_current_span(extract_context(out, propagator=W3C)).get_span_context(
-    ).is_valid
-
+    assert trace.get_current_span(extract_context(out, propagator=W3C)).get_span_context().is_valid
 
 
 def test_a_span_processor_producing_from_on_start_does_not_deadlock() -> None:
@@ -533,7 +541,10 @@ def test_process_span_under_a_not_sampled_parent_is_the_sdks_non_recording_child
     assert not fast_rec and not sdk_rec
     # the same child the SDK makes: parent's trace id, state and flags, a new local span id
     assert (f.trace_id, f.trace_flags, f.trace_state, f.is_remote) == (
-        g.trace_id, g.trace_flags, g.trace_state, g.is_remote
+        g.trace_id,
+        g.trace_flags,
+        g.trace_state,
+        g.is_remote,
     )
     assert f.trace_id == 0xABC and f.span_id not in (0, 0x1122334455667788)
     assert f.trace_state.get("vendor") == "abc"
@@ -603,29 +614,53 @@ HEADER_FORMS: list[tuple[str, Any]] = [
     ("sampled", [(TRACEPARENT, _PARENT.format(flags="01").encode())]),
     ("sampled-random", [(TRACEPARENT, _PARENT.format(flags="03").encode())]),
     ("unknown-flag-bits", [(TRACEPARENT, _PARENT.format(flags="fc").encode())]),
-    ("with-tracestate", [(TRACEPARENT, _PARENT.format(flags="00").encode()),
-                         ("tracestate", b"vendor=abc")]),
-    ("with-baggage", [(TRACEPARENT, _PARENT.format(flags="00").encode()),
-                      ("baggage", b"tenant=7")]),
-    ("other-headers-kept-out", [("app", b"1"), (TRACEPARENT, _PARENT.format(flags="00").encode()),
-                                ("Content-Type", b"x")]),
-    ("repeated-last-wins", [(TRACEPARENT, _PARENT.format(flags="01").encode()),
-                            (TRACEPARENT, _PARENT.format(flags="00").encode())]),
-    ("repeated-last-sampled", [(TRACEPARENT, _PARENT.format(flags="00").encode()),
-                               (TRACEPARENT, _PARENT.format(flags="01").encode())]),
+    (
+        "with-tracestate",
+        [(TRACEPARENT, _PARENT.format(flags="00").encode()), ("tracestate", b"vendor=abc")],
+    ),
+    (
+        "with-baggage",
+        [(TRACEPARENT, _PARENT.format(flags="00").encode()), ("baggage", b"tenant=7")],
+    ),
+    (
+        "other-headers-kept-out",
+        [("app", b"1"), (TRACEPARENT, _PARENT.format(flags="00").encode()), ("Content-Type", b"x")],
+    ),
+    (
+        "repeated-last-wins",
+        [
+            (TRACEPARENT, _PARENT.format(flags="01").encode()),
+            (TRACEPARENT, _PARENT.format(flags="00").encode()),
+        ],
+    ),
+    (
+        "repeated-last-sampled",
+        [
+            (TRACEPARENT, _PARENT.format(flags="00").encode()),
+            (TRACEPARENT, _PARENT.format(flags="01").encode()),
+        ],
+    ),
     ("mixed-case-key", [("TraceParent", _PARENT.format(flags="00").encode())]),
-    ("mixed-case-key-last", [(TRACEPARENT, _PARENT.format(flags="01").encode()),
-                             ("TRACEPARENT", _PARENT.format(flags="00").encode())]),
+    (
+        "mixed-case-key-last",
+        [
+            (TRACEPARENT, _PARENT.format(flags="01").encode()),
+            ("TRACEPARENT", _PARENT.format(flags="00").encode()),
+        ],
+    ),
     ("upper-case-hex", [(TRACEPARENT, _PARENT.format(flags="00").upper().encode())]),
     ("surrounding-space", [(TRACEPARENT, b" " + _PARENT.format(flags="00").encode() + b" ")]),
-    ("version-01-extra", [(TRACEPARENT, _PARENT.format(flags="00").replace("00-", "01-", 1)
-                           .encode() + b"-extra")]),
+    (
+        "version-01-extra",
+        [(TRACEPARENT, _PARENT.format(flags="00").replace("00-", "01-", 1).encode() + b"-extra")],
+    ),
     ("version-00-extra", [(TRACEPARENT, _PARENT.format(flags="00").encode() + b"-extra")]),
-    ("version-ff", [(TRACEPARENT, _PARENT.format(flags="00").replace("00-", "ff-", 1)
-                     .encode())]),
+    ("version-ff", [(TRACEPARENT, _PARENT.format(flags="00").replace("00-", "ff-", 1).encode())]),
     ("zero-trace-id", [(TRACEPARENT, b"00-" + b"0" * 32 + b"-1122334455667788-00")]),
-    ("zero-span-id", [(TRACEPARENT, _PARENT.format(flags="00")[:36].encode() + b"0" * 16
-                       + b"-00")]),
+    (
+        "zero-span-id",
+        [(TRACEPARENT, _PARENT.format(flags="00")[:36].encode() + b"0" * 16 + b"-00")],
+    ),
     ("str-value", [(TRACEPARENT, _PARENT.format(flags="00"))]),
     ("none-value", [(TRACEPARENT, None)]),
     ("bytes-key", [(b"traceparent", _PARENT.format(flags="01").encode())]),
@@ -660,7 +695,10 @@ def _inside(tel: Telemetry, headers: Any) -> tuple[Any, ...]:
         others = {k: v for k, v in current.items() if not isinstance(v, trace.Span)}
         return (
             span is not None and span.is_recording(),
-            seen.trace_id == 0xABC, seen.trace_flags, seen.trace_state, seen.is_remote,
+            seen.trace_id == 0xABC,
+            seen.trace_flags,
+            seen.trace_state,
+            seen.is_remote,
             seen.is_valid,
             seen.span_id in (0, 0x1122334455667788),
             sorted(map(str, others.values())),
@@ -684,8 +722,15 @@ def test_header_read_gives_what_the_propagator_gives(
         assert _inside(fast, headers) == _inside(slow, headers), form
 
 
-DIRECT = {"not-sampled", "not-sampled-random", "other-headers-kept-out", "repeated-last-wins",
-          "mixed-case-key", "mixed-case-key-last", "unknown-flag-bits"}
+DIRECT = {
+    "not-sampled",
+    "not-sampled-random",
+    "other-headers-kept-out",
+    "repeated-last-wins",
+    "mixed-case-key",
+    "mixed-case-key-last",
+    "unknown-flag-bits",
+}
 
 
 @pytest.mark.parametrize(("form", "headers"), HEADER_FORMS, ids=[f for f, _ in HEADER_FORMS])
@@ -727,8 +772,9 @@ def test_header_read_is_off_where_the_fast_path_is() -> None:
             pass
     assert [s.context.trace_id for s in exporter.get_finished_spans()] == [bound - 1]
     prop, extracts = _counting_composite()
-    linked = telemetry(provider(ParentBased(TraceIdRatioBased(0.01)))[0], propagator=prop,
-                       link_mode="link")
+    linked = telemetry(
+        provider(ParentBased(TraceIdRatioBased(0.01)))[0], propagator=prop, link_mode="link"
+    )
     inside = _inside(linked, HEADER_FORMS[0][1])
     assert inside[1] is False  # a root of the consumer's own trace, not the header's child
     assert extracts == []  # the link's context: the direct read (DirectW3C), as the propagator

@@ -349,9 +349,7 @@ def route_plan(
         + " ".join(f"WHEN {c} THEN {d}" for (c, _), d in zip(cases, details, strict=True))
         + " END"
     )
-    return RoutePlan(
-        reason=reason, size=size, detail=detail, reasons=tuple(r for _, r in cases)
-    )
+    return RoutePlan(reason=reason, size=size, detail=detail, reasons=tuple(r for _, r in cases))
 
 
 #: kresilient.error.category of each reason (as :func:`kresilient.errors.classify` names it).

@@ -151,4 +151,3 @@ def extract_context(
     if not carrier:
         return context if context is not None else otel_context.get_current()
     return prop.extract(carrier, context=context, getter=_GETTER)
-

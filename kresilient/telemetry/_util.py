@@ -167,31 +167,41 @@ class _Instruments:
         buckets = list(N.DURATION_BUCKETS)
         self.sent = _LocalCounter()
         meter.create_observable_counter(
-            N.METRIC_SENT_MESSAGES, [self.sent.observe], "{message}",
+            N.METRIC_SENT_MESSAGES,
+            [self.sent.observe],
+            "{message}",
             "Messages the producer attempted to send (counted at the delivery report).",
         )
         self.consumed = _LocalCounter()
         meter.create_observable_counter(
-            N.METRIC_CONSUMED_MESSAGES, [self.consumed.observe], "{message}",
+            N.METRIC_CONSUMED_MESSAGES,
+            [self.consumed.observe],
+            "{message}",
             "Messages delivered to the application.",
         )
         self.operation_duration = meter.create_histogram(
-            N.METRIC_OPERATION_DURATION, "s", "Duration of a producer send (to the delivery "
-            "report) or a consumer commit.", explicit_bucket_boundaries_advisory=buckets,
+            N.METRIC_OPERATION_DURATION,
+            "s",
+            "Duration of a producer send (to the delivery report) or a consumer commit.",
+            explicit_bucket_boundaries_advisory=buckets,
         )
         self.process_duration = meter.create_histogram(
-            N.METRIC_PROCESS_DURATION, "s", "Duration of processing one message.",
+            N.METRIC_PROCESS_DURATION,
+            "s",
+            "Duration of processing one message.",
             explicit_bucket_boundaries_advisory=buckets,
         )
         self.retries = meter.create_counter(
             N.METRIC_RETRIES, "{retry}", "Processing retries by error category."
         )
         self.dead_letters = meter.create_counter(
-            N.METRIC_DEAD_LETTERS, "{message}", "Messages written (or attempted) to a dead-letter "
-            "topic, by error category.",
+            N.METRIC_DEAD_LETTERS,
+            "{message}",
+            "Messages written (or attempted) to a dead-letter topic, by error category.",
         )
         self.leadership = meter.create_counter(
-            N.METRIC_LEADERSHIP_STATE_CHANGES, "{change}",
+            N.METRIC_LEADERSHIP_STATE_CHANGES,
+            "{change}",
             "Partition leadership state changes seen by the LeadershipMonitor, by new state.",
         )
 
@@ -349,4 +359,3 @@ class _Guard:
                     error=_short(self._redact(str(exc))),
                     suppressed=suppressed,
                 )
-

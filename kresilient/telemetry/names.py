@@ -54,7 +54,20 @@ METRIC_OPERATION_DURATION: Final = "messaging.client.operation.duration"
 METRIC_PROCESS_DURATION: Final = "messaging.process.duration"
 # Recommended explicit bucket boundaries for the two duration histograms (seconds).
 DURATION_BUCKETS: Final = (
-    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
 )
 
 # --- kresilient attributes, metrics, events -----------------------------------------------

@@ -247,34 +247,50 @@ def _ignore_error(err: KafkaError) -> None:
 _LIVE: weakref.WeakSet[KafkaCluster] = weakref.WeakSet()
 
 
-# Local errors after which an admin request may or may not have reached the broker, and
-# sending it again is the remedy: librdkafka (2.10+) decommissions a broker a metadata
-# response leaves out, failing its queued and in-flight requests with _DESTROY_BROKER, and
-# a node that restarts or is fenced while the cluster settles drops the connection.
-_RESENDABLE = frozenset({KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT})
+# Errors after which an admin request may or may not have taken effect, and sending it again
+# is the remedy: librdkafka (2.10+) decommissions a broker a metadata response leaves out,
+# failing its queued and in-flight requests with _DESTROY_BROKER; a node that restarts or is
+# fenced while the cluster settles drops the connection; and on a starved machine a request
+# times out, locally or at the controller (REQUEST_TIMED_OUT), while a KRaft quorum re-elects.
+_RESENDABLE = frozenset(
+    {
+        KafkaError._DESTROY_BROKER,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+)
+
+# One send waits at most this long for its answer before it is sent again, so a request lost
+# with a stalled connection is retried within the caller's timeout rather than using it all.
+_ATTEMPT_SECONDS = 20.0
 
 
 def _admin_request(
     what: str,
-    submit: Callable[[], Iterable[Any]],
+    submit: Callable[[float], Iterable[Any]],
     timeout: float,
     *,
     done_after_resend: frozenset[int] = frozenset(),
 ) -> None:
     """Run an idempotent admin request until every future succeeds, resending it while it
-    fails with a local error from :data:`_RESENDABLE` and time is left.
+    fails with an error from :data:`_RESENDABLE` and time is left.
 
-    ``done_after_resend``: broker codes that mean an earlier send took effect (a topic that
-    exists after its creation was resent); they count as success only after a resend.
-    Raises :class:`ClusterError` naming ``what`` and the broker's reason.
+    ``submit(seconds)`` sends the request once, with ``seconds`` as its request (and
+    operation) timeout. ``done_after_resend``: broker codes that mean an earlier send took
+    effect (a topic that exists after its creation was resent); they count as success only
+    after a resend. Raises :class:`ClusterError` naming ``what`` and the broker's reason.
     """
     deadline = time.monotonic() + timeout
     resent = False
     while True:
+        attempt = max(0.1, min(_ATTEMPT_SECONDS, deadline - time.monotonic()))
         resend: KafkaError | None = None
-        for future in list(submit()):
+        for future in list(submit(attempt)):
             try:
-                future.result(timeout=max(0.1, deadline - time.monotonic()))
+                # librdkafka fails the future at its request timeout; the margin only keeps
+                # a future it never completes from blocking past the deadline.
+                future.result(timeout=attempt + min(5.0, attempt))
             except KafkaException as exc:
                 err = exc.args[0]
                 code = err.code() if isinstance(err, KafkaError) else None
@@ -284,6 +300,11 @@ def _admin_request(
                     resend = err
                     continue
                 raise ClusterError(f"{what} failed: {err}") from None
+            except TimeoutError:
+                if time.monotonic() < deadline:
+                    resend = KafkaError(KafkaError._TIMED_OUT)
+                    continue
+                raise ClusterError(f"{what} failed: no answer in {timeout:g} s") from None
         if resend is None:
             return
         resent = True
@@ -816,7 +837,8 @@ class KafkaCluster:
                 ]
                 raise ClusterError(
                     f"Kafka node {node.node_id} exited with code {proc.returncode}; "
-                    f"errors it logged:\n" + "\n".join(errors[:10] or ["(none)"])
+                    f"errors it logged:\n"
+                    + "\n".join(errors[:10] or ["(none)"])
                     + f"\nlast lines of {node.log_path}:\n{self._tail(node, 15)}"
                 )
 
@@ -1038,9 +1060,11 @@ class KafkaCluster:
         ]
         _admin_request(
             f"creating user {name!r}",
-            lambda: self._admin_client()
-            .alter_user_scram_credentials(upsert, request_timeout=timeout)
-            .values(),
+            lambda seconds: (
+                self._admin_client()
+                .alter_user_scram_credentials(upsert, request_timeout=seconds)
+                .values()
+            ),
             timeout,
         )
         for node in self._nodes.values():
@@ -1143,7 +1167,9 @@ class KafkaCluster:
         )
         _admin_request(
             f"granting {', '.join(map(str, bindings))}",
-            lambda: self._admin_client().create_acls(bindings, request_timeout=timeout).values(),
+            lambda seconds: (
+                self._admin_client().create_acls(bindings, request_timeout=seconds).values()
+            ),
             timeout,
         )
         self._wait_acls(bindings, present=True, timeout=timeout)
@@ -1185,7 +1211,9 @@ class KafkaCluster:
         ]
         _admin_request(
             f"revoking {', '.join(map(str, bindings))}",
-            lambda: self._admin_client().delete_acls(filters, request_timeout=timeout).values(),
+            lambda seconds: (
+                self._admin_client().delete_acls(filters, request_timeout=seconds).values()
+            ),
             timeout,
         )
         self._wait_acls(bindings, present=False, timeout=timeout)
@@ -1260,9 +1288,11 @@ class KafkaCluster:
         # to find the controller right after a node restart on a loaded machine.
         _admin_request(
             f"creating topic {name!r}",
-            lambda: self._admin_client()
-            .create_topics([new], operation_timeout=timeout, request_timeout=timeout)
-            .values(),
+            lambda seconds: (
+                self._admin_client()
+                .create_topics([new], operation_timeout=seconds, request_timeout=seconds)
+                .values()
+            ),
             timeout,
             done_after_resend=frozenset({KafkaError.TOPIC_ALREADY_EXISTS}),
         )
@@ -1277,9 +1307,11 @@ class KafkaCluster:
         """
         _admin_request(
             f"deleting topic {name!r}",
-            lambda: self._admin_client()
-            .delete_topics([name], operation_timeout=timeout, request_timeout=timeout)
-            .values(),
+            lambda seconds: (
+                self._admin_client()
+                .delete_topics([name], operation_timeout=seconds, request_timeout=seconds)
+                .values()
+            ),
             timeout,
             done_after_resend=frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART}),
         )
