@@ -435,6 +435,13 @@ def _existing(admin: _Admin, topic: str, deadline: float) -> Any:
         time.sleep(0.1)
 
 
+#: Local errors after which a CreateTopics may or may not have reached the controller, and
+#: sending it again is the remedy: librdkafka (2.10+) fails the requests queued on a broker
+#: that a metadata answer left out with _DESTROY_BROKER; a restarting broker drops the
+#: connection (_TRANSPORT).
+_RESEND_CODES: Final = frozenset({KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT})
+
+
 def _create(
     admin: _Admin,
     topic: str,
@@ -443,30 +450,43 @@ def _create(
     settings: Mapping[str, str],
     deadline: float,
 ) -> None:
+    """Create ``topic``, sending again after a lost connection while time is left.
+
+    TOPIC_ALREADY_EXISTS after such a resend means the earlier send took effect: created.
+    """
     new = NewTopic(
         topic,
         num_partitions=partitions,
         replication_factor=replication_factor,
         config=dict(settings),
     )
-    left = max(0.1, _left(deadline))
-    futures = admin.client.create_topics([new], operation_timeout=left, request_timeout=left)
-    try:
-        futures[topic].result(timeout=left + 1)
-    except KafkaException as exc:
-        err: KafkaError = exc.args[0]
-        raise KafkaClientError(
-            f"creating topic {topic!r} failed: {err.str()}",
-            code=err.code(),
-            name=err.name(),
-            topic=topic,
-        ) from None
-    except TimeoutError:
-        raise KafkaClientError(
-            f"creating topic {topic!r}: no answer from {admin.servers} in time",
-            code=KafkaError._TIMED_OUT,
-            topic=topic,
-        ) from None
+    resent = False
+    while True:
+        left = max(0.1, _left(deadline))
+        futures = admin.client.create_topics([new], operation_timeout=left, request_timeout=left)
+        try:
+            futures[topic].result(timeout=left + 1)
+            return
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            if resent and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return
+            if err.code() in _RESEND_CODES and _left(deadline) > 0:
+                resent = True
+                time.sleep(0.2)
+                continue
+            raise KafkaClientError(
+                f"creating topic {topic!r} failed: {err.str()}",
+                code=err.code(),
+                name=err.name(),
+                topic=topic,
+            ) from None
+        except TimeoutError:
+            raise KafkaClientError(
+                f"creating topic {topic!r}: no answer from {admin.servers} in time",
+                code=KafkaError._TIMED_OUT,
+                topic=topic,
+            ) from None
 
 
 def _setting(value: str | int | bool) -> str:

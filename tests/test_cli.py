@@ -359,6 +359,36 @@ def test_create_topic_without_if_not_exists_names_the_flag_when_the_metadata_lag
     assert "topic 'orders' already exists (pass --if-not-exists" in info.value.message
 
 
+class _DroppingAdmin(_LaggingAdmin):
+    """The topic does not exist; the first CreateTopics is lost with its broker handle
+    (_DESTROY_BROKER) after it reached the controller, so the resend finds the topic."""
+
+    def metadata(self, deadline: float, topic: str | None = None) -> object:
+        answer = super().metadata(deadline, topic)
+        return SimpleNamespace(brokers=answer.brokers, topics={})  # type: ignore[attr-defined]
+
+    def create_topics(self, new: list[Any], **_: object) -> dict[str, Future[None]]:
+        self.created.append(new[0].topic)
+        code = (
+            KafkaError._DESTROY_BROKER
+            if len(self.created) == 1
+            else KafkaError.TOPIC_ALREADY_EXISTS
+        )
+        future: Future[None] = Future()
+        future.set_exception(KafkaException(KafkaError(code)))
+        return {new[0].topic: future}
+
+
+def test_create_topic_sent_again_after_a_destroyed_broker_handle_counts_as_created(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kresilient.admin, "_Admin", _DroppingAdmin)
+    monkeypatch.setattr(kresilient.admin, "_wait_for_leaders", lambda *args: None)
+    [result] = create_topic("fake:9092", "orders", partitions=3, timeout=5)
+    assert _DroppingAdmin.last.created == ["orders", "orders"]
+    assert result.name == "orders" and not result.existed and result.partitions == 3
+
+
 def test_dead_letter_topic_config_follows_the_source() -> None:
     cfg = dead_letter_topic_config(
         {"max.message.bytes": "52428800", "min.insync.replicas": "3", "retention.ms": "5"},
