@@ -84,10 +84,12 @@ def test_full_queue_waits_then_raises_backpressure_and_drops_nothing(make: Any) 
         producer.produce("t", b"fourth")
     assert info.value.classification.category is ErrorCategory.BACKPRESSURE
     assert info.value.name == "_QUEUE_FULL"
-    assert len(producer) == 3
     assert producer.health().backpressure_waits == 1
     with pytest.raises(DeliveryError) as closed:
         producer.close(timeout=0)
+    # Exactly the three queued messages are purged and reported: the refused fourth was never
+    # queued. (Not len(producer), which also counts client events: CI once saw 4, the
+    # "brokers are down" error event queued after the last poll.)
     ids = sorted(f.message_id for f in closed.value.failures)
     assert ids == sorted(h.message_id for h in handles)
     assert all(h.done() for h in handles)
