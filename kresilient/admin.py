@@ -383,12 +383,11 @@ def create_topic(
             try:
                 _create(admin, topic, partitions, replication_factor, settings, deadline)
             except KafkaClientError as exc:
+                # TOPIC_ALREADY_EXISTS: the broker that answered the metadata request had not
+                # yet learnt of a topic the controller already has (created a moment ago,
+                # perhaps by this very command run twice); it is treated as if seen there.
                 if exc.code != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
-                # The broker that answered the metadata request had not yet learnt of a topic
-                # the controller already has (created a moment ago, perhaps by this very
-                # command run twice): it exists, so it is treated exactly as if seen above.
-                current = _existing(admin, topic, deadline)
             else:
                 results.append(
                     TopicResult(
@@ -405,6 +404,8 @@ def create_topic(
                 code=KafkaError.TOPIC_ALREADY_EXISTS,
                 topic=topic,
             )
+        if current is None:
+            current = _existing(admin, topic, deadline)
         # Report what is there, not what was asked for: it was left unchanged.
         parts = current.partitions
         replicas = len(parts[min(parts)].replicas) if parts else 0

@@ -313,6 +313,7 @@ class _LaggingAdmin:
     def __init__(self, bootstrap_servers: str, client_config: object) -> None:
         self.servers = bootstrap_servers
         self.created: list[str] = []
+        self.described: list[str] = []  # metadata asked for by topic name
         self.client = self
         _LaggingAdmin.last = self
 
@@ -322,6 +323,7 @@ class _LaggingAdmin:
         brokers = {1: object(), 2: object(), 3: object()}
         if topic is None:
             return SimpleNamespace(brokers=brokers, topics={})
+        self.described.append(topic)
         partitions = {
             p: SimpleNamespace(id=p, leader=1, replicas=[1, 2, 3], isrs=[1, 2, 3]) for p in range(6)
         }
@@ -357,6 +359,7 @@ def test_create_topic_without_if_not_exists_names_the_flag_when_the_metadata_lag
         create_topic("fake:9092", "orders", timeout=5)
     assert info.value.code == KafkaError.TOPIC_ALREADY_EXISTS
     assert "topic 'orders' already exists (pass --if-not-exists" in info.value.message
+    assert _LaggingAdmin.last.described == []  # refused at once, without waiting to describe it
 
 
 class _DroppingAdmin(_LaggingAdmin):
