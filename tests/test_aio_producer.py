@@ -213,12 +213,15 @@ async def test_full_queue_is_awaited_not_spun_and_nothing_is_lost(
         max_in_flight = 0
         for i in range(5000):
             await producer.produce(topic, b"%05d" % i)
-            max_in_flight = max(max_in_flight, len(producer))
+            # kresilient's own count of messages handed to librdkafka and not yet settled:
+            # len(producer) would also count client events (delivery-report batches, errors)
+            # waiting in librdkafka's reply queue, which can pass the message bound by a few
+            max_in_flight = max(max_in_flight, producer._bridge.in_flight)
         await producer.flush()
         health = await producer.health()
     stop.set()
     await tick
-    assert max_in_flight <= 200
+    assert 0 < max_in_flight <= 200  # the count is live (not 0) and never passed the bound
     assert producer.backpressure_waits > 0  # negative control: the queue really was full
     assert health.backpressure_waits == 0  # never reached the sync producer's spinning path
     assert loop_turns > 100  # the loop ran other tasks while produce() awaited room
