@@ -287,6 +287,8 @@ def test_clock_skew_is_measured_against_log_append_time(
     # Negative control first: on one machine the broker's clock is ours.
     same = diagnose(_conf(kafka_cluster), topics=["__none__"])
     assert abs(same.figures["clock_skew_ms"]) < doctor.CLOCK_SKEW_WARN_MS
+    low, high = same.figures["clock_skew_bounds_ms"]
+    assert low <= 0 <= high  # each message was appended between its send and its ack
     assert not [f for f in same.by_section("clock") if f.severity >= Severity.WARNING]
 
     # This process's clock an hour ahead of the broker's (a client clock left advanced).
