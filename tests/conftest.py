@@ -4,13 +4,31 @@ every test here must really run there (pyspark, the SDK and the cluster are all 
 from __future__ import annotations
 
 import os
+import socket
+import sys
+from collections.abc import Iterator
 
 import pytest
 
 _skipped: list[str] = []
 
 
+# The host's environment must not decide a test: OTEL_* variables (OTEL_SDK_DISABLED,
+# OTEL_TRACES_SAMPLER, OTEL_SPAN_LINK_COUNT_LIMIT, an OTLP endpoint...) reconfigure every SDK
+# object the telemetry tests build and reach the CLI and example subprocesses; a
+# PYSPARK_PYTHON pointing at another interpreter would run Spark's Python workers without
+# kresilient. Tests that need an OTEL_* variable set it themselves (monkeypatch).
+_HOST_ENV_PREFIXES = ("OTEL_",)
+
+
+def _pin_environment() -> None:
+    for name in [n for n in os.environ if n.startswith(_HOST_ENV_PREFIXES)]:
+        del os.environ[name]
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _pin_environment()
     config.addinivalue_line(
         "markers",
         "streaming_source: writeStream.format('kresilient'), which needs pyspark>=4.1 "
@@ -50,3 +68,14 @@ def _structlog_defaults() -> object:
     structlog.reset_defaults()
     yield None
     structlog.reset_defaults()
+
+
+@pytest.fixture(name="closed_port")
+def _closed_port() -> Iterator[int]:
+    """A loopback port that refuses connections for the whole test: bound, never listening.
+
+    Held, not bound-then-released: a released port can be taken by another test's broker or
+    Spark worker (the suite runs clusters side by side) before this test connects to it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        yield s.getsockname()[1]

@@ -78,30 +78,34 @@ def _postgres_url() -> Iterator[str]:
             "--auth=trust",
             "-E",
             "UTF8",
+            "--no-locale",  # the host's LANG may name a locale it never generated
         ],
         check=True,
         capture_output=True,
     )
-    port = _free_port()
-    options = (
-        f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50"
-    )
-    subprocess.run(
-        [
-            *as_user,
-            _pg_bin("pg_ctl"),
-            "-D",
-            str(data),
-            "-l",
-            str(base / "log"),
-            "-o",
-            options,
-            "-w",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    for attempt in range(3):  # the free port can be taken before postgres binds it
+        port = _free_port()
+        options = (
+            f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50"
+        )
+        started = subprocess.run(
+            [
+                *as_user,
+                _pg_bin("pg_ctl"),
+                "-D",
+                str(data),
+                "-l",
+                str(base / "log"),
+                "-o",
+                options,
+                "-w",
+                "start",
+            ],
+            check=attempt == 2,
+            capture_output=True,
+        )
+        if started.returncode == 0:
+            break
     try:
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
     finally:

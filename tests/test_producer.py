@@ -7,7 +7,6 @@ message stays in librdkafka's local queue: the behaviours under test are local o
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,15 +22,6 @@ from kresilient.errors import (
     UnsafeConfigError,
 )
 from kresilient.producer import DeliveryHandle, ResilientProducer
-
-
-@pytest.fixture(name="closed_port", scope="module")
-def _closed_port() -> int:
-    """A loopback port with nothing listening (bound, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 @pytest.fixture(name="offline")

@@ -137,14 +137,6 @@ def test_closed_or_flushed_producer_is_not_reported_when_dropped(closed_port: in
     assert [e for e in logs if e["event"] == "producer_not_closed"] == []
 
 
-@pytest.fixture(name="closed_port")
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
 _BLOCKED = textwrap.dedent(
     """
     import sys

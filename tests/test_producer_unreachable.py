@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -30,21 +29,15 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
 @pytest.mark.parametrize(
     ("host", "reason"),
-    [(f"127.0.0.1:{_closed_port()}", "refused"), ("no-such-host.invalid:9092", "DNS")],
+    [("127.0.0.1:{closed_port}", "refused"), ("no-such-host.invalid:9092", "DNS")],
     ids=["closed-port", "unresolvable-name"],
 )
 def test_unreachable_cluster_gives_one_warning_naming_host_and_reason(
-    host: str, reason: str
+    host: str, reason: str, closed_port: int
 ) -> None:
+    host = host.format(closed_port=closed_port)
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, host],
         capture_output=True,
