@@ -310,6 +310,9 @@ class ResilientProducer:
         self._mark = (0, 0, 0)
         self._default_cb = self._user_cb["on_delivery"]
         self._lean = not self._tracing and self._default_cb is None
+        # produce() without headers or a callback takes a pooled lean handle unless a span
+        # token must ride on it (a sampled-out message's traceparent needs no handle state)
+        self._poolable = self._default_cb is None
         self._dead_letters: OversizedDeadLetters | None = None
         if dead_letter_topic is not None:
             self._dead_letters = OversizedDeadLetters(
@@ -422,16 +425,26 @@ class ResilientProducer:
         ``TypeError`` for a key, value or headers of the wrong type (nothing was queued).
         """
         n = next(self._ids)
-        if headers is None and on_delivery is None and self._lean:
-            pool = self._pool  # delivered handles nobody kept
-            if pool:
-                try:
-                    handle = pool.pop()
-                except IndexError:  # another thread took the last one
+        if headers is None and on_delivery is None and self._poolable:
+            token = None
+            if self._tracing:  # a span, or (sampled out) only the traceparent to send
+                sent, token = self._tel.producer_send(
+                    topic, key, len(value) if value is not None else 0, None, partition
+                )
+                if propagate:
+                    headers = sent
+            if token is None:  # nothing to keep beyond the report: a pooled lean handle
+                pool = self._pool  # delivered handles nobody kept
+                if pool:
+                    try:
+                        handle = pool.pop()
+                    except IndexError:  # another thread took the last one
+                        handle = _lean_handle(self._owner)
+                else:
                     handle = _lean_handle(self._owner)
+                handle._id = n
             else:
-                handle = _lean_handle(self._owner)
-            handle._id = n
+                handle = _FullHandle(self._owner, n, None, None, token)
         else:
             handle, sent = self._full_handle(n, topic, key, value, headers, partition, on_delivery)
             if propagate:
