@@ -25,6 +25,11 @@ def _pin_environment() -> None:
     for name in [n for n in os.environ if n.startswith(_HOST_ENV_PREFIXES)]:
         del os.environ[name]
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # Every server a test talks to is on loopback: a host's HTTP(S)_PROXY must not route the
+    # probe, registry, Spark-master and OTLP requests through a proxy.
+    for name in ("NO_PROXY", "no_proxy"):
+        kept = [h for h in os.environ.get(name, "").split(",") if h.strip()]
+        os.environ[name] = ",".join([*kept, "127.0.0.1", "localhost"])
 
 
 def pytest_configure(config: pytest.Config) -> None:
