@@ -189,9 +189,17 @@ def produce_raw(
 
 
 def produce_kresilient(
-    user: dict[str, Any], topic: str, value: bytes, n: int, **telemetry: Any
+    user: dict[str, Any],
+    topic: str,
+    value: bytes,
+    n: int,
+    *,
+    full_handles: bool = False,
+    **telemetry: Any,
 ) -> Timer:
     producer = ResilientProducer(user, **telemetry)
+    if full_handles:  # diagnostic: every message gets a _FullHandle (before 7bf5c09)
+        producer._poolable = False
     produce = producer.produce
     try:
         with Timer() as t:
@@ -664,6 +672,16 @@ def section_tracing(cluster: Any, args: argparse.Namespace, out: list[str]) -> N
                 lambda t, v, k: produce_raw(config, t, v, k, headers=header),
             ),
         }
+        # diagnostic: the sampled-out path as before 7bf5c09 (a _FullHandle per message)
+        arms["kresilient 1% full-handle"] = _producer_arm(
+            cluster,
+            targs,
+            "kresilient 1% full-handle",
+            100,
+            lambda t, v, k: produce_kresilient(
+                user, t, v, k, full_handles=True, **_kr_telemetry(providers["1%"])
+            ),
+        )
         for name, tp in providers.items():
             arms[f"kresilient {name}"] = _producer_arm(
                 cluster,
@@ -679,6 +697,10 @@ def section_tracing(cluster: Any, args: argparse.Namespace, out: list[str]) -> N
                 100,
                 lambda t, v, k, tp=tp: produce_raw(config, t, v, k, wrap=_instrument_producer(tp)),
             )
+        if args.trace_producer_arms is not None:
+            arms = {k: v for k, v in arms.items() if k in args.trace_producer_arms}
+        else:
+            del arms["kresilient 1% full-handle"]
         samples = run_interleaved(
             arms, rounds=args.rounds, seed=args.seed, on_sample=_show("tracing producer")
         )
@@ -691,23 +713,31 @@ def section_tracing(cluster: Any, args: argparse.Namespace, out: list[str]) -> N
                 "delivery report, instrumented at produce() return)",
             )
         )
-        for name in providers:
-            out.append(
-                markdown_table(
-                    samples,
-                    baseline=f"instrumented {name}",
-                    arms=[f"kresilient {name}", f"instrumented {name}"],
-                    title=f"Tracing producer {name}: kresilient vs official",
-                )
-            )
-        out.append(
-            markdown_table(
-                samples,
-                baseline="raw+header",
-                arms=["kresilient 1%", "raw+header"],
-                title="Tracing producer 1%: kresilient vs raw carrying the header",
+        pairs = [
+            (f"kresilient {name}", f"instrumented {name}", f"{name}: kresilient vs official")
+            for name in providers
+        ]
+        pairs.append(("kresilient 1%", "raw+header", "1%: kresilient vs raw carrying the header"))
+        pairs.append(
+            (
+                "kresilient 1% full-handle",
+                "raw+header",
+                "1%, a _FullHandle per message (before 7bf5c09), vs raw carrying the header",
             )
         )
+        pairs.append(
+            ("kresilient 1%", "kresilient 1% full-handle", "1%: pooled lean handle vs _FullHandle")
+        )
+        for arm, baseline, what in pairs:
+            if arm in arms and baseline in arms:
+                out.append(
+                    markdown_table(
+                        samples,
+                        baseline=baseline,
+                        arms=[arm, baseline],
+                        title=f"Tracing producer {what}",
+                    )
+                )
 
     if "consumer" in args.trace_sides:
         cn = args.trace_consume_messages
@@ -800,6 +830,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--trace-sides", type=lambda s: s.split(","), default=["producer", "consumer"]
+    )
+    parser.add_argument(
+        "--trace-producer-arms",
+        type=lambda s: s.split(","),
+        default=None,
+        help="tracing producer arms to run (default: all but the diagnostic 'kresilient 1%% "
+        "full-handle', the sampled-out path with a _FullHandle per message as before 7bf5c09)",
     )
     parser.add_argument(
         "--kr-consumer-modes",
