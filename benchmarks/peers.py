@@ -707,7 +707,7 @@ def section_tracing(cluster: Any, args: argparse.Namespace, out: list[str]) -> N
         out.append(
             markdown_table(
                 samples,
-                baseline="raw",
+                baseline="raw" if "raw" in arms else next(iter(arms)),
                 arms=list(arms),
                 title="Tracing, producer, 100 B (spans end: kresilient at the "
                 "delivery report, instrumented at produce() return)",
