@@ -17,12 +17,10 @@ _skipped: list[str] = []
 # OTEL_TRACES_SAMPLER, OTEL_SPAN_LINK_COUNT_LIMIT, an OTLP endpoint...) reconfigure every SDK
 # object the telemetry tests build and reach the CLI and example subprocesses; a
 # PYSPARK_PYTHON pointing at another interpreter would run Spark's Python workers without
-# kresilient. Tests that need an OTEL_* variable set it themselves (monkeypatch).
-_HOST_ENV_PREFIXES = ("OTEL_",)
-
-
+# kresilient (the Spark fixtures rely on this). Tests that need an OTEL_* variable set it
+# themselves (monkeypatch).
 def _pin_environment() -> None:
-    for name in [n for n in os.environ if n.startswith(_HOST_ENV_PREFIXES)]:
+    for name in [n for n in os.environ if n.startswith("OTEL_")]:
         del os.environ[name]
     os.environ["PYSPARK_PYTHON"] = sys.executable
     # Every server a test talks to is on loopback: a host's HTTP(S)_PROXY must not route the

@@ -46,11 +46,11 @@ def _symptoms(report: DoctorReport, section: str, subject: str | None = None) ->
 
 
 def _log_dir_usage(cluster: KafkaCluster) -> float:
-    """The fullest log dir's real usage, as the doctor computes it (1 - usable/total)."""
+    """The fullest log dir's real usage (``LogDir.used``: 1 - usable/total)."""
     host, port = cluster.bootstrap_servers.split(",")[0].rsplit(":", 1)
-    dirs = describe_log_dirs(host, int(port), 10)
-    assert dirs and all(total > usable >= 0 for _, total, usable in dirs)
-    return max(1 - usable / total for _, total, usable in dirs)
+    used = [d.used for d in describe_log_dirs(host, int(port), 10)]
+    assert used and all(u is not None and 0 <= u < 1 for u in used), used
+    return max(u for u in used if u is not None)
 
 
 def _doctor_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

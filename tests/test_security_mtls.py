@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
-import sys
 import threading
 import time
 import uuid
@@ -455,7 +453,6 @@ def test_mtls_cli_refused_certificate_exits_2_naming_the_setting(
 def _spark() -> Iterator[Any]:
     # the session of tests/test_security_spark.py (local mode, the connector's jars)
     pytest.importorskip("pyspark")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from kresilient.spark import register

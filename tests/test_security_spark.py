@@ -8,8 +8,6 @@ the same job before the grant writes nothing and fails.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -41,7 +39,6 @@ def cluster() -> Iterator[KafkaCluster]:
 @pytest.fixture(scope="module", name="spark")
 def _spark() -> Iterator[Any]:
     # the session of tests/test_spark_integration.py (local mode, the connector's jars)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from kresilient.spark import register

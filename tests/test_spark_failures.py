@@ -7,8 +7,6 @@ big-endian keys) so the topic and the dead-letter topic can be checked id by id.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -28,7 +26,6 @@ TopicFactory = Any
 
 @pytest.fixture(scope="module", name="spark")
 def _spark() -> Iterator[Any]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from kresilient.spark import register

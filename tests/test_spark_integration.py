@@ -7,8 +7,6 @@ big-endian keys, so a million of them become one numpy array.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +29,6 @@ TopicFactory = Any
 
 @pytest.fixture(scope="module", name="spark")
 def _spark() -> Iterator[Any]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from kresilient.spark import register

@@ -7,8 +7,6 @@ of the UI and the event log show the logical plan with ``spark.sql.ui.explainMod
 
 from __future__ import annotations
 
-import os
-import sys
 import traceback
 from collections.abc import Iterator
 from typing import Any
@@ -105,7 +103,6 @@ def test_task_failure_names_the_client_error_without_the_secret() -> None:
 
 @pytest.fixture(scope="module", name="spark")
 def _spark() -> Iterator[Any]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     from kresilient.spark.connector import connector_jars
