@@ -39,6 +39,7 @@ from opentelemetry.semconv._incubating.attributes import messaging_attributes as
 from opentelemetry.semconv._incubating.metrics import messaging_metrics as MM
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from structlog.testing import capture_logs
 
 from kresilient.telemetry import Telemetry, extract_context, sampling
 
@@ -549,6 +550,69 @@ def test_process_span_under_a_not_sampled_parent_is_the_sdks_non_recording_child
     assert f.trace_id == 0xABC and f.span_id not in (0, 0x1122334455667788)
     assert f.trace_state.get("vendor") == "abc"
     assert counting.started == 0 and exporter.get_finished_spans() == ()
+
+
+def _consumed_counts(reader: InMemoryMetricReader) -> list[Any]:
+    data = reader.get_metrics_data()
+    return [
+        (dp.value, dict(dp.attributes or {}).get(MA.MESSAGING_DESTINATION_NAME))
+        for rm in (data.resource_metrics if data is not None else ())
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == MM.MESSAGING_CLIENT_CONSUMED_MESSAGES
+        for dp in m.data.data_points
+    ]
+
+
+def test_sampled_out_process_span_without_metrics_is_the_full_scopes_behaviour(
+    attached: list[Any],
+) -> None:
+    """With no meter provider, a sampled-out message takes the light scope (no topic, timer or
+    metric work): the handler still sees the non-recording child, ``set_error`` and a dead
+    letter inside it mark this message's scope (not an outer one), an exception escapes
+    unchanged, and every context is restored after it, nested or not."""
+    outer = otel_context.get_current()
+    tp, exporter = provider(ParentBased(TraceIdRatioBased(0.01)))
+    tel = telemetry(tp)
+    full = telemetry(tp, meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    light, heavy = tel.process_span(_consumed("00")), full.process_span(_consumed("00"))
+    # the negative control: with metrics the full scope runs (it counts the message)
+    assert type(light).__name__ == "_DroppedScope" and type(heavy).__name__ == "_ProcessScope"
+    with pytest.raises(KeyError, match="boom"), light as span:
+        assert span is not None and not span.is_recording()
+        seen = trace.get_current_span().get_span_context()
+        assert seen == span.get_span_context() and seen.trace_id == 0xABC
+        with tel.process_span(_consumed("00", trace_id=0xDEF)) as inner:
+            assert inner is not None and inner is not span
+            assert trace.get_current_span() is inner
+            tel.set_error(ValueError("inner only"))
+        assert trace.get_current_span() is span  # the outer scope is current again
+        with capture_logs() as logs, tel.dead_letter_span("orders.dlq", reason=RuntimeError("x")):
+            pass
+        raise KeyError("boom")
+    # set_error marked the inner scope only; the dead letter marked this one (first failure)
+    assert light.error_type == "RuntimeError"  # type: ignore[attr-defined]
+    assert otel_context.get_current() == outer
+    assert trace.get_current_span() is trace.INVALID_SPAN
+    # the dead letter read its source topic and reason from this message's scope
+    (event,) = [e for e in logs if e["event"] == "kafka_message_dead_lettered"]
+    assert (event["topic"], event["reason"]) == ("orders", "RuntimeError")
+    assert exporter.get_finished_spans() == ()  # children of a sampled-out parent: dropped
+
+
+def test_sampled_out_process_span_still_counts_when_metrics_are_on() -> None:
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    try:
+        tp, exporter = provider(ParentBased(TraceIdRatioBased(0.01)))
+        tel = telemetry(tp, meter_provider=mp)
+        for flags in ("00", "02", "00"):
+            with tel.process_span(_consumed(flags)) as span:
+                assert span is not None and not span.is_recording()
+        assert _consumed_counts(reader) == [(3, "orders")]
+        assert exporter.get_finished_spans() == ()
+    finally:
+        mp.shutdown()
 
 
 def test_process_span_under_a_sampled_parent_is_still_recorded() -> None:

@@ -32,8 +32,10 @@ class _Scope(Protocol):
     """What :meth:`Telemetry.set_error` and friends need of the current process scope."""
 
     span: Span | None
-    topic: str
     error_type: str | None
+
+    @property
+    def topic(self) -> str: ...
 
     def fail(self, exc: BaseException, classification: Any = None) -> None: ...
 

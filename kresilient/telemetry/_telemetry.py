@@ -86,7 +86,12 @@ from kresilient.telemetry._util import (
     _state_name,
     _str_or_none,
 )
-from kresilient.telemetry.sampling import DirectW3C, FastSampler, fast_sampler_for
+from kresilient.telemetry.sampling import (
+    DirectW3C,
+    FastSampler,
+    fast_sampler_for,
+    runtime_context_var,
+)
 
 __all__ = [
     "NO_PROPAGATION",
@@ -99,6 +104,10 @@ __all__ = [
     "production_config",
     "trace_fields",
 ]
+
+# where attach/detach end (the default runtime context), set and reset directly by the
+# process scope of a sampled-out message; None: attach/detach themselves
+_CONTEXT_VAR = runtime_context_var()
 
 
 class _MetricSet:
@@ -542,7 +551,19 @@ class Telemetry:
         tracer, instr = self._active()
         if tracer is None and instr is None:
             return _NULL_SCOPE
-        return _ProcessScope(self, tracer, msg, group or self.consumer_group)
+        got = None
+        fast = self._fast
+        if fast is not None and self.link_mode == "parent":
+            # sampled out upstream, read from the canonical traceparent alone: the SDK's
+            # non-recording child without the propagator (sampling.py)
+            try:
+                headers = msg.headers()
+                got = fast.drop_from_headers(headers, self._propagator) if headers else None
+            except Exception:  # not a message this path reads: _ProcessScope says why
+                got = None
+            if got is not None and instr is None:  # the commonest traced message at 1 %
+                return _DroppedScope(self, msg, got[0], got[1])
+        return _ProcessScope(self, tracer, msg, group or self.consumer_group, got)
 
     def batch_process_span(
         self, msgs: Sequence[MessageLike], *, group: str | None = None
@@ -950,6 +971,7 @@ class _ProcessScope:
     __slots__ = (
         "_base",
         "_ctx_token",
+        "_dropped",
         "_group",
         "_msg",
         "_scope_token",
@@ -964,12 +986,18 @@ class _ProcessScope:
     )
 
     def __init__(
-        self, tel: Telemetry, tracer: trace.Tracer | None, msg: MessageLike, group: str | None
+        self,
+        tel: Telemetry,
+        tracer: trace.Tracer | None,
+        msg: MessageLike,
+        group: str | None,
+        dropped: tuple[Span, Context] | None = None,
     ) -> None:
         self._tel = tel
         self._tracer = tracer
         self._msg = msg
         self._group = group
+        self._dropped = dropped  # the sampled-out child and its context (drop_from_headers)
         self.span: Span | None = None
         self.error_type: str | None = None
         self.category: str | None = None
@@ -998,17 +1026,13 @@ class _ProcessScope:
         try:
             parent: Context | None = None
             links: list[Link] | None = None
+            dropped = self._dropped
+            if dropped is not None:  # read by process_span
+                self.span = dropped[0]
+                self._ctx_token = otel_context.attach(dropped[1])
+                return dropped[0]
             headers = _call(msg.headers)
             if headers:
-                fast = tel._fast
-                if fast is not None and tel.link_mode == "parent":
-                    # sampled out upstream, read from the canonical traceparent alone: the
-                    # SDK's non-recording child without the propagator (sampling.py)
-                    got = fast.drop_from_headers(headers, tel._propagator)
-                    if got is not None:
-                        self.span = got[0]
-                        self._ctx_token = otel_context.attach(got[1])
-                        return got[0]
                 direct = tel._w3c.read_context(headers, tel._propagator)
                 if direct is not None:  # canonical traceparent: no propagator (sampling.py)
                     remote, extracted = direct
@@ -1021,13 +1045,13 @@ class _ProcessScope:
                         if fast is not None:
                             # sampled out upstream: the SDK's non-recording child, built here
                             # (no sampler call, attributes or span processors; sampling.py)
-                            dropped = fast.drop_child(remote)
-                            if dropped is not None:
-                                self.span = dropped
+                            child = fast.drop_child(remote)
+                            if child is not None:
+                                self.span = child
                                 self._ctx_token = otel_context.attach(
-                                    trace.set_span_in_context(dropped, extracted)
+                                    trace.set_span_in_context(child, extracted)
                                 )
-                                return dropped
+                                return child
                         parent = extracted
                     else:
                         links = [Link(remote)]
@@ -1103,6 +1127,69 @@ class _ProcessScope:
         if self.error_type is not None:
             metric = tel._metric_set(self._base.metric, self.partition, self.error_type)
         instr.process_duration.record(elapsed, metric.attrs)
+
+
+class _DroppedScope:
+    """:meth:`Telemetry.process_span` for a message its upstream sampled out, with no metrics.
+
+    All the full scope would do for it: make the SDK's non-recording child current (built by
+    ``FastSampler.drop_from_headers``) and be the current process scope (for
+    :meth:`Telemetry.set_error` and friends). No topic, partition or timer is read. A meter
+    provider installed while the block runs counts from the next message on.
+    """
+
+    __slots__ = (
+        "_ctx",
+        "_ctx_token",
+        "_msg",
+        "_scope_token",
+        "_tel",
+        "category",
+        "error_type",
+        "span",
+    )
+
+    def __init__(self, tel: Telemetry, msg: MessageLike, span: Span, ctx: Context) -> None:
+        self._tel = tel
+        self._msg = msg
+        self.span: Span | None = span
+        self._ctx = ctx
+        self.error_type: str | None = None
+        self.category: str | None = None
+
+    @property
+    def topic(self) -> str:
+        try:
+            return _call(self._msg.topic) or ""
+        except Exception:
+            return ""
+
+    def __enter__(self) -> Span | None:
+        self._scope_token = _CURRENT.set(self)
+        var = _CONTEXT_VAR
+        self._ctx_token = var.set(self._ctx) if var is not None else otel_context.attach(self._ctx)
+        return self.span
+
+    def fail(self, exc: BaseException, classification: Any = None) -> None:
+        try:
+            self.error_type = _error_name(exc)
+            self.category = _category(classification, exc)
+        except Exception as err:
+            self._tel._guard("set_error", err)
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        try:
+            if _CONTEXT_VAR is not None:
+                _CONTEXT_VAR.reset(self._ctx_token)
+            else:
+                otel_context.detach(self._ctx_token)
+        except Exception as err:  # exited in another context (as otel_context.detach logs)
+            self._tel._guard("process_span", err)
+        try:
+            _CURRENT.reset(self._scope_token)
+        except (ValueError, RuntimeError) as err:  # exited in another context: clear ours
+            self._tel._guard("process_span", err)
+            _CURRENT.set(None)
 
 
 class _BatchScope(_ProcessScope):
