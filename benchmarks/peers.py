@@ -43,7 +43,9 @@ metrics; kresilient gets the API's no-op meter), the global W3C propagator on bo
 - consumer: a topic whose records carry a ``traceparent`` (1% of them sampled, as a 1%-sampling
   upstream writes them), ``raw`` (no tracing), ``kresilient`` with the SDK (a handler: one
   span per message), ``kresilient-batch`` (a ``batch_handler``: one span per partition's run of
-  a consumed batch, linked to each record's producer context), ``instrumented``: raw
+  a consumed batch, linked to each record's producer context), ``kresilient-call`` (a handler
+  with ``trace_spans="call"``: one span per ``consume()`` result, linked to each record's
+  producer context, the official instrumentation's density), ``instrumented``: raw
   ``Consumer`` wrapped by ``instrument_consumer``, the raw loop.
 
 What each traced arm records differs, see docs/performance.md: kresilient's producer span ends
@@ -759,14 +761,15 @@ def section_tracing(cluster: Any, args: argparse.Namespace, out: list[str]) -> N
                     cn,
                     lambda k, tp=tp: consume_kresilient(bootstrap, topic, k, **_kr_telemetry(tp)),
                 )
-                if "batch" in args.kr_consumer_modes:
-                    carms[f"kresilient-batch {name}"] = _consumer_arm(
-                        f"kresilient-batch {name}",
-                        cn,
-                        lambda k, tp=tp: consume_kresilient(
-                            bootstrap, topic, k, batch=True, **_kr_telemetry(tp)
-                        ),
-                    )
+                for mode, (arm, options, _title) in _KR_CONSUMER_MODES.items():
+                    if mode in args.kr_consumer_modes:
+                        carms[f"{arm} {name}"] = _consumer_arm(
+                            f"{arm} {name}",
+                            cn,
+                            lambda k, tp=tp, options=options: consume_kresilient(
+                                bootstrap, topic, k, **options, **_kr_telemetry(tp)
+                            ),
+                        )
                 carms[f"instrumented {name}"] = _consumer_arm(
                     f"instrumented {name}",
                     cn,
@@ -790,28 +793,39 @@ def section_tracing(cluster: Any, args: argparse.Namespace, out: list[str]) -> N
                 "around the handler, instrumented one per consume() call",
             )
         )
+        paired = [("kresilient", "")] + [
+            (arm, f" {title}")
+            for mode, (arm, _options, title) in _KR_CONSUMER_MODES.items()
+            if mode in args.kr_consumer_modes
+        ]
         for name in providers:
-            out.append(
-                markdown_table(
-                    csamples,
-                    baseline=f"instrumented {name}",
-                    arms=[f"kresilient {name}", f"instrumented {name}"],
-                    title=f"Tracing consumer {name}: kresilient vs official",
-                )
-            )
-            if "batch" in args.kr_consumer_modes:
+            for arm, title in paired:
                 out.append(
                     markdown_table(
                         csamples,
                         baseline=f"instrumented {name}",
-                        arms=[f"kresilient-batch {name}", f"instrumented {name}"],
-                        title=f"Tracing consumer {name}: kresilient batch_handler "
-                        "(one span per partition run, linked) vs official",
+                        arms=[f"{arm} {name}", f"instrumented {name}"],
+                        title=f"Tracing consumer {name}: kresilient{title} vs official",
                     )
                 )
     for tp in providers.values():
         tp.shutdown()
 
+
+# traced kresilient consumer arms beside the default (a handler, a span per message):
+# mode -> (arm name, consume_kresilient options, what its spans are)
+_KR_CONSUMER_MODES: dict[str, tuple[str, dict[str, Any], str]] = {
+    "batch": (
+        "kresilient-batch",
+        {"batch": True},
+        "batch_handler (one span per partition run, linked)",
+    ),
+    "call": (
+        "kresilient-call",
+        {"trace_spans": "call"},
+        'handler, trace_spans="call" (one span per consume() result, linked)',
+    ),
+}
 
 SECTIONS = {"producer": section_producer, "consumer": section_consumer, "tracing": section_tracing}
 
@@ -841,9 +855,10 @@ def main() -> None:
     parser.add_argument(
         "--kr-consumer-modes",
         type=lambda s: s.split(","),
-        default=["message", "batch"],
+        default=["message", "batch", "call"],
         help="traced kresilient consumer arms: 'message' (a handler, a span per message; "
-        "always run) and 'batch' (a batch_handler, a span per partition run with links)",
+        "always run), 'batch' (a batch_handler, a span per partition run with links) and "
+        "'call' (a handler with trace_spans='call', a span per consume() result with links)",
     )
     parser.add_argument(
         "--producer-arms", type=lambda s: s.split(","), default=["raw", "kresilient", "quix"]

@@ -27,7 +27,7 @@ from test_telemetry import Otel, remote
 from kresilient import deadletter
 from kresilient.consumer import ResilientConsumer, RetryPolicy
 from kresilient.deadletter import DeadLetterPolicy
-from kresilient.errors import BatchItemError, DeliveryError, ProduceError
+from kresilient.errors import BatchItemError, ConfigError, DeliveryError, ProduceError
 from kresilient.producer import ResilientProducer
 from kresilient.testing import KafkaCluster
 
@@ -442,3 +442,107 @@ def test_batch_handler_dead_letter_span_is_a_child_of_the_calls_span(
     assert _attrs(call)[ERROR_TYPE] == "ValueError"  # the failed item's exception
     (dlq_send,) = [s for s in spans if s.name == f"send {dlq}"]
     assert dlq_send.parent is not None and dlq_send.parent.span_id == dead.context.span_id
+
+
+def test_trace_spans_call_gives_one_span_per_consume_result_linked_to_its_producers(
+    kafka_cluster: KafkaCluster, topic: str, otel: Otel
+) -> None:
+    """``trace_spans="call"``: a per-message handler runs inside one ``process`` span per
+    ``consume()`` result, linked to each record's send span, not one span per record; a
+    failed record is an exception event on that span and its dead letter is the span's child."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    dlq = kafka_cluster.create_topic(f"{topic}.dlq", 1, 3, {"min.insync.replicas": 2})
+    providers = _providers(otel)
+    total = 30
+    producer = ResilientProducer({"bootstrap.servers": bootstrap}, **providers)
+    for i in range(total - 5):  # the last 5 once these are handled: a later consume()
+        producer.produce(topic, b"v%d" % i, key=b"k")
+    producer.flush(60)
+
+    calls: list[tuple[int, Any]] = []  # (offset, the span current in the handler)
+    done: set[int] = set()
+
+    def handle(msg: Any) -> None:
+        calls.append((msg.offset(), otel_trace.get_current_span()))
+        if msg.offset() == 7:
+            raise ValueError("poison record 7")
+        done.add(msg.offset())
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"g-{topic}"},
+        [topic],
+        handle,
+        retry=RetryPolicy(stop=tenacity.stop_after_attempt(1)),
+        dead_letter=DeadLetterPolicy(),
+        install_signal_handlers=False,
+        poll_timeout=0.2,
+        trace_spans="call",
+        **providers,
+    )
+    worker = threading.Thread(target=consumer.run, daemon=True)
+    worker.start()
+    try:
+        _wait_for(
+            lambda: len(done) == total - 6 and any(s.name == f"send {dlq}" for s in otel.spans()),
+            90,
+            "the first records handled and the DLQ write",
+        )
+        for i in range(total - 5, total):
+            producer.produce(topic, b"v%d" % i, key=b"k")
+        producer.flush(60)
+        _wait_for(lambda: len(done) == total - 1, 90, "every record handled")
+    finally:
+        consumer.stop()
+        worker.join(60)
+        producer.close()
+    assert not worker.is_alive()
+
+    spans = otel.spans()
+    sends = {
+        (s.context.trace_id, s.context.span_id): _attrs(s)[MA.MESSAGING_KAFKA_OFFSET]
+        for s in spans
+        if s.name == f"send {topic}"
+    }
+    procs = {s.context.span_id: s for s in spans if s.name == f"process {topic}"}
+    by_span: dict[int, list[int]] = {}
+    for offset, current in calls:
+        by_span.setdefault(current.get_span_context().span_id, []).append(offset)
+    assert set(by_span) == set(procs)  # every handler call ran inside one of them, no other
+    assert len(procs) < len(calls)  # the negative control: not one span per record
+    for span_id, offsets in by_span.items():
+        span = procs[span_id]
+        assert span.kind is SpanKind.CONSUMER and span.parent is None
+        linked = [sends[(lk.context.trace_id, lk.context.span_id)] for lk in span.links]
+        # the span covers the records consume() returned: every record handled in it is linked
+        assert set(offsets) <= set(linked)
+        assert _attrs(span)[MA.MESSAGING_BATCH_MESSAGE_COUNT] == len(linked)
+    (failed_in,) = [sid for sid, offsets in by_span.items() if 7 in offsets]
+    failed = procs[failed_in]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert _attrs(failed)[ERROR_TYPE] == "ValueError"
+    assert [e.attributes["exception.message"] for e in failed.events if e.name == "exception"] == [
+        "poison record 7"
+    ]
+    ok = [s for sid, s in procs.items() if sid != failed_in]
+    assert ok and all(s.status.status_code is not StatusCode.ERROR for s in ok)
+    (dead,) = [s for s in spans if s.name == f"dead_letter {dlq}"]
+    assert dead.parent is not None and dead.parent.span_id == failed_in
+    assert _attrs(dead)["kresilient.dead_letter.source.offset"] == 7
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"handler": print, "trace_spans": "batch"}, "trace_spans must be 'message' or 'call'"),
+        ({"batch_handler": print, "trace_spans": "call"}, "is for a per-message handler"),
+    ],
+)
+def test_trace_spans_refuses_what_it_cannot_do(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as err:
+        ResilientConsumer(
+            {"bootstrap.servers": "127.0.0.1:9", "group.id": "g"},
+            ["t"],
+            install_signal_handlers=False,
+            **kwargs,
+        )
+    assert err.value.key == "trace_spans"

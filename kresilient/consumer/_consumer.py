@@ -296,6 +296,13 @@ class ResilientConsumer:
             window is bounded (``Deduplicator(window=...)``, least recent forgotten first) and
             in memory: a copy arriving after a restart or at another group member is handled
             again. Per-message and batch handlers (docs/durability.md).
+        trace_spans: how a per-message handler is traced. ``"message"`` (default): one
+            ``process {topic}`` span around each handler call, a child of the record's
+            producer span. ``"call"``: one span around the handling of each ``consume()``
+            result (up to ``max_batch_size`` records), linked to the records' producer spans
+            (up to the SDK's link limit), as the official confluent-kafka instrumentation
+            traces; handler failures are exception events on it, and dead letters are its
+            children. Cheaper per record at high sampling ratios (docs/telemetry.md).
     """
 
     def __init__(
@@ -335,9 +342,21 @@ class ResilientConsumer:
         health_host: str = "127.0.0.1",
         stall_after_s: float = 60.0,
         dedupe: Deduplicator | None = None,
+        trace_spans: Literal["message", "call"] = "message",
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ConfigError("pass exactly one of handler= and batch_handler=")
+        if trace_spans not in ("message", "call"):
+            raise ConfigError(
+                f"trace_spans must be 'message' or 'call', got {trace_spans!r}", key="trace_spans"
+            )
+        if trace_spans == "call" and batch_handler is not None:
+            raise ConfigError(
+                "trace_spans='call' is for a per-message handler: a batch_handler's calls are "
+                "traced one span each already",
+                key="trace_spans",
+            )
+        self._span_per_call = trace_spans == "call"
         if dedupe is not None and not isinstance(dedupe, Deduplicator):
             raise ConfigError(
                 f"dedupe must be a kresilient.dedupe.Deduplicator, got {type(dedupe).__name__} "
@@ -776,7 +795,38 @@ class ResilientConsumer:
         # while a batch holds records of a partition probed after an unclean end (or of a
         # never-committed one, not seeded yet), handler calls go through the guard
         self._inner = self._guarded if crash is not None and crash.in_batch() else self._call
-        plain = self._traced_call if state.traced else self._inner
+        if state.traced and self._span_per_call:
+            self._process_in_span(msgs)
+            return
+        self._handle_each(msgs, self._traced_call if state.traced else self._inner)
+
+    def _process_in_span(self, msgs: list[Message]) -> None:
+        """``trace_spans="call"``: the whole batch inside one process span, linked to the
+        records' producers. What the failure handling raises (breaker open, no DLQ ...) leaves
+        after the span ended, as in the per-message path; the handler's own exceptions are on
+        the span (``_marked_call``)."""
+        records = [m for m in msgs if m.error() is None]
+        stop: BaseException | None = None
+        with self._tel.batch_process_span(records, group=self.group_id):
+            try:
+                self._handle_each(msgs, self._marked_call)
+            except BaseException as raised:
+                stop = raised
+        if stop is not None:
+            raise stop
+
+    def _marked_call(self, msg: Message) -> None:
+        """The handler call of ``trace_spans="call"``: a failure is marked on the call's span
+        (an exception event, ``error.type``) before the failure handling sees it."""
+        try:
+            self._inner(msg)
+        except BaseException as exc:
+            self._tel.set_error(exc, classify(exc) if isinstance(exc, Exception) else None)
+            raise
+
+    def _handle_each(self, msgs: list[Message], plain: Callable[[Any], object]) -> None:
+        """Handle *msgs* one by one with *plain* (behind the routes, if any)."""
+        state = self._state
         # Ordered key retries, retry topics and dedupe wrap the call (once per batch): the
         # default consumer's loop tests nothing per message that the old layout did not.
         if self._failures.keys is not None or self._retry_map or self._dedupe is not None:
