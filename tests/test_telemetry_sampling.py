@@ -8,6 +8,7 @@ compare it with the SDK's own behaviour (the generic path, or the SDK directly),
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import Iterator
@@ -598,6 +599,31 @@ def test_sampled_out_process_span_without_metrics_is_the_full_scopes_behaviour(
     (event,) = [e for e in logs if e["event"] == "kafka_message_dead_lettered"]
     assert (event["topic"], event["reason"]) == ("orders", "RuntimeError")
     assert exporter.get_finished_spans() == ()  # children of a sampled-out parent: dropped
+
+
+def test_sampled_out_light_scopes_in_concurrent_tasks_keep_their_own_context() -> None:
+    """The asyncio consumer holds a scope across ``await``: two tasks interleaving inside
+    light scopes each see their own parent's child, and leave the context as they found it."""
+    tp, _ = provider(ParentBased(TraceIdRatioBased(0.01)))
+    tel = telemetry(tp)
+    assert type(tel.process_span(_consumed("00"))).__name__ == "_DroppedScope"
+    seen: dict[int, list[int]] = {}
+
+    async def handle(trace_id: int, gate: asyncio.Event, other: asyncio.Event) -> None:
+        with tel.process_span(_consumed("00", trace_id=trace_id)):
+            seen[trace_id] = [trace.get_current_span().get_span_context().trace_id]
+            gate.set()
+            await other.wait()  # the other task enters and runs its scope meanwhile
+            await asyncio.sleep(0)
+            seen[trace_id].append(trace.get_current_span().get_span_context().trace_id)
+        seen[trace_id].append(trace.get_current_span().get_span_context().trace_id)
+
+    async def main() -> None:
+        a, b = asyncio.Event(), asyncio.Event()
+        await asyncio.gather(handle(0xA1, a, b), handle(0xB2, b, a))
+
+    asyncio.run(main())
+    assert seen == {0xA1: [0xA1, 0xA1, 0], 0xB2: [0xB2, 0xB2, 0]}
 
 
 def test_sampled_out_process_span_still_counts_when_metrics_are_on() -> None:
