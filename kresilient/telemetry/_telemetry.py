@@ -960,6 +960,15 @@ class Telemetry:
         )
 
 
+def _leave_scope(tel: Telemetry, token: Any) -> None:
+    """Restore the current process scope a scope's ``__enter__`` replaced (*token*)."""
+    try:
+        _CURRENT.reset(token)
+    except (ValueError, RuntimeError) as err:  # exited in another context: clear ours
+        tel._guard("process_span", err)
+        _CURRENT.set(None)
+
+
 class _ProcessScope:
     """The enabled path of :meth:`Telemetry.process_span` (a class: cheaper than a generator).
 
@@ -1109,11 +1118,7 @@ class _ProcessScope:
                 self.span.end()  # runs the span processors' on_end
             except Exception as err:
                 tel._guard("process_span", err)
-        try:
-            _CURRENT.reset(self._scope_token)
-        except (ValueError, RuntimeError) as err:  # exited in another context: clear ours
-            tel._guard("process_span", err)
-            _CURRENT.set(None)
+        _leave_scope(tel, self._scope_token)
         instr = tel._instr
         if instr is not None:
             try:
@@ -1185,11 +1190,7 @@ class _DroppedScope:
                 otel_context.detach(self._ctx_token)
         except Exception as err:  # exited in another context (as otel_context.detach logs)
             self._tel._guard("process_span", err)
-        try:
-            _CURRENT.reset(self._scope_token)
-        except (ValueError, RuntimeError) as err:  # exited in another context: clear ours
-            self._tel._guard("process_span", err)
-            _CURRENT.set(None)
+        _leave_scope(self._tel, self._scope_token)
 
 
 class _BatchScope(_ProcessScope):
