@@ -546,3 +546,48 @@ def test_trace_spans_refuses_what_it_cannot_do(kwargs: dict[str, Any], message: 
             **kwargs,
         )
     assert err.value.key == "trace_spans"
+
+
+def test_trace_spans_call_stop_leaves_after_the_span_with_the_handlers_error_once(
+    kafka_cluster: KafkaCluster, topic: str, otel: Otel
+) -> None:
+    """No dead-letter topic and retries exhausted: ``run()`` re-raises the handler's error
+    after the call's span ended. The span carries that error once (one exception event), and
+    the offset stops before the failed record."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    providers = _providers(otel)
+    with ResilientProducer({"bootstrap.servers": bootstrap}, **providers) as producer:
+        for i in range(10):
+            producer.produce(topic, b"v%d" % i, key=b"k")
+        producer.flush(60)
+    group = f"g-{topic}"
+
+    def handle(msg: Any) -> None:
+        if msg.offset() == 4:
+            raise RuntimeError("always")
+
+    consumer = ResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": group},
+        [topic],
+        handle,
+        retry=RetryPolicy(stop=tenacity.stop_after_attempt(1)),
+        dead_letter=None,
+        install_signal_handlers=False,
+        poll_timeout=0.2,
+        trace_spans="call",
+        **providers,
+    )
+    with pytest.raises(RuntimeError, match="always"):
+        consumer.run()
+    procs = [s for s in otel.spans() if s.name == f"process {topic}"]
+    (failed,) = [s for s in procs if s.status.status_code is StatusCode.ERROR]
+    assert _attrs(failed)[ERROR_TYPE] == "RuntimeError"
+    assert [e.attributes["exception.message"] for e in failed.events if e.name == "exception"] == [
+        "always"
+    ]
+    reader = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        (tp,) = reader.committed([ck.TopicPartition(topic, 0)], timeout=30)
+    finally:
+        reader.close()
+    assert tp.offset == 4  # everything before the failed record, nothing after it
