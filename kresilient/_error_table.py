@@ -260,8 +260,8 @@ ROWS: tuple[Row, ...] = (
     Row(30, "GROUP_AUTHORIZATION_FAILED", "AUTH", "GroupAuthorizationException",
         "Not authorized for the consumer group: grant the group ACL"),
     Row(31, "CLUSTER_AUTHORIZATION_FAILED", "AUTH", "ClusterAuthorizationException",
-        "Not authorized for a cluster operation (e.g. IdempotentWrite on old brokers): grant "
-        "the ACL"),
+        "Not authorized for a cluster operation: an idempotent producer needs WRITE on a topic "
+        "(older brokers: IdempotentWrite on the cluster); grant the ACL"),
     Row(32, "INVALID_TIMESTAMP", "POISON", "InvalidTimestampException",
         "Record timestamp outside message.timestamp.before/after.max.ms: fix the timestamp "
         "or dead-letter it"),

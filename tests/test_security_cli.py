@@ -8,6 +8,7 @@ a negative control: the same command without the ACL is refused.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,6 +60,18 @@ def _java_properties(path: Path, config: dict[str, str]) -> Path:
 def _topics(cluster: KafkaCluster) -> set[str]:
     admin = AdminClient(cluster.client_config())
     return set(admin.list_topics(timeout=30).topics)
+
+
+def _listed_soon(cluster: KafkaCluster, names: set[str], timeout: float = 60) -> bool:
+    """Whether every one of ``names`` appears in the metadata within ``timeout``: a created
+    topic reaches each broker's metadata when that broker applies the controller's record,
+    so the broker answering may lag behind (seen in CI under load)."""
+    deadline = time.monotonic() + timeout
+    while not names <= _topics(cluster):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)  # polling the metadata for a condition with a deadline
+    return True
 
 
 # --------------------------------------------------------------------------- no cluster needed
@@ -141,7 +154,7 @@ def test_topic_create_over_sasl_ssl_with_command_config_and_create_acl(
     out = capfd.readouterr()
     assert f"created {name}: 2 partition(s), replication factor 3" in out.out
     assert f"created {name}.dlq: 2 partition(s), replication factor 3" in out.out
-    assert {name, name + ".dlq"} <= _topics(cluster)
+    assert _listed_soon(cluster, {name, name + ".dlq"}), _topics(cluster)
     # -X wins over the file: the same command with --if-not-exists leaves both as they are
     assert cli([*argv, "--if-not-exists", "-X", f"debug={_DEBUG}"]) == 0
     again = capfd.readouterr()

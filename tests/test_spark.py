@@ -219,6 +219,75 @@ def test_failed_task_discards_its_cached_producer_mock_cluster() -> None:
         sw.discard_producers()
 
 
+class _RefusedProducerId:
+    """A producer whose idempotent producer id was refused: confluent-kafka raises the fatal
+    error from ``poll()``/``flush()`` itself (error_cb never sees it; checked against a
+    SASL_SSL cluster, tests/test_security_spark.py races into it by chance)."""
+
+    def __init__(self, secret: str) -> None:
+        from confluent_kafka import KafkaError
+
+        self.error = KafkaError(
+            KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+            f"Failed to acquire idempotence PID (login {secret}): Broker: Cluster "
+            "authorization failed",
+            fatal=True,
+        )
+        self.queued = 0
+
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        if self.queued >= 100_000:
+            raise BufferError("Local: Queue full")  # the writer then waits for room: poll()
+        self.queued += 1
+
+    def _raise(self, *args: Any, **kwargs: Any) -> int:
+        from confluent_kafka import KafkaException
+
+        raise KafkaException(self.error)
+
+    poll = flush = _raise
+
+    def purge(self, *args: Any, **kwargs: Any) -> None:
+        self.queued = 0
+
+    def __len__(self) -> int:
+        return self.queued
+
+
+@pytest.mark.parametrize("rows", [10, 200_000], ids=["raised_by_flush", "raised_by_poll"])
+def test_task_whose_producer_goes_fatal_fails_naming_the_cause_redacted(rows: int) -> None:
+    """poll() and flush() raise a fatal error as a bare KafkaException: the task fails with a
+    FatalProducerError naming CLUSTER_AUTHORIZATION_FAILED and its remedy, the secret in the
+    text redacted, the producer discarded. At 200,000 rows the fake's queue is full at 100,000,
+    so the writer waits for room (poll) before it would flush."""
+    pytest.importorskip("pyspark")
+    pa = pytest.importorskip("pyarrow")
+    from kresilient.errors import ErrorCategory, FatalProducerError
+    from kresilient.spark import _write as sw
+
+    secret = "Sup3r-secret-pw-0420"
+    options = parse_options({**BS, "topic": "t", "kafka.sasl.password": secret})
+    layout = column_layout([("value", "binary")], topic_option="t")
+    cfg = sw.sink_producer_config(options)
+    fake = _RefusedProducerId(secret)
+    sw._PRODUCERS[sw._cache_key(cfg)] = sw._Entry(cfg, fake, sw._Collector())  # type: ignore[arg-type]
+    batch = pa.record_batch([pa.array([b"v"] * rows, pa.binary())], names=["value"])
+    try:
+        with pytest.raises(FatalProducerError) as info:
+            sw.write_task(
+                options, layout, iter([batch]), config=cfg,
+                context=lambda: sw.TaskInfo(partition_id=0, attempt=0),
+            )  # fmt: skip
+        error = info.value
+        assert error.name == "CLUSTER_AUTHORIZATION_FAILED"
+        assert error.classification.category is ErrorCategory.FATAL_PRODUCER
+        assert "an idempotent producer needs WRITE on a topic" in str(error)
+        assert secret not in str(error) and error.__cause__ is None
+        assert not sw._PRODUCERS  # discarded
+    finally:
+        sw.discard_producers()
+
+
 def _close_in_forked_child_then_talk(close: Callable[[Any], None]) -> bytes:
     """A py4j connection over one end of a socket pair is closed (with ``close``) in a child
     forked to run Python before exec (as ``subprocess.Popen(preexec_fn=...)`` does); then the

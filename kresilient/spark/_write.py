@@ -844,10 +844,19 @@ def write_task(
             topics = writer.dead_letter(failures, info.attempt) if failures else {}
         except BaseException as exc:
             _discard(key)  # never hand a failed attempt's producer to the retry
-            safe = scrubbed(exc, entry.redact)
-            if safe is None:
+            # poll() and flush() raise a fatal error as it is (an idempotent producer refused
+            # its producer id: CLUSTER_AUTHORIZATION_FAILED): named, with its remedy, redacted.
+            error = (
+                translate(exc, operation="produce", redactor=entry.redact)
+                if isinstance(exc, KafkaException)
+                else exc
+            )
+            safe = scrubbed(error, entry.redact)
+            if safe is not None:
+                raise safe from None
+            if error is exc:
                 raise
-            raise safe from None
+            raise error from None
         report = make_report(info, writer.rows, _reasons(failures), topics, started)
         span.set_attribute("kresilient.spark.rows", report.rows)
         span.set_attribute("kresilient.spark.dead_lettered", report.dead_lettered)
