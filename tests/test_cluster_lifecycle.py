@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from kresilient.testing import ClusterError, KafkaCluster, remove_stale_dirs
+from kresilient.testing import JVM_OPTIONS_ENV, ClusterError, KafkaCluster, remove_stale_dirs
 from kresilient.testing import _ports as ports_module
 from kresilient.testing._ports import PortReservation
 
@@ -112,6 +113,37 @@ def test_taken_first_port_is_a_clear_error_naming_it() -> None:
             cluster.start_cluster()
     with pytest.raises(ValueError, match="first_port"):
         KafkaCluster(nodes=3, first_port=65534)
+
+
+def test_jvm_options_from_the_environment_reach_every_node_and_bad_ones_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(JVM_OPTIONS_ENV, "-XX:TieredStopAtLevel=1 -Dkresilient.marker='a b'")
+    assert KafkaCluster(nodes=1)._jvm_options == [
+        "-XX:TieredStopAtLevel=1",
+        "-Dkresilient.marker=a b",
+    ]
+    assert KafkaCluster(nodes=1, jvm_options=[])._jvm_options == []  # the argument wins
+    monkeypatch.setenv(JVM_OPTIONS_ENV, "-Xss1m TieredStopAtLevel=1")
+    with pytest.raises(ValueError, match=f"{JVM_OPTIONS_ENV}.*'TieredStopAtLevel=1'"):
+        KafkaCluster(nodes=1)
+
+
+@pytest.mark.integration
+def test_session_cluster_nodes_run_with_the_jvm_options_of_the_environment(
+    kafka_cluster: KafkaCluster,
+) -> None:
+    """The suite's brokers carry $KRESILIENT_KAFKA_JVM_OPTS (.ci/test sets C1-only JIT); a
+    node's command line is read from /proc. Negative control: an option nobody set is absent."""
+    wanted = shlex.split(os.environ.get(JVM_OPTIONS_ENV, ""))
+    for node in kafka_cluster.node_ids:
+        process = kafka_cluster._nodes[node].process
+        assert process is not None
+        argv = Path(f"/proc/{process.pid}/cmdline").read_bytes().decode().split("\0")
+        assert "kafka.Kafka" in argv
+        for option in wanted:
+            assert option in argv[: argv.index("-cp")], (option, argv)
+        assert "-Dkresilient.never.set=1" not in argv
 
 
 def test_fixed_first_port_and_a_start_that_lost_a_port_race(
