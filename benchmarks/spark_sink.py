@@ -30,6 +30,9 @@ cluster the run started itself).
 ``write_task`` is driven with the same Arrow batches (plain, with a ``headers`` column, with a
 ``timestamp`` column) and the process CPU time and the task thread's CPU time per row are
 reported (interleaved rounds after a full-size warm-up round): the cost of each column layout.
+Beside it, raw confluent-kafka's ``produce()`` with the same two headers against without
+(calling-thread CPU, enqueue only): the part of the ``headers`` layout's cost that is the
+client's own.
 """
 
 from __future__ import annotations
@@ -323,6 +326,48 @@ def _task_batches(rows: int, size: int, layout: str) -> list[Any]:
     return out
 
 
+def raw_header_ratio(rows: int, size: int, rounds: int) -> list[float]:
+    """The yardstick for the ``headers`` layout: raw confluent-kafka's ``produce()`` with the
+    same two headers against without, calling-thread CPU per paired round (nothing listens, so
+    this is the enqueue alone: what ``produce()`` itself costs the task thread)."""
+    import confluent_kafka as ck
+
+    producer = ck.Producer(
+        {
+            "bootstrap.servers": "127.0.0.1:9",  # nothing listens: pure enqueue cost
+            "queue.buffering.max.messages": 2_000_000,
+            "queue.buffering.max.kbytes": 2_000_000,
+            "message.timeout.ms": 600_000,
+            "log_level": 0,
+        }
+    )
+    keys = [i.to_bytes(8, "big") for i in range(rows)]
+    values = [b"%0*d" % (size, i) for i in range(rows)]
+
+    def one(headers: bool) -> float:
+        began = time.thread_time()
+        if headers:
+            for k, v in zip(keys, values, strict=True):
+                producer.produce("t", v, k, headers=[("source", b"spark"), ("id", k)])
+        else:
+            for k, v in zip(keys, values, strict=True):
+                producer.produce("t", v, k)
+        used = time.thread_time() - began
+        producer.purge()
+        producer.poll(0)
+        return used
+
+    one(False), one(True)  # warm-up
+    ratios = []
+    for r in range(rounds):
+        first = r % 2 == 0
+        a = one(first)
+        b = one(not first)
+        with_h, plain = (a, b) if first else (b, a)
+        ratios.append(with_h / plain)
+    return ratios
+
+
 def run_task_layouts(args: argparse.Namespace) -> dict[str, Any]:
     """CPU time per row of the Python path (``write_task``) for each column layout."""
     from kresilient.spark._options import column_layout, parse_options
@@ -376,7 +421,13 @@ def run_task_layouts(args: argparse.Namespace) -> dict[str, Any]:
                     )
             med = {name: statistics.median(v) for name, v in cpu.items()}
             med_thread = {name: statistics.median(v) for name, v in thread.items()}
+            raw = sorted(raw_header_ratio(args.rows, size, max(args.rounds, 5)))
+            print(
+                f"size={size}B raw confluent-kafka produce(), 2 headers / none, calling thread: "
+                f"median {statistics.median(raw):.2f} [{raw[0]:.2f}-{raw[-1]:.2f}]"
+            )
             results["sizes"][str(size)] = {
+                "raw_thread_headers_vs_plain": raw,
                 "cpu_us_per_row": cpu,
                 "median_us_per_row": med,
                 "thread_us_per_row": thread,
