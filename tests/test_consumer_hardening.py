@@ -30,6 +30,7 @@ from test_consumer_integration import (
     TopicFactory,
     committed,
     config,
+    ends,
     produce,
     wait_for,
     with_dlq,
@@ -373,6 +374,112 @@ def test_third_signal_aborts_the_shutdown_and_says_so(
     assert "shutdown_aborted" in text and "consumer_closed" not in text
     # negative control of the test above: without the final commit nothing is committed
     assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: -1001}, text
+
+
+def _captured_log() -> tuple[Any, list[str]]:
+    """A structlog logger keeping each event's name (and dropping the line)."""
+    events: list[str] = []
+
+    def capture(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+        events.append(str(event["event"]))
+        raise structlog.DropEvent
+
+    return structlog.wrap_logger(None, processors=[capture]), events
+
+
+@pytest.mark.parametrize("second_signal", [True, False], ids=["interrupted", "control"])
+def test_second_signal_turned_into_another_error_in_the_handler_is_not_a_failure(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, second_signal: bool
+) -> None:
+    """A signal handler runs between two bytecodes wherever the main thread is, and the code
+    its KeyboardInterrupt lands in can turn it into another exception (CI: RuntimeError
+    'release unlocked lock' inside a lock's release; here a ValueError, which the consumer
+    dead-letters at once). A 2nd signal in the handler must still interrupt it: the message
+    is neither dead-lettered nor committed, run() raises KeyboardInterrupt. (The signal is
+    delivered by calling the installed handler, exactly where the interpreter would run it.)
+    Control: the same ValueError with no 2nd signal is the handler's failure and is
+    dead-lettered, so the dead-letter path is live."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    produce(bootstrap, topic, [(b"k", b"%d" % i, None, 0) for i in range(3)])
+    cfg = config(kafka_cluster)
+    consumer: ResilientConsumer
+
+    def handle(msg: Message) -> None:
+        if msg.offset() != 1:
+            return
+        signals = consumer._signals
+        signals._handle(signal.SIGINT, None)  # 1st: stop after the message in hand
+        try:
+            if second_signal:
+                signals._handle(signal.SIGINT, None)  # 2nd: interrupts the handler
+        except KeyboardInterrupt as interrupt:
+            raise ValueError("turned into a poison-looking error") from interrupt
+        raise ValueError("turned into a poison-looking error")
+
+    consumer = ResilientConsumer(cfg, [topic], handle, install_signal_handlers=False)
+    if second_signal:
+        with pytest.raises(KeyboardInterrupt):
+            consumer.run()
+        assert ends(bootstrap, dlq) == {0: 0}  # nothing dead-lettered
+        assert committed(bootstrap, cfg["group.id"], topic, [0]) == {0: 1}  # 1 comes again
+    else:
+        consumer.run()
+        assert ends(bootstrap, dlq) == {0: 1}
+        assert committed(bootstrap, cfg["group.id"], topic, [0]) == {0: 2}
+
+
+@pytest.mark.parametrize("fate", ["turned", "swallowed", "control"])
+def test_third_signal_aborts_even_when_the_step_it_lands_in_mangles_it(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, fate: str
+) -> None:
+    """The third signal of a shutdown aborts it even when the step it lands in turns its
+    KeyboardInterrupt into another exception (CI, the await-dead-letters step: logged as
+    ``shutdown_step_failed: RuntimeError('release unlocked lock')``, then the shutdown went
+    on, committed, closed and exited 0) or swallows it. Control: a step failing on its own
+    is logged and the shutdown goes on to close."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _ = with_dlq(topic_factory)
+    produce(bootstrap, topic, [(b"k", b"0", None, 0)])
+    cfg = config(kafka_cluster)
+    log, events = _captured_log()
+    consumer: ResilientConsumer
+
+    def handle(_msg: Message) -> None:
+        consumer._signals._handle(signal.SIGINT, None)  # 1st: stop, then the shutdown
+
+    consumer = ResilientConsumer(cfg, [topic], handle, install_signal_handlers=False, logger=log)
+    commit = consumer._offsets.commit_sync
+    calls: list[str] = []
+
+    def commit_step(reason: str) -> None:
+        calls.append(reason)
+        if len(calls) > 1:  # the commit on revoke inside close(): no more signals
+            commit(reason)
+            return
+        if fate == "control":
+            raise RuntimeError("the commit failed on its own")
+        signals = consumer._signals
+        signals._handle(signal.SIGINT, None)  # 2nd during the shutdown: only logged
+        try:
+            signals._handle(signal.SIGINT, None)  # 3rd: aborts
+        except KeyboardInterrupt as interrupt:
+            if fate == "turned":
+                raise RuntimeError("release unlocked lock") from interrupt
+        commit(reason)  # swallowed: the step goes on as if nothing came
+
+    consumer._offsets.commit_sync = commit_step  # type: ignore[method-assign]
+    if fate == "control":
+        consumer.run()
+        assert "shutdown_step_failed" in events and "consumer_closed" in events
+        return
+    with pytest.raises(KeyboardInterrupt):
+        consumer.run()
+    assert "shutdown_step_failed" not in events
+    assert "consumer_closed" not in events
+    assert calls == ["close"]  # nothing ran after the aborted step
+    if fate == "turned":  # the abort skipped the final commit (of offset 1)
+        assert committed(bootstrap, cfg["group.id"], topic, [0])[0] < 1
 
 
 # --------------------------------------------------------------------------- defect 5

@@ -533,6 +533,7 @@ class ResilientConsumer:
             tel=self._tel,
             log=log,
             redact=self._redact,
+            interrupted=lambda: self._signals.interrupted,
         )
         self._events = events = ClientEvents(
             state=state,
@@ -1091,14 +1092,19 @@ class ResilientConsumer:
             )
         if sink is not None and sink.owned:
             steps.append(("close_dead_letter_producer", lambda: sink.close(10)))
+        signals = self._signals
         try:
             for name, step in steps:
                 try:
                     step()
                 except Exception as exc:  # the next steps still run (commit, close)
+                    if signals.aborted:  # the 3rd signal's KeyboardInterrupt, turned into exc
+                        raise KeyboardInterrupt from exc
                     self._log.warning(
                         "shutdown_step_failed", step=name, error=self._redact(repr(exc))
                     )
+                if signals.aborted:  # its KeyboardInterrupt was swallowed inside the step
+                    raise KeyboardInterrupt
         finally:  # a third signal aborts (KeyboardInterrupt, logged by SignalHandlers)
             self._probes.close()
             self._closed = True

@@ -213,8 +213,11 @@ class FailureHandler:
         tel: Telemetry,
         log: Any,
         redact: Callable[[str], str],
+        interrupted: Callable[[], bool] = lambda: False,
     ) -> None:
         self.group_id = group_id
+        #: True once a 2nd signal interrupted the handler in hand (``SignalHandlers``)
+        self.interrupted = interrupted
         self.state = state
         self.holds = holds
         self.offsets = offsets
@@ -246,7 +249,12 @@ class FailureHandler:
         """A handler failed on ``msg``: hold its partition for a retry, or dead-letter it.
 
         ``batch``: the batch-handler messages that failed as a whole (dead-lettered together).
+        After a 2nd signal a failure is the interruption (its ``KeyboardInterrupt`` turned
+        into ``exc`` by the code it landed in, or swallowed there): ``KeyboardInterrupt`` is
+        raised, so the message stays uncommitted and is neither retried nor dead-lettered.
         """
+        if self.interrupted():
+            raise KeyboardInterrupt from exc
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         assert topic is not None and partition is not None and offset is not None
         tp = (topic, partition)

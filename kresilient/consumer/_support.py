@@ -252,6 +252,13 @@ class SignalHandlers:
         self._count = 0
         #: set by the consumer when its shutdown steps begin
         self.shutting_down = False
+        #: a 2nd signal interrupted the handler in hand / a 3rd aborted the shutdown. The
+        #: handler runs between two bytecodes wherever the main thread is, and the code its
+        #: ``KeyboardInterrupt`` lands in can turn it into another exception (inside a lock's
+        #: release: ``RuntimeError('release unlocked lock')``, seen in CI) or swallow it: the
+        #: consumer reads these flags so an interruption is never taken for a failure.
+        self.interrupted = False
+        self.aborted = False
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -264,6 +271,7 @@ class SignalHandlers:
         if not self._stopping():
             self._stop()
         elif not self.shutting_down:
+            self.interrupted = True
             raise KeyboardInterrupt
         elif self._count < 3:
             self._log_later(
@@ -281,6 +289,7 @@ class SignalHandlers:
                 note="third signal: the final commit and close are skipped; messages processed "
                 "since the last commit will be consumed again",
             )
+            self.aborted = True
             raise KeyboardInterrupt
 
     def _log_later(self, method: str, event: str, **fields: Any) -> None:
