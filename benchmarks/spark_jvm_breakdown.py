@@ -36,6 +36,7 @@ import pyspark.sql.readwriter as readwriter
 import spark_sink as sb
 
 from kresilient.spark import write
+from kresilient.spark.connector import connector_jars
 
 rows = int(os.environ.get("ROWS", "1000000"))
 size = int(os.environ.get("SIZE", "100"))
@@ -130,7 +131,7 @@ if only:
 
 with sb._cluster(os.environ.get("BOOT")) as cluster:
     boot = cluster.bootstrap_servers
-    spark = sb._spark(sb.connector_jars(), 2)
+    spark = sb._spark(connector_jars(), 2)
     df = sb._frame(spark, rows, size, 2, headers=headers)
     if shape == "renamed":
         # A second cache of the same rows (unpersisting the first would make Spark rebuild
