@@ -10,7 +10,7 @@ headers (byte for byte, in order, first), then appends kresilient's headers, all
 ``kresilient.original.timestamp``     source timestamp, ms since the epoch, decimal
 ``kresilient.consumer.group``         the consumer group that gave up
 ``kresilient.exception.type``         e.g. ``ValueError``, ``json.decoder.JSONDecodeError``
-``kresilient.exception.message``      ``str(exception)`` (truncated to 4 KiB)
+``kresilient.exception.message``      ``str(exception)``, redacted (truncated to 4 KiB)
 ``kresilient.error.category``         :class:`~kresilient.errors.ErrorCategory` value
 ``kresilient.attempts``               how many times the handler ran, decimal
 ``kresilient.failed.at``              ISO 8601 UTC, e.g. ``2026-05-01T12:00:00.123Z``
@@ -76,7 +76,7 @@ from kresilient.reachability import (
     client_certificate,
     purge_refused,
 )
-from kresilient.redaction import Redactor, redact_config
+from kresilient.redaction import Redactor, redact_config, redact_text
 
 __all__ = [
     "ATTEMPTS",
@@ -213,9 +213,49 @@ def _message(exc: BaseException) -> str:
     return str(exc)
 
 
-def _stacktrace(exc: BaseException) -> bytes:
+def _stacktrace(exc: BaseException, redact: Callable[[str], str]) -> bytes:
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return _text(text, _STACKTRACE_LIMIT)
+    return _text(redact(text), _STACKTRACE_LIMIT)
+
+
+#: The headers kresilient fills with free text taken from an exception (its message, its
+#: stack trace): the only ones of its block that can carry a secret, so the ones
+#: :class:`DeadLetterWriter` passes through its configuration's redactor once more.
+_FREE_TEXT_HEADERS: Final = {
+    EXCEPTION_MESSAGE: _MESSAGE_LIMIT,
+    SPRING_EXCEPTION_MESSAGE: _MESSAGE_LIMIT,
+    SPRING_EXCEPTION_STACKTRACE: _STACKTRACE_LIMIT,
+    STREAMS_MESSAGE: _MESSAGE_LIMIT,
+    STREAMS_STACKTRACE: _STACKTRACE_LIMIT,
+}
+
+
+def _redact_free_text(headers: HeaderList, redact: Callable[[str], str]) -> HeaderList:
+    """``headers`` with kresilient's free-text headers (exception message, stack traces) passed
+    through ``redact``; everything else byte for byte.
+
+    Only kresilient's own block is touched: the headers from the LAST
+    ``kresilient.original.topic`` on (:func:`dead_letter_headers` appends its block after the
+    record's original headers, and that block opens with it). The original headers, even ones
+    of the same names (a dead letter replayed and dead-lettered again), stay as they were. A
+    value that redaction leaves unchanged keeps its exact bytes.
+    """
+    start = next(
+        (i for i in range(len(headers) - 1, -1, -1) if headers[i][0] == ORIGINAL_TOPIC), None
+    )
+    if start is None:
+        return headers
+    out = list(headers)
+    for i in range(start, len(out)):
+        name, value = out[i]
+        limit = _FREE_TEXT_HEADERS.get(name)
+        if limit is None or not value:
+            continue
+        text = value.decode("utf-8", "replace")
+        scrubbed = redact(text)
+        if scrubbed != text:
+            out[i] = (name, _text(scrubbed, limit))
+    return out
 
 
 def _iso_utc(when: _dt.datetime) -> str:
@@ -244,6 +284,7 @@ def dead_letter_headers(
     failed_at: _dt.datetime | None = None,
     trace_context: Mapping[str, str] | None = None,
     timestamp_type: int = 1,
+    redact: Callable[[str], str] = redact_text,
 ) -> HeaderList:
     """The full header list of a dead-letter record: originals first, then kresilient's.
 
@@ -253,6 +294,12 @@ def dead_letter_headers(
     ``trace_context`` is a W3C carrier (``{"traceparent": ..., "tracestate": ...}``) written
     as ``kresilient.traceparent``/``kresilient.tracestate``. ``compat`` adds the ``"spring"``
     and/or ``"streams"`` header sets. ``timestamp_type`` is ``Message.timestamp()[0]``.
+
+    The exception's message and stack trace are free text written into Kafka: they go through
+    ``redact`` first, the :class:`~kresilient.redaction.Redactor` of the client configuration
+    the dead letter is written for (default: :func:`~kresilient.redaction.redact_text`, which
+    knows no configuration; :class:`DeadLetterWriter` applies its own configuration's redactor
+    again when it writes).
     """
     compat = tuple(compat)
     unknown = set(compat) - _COMPAT
@@ -262,7 +309,7 @@ def dead_letter_headers(
         classification = classify(exc)
     out = _header_items(original_headers)
     etype = exception_type_name(exc)
-    message = _text(_message(exc), _MESSAGE_LIMIT)
+    message = _text(redact(_message(exc)), _MESSAGE_LIMIT)
     when = failed_at if failed_at is not None else _dt.datetime.now(_dt.UTC)
     own: list[tuple[str, bytes | None]] = [(ORIGINAL_TOPIC, msg_topic.encode("utf-8"))]
     for name, number in (
@@ -287,7 +334,7 @@ def dead_letter_headers(
             if value:
                 own.append((name, value.encode("utf-8")))
     out += own
-    stack = _stacktrace(exc) if compat else b""
+    stack = _stacktrace(exc, redact) if compat else b""
     if "spring" in compat:
         out += _spring_headers(
             msg_topic,
@@ -578,11 +625,14 @@ def build_dead_letter_record(
     raw_value: bytes | None = None,
     raw: bool = False,
     trace_context: Mapping[str, str] | None = None,
+    redact: Callable[[str], str] = redact_text,
 ) -> DeadLetterRecord:
     """The dead-letter record for consumed message ``msg`` (a ``confluent_kafka.Message``).
 
     With ``raw=True``, ``raw_key``/``raw_value`` are the original bytes (the message's own
     key/value were replaced by deserialized objects); otherwise the message's are used.
+    ``redact`` is the consumer's :class:`~kresilient.redaction.Redactor` (see
+    :func:`dead_letter_headers`).
     """
     topic = msg.topic()
     ts_type, ts = msg.timestamp()
@@ -599,6 +649,7 @@ def build_dead_letter_record(
         compat=policy.compat,
         trace_context=trace_context,
         timestamp_type=ts_type,
+        redact=redact,
     )
     return DeadLetterRecord(
         topic=policy.topic_for(topic),
@@ -897,9 +948,12 @@ class DeadLetterWriter:
 
     Used by the producer (oversized values), the consumer (poison messages), the replay CLI and
     the Spark sink. Its configuration comes from :func:`dead_letter_producer_config` (acks=all,
-    idempotence, the user's connection and security settings). It never adds or changes a
-    header: a dead letter is written byte for byte as :class:`DeadLetterRecord` says (no trace
-    propagation; the failed processing's context is already in ``kresilient.traceparent``).
+    idempotence, the user's connection and security settings). It never adds a header: a dead
+    letter is written byte for byte as :class:`DeadLetterRecord` says (no trace propagation;
+    the failed processing's context is already in ``kresilient.traceparent``), except that the
+    free text of kresilient's own block (exception message, stack traces) goes through the
+    configuration's redactor first: whoever built the
+    record, a secret of the configuration it serves never reaches Kafka.
 
     * :meth:`write` queues a record and returns a :class:`DeadLetterHandle`; ``on_delivery``
       (optional) is called with the handle once it is acknowledged or failed, from the thread
@@ -1052,7 +1106,8 @@ class DeadLetterWriter:
                 classification=self._fatal_classification(fatal),
             )
         handle = DeadLetterHandle(self, record, on_delivery)
-        kwargs: dict[str, Any] = {"headers": record.headers, "on_delivery": handle}
+        headers = _redact_free_text(record.headers, self._redact)
+        kwargs: dict[str, Any] = {"headers": headers, "on_delivery": handle}
         if record.timestamp:
             kwargs["timestamp"] = record.timestamp
         deadline: float | None = None
