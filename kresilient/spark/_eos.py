@@ -384,7 +384,7 @@ def _write_transaction(
 ) -> TaskReport:
     started = time.monotonic()
     producer.begin_transaction()
-    writer = _TaskWriter(options, layout, _Entry({}, producer, collector))
+    writer = _TaskWriter(options, layout, _Entry({}, producer, collector), check_partitions=True)
     try:
         writer.write_batches(batches)
         local = writer.local_failures

@@ -23,6 +23,7 @@ import gc
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from itertools import repeat
 from typing import Any
 
@@ -89,6 +90,7 @@ _MAX_CACHED = 4
 #: signal handlers).
 _FLUSH_SLICE = 1.0
 _UNREACHABLE_LOG_INTERVAL = 60.0
+_METADATA_TIMEOUT = 30.0
 #: error_cb codes of a refused SASL login or TLS handshake.
 _REFUSAL_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
 #: error_cb codes of a failed connection (a broker's TLS alert among them).
@@ -326,9 +328,22 @@ atexit.register(discard_producers)
 
 
 class _TaskWriter:
-    """Produces one task's rows and dead letters; raises if anything is not acknowledged."""
+    """Produces one task's rows and dead letters; raises if anything is not acknowledged.
 
-    def __init__(self, options: SinkOptions, layout: ColumnLayout, entry: _Entry) -> None:
+    ``check_partitions``: decide from the topic's metadata, before producing, that a row's
+    ``partition`` does not exist (a local failure, dead-lettered). The exactly-once path needs
+    it: its new transactional producer has no metadata yet, so librdkafka would report such a
+    row only through a delivery report, after the transaction became abortable (issue 37 #5).
+    """
+
+    def __init__(
+        self,
+        options: SinkOptions,
+        layout: ColumnLayout,
+        entry: _Entry,
+        *,
+        check_partitions: bool = False,
+    ) -> None:
         self.options = options
         self.layout = layout
         self.entry = entry
@@ -336,6 +351,34 @@ class _TaskWriter:
         self.collector = entry.collector
         self.rows = 0
         self.local_failures: list[_Failure] = []
+        #: topic -> its partition count (None: unknown, the producer decides)
+        self.partitions: dict[str, int | None] | None = {} if check_partitions else None
+
+    def _lacks(self, topic: str, partition: int) -> bool:
+        """``topic`` is known not to have ``partition`` (metadata read once per topic)."""
+        assert self.partitions is not None
+        if topic not in self.partitions:
+            self.partitions[topic] = _partition_count(self.producer, topic)
+        count = self.partitions[topic]
+        return count is not None and not 0 <= partition < count
+
+    def _missing_partition(
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        partition: int,
+        headers: list[tuple[str, bytes | None]] | None,
+        timestamp: int,
+    ) -> None:
+        count = self.partitions.get(topic) if self.partitions is not None else None
+        err = KafkaError(
+            KafkaError._UNKNOWN_PARTITION,
+            f"partition {partition} does not exist: topic {topic!r} has {count} partition(s)",
+        )
+        self.local_failures.append(
+            _Failure(topic, partition, key, value, headers, timestamp, err, classify(err), True)
+        )
 
     # -- produce --------------------------------------------------------------------------
     def write_batches(self, batches: Iterable[Any]) -> None:
@@ -372,31 +415,38 @@ class _TaskWriter:
         partitions = self._column(batch, lay.partition, n, None)
         headers = _header_lists(batch.column(lay.headers)) if lay.headers is not None else None
         stamps = _millis(batch.column(lay.timestamp)) if lay.timestamp is not None else None
-        # Delivery reports carry neither headers nor the timestamp: one callback per Arrow
-        # batch (not per row) recovers a failed row's from the batch (failures only).
+        # Delivery reports carry neither headers nor the timestamp: a failed row's are taken
+        # from the batch, found by the row's index bound into its own delivery callback (rows
+        # equal in value and key are not interchangeable: their headers may differ).
         report = (
-            _BatchReport(self.collector, values, headers, stamps)
+            _BatchReport(self.collector, headers, stamps)
             if headers is not None or stamps is not None
             else None
         )
         produce = self.producer.produce
-        for topic, value, key, part, hdrs, ts in zip(
-            topics,
-            values,
-            keys,
-            partitions,
-            headers if headers is not None else repeat(None, n),
-            stamps if stamps is not None else repeat(0, n),
-            strict=False,
+        for row, (topic, value, key, part, hdrs, ts) in enumerate(
+            zip(
+                topics,
+                values,
+                keys,
+                partitions,
+                headers if headers is not None else repeat(None, n),
+                stamps if stamps is not None else repeat(0, n),
+                strict=False,
+            )
         ):
             p = -1 if part is None else part
             if topic is None:
                 self._invalid_row(value, key, p, hdrs, ts or 0, "null topic")
                 continue
+            if self.partitions is not None and p != -1 and self._lacks(topic, p):
+                self._missing_partition(topic, value, key, p, hdrs, ts or 0)
+                continue
+            callback = partial(report.failed, row) if report is not None else None
             try:  # positional: topic, value, key, partition, callback, (alias), timestamp, headers
-                produce(topic, value, key, p, report, None, ts or 0, hdrs)
+                produce(topic, value, key, p, callback, None, ts or 0, hdrs)
             except (BufferError, KafkaException):
-                self._produce_one(topic, value, key, p, hdrs, ts or 0, report)
+                self._produce_one(topic, value, key, p, hdrs, ts or 0, callback)
 
     def _write_simple(self, topic: str, values: list[Any], keys: Iterable[Any]) -> None:
         produce = self.producer.produce
@@ -414,7 +464,7 @@ class _TaskWriter:
         partition: int,
         headers: list[tuple[str, bytes | None]] | None,
         timestamp: int,
-        report: _BatchReport | None,
+        report: Callable[[KafkaError | None, Any], None] | None,
     ) -> None:
         """The slow path of one row: wait for room, or classify a local refusal."""
         while True:
@@ -581,6 +631,19 @@ class _DeadLetter:
         return err is not None and err.classification.code in TOO_LARGE_CODES
 
 
+def _partition_count(producer: Producer, topic: str) -> int | None:
+    """``topic``'s partition count from the cluster's metadata (``None``: not known; the
+    producer then decides, and a missing topic fails the task as it does without this)."""
+    try:
+        metadata = producer.list_topics(topic, timeout=_METADATA_TIMEOUT)
+    except KafkaException:
+        return None
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        return None
+    return len(found.partitions)
+
+
 def _wait_for_room(producer: Producer) -> None:
     """The local queue is full: wait until delivery reports free some room.
 
@@ -676,47 +739,34 @@ class _Resent:
 
 
 class _BatchReport:
-    """Delivery callback shared by the rows of one Arrow batch that has headers or timestamps.
+    """Headers and timestamps of one Arrow batch, for the delivery reports of its rows.
 
-    Only failures reach it (``delivery.report.only.error``). A report carries the row's topic,
-    partition, key and value but not its headers nor its timestamp, so the failed row is found
-    in the batch by its value and key (the first one not yet matched: rows equal in both are
-    interchangeable here) and its headers and timestamp taken from there.
+    Only failures reach :meth:`failed` (``delivery.report.only.error``). A report carries the
+    row's topic, partition, key and value but not its headers nor its timestamp: each row's
+    callback is ``partial(report.failed, <row index>)``, so the failed row is the one that was
+    produced, never another row equal to it in value or key (issue 37 #1).
     """
 
-    __slots__ = ("collector", "headers", "matched", "stamps", "values")
+    __slots__ = ("collector", "headers", "stamps")
 
     def __init__(
         self,
         collector: _Collector,
-        values: list[Any],
         headers: list[list[tuple[str, bytes | None]] | None] | None,
         stamps: list[int | None] | None,
     ) -> None:
         self.collector = collector
-        self.values = values
         self.headers = headers
         self.stamps = stamps
-        self.matched: set[int] = set()
 
-    def __call__(self, err: KafkaError | None, msg: Any) -> None:
+    def failed(self, row: int, err: KafkaError | None, msg: Any) -> None:
+        """Delivery callback of row ``row`` of the batch."""
         if err is None:
             return
-        row = self._row(msg.value(), msg.key())
-        failure = _failure_from_report(
-            err, msg, self.headers[row] if row is not None and self.headers is not None else None
-        )
-        if row is not None and self.stamps is not None:
+        failure = _failure_from_report(err, msg, self.headers[row] if self.headers else None)
+        if self.stamps is not None:
             failure.timestamp = self.stamps[row] or 0
         self.collector.failures.append(failure)
-
-    def _row(self, value: bytes | None, key: bytes | None) -> int | None:
-        # Values are compared as bytes (a string column arrives as str).
-        for i, v in enumerate(self.values):
-            if i not in self.matched and _raw(v) == value:
-                self.matched.add(i)
-                return i
-        return None
 
 
 def _header_lists(column: Any) -> list[list[tuple[str, bytes | None]] | None]:
