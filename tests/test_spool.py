@@ -161,14 +161,22 @@ def test_a_commit_that_finds_nothing_to_store_does_not_take_the_open_segment(
     )
 
 
-def test_a_reopened_spool_keeps_ids_and_continues_the_sequence(tmp_path: Path) -> None:
+def test_a_reopened_spool_keeps_stored_ids_and_continues_the_sequence(tmp_path: Path) -> None:
+    """Stored messages keep the id prefix of the open that stored them (their re-sends carry
+    their first id); each open mints a fresh prefix for new ones (issue 35: a copied or
+    restored file must not mint one id twice); the sequence continues."""
     path = tmp_path / "spool.db"
     _fill(path, 10)
+    conn = sqlite3.connect(path)
+    (stored_sid,) = conn.execute("SELECT DISTINCT sid FROM segments").fetchone()
+    conn.close()
     first = Spool(path)
     spool_id, next_seq = first.spool_id, first.next_seq
+    assert [seg[3] for seg in first.take_loaded()] == [stored_sid.encode() + b"-"]
     first.close()
     again = Spool(path)
-    assert (again.spool_id, again.next_seq) == (spool_id, next_seq)
+    assert again.next_seq == next_seq
+    assert again.spool_id not in (spool_id, stored_sid)
     assert again.stored() == (1, 10)
     again.close()
 

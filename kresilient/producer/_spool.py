@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import fcntl
 import marshal
 import os
+import socket
 import sqlite3
 import threading
 import time
 import uuid
+import weakref
 import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -60,7 +64,32 @@ __all__ = [
 
 Durability = Literal["group", "fsync", "os"]
 _DURABILITY: Final = ("group", "fsync", "os")
-_SCHEMA_VERSION: Final = 1
+#: 2: each segment stores the id prefix its messages were sent with (``segments.sid``); a
+#: version 1 file (one prefix for the whole file) is migrated at open.
+_SCHEMA_VERSION: Final = 2
+#: SQLite's primary result codes that mean the file's content is damaged: the only errors at
+#: open that quarantine the file (with the spool's own checks, ``_Damaged``).
+_CORRUPTION_CODES: Final = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+_RETRY_OPEN: Final = ", then open the spool again"
+#: What to do when the file cannot be opened for another reason, by SQLite's primary result
+#: code. The file is left as it is: its messages are still there for the next open.
+_OPEN_REMEDIES: Final[Mapping[int, str]] = {
+    sqlite3.SQLITE_BUSY: "another program holds a lock on the spool file (an sqlite3 shell, "
+    "a backup tool): let it finish" + _RETRY_OPEN,
+    sqlite3.SQLITE_LOCKED: "another connection holds a lock on the spool file: let it finish"
+    + _RETRY_OPEN,
+    sqlite3.SQLITE_FULL: "the spool's disk is full: free space" + _RETRY_OPEN,
+    sqlite3.SQLITE_IOERR: "the spool file could not be read or written (an I/O error; a full "
+    "disk shows as one too): check its file system and free space" + _RETRY_OPEN,
+    sqlite3.SQLITE_READONLY: "the spool file or its directory is read-only: make it writable"
+    + _RETRY_OPEN,
+    sqlite3.SQLITE_PERM: "the spool file may not be opened: check its permissions" + _RETRY_OPEN,
+    sqlite3.SQLITE_CANTOPEN: "the spool file cannot be opened: check the path, its directory "
+    "and permissions" + _RETRY_OPEN,
+}
+_OPEN_REMEDY: Final = "the spool file could not be opened (see the error)" + _RETRY_OPEN
+#: Beside the spool file: the OS-level lock that makes a spool file one Spool's at a time.
+_LOCK_SUFFIX: Final = ".lock"
 #: Per-record bytes counted against max_bytes besides key, value and headers.
 _RECORD_OVERHEAD: Final = 64
 #: A group commit also happens when the batch reaches this many messages.
@@ -79,12 +108,124 @@ _KEEP: Final = frozenset(
 _PENDING: Final = 0
 _INFLIGHT: Final = 1
 _DONE: Final = 2
+#: os/fsync: its commit failed while its produce() was still running (it may have been
+#: taken by another thread's commit): that produce() raises ``_error``.
+_UNSTORED: Final = 3
 
 
 def _storage_classification(remedy: str) -> Classification:
     """BACKPRESSURE (the local store cannot take more now) with a storage-specific remedy."""
     base = classify(BufferError())
     return dataclasses.replace(base, remedy=remedy)
+
+
+def _state_classification(remedy: str) -> Classification:
+    """CONFIG (a spool used where it may not be: fix the deployment) with a remedy."""
+    base = classify(KafkaError(KafkaError._STATE, "spool"))
+    return dataclasses.replace(base, remedy=remedy)
+
+
+class _Damaged(Exception):
+    """What the spool's own checks found wrong in the file's content (it is quarantined)."""
+
+
+class _Unusable(Exception):
+    """The file is intact but cannot be used as it is (it is left untouched)."""
+
+
+def _sqlite_code(exc: BaseException) -> int | None:
+    """SQLite's primary result code of an error (``None`` when SQLite gave none)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+#: Open spools of this process: a forked child disowns them (``_disown_after_fork``).
+_OPEN_SPOOLS: Final[weakref.WeakSet[Spool]] = weakref.WeakSet()
+#: Connections a forked child inherited: kept, never used nor closed in the child (SQLite: a
+#: connection must not cross fork(); closing it there could checkpoint the parent's file).
+_INHERITED: Final[list[sqlite3.Connection]] = []
+
+
+def _disown_after_fork() -> None:
+    """In a forked child: every spool of the parent becomes unusable here (see Spool)."""
+    for spool in list(_OPEN_SPOOLS):
+        spool._disown()
+    _OPEN_SPOOLS.clear()
+
+
+os.register_at_fork(after_in_child=_disown_after_fork)
+
+
+def _lock_holder(fd: int) -> str:
+    """Who holds a spool's lock, as its holder wrote it into the lock file."""
+    try:
+        fields = os.pread(fd, 256, 0).decode("utf-8", "replace").split()
+    except OSError:
+        fields = []
+    if len(fields) >= 2 and fields[0].isdigit():
+        pid, host = int(fields[0]), fields[1]
+        if pid == os.getpid() and host == socket.gethostname():
+            return f"this process (pid {pid}): another Spool object on the same file"
+        return f"process {pid} on {host}"
+    return "another process (it has not recorded its pid yet)"
+
+
+def _lock_file(path: Path) -> int:
+    """Take the spool file's lock (``<path>.lock``, flock): raise if another Spool has it.
+
+    ``flock`` locks belong to the open file description: a second ``open()`` of the lock
+    file, in this process or any other, is refused while the first holds it, and the lock
+    ends with its holder (close, or the process's death: SIGKILL included). It is a lock
+    beside the database, not on it, because SQLite's own POSIX locks on the database file
+    would be released by any close() of that file in this process.
+    """
+    lock_path = str(path) + _LOCK_SUFFIX
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise SpoolError(
+            f"spool {path}: its lock file {lock_path} cannot be opened ({exc}); the spool "
+            "was not opened",
+            code=KafkaError._FS,
+            name="_FS",
+            classification=_storage_classification(
+                "the spool's directory must be writable: check its path and permissions"
+            ),
+        ) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = _lock_holder(fd)
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise SpoolError(
+                f"spool {path}: its lock file {lock_path} cannot be locked ({exc}); the "
+                "spool was not opened",
+                code=KafkaError._FS,
+                name="_FS",
+                classification=_storage_classification(
+                    "the spool needs a local file system with flock(): do not put it on a "
+                    "network file system"
+                ),
+            ) from exc
+        raise SpoolError(
+            f"spool file {path} is already open in {holder} (it holds {lock_path}); a "
+            "second Spool on the same file is refused: the two would give distinct messages "
+            "the same kresilient.message.id. Nothing was read or changed",
+            code=KafkaError._STATE,
+            name="_STATE",
+            classification=_state_classification(
+                "one Spool per file: give each process (each pre-fork worker) a path of its "
+                "own, or close() the other Spool first (a deploy overlap: the new process "
+                "opens the file once the old one closed it)"
+            ),
+        ) from None
+    # Who holds it, for the error of the next opener; only informational (a full disk may
+    # refuse the write: the lock itself holds all the same).
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+    return fd
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,10 +257,13 @@ class _Segment:
     handle's delivery report through its segment (one attribute less per message).
     """
 
-    __slots__ = ("acks", "entries", "fails", "id", "left", "nbytes")
+    __slots__ = ("acks", "entries", "fails", "id", "left", "nbytes", "prefix")
 
-    def __init__(self, acks: deque[Any], fails: deque[Any]) -> None:
+    def __init__(self, acks: deque[Any], fails: deque[Any], prefix: bytes) -> None:
         self.id = 0
+        #: ``<spool id>-``: the id prefix of the messages of this segment (of the Spool that
+        #: stored it: a recovered segment keeps its first producer's).
+        self.prefix = prefix
         self.entries: list[Any] = []
         self.nbytes = 0
         self.left = 0
@@ -206,8 +350,21 @@ class Spool:
             and then raises a BACKPRESSURE :class:`SpoolError`. The spool's content is also
             held in memory: this bounds both.
 
+    One Spool per file: the file is locked (``flock`` on ``<path>.lock``, across processes)
+    from the open to :meth:`close` (or the process's end); a second ``Spool(path)``, in this
+    process or another, raises :class:`SpoolError` naming the holder's pid and host. A
+    forked child does not inherit the spool: there every use of it raises
+    :class:`SpoolError`; open a Spool on a path of the child's own after the fork.
+
+    Message ids are ``<spool id>-<sequence>``; ``spool_id`` is random (64 bits) for each
+    open, so a copied or restored file, a file re-created on the same path or the same path
+    on two hosts never mint one id twice. A recovered message keeps the id it was first sent
+    with (stored with its segment).
+
     A file that SQLite or the segment checksums find corrupt is renamed aside to
-    ``<path>.corrupt-<UTC time>`` and :class:`SpoolCorruptError` is raised naming it.
+    ``<path>.corrupt-<UTC time>`` and :class:`SpoolCorruptError` is raised naming it. Any
+    other error at open (the file locked by another program, an I/O error, a full disk, an
+    unknown version) raises :class:`SpoolError` and leaves the file as it is.
     """
 
     def __init__(
@@ -228,62 +385,123 @@ class Spool:
         self.max_bytes = int(max_bytes)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._pid = os.getpid()
+        #: Set in a forked child: the pid of the parent that opened the spool.
+        self._parent_pid: int | None = None
+        #: The attached driver's reaction to a fork (a weak reference: no cycle).
+        self._on_fork: weakref.WeakMethod[Callable[[], None]] | None = None
+        self._lockfd = -1
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn, self.spool_id, self.next_seq, self._loaded = self._open()
+        self._lockfd = _lock_file(self.path)
+        try:
+            self._conn, self.next_seq, self._loaded = self._open()
+        except BaseException:
+            self._unlock()
+            raise
+        #: The id prefix of the messages this open stores (fresh for each open, see above).
+        self.spool_id = os.urandom(8).hex()
         self.closed = False
         #: The driver attached to this spool (one producer per spool).
         self.attached = False
+        _OPEN_SPOOLS.add(self)
 
     # ------------------------------------------------------------------ open and check
 
-    def _open(self) -> tuple[sqlite3.Connection, str, int, list[tuple[int, list[Any], int]]]:
+    def _open(self) -> tuple[sqlite3.Connection, int, list[tuple[int, list[Any], int, bytes]]]:
         conn: sqlite3.Connection | None = None
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             if str(mode).lower() != "wal":
-                raise sqlite3.DatabaseError(f"could not switch to WAL mode (got {mode!r})")
+                raise _Unusable(f"could not switch to WAL mode (got {mode!r})")
             sync = "NORMAL" if self.durability == "os" else "FULL"
             conn.execute(f"PRAGMA synchronous={sync}")
             check = conn.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
-                raise sqlite3.DatabaseError(f"quick_check: {check}")
+                raise _Damaged(f"quick_check: {check}")
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v TEXT NOT NULL)")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS segments(id INTEGER PRIMARY KEY, n INTEGER NOT NULL,"
-                " nbytes INTEGER NOT NULL, crc INTEGER NOT NULL, data BLOB NOT NULL)"
-            )
-            meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
-            if not meta:
-                meta = {"version": str(_SCHEMA_VERSION), "id": uuid.uuid4().hex[:16], "seq": "1"}
-                conn.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
-            conn.execute("COMMIT")
-            if meta.get("version") != str(_SCHEMA_VERSION):
-                raise sqlite3.DatabaseError(f"unknown spool version {meta.get('version')!r}")
-            loaded: list[tuple[int, list[Any], int]] = []
-            for seg_id, n, nbytes, crc, data in conn.execute(
-                "SELECT id, n, nbytes, crc, data FROM segments ORDER BY id"
+            try:
+                meta = self._prepare(conn)
+                conn.execute("COMMIT")
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            loaded: list[tuple[int, list[Any], int, bytes]] = []
+            for seg_id, n, nbytes, crc, data, sid in conn.execute(
+                "SELECT id, n, nbytes, crc, data, sid FROM segments ORDER BY id"
             ):
                 if zlib.crc32(data) != crc:
-                    raise sqlite3.DatabaseError(f"segment {seg_id}: checksum mismatch")
+                    raise _Damaged(f"segment {seg_id}: checksum mismatch")
                 try:
                     records = marshal.loads(data)
                 except (ValueError, EOFError, TypeError) as exc:
-                    raise sqlite3.DatabaseError(f"segment {seg_id}: {exc}") from None
+                    raise _Damaged(f"segment {seg_id}: {exc}") from None
                 if not isinstance(records, list) or len(records) != n:
-                    raise sqlite3.DatabaseError(f"segment {seg_id}: wrong record count")
-                loaded.append((seg_id, records, nbytes))
+                    raise _Damaged(f"segment {seg_id}: wrong record count")
+                if not isinstance(sid, str) or not sid:
+                    raise _Damaged(f"segment {seg_id}: no id prefix")
+                loaded.append((seg_id, records, nbytes, sid.encode() + b"-"))
             # The sequence is written to meta only when segments are deleted or rewritten; the
             # stored segments carry it otherwise (one statement per commit instead of two).
             next_seq = int(meta["seq"])
             if loaded:
                 next_seq = max(next_seq, max(r[0] for r in loaded[-1][1]) + 1)
-            return conn, str(meta["id"]), next_seq, loaded
-        except sqlite3.DatabaseError as exc:
-            if conn is not None:
-                conn.close()
+            return conn, next_seq, loaded
+        except _Damaged as exc:
+            self._close_quietly(conn)
             raise self._quarantine(exc) from exc
+        except (sqlite3.Error, _Unusable, OSError) as exc:
+            self._close_quietly(conn)
+            if isinstance(exc, sqlite3.Error) and _sqlite_code(exc) in _CORRUPTION_CODES:
+                raise self._quarantine(exc) from exc
+            raise self._unopenable(exc) from exc
+
+    @staticmethod
+    def _prepare(conn: sqlite3.Connection) -> dict[str, str]:
+        """Create the tables of a new file, migrate a version 1 file; return the meta rows."""
+        conn.execute("CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v TEXT NOT NULL)")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS segments(id INTEGER PRIMARY KEY, n INTEGER NOT NULL,"
+            " nbytes INTEGER NOT NULL, crc INTEGER NOT NULL, data BLOB NOT NULL, sid TEXT)"
+        )
+        meta = dict(conn.execute("SELECT k, v FROM meta").fetchall())
+        if not meta:
+            meta = {"version": str(_SCHEMA_VERSION), "seq": "1"}
+            conn.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
+        elif meta.get("version") == "1":
+            # Version 1 had one id for the file (meta 'id'): its segments keep it, new ones
+            # get the id of the open that stores them.
+            conn.execute("ALTER TABLE segments ADD COLUMN sid TEXT")
+            conn.execute("UPDATE segments SET sid = ?", (meta.get("id", ""),))
+            conn.execute("UPDATE meta SET v = ? WHERE k = 'version'", (str(_SCHEMA_VERSION),))
+            meta["version"] = str(_SCHEMA_VERSION)
+        if meta.get("version") != str(_SCHEMA_VERSION):
+            raise _Unusable(
+                f"unknown spool version {meta.get('version')!r} (this kresilient reads "
+                f"{_SCHEMA_VERSION}): written by a newer kresilient?"
+            )
+        return meta
+
+    @staticmethod
+    def _close_quietly(conn: sqlite3.Connection | None) -> None:
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+
+    def _unopenable(self, exc: BaseException) -> SpoolError:
+        """An error at open that is not corruption: the file stays as it is."""
+        code = _sqlite_code(exc)
+        remedy = _OPEN_REMEDIES.get(code, _OPEN_REMEDY) if code is not None else _OPEN_REMEDY
+        if isinstance(exc, _Unusable):
+            remedy = "open it with the kresilient version that wrote it, or move it aside"
+        return SpoolError(
+            f"spool file {self.path} could not be opened ({exc}); it was left as it is "
+            "(not quarantined: nothing was moved or deleted, its stored messages are still "
+            "in it)",
+            code=KafkaError._FS,
+            name="_FS",
+            classification=_storage_classification(remedy),
+        )
 
     def _quarantine(self, exc: BaseException) -> SpoolCorruptError:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -310,7 +528,7 @@ class Spool:
 
     # ------------------------------------------------------------------ read and write
 
-    def take_loaded(self) -> list[tuple[int, list[Any], int]]:
+    def take_loaded(self) -> list[tuple[int, list[Any], int, bytes]]:
         """The segments found at open (``(id, records, nbytes)``), once."""
         loaded, self._loaded = self._loaded, []
         return loaded
@@ -321,16 +539,16 @@ class Spool:
         """Store one segment (and delete acknowledged ones) in one transaction."""
         data = marshal.dumps(records)
         last_seq = records[-1][0] + 1 if records else self.next_seq
-        row = (seg_id, len(records), nbytes, zlib.crc32(data), data)
+        row = (seg_id, len(records), nbytes, zlib.crc32(data), data, self.spool_id)
         with self._lock:
             conn = self._connection()
             if not deletes:  # one statement: its own transaction (autocommit)
-                conn.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?)", row)
+                conn.execute(_INSERT, row)
                 self.next_seq = last_seq
                 return
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                conn.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?)", row)
+                conn.execute(_INSERT, row)
                 conn.executemany("DELETE FROM segments WHERE id = ?", [(i,) for i in deletes])
                 conn.execute("UPDATE meta SET v = ? WHERE k = 'seq'", (str(last_seq),))
                 conn.execute("COMMIT")
@@ -371,6 +589,7 @@ class Spool:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
+            self.check_process()
             raise SpoolError(
                 f"spool {self.path} is closed",
                 code=KafkaError._STATE,
@@ -387,15 +606,81 @@ class Spool:
         return int(segments), int(messages)
 
     def close(self) -> None:
-        """Close the file (idempotent). What it holds is re-sent by the next producer."""
+        """Close the file and release its lock (idempotent). What it holds is re-sent by the
+        next producer. In a forked child it does nothing: the parent's spool stays open."""
         with self._lock:
             conn, self._conn = self._conn, None
             self.closed = True
+        try:
+            if conn is not None:
+                conn.close()
+        finally:
+            # After the connection's close (its checkpoint): the next opener finds it done.
+            self._unlock()
+            _OPEN_SPOOLS.discard(self)
+
+    def _unlock(self) -> None:
+        fd, self._lockfd = self._lockfd, -1
+        if fd < 0:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        # A Spool dropped without close(): its descriptor (and so its lock) goes with it, as
+        # the connection does. Never LOCK_UN here: in a child that kept a copy it is the
+        # parent's lock (the fork hook closed the child's copy already).
+        fd = getattr(self, "_lockfd", -1)
+        if fd >= 0 and getattr(self, "_pid", None) == os.getpid():
+            self._lockfd = -1
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _disown(self) -> None:
+        """In a forked child (the fork hook): this spool is the parent's, not ours.
+
+        The child's copy of the lock descriptor is closed without unlocking (the lock is the
+        open file description's, shared with the parent: unlocking would release the
+        parent's), so it ends with the parent; the connection is kept unused (SQLite: a
+        connection must not cross fork()). Every later use raises (``check_process``).
+        """
+        self._lock = threading.Lock()  # a parent thread may have held it at the fork
+        self._parent_pid = self._pid
+        fd, self._lockfd = self._lockfd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        conn, self._conn = self._conn, None
         if conn is not None:
-            conn.close()
+            _INHERITED.append(conn)
+        callback = self._on_fork() if self._on_fork is not None else None
+        if callback is not None:
+            callback()
+
+    def check_process(self) -> None:
+        """Raise :class:`SpoolError` in a forked child of the process that opened the spool."""
+        if self._parent_pid is None:
+            return
+        raise SpoolError(
+            f"spool {self.path} was opened by process {self._parent_pid} and this process "
+            f"({os.getpid()}) inherited it over fork(): a forked child may not use its "
+            "parent's spool (the two would give distinct messages the same "
+            "kresilient.message.id and share one SQLite connection). Nothing was stored",
+            code=KafkaError._STATE,
+            name="_STATE",
+            classification=_state_classification(
+                "open the producer and its Spool after the fork, in each worker, each on a "
+                "path of its own (e.g. in the server's post-fork hook)"
+            ),
+        )
 
     def __repr__(self) -> str:
         return f"<Spool {str(self.path)!r} durability={self.durability} id={self.spool_id}>"
+
+
+_INSERT: Final = "INSERT INTO segments(id, n, nbytes, crc, data, sid) VALUES (?, ?, ?, ?, ?, ?)"
 
 
 def _header_list(headers: Any) -> list[tuple[str, Any]]:
@@ -460,9 +745,11 @@ class SpoolDriver:
         backpressure_timeout: float = 60.0,
         delivery_timeout: float = 300.0,
     ) -> None:
+        spool.check_process()
         if spool.attached or spool.closed:
             raise ValueError(f"{spool!r} is already used by a producer or closed")
         spool.attached = True
+        spool._on_fork = weakref.WeakMethod(self._disowned)
         self._owner = owner
         self._howner = handle_owner
         self._ids = owner._ids
@@ -483,7 +770,7 @@ class SpoolDriver:
         self._wake = threading.Event()
         self._acks: deque[Any] = deque()
         self._fails: deque[tuple[Any, Any, Any]] = deque()
-        self._open = _Segment(self._acks, self._fails)
+        self._open = _Segment(self._acks, self._fails, self._prefix)
         self._bytes = 0
         self._segments: dict[int, _Segment] = {}
         self._next_seg = 1
@@ -517,8 +804,8 @@ class SpoolDriver:
     def _recover(self) -> None:
         loaded = self.spool.take_loaded()
         howner = self._howner
-        for seg_id, records, nbytes in loaded:
-            seg = _Segment(self._acks, self._fails)
+        for seg_id, records, nbytes, prefix in loaded:
+            seg = _Segment(self._acks, self._fails, prefix)
             seg.id = seg_id
             seg.nbytes = nbytes
             seg.left = len(records)
@@ -570,7 +857,7 @@ class SpoolDriver:
         if value.__class__ is not bytes or key.__class__ not in _KEY_TYPES or headers is not None:
             _check_types(topic, value, key, headers)
         if self._closed:
-            _closed_error(topic)
+            self._refuse(topic)
         if self._store_error is not None:  # a group commit failed on the spool thread
             error, self._store_error = self._store_error, None
             if error is not None:
@@ -619,7 +906,10 @@ class SpoolDriver:
             seg.nbytes += size
             full = len(entries) >= _MAX_BATCH
         if not self._group:
-            self._commit(raise_for=h)
+            self._commit()
+            if h._state == _UNSTORED:  # its batch failed (this thread's commit or another's)
+                h._state = _DONE
+                raise h._error
         elif full:
             self._wake.set()
         elif self._handoff:
@@ -680,11 +970,13 @@ class SpoolDriver:
             self._commit()
             self._owner.poll(0.05)
 
-    def _commit(self, raise_for: Any = None, *, pump: bool = True) -> None:
+    def _commit(self, *, pump: bool = True) -> None:
         """Store the open segment, then hand it over; on failure fail all of it.
 
-        Raises the :class:`SpoolError` when ``raise_for`` (the caller's handle) was in the
-        failed batch; otherwise the error is kept for the application's next call.
+        ``"group"``: the error is kept for the application's next call and the batch listed
+        by ``flush()``. ``"os"``/``"fsync"``: every message of the batch belongs to a
+        ``produce()`` still running (each commits before it returns; with several threads
+        one commit can take the others' messages): each of them raises (``_UNSTORED``).
         ``pump=False`` (the spool thread): leave the hand-off to the application's next call.
         """
         with self._commit_lock:
@@ -692,7 +984,7 @@ class SpoolDriver:
                 seg = self._open
                 batch: list[Any] = seg.entries
                 if batch:
-                    self._open = _Segment(self._acks, self._fails)
+                    self._open = _Segment(self._acks, self._fails, self._prefix)
                 else:
                     # Not the open segment's list: produce() may append to it meanwhile.
                     batch = []
@@ -715,10 +1007,9 @@ class SpoolDriver:
             except (sqlite3.Error, OSError, SpoolError) as exc:
                 with self._state:
                     self._deletes[:0] = deletes
-                error = self._store_failed(exc, batch, raise_for)
-                if any(h is raise_for for h in batch):
-                    raise error from exc
-                self._store_error = error
+                error = self._store_failed(exc, batch)
+                if self._group:
+                    self._store_error = error
                 return
             self._next_seg = seg_id + 1
             seg.id = seg_id
@@ -732,8 +1023,12 @@ class SpoolDriver:
                 else:
                     self._handoff = True
 
-    def _store_failed(self, exc: BaseException, batch: list[Any], raise_for: Any) -> SpoolError:
-        """A commit failed: nothing of the batch was stored or handed to Kafka; say so."""
+    def _store_failed(self, exc: BaseException, batch: list[Any]) -> SpoolError:
+        """A commit failed: nothing of the batch was stored or handed to Kafka; say so.
+
+        ``"group"``: listed as failures (``flush()`` raises them). ``"os"``/``"fsync"``: each
+        message's own ``produce()`` raises instead (see ``_commit``), never listed twice.
+        """
         full = isinstance(exc, sqlite3.Error) and "full" in str(exc).lower()
         remedy = (
             "the spool's disk is full: free space (or move the spool), then produce again"
@@ -744,20 +1039,24 @@ class SpoolDriver:
         owner = self._owner
         failures: list[DeliveryFailure] = []
         err = KafkaError(KafkaError._FS, f"spool write failed: {exc}")
+        sync = not self._group
+        refused = 0
         for handle in batch:
             _, topic, value, key, part, _ts, headers = handle._rec
-            handle._state = _DONE
-            handle._error = SpoolError(
+            handle._error = error = SpoolError(
                 f"not stored in spool {self.spool.path}: {exc}; not sent",
                 code=KafkaError._FS,
                 name="_FS",
                 topic=topic,
                 classification=c,
             )
-            owner._end_span(handle, handle._error, c)
-            if handle is raise_for:  # produce() raises for this one: not listed twice
-                owner._refused += 1
+            error.__cause__ = exc
+            owner._end_span(handle, error, c)
+            if sync:  # its produce() raises it: not listed
+                handle._state = _UNSTORED
+                refused += 1
                 continue
+            handle._state = _DONE
             failures.append(
                 failure_from_report(
                     err,
@@ -775,6 +1074,7 @@ class SpoolDriver:
         with owner._lock:
             owner._failures.extend(failures)
             owner._failed_total += len(failures)
+            owner._refused += refused
         self._log.error(
             "spool_write_failed",
             path=str(self.spool.path),
@@ -817,11 +1117,13 @@ class SpoolDriver:
             while pending:
                 e = popleft()
                 seq, topic, value, key, part, ts, headers = e._rec
-                ident = (MESSAGE_ID_HEADER, prefix + str(seq).encode())
-                hdrs = [*headers, ident] if headers else [ident]
                 dup = e._dup
-                if dup:
-                    hdrs.append(_DUP_HEADER)
+                if dup:  # a re-send: a recovered message keeps the id its first open gave it
+                    ident = (MESSAGE_ID_HEADER, e._seg.prefix + str(seq).encode())
+                    hdrs = [*headers, ident, _DUP_HEADER] if headers else [ident, _DUP_HEADER]
+                else:
+                    ident = (MESSAGE_ID_HEADER, prefix + str(seq).encode())
+                    hdrs = [*headers, ident] if headers else [ident]
                 try:
                     produce(topic, value, key, part, e, None, ts, hdrs)
                 except BufferError:
@@ -1010,6 +1312,7 @@ class SpoolDriver:
 
     def commit(self) -> None:
         """Store the current batch now (``flush()`` does this first); raise if it failed."""
+        self.spool.check_process()
         self._commit()
         error, self._store_error = self._store_error, None
         if error is not None:
@@ -1040,11 +1343,34 @@ class SpoolDriver:
             except Exception as exc:  # kept for the application's next call
                 self._log.debug("spool_thread_error", error=str(exc))
 
+    def _disowned(self) -> None:
+        """The fork hook, in the child (through the spool): nothing may be produced here.
+
+        Fresh locks: a thread of the parent (the spool thread) may have held one at the fork,
+        and ``close()``/``flush()`` of the child must not wait for it forever.
+        """
+        self._closed = True
+        self._commit_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._state = threading.RLock()
+
+    def _refuse(self, topic: str) -> None:
+        """produce() after close(), or in a forked child: raise, nothing stored."""
+        try:
+            self.spool.check_process()
+        except SpoolError as exc:
+            exc.topic = topic
+            raise
+        _closed_error(topic)
+
     def close(self) -> int:
         """Stop the commit thread, rewrite partly acknowledged segments, close the spool.
 
         Returns how many messages stay stored (re-sent by the next producer on this file).
+        In a forked child: nothing (the parent's process owns the spool and its messages).
         """
+        if self.spool._parent_pid is not None:
+            return 0
         self._closed = True
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -1059,7 +1385,7 @@ class SpoolDriver:
                     batch = self._open.entries
                     nbytes = self._open.nbytes
                     if batch:
-                        self._open = _Segment(self._acks, self._fails)
+                        self._open = _Segment(self._acks, self._fails, self._prefix)
                 if batch:  # produce() raced with close(): store it, do not drop it
                     self.spool.append(self._next_seg, [h._rec for h in batch], nbytes, [])
                     kept += len(batch)
