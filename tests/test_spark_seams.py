@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,9 +18,17 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
-from confluent_kafka import Consumer, TopicPartition  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition  # noqa: E402
+from confluent_kafka.admin import (  # noqa: E402
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+)
+from structlog.testing import capture_logs  # noqa: E402
 
 from kresilient.deadletter import ORIGINAL_TIMESTAMP  # noqa: E402
+from kresilient.errors import ConfigError, KResilientError  # noqa: E402
 from kresilient.spark._eos import ensure_marker_topic, write_task_exactly_once  # noqa: E402
 from kresilient.spark._options import column_layout, parse_options  # noqa: E402
 from kresilient.spark._task import TaskInfo, TaskReport  # noqa: E402
@@ -90,7 +99,7 @@ def _records(bootstrap: str, topic: str, *, committed: bool = False) -> list[Any
     )
     try:
         parts = list(c.list_topics(topic, timeout=10).topics[topic].partitions)
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+        ends = _high_watermarks(bootstrap, topic, parts)
         c.assign([TopicPartition(topic, p, 0) for p in parts])
         out: list[Any] = []
         remaining = {p for p, end in ends.items() if end > 0}
@@ -102,6 +111,22 @@ def _records(bootstrap: str, topic: str, *, committed: bool = False) -> list[Any
                     remaining.discard(tp.partition)
         assert not remaining, f"could not read {topic} to its end"
         return out
+    finally:
+        c.close()
+
+
+def _high_watermarks(bootstrap: str, topic: str, parts: list[int]) -> dict[int, int]:
+    """The high watermarks, read_uncommitted: a read_committed client's watermark query answers
+    the last stable offset, which lags a transaction's commit until its markers are written."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"kr-seams-{uuid.uuid4().hex[:6]}",
+            "isolation.level": "read_uncommitted",  # librdkafka's default is read_committed
+        }
+    )
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
     finally:
         c.close()
 
@@ -175,10 +200,225 @@ def test_exactly_once_row_for_a_partition_the_topic_lacks_is_dead_lettered_not_a
     prefix = f"kr-seams-{uuid.uuid4().hex[:8]}"
     parts = pa.array([7 if i == 5 else i % 2 for i in range(20)], pa.int32())
     report = _eos(
-        bootstrap, _batch(range(20), partition=parts), topic=topic, dlq=dlq, prefix=prefix,
+        bootstrap,
+        _batch(range(20), partition=parts),
+        topic=topic,
+        dlq=dlq,
+        prefix=prefix,
         batch_id=0,
-    )  # fmt: skip
+    )
     assert (report.written, report.dead_lettered, report.skipped) == (19, 1, False)
     assert report.dead_letter_reasons == {"_UNKNOWN_PARTITION": 1}
     assert sorted(_ids(bootstrap, topic, committed=True)) == [i for i in range(20) if i != 5]
     assert _ids(bootstrap, dlq, committed=True) == [5]
+
+
+# --------------------------------------------------------------------------- issue 37 #2
+def test_exactly_once_refuses_a_marker_topic_with_several_partitions(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """A compacted marker topic with 3 partitions: markers would land on partitions by key
+    while the durable read looks at partition 0 only (duplicates once the marker groups'
+    offsets expire). It is refused, naming it and the fix, at planning and in the task. On
+    c15a167 it was accepted and the task wrote its marker wherever its key hashed."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    markers = topic_factory(partitions=3, config={"cleanup.policy": "compact"})
+    with pytest.raises(ConfigError, match="exactly 1 partition") as info:
+        ensure_marker_topic({"bootstrap.servers": bootstrap}, markers)
+    assert markers in str(info.value) and info.value.key == "markertopic"
+    # The task refuses it too (a topic recreated under a running query), before writing.
+    topic, dlq = topic_factory(), topic_factory()
+    opts = parse_options(
+        {
+            "kafka.bootstrap.servers": bootstrap,
+            "topic": topic,
+            "deadLetterTopic": dlq,
+            "guarantee": "exactly_once",
+            "transactionalIdPrefix": f"kr-seams-{uuid.uuid4().hex[:8]}",
+            "markerTopic": markers,
+        }
+    )
+    layout = column_layout([("key", "binary"), ("value", "binary")], topic_option=topic)
+    info_task = TaskInfo(partition_id=0, attempt=0, batch_id=0, query_id="q-seams")
+    with pytest.raises(ConfigError, match="exactly 1 partition"):
+        write_task_exactly_once(
+            opts,
+            layout,
+            iter([_batch(range(5))]),
+            config=sink_producer_config(opts),
+            context=lambda: info_task,
+        )
+    assert _ids(bootstrap, topic, committed=True) == []
+    # Control: a 1-partition compacted topic is accepted.
+    ensure_marker_topic(
+        {"bootstrap.servers": bootstrap}, topic_factory(config={"cleanup.policy": "compact"})
+    )
+
+
+# --------------------------------------------------------------------------- issue 37 #3
+def _stream_writer(bootstrap: str, topic: str, markers: str, checkpoint: Path) -> Any:
+    """What Spark calls on the driver to plan a streaming write (``streamWriter``)."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from kresilient.spark._source import KResilientDataSource
+
+    source = KResilientDataSource(
+        {
+            "kafka.bootstrap.servers": bootstrap,
+            "topic": topic,
+            "guarantee": "exactly_once",
+            "markerTopic": markers,
+            "checkpointLocation": str(checkpoint),
+        }
+    )
+    schema = StructType([StructField("key", BinaryType()), StructField("value", BinaryType())])
+    return source.streamWriter(schema, False)
+
+
+def _topic_exists(bootstrap: str, name: str) -> bool:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    return name in admin.list_topics(timeout=30).topics
+
+
+def test_marker_topic_deleted_while_down_is_not_recreated_for_a_query_that_committed(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
+) -> None:
+    """The query's checkpoint has committed micro-batches, its marker topic is gone: planning
+    the restarted query fails naming the topic instead of creating it empty (with expired
+    marker group offsets, the replay would write the committed batch again). On c15a167
+    streamWriter recreated it. Control: a new query (empty checkpoint) gets it created."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = topic_factory()
+    markers = f"t-markers-{uuid.uuid4().hex[:8]}"
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "commits" / "0").write_text('v1\n{"nextBatchWatermarkMs":0}')
+    with pytest.raises(ConfigError, match="committed micro-batch") as info:
+        _stream_writer(bootstrap, topic, markers, checkpoint)
+    assert markers in str(info.value)
+    assert not _topic_exists(bootstrap, markers), "the marker topic was recreated empty"
+    fresh = tmp_path / "new-query"
+    fresh.mkdir()
+    _stream_writer(bootstrap, topic, markers, fresh)
+    assert _topic_exists(bootstrap, markers)
+    # With the topic there, the query that committed plans normally.
+    _stream_writer(bootstrap, topic, markers, checkpoint)
+
+
+# --------------------------------------------------------------------------- issue 37 #4
+def test_exactly_once_sees_a_raised_max_message_bytes_and_keeps_the_rows_value(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Write 1 reads the topic's max.message.bytes (40,000); it is raised to 200,000; write 2
+    has a 60 kB row. The row must end in the topic with its value, not dead-lettered without
+    it: the size refusal under the stale limit makes the task read the limit again and fail
+    the attempt (the producer's limit cannot change), and the retry writes it. On c15a167
+    the limit stayed cached for the worker's life: the row was dead-lettered, value dropped."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = topic_factory(config={"max.message.bytes": "40000"})
+    dlq = topic_factory()
+    prefix = f"kr-seams-{uuid.uuid4().hex[:8]}"
+    first = _eos(bootstrap, _batch(range(5)), topic=topic, dlq=dlq, prefix=prefix, batch_id=0)
+    assert first.written == 5
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    raised = ConfigEntry("max.message.bytes", "200000", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[raised])
+    admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    rows = _batch(range(100, 110), sizes={104: 60_000})
+    reports: list[TaskReport] = []
+    for attempt in range(2):  # Spark's retry of a failed attempt
+        try:
+            reports.append(
+                _eos(
+                    bootstrap,
+                    rows,
+                    topic=topic,
+                    dlq=dlq,
+                    prefix=prefix,
+                    batch_id=1,
+                    attempt=attempt,
+                )
+            )
+            break
+        except KResilientError as exc:
+            assert "max.message.bytes was raised" in str(exc)
+    assert reports, "the retry did not write the batch"
+    assert (reports[0].written, reports[0].dead_lettered) == (10, 0)
+    written = {
+        int.from_bytes(m.key(), "big"): m for m in _records(bootstrap, topic, committed=True)
+    }
+    assert sorted(written) == [*range(5), *range(100, 110)]
+    assert len(written[104].value()) == 60_000
+    assert _ids(bootstrap, dlq, committed=True) == []
+
+
+# --------------------------------------------------------------------------- suspicion: B+1
+def test_exactly_once_replay_of_a_batch_older_than_the_marker_logs_an_error(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Suspicion (confirmed): the marker says batch 3 committed, Spark replays batch 1 (the
+    checkpoint went back): the rows are skipped, and now an ERROR names the group, the batch
+    and the marker. On c15a167 it skipped without a log line. Control: the ordinary replay of
+    the last batch (marker == B+1) skips without it."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = topic_factory(), topic_factory()
+    prefix = f"kr-seams-{uuid.uuid4().hex[:8]}"
+    _eos(bootstrap, _batch(range(5)), topic=topic, dlq=dlq, prefix=prefix, batch_id=3)
+    with capture_logs() as logs:
+        replay = _eos(bootstrap, _batch(range(5)), topic=topic, dlq=dlq, prefix=prefix, batch_id=3)
+    assert replay.skipped
+    assert not [e for e in logs if e["log_level"] == "error"]
+    with capture_logs() as logs:
+        older = _eos(bootstrap, _batch(range(7)), topic=topic, dlq=dlq, prefix=prefix, batch_id=1)
+    assert older.skipped
+    (error,) = [e for e in logs if e["event"] == "spark_exactly_once_checkpoint_behind_marker"]
+    assert error["log_level"] == "error"
+    assert (error["group"], error["batch_id"], error["marker_batch"], error["rows_skipped"]) == (
+        f"{prefix}-0",
+        1,
+        3,
+        7,
+    )
+
+
+# --------------------------------------------------------------------------- suspicion: coordinator
+class _FakeCoordinatorConsumer:
+    """``committed()`` answering NOT_COORDINATOR ``failures`` times (what the first task on a
+    fresh cluster meets), then the real answer."""
+
+    def __init__(self, real: Consumer, failures: int, code: int) -> None:
+        self.real = real
+        self.failures = failures
+        self.code = code
+        self.calls = 0
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> Any:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise KafkaException(KafkaError(self.code))
+        return self.real.committed(partitions, timeout=timeout)
+
+
+def test_fake_not_coordinator_on_the_marker_read_is_retried(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Suspicion (confirmed, fake: a real broker answers NOT_COORDINATOR only while a
+    coordinator moves or loads): ``_read_marker`` gave up on the first NOT_COORDINATOR /
+    COORDINATOR_LOAD_IN_PROGRESS and failed the task; now it retries them until its deadline.
+    Control: an error that does not clear (authorization) still escapes at once."""
+    from kresilient.spark._eos import _read_marker
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = topic_factory()
+    real = Consumer({"bootstrap.servers": bootstrap, "group.id": f"kr-seams-{uuid.uuid4().hex}"})
+    try:
+        for code in (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS):
+            fake = _FakeCoordinatorConsumer(real, 3, code)
+            assert _read_marker(fake, topic)[0] == -1001  # type: ignore[arg-type]
+            assert fake.calls == 4
+        denied = _FakeCoordinatorConsumer(real, 1, KafkaError.GROUP_AUTHORIZATION_FAILED)
+        with pytest.raises(KafkaException):
+            _read_marker(denied, topic)  # type: ignore[arg-type]
+        assert denied.calls == 1
+    finally:
+        real.close()

@@ -38,7 +38,9 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import structlog
 from confluent_kafka import (
@@ -91,7 +93,12 @@ from kresilient.spark._write import (
     _wait_for_room,
 )
 
-__all__ = ["ReplayMismatchError", "ensure_marker_topic", "write_task_exactly_once"]
+__all__ = [
+    "ReplayMismatchError",
+    "committed_batches",
+    "ensure_marker_topic",
+    "write_task_exactly_once",
+]
 
 _log = structlog.get_logger("kresilient.spark")
 
@@ -99,7 +106,23 @@ _TIMEOUT = 60.0
 _MARKER_UNSET = -1001
 #: Room for the record batch header and per-record overhead under the topic's limit.
 _OVERHEAD = 1024
-_topic_limits: dict[tuple[str, str], int] = {}
+#: (bootstrap servers, topic) -> (max.message.bytes, when read, monotonic)
+_topic_limits: dict[tuple[str, str], tuple[int, float]] = {}
+#: How long a topic's max.message.bytes is trusted without a size refusal (a raised limit is
+#: seen by the next task after this at the latest; a refusal re-reads it at once).
+_LIMIT_TTL = 60.0
+#: Coordinator errors of a marker read that clear by themselves (a fresh cluster's
+#: __consumer_offsets still loading, a coordinator moving): retried until _TIMEOUT.
+_COORDINATOR_CODES = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError._WAIT_COORD,
+        KafkaError._TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+)
 
 
 def transactional_prefix(options: SinkOptions, info: TaskInfo) -> str:
@@ -123,29 +146,77 @@ def _connection_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _topic_limit(config: Mapping[str, Any], topic: str) -> int:
-    """The topic's ``max.message.bytes`` (cached per process)."""
+def _topic_limit(config: Mapping[str, Any], topic: str, *, fresh: bool = False) -> int:
+    """The topic's ``max.message.bytes``: cached per process for :data:`_LIMIT_TTL` seconds,
+    read again when ``fresh`` (after a size refusal: the topic's setting may have changed)."""
     cache_key = (str(config.get("bootstrap.servers")), topic)
-    limit = _topic_limits.get(cache_key)
-    if limit is None:
-        admin = AdminClient(_connection_config(config))
-        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-        described = admin.describe_configs([resource])[resource].result(timeout=_TIMEOUT)
-        limit = int(described["max.message.bytes"].value)
-        _topic_limits[cache_key] = limit
+    cached = _topic_limits.get(cache_key)
+    if cached is not None and not fresh and time.monotonic() - cached[1] < _LIMIT_TTL:
+        return cached[0]
+    admin = AdminClient(_connection_config(config))
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    described = admin.describe_configs([resource])[resource].result(timeout=_TIMEOUT)
+    limit = int(described["max.message.bytes"].value)
+    _topic_limits[cache_key] = (limit, time.monotonic())
     return limit
 
 
-def ensure_marker_topic(config: Mapping[str, Any], name: str) -> None:
+def _forget_topic_limit(config: Mapping[str, Any], topic: str) -> None:
+    _topic_limits.pop((str(config.get("bootstrap.servers")), topic), None)
+
+
+def committed_batches(checkpoint: str | None) -> int | None:
+    """How many micro-batches the query's checkpoint says it committed (files in its
+    ``commits`` directory); ``None`` when that cannot be read from here (no checkpoint
+    location in the options, or one on a remote file system)."""
+    if not checkpoint:
+        return None
+    parsed = urlparse(checkpoint)
+    if parsed.scheme not in ("", "file"):
+        return None
+    commits = Path(parsed.path if parsed.scheme else checkpoint) / "commits"
+    try:
+        return sum(1 for p in commits.iterdir() if p.name.isdigit())
+    except FileNotFoundError:
+        return 0
+    except OSError:
+        return None
+
+
+def ensure_marker_topic(config: Mapping[str, Any], name: str, *, committed: int | None = 0) -> None:
     """Create the compacted marker topic if it is missing; refuse one that would lose markers.
 
     Called on the driver when an exactly-once streaming query is planned. Raises
-    :class:`~kresilient.ConfigError` (key ``markerTopic``) when the topic cannot be created or
-    its ``cleanup.policy`` is not exactly ``compact`` (``delete`` would expire markers).
+    :class:`~kresilient.ConfigError` (key ``markerTopic``) when the topic cannot be created,
+    its ``cleanup.policy`` is not exactly ``compact`` (``delete`` would expire markers), or it
+    has more than one partition (markers are read from partition 0).
+
+    ``committed``: the micro-batches the query's checkpoint committed (:func:`committed_batches`;
+    ``None``: unknown). A query that committed batches never gets a new, empty marker topic:
+    its markers were in the missing one, and without them (the marker groups' offsets expire)
+    a replay would write committed rows again. Then this raises, naming the topic.
     """
     admin = AdminClient(_connection_config(config))
     metadata = admin.list_topics(timeout=_TIMEOUT)  # all topics: never auto-creates one
+    if name not in metadata.topics and committed:
+        raise ConfigError(
+            f"the marker topic {name!r} does not exist, but this query's checkpoint has "
+            f"{committed} committed micro-batch(es): their exactly-once markers were in it "
+            "(deleted?). Recreating it empty could write committed rows again. Restore the "
+            "topic, or start a new query (a new checkpoint location); if this query never "
+            "wrote with exactly_once, create the topic yourself (1 partition, "
+            "cleanup.policy=compact)",
+            key="markertopic",
+        )
     if name not in metadata.topics:
+        if committed is None:
+            _log.warning(
+                "spark_marker_topic_created_unchecked",
+                topic=name,
+                note="the query's checkpoint could not be read here (remote file system?): "
+                "if this query committed micro-batches before, its markers were in a deleted "
+                "topic of this name and a replay may write committed rows again",
+            )
         replicas = min(3, len(metadata.brokers))
         new = NewTopic(
             name,
@@ -176,6 +247,9 @@ def ensure_marker_topic(config: Mapping[str, Any], name: str) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+    partitions = len(metadata.topics[name].partitions) if name in metadata.topics else 1
+    if partitions != 1:
+        raise ConfigError(_many_partitions(name, partitions), key="markertopic")
     policy = described["cleanup.policy"].value
     if policy.replace(" ", "") != "compact":
         raise ConfigError(
@@ -184,6 +258,16 @@ def ensure_marker_topic(config: Mapping[str, Any], name: str) -> None:
             "and a replay would duplicate committed rows)",
             key="markertopic",
         )
+
+
+def _many_partitions(name: str, partitions: int) -> str:
+    return (
+        f"marker topic {name!r} has {partitions} partitions: exactly_once needs a marker "
+        "topic with exactly 1 partition (markers are read from partition 0; one on another "
+        "partition would be missed and committed rows written again once the marker groups' "
+        "offsets expire). Recreate it with 1 partition and cleanup.policy=compact (only while "
+        "no query uses it: it holds their markers), or name another with the markerTopic option"
+    )
 
 
 def _read_durable_marker(
@@ -199,11 +283,16 @@ def _read_durable_marker(
     tp = TopicPartition(marker_topic, 0)
     probe = Consumer({**_connection_config(config), "group.id": key, "enable.auto.commit": False})
     try:
-        if marker_topic not in probe.list_topics(timeout=_TIMEOUT).topics:
+        found_topic = probe.list_topics(timeout=_TIMEOUT).topics.get(marker_topic)
+        if found_topic is None:
             raise KResilientError(
                 f"the marker topic {marker_topic!r} does not exist: exactly_once cannot tell "
                 "which partitions of this micro-batch already committed (deleted? a new "
                 "markerTopic?). Restore it or start a new query (new checkpoint)"
+            )
+        if len(found_topic.partitions) > 1:
+            raise ConfigError(
+                _many_partitions(marker_topic, len(found_topic.partitions)), key="markertopic"
             )
         _, end = probe.get_watermark_offsets(tp, timeout=_TIMEOUT)  # read_uncommitted: the HWM
     finally:
@@ -242,9 +331,24 @@ def _read_durable_marker(
 
 
 def _read_marker(consumer: Consumer, topic: str) -> tuple[int, dict[str, Any]]:
-    (tp,) = consumer.committed([TopicPartition(topic, 0)], timeout=_TIMEOUT)
-    if tp.error is not None:
-        raise KafkaException(tp.error)
+    deadline = time.monotonic() + _TIMEOUT
+    delay = 0.1
+    while True:
+        try:
+            (tp,) = consumer.committed([TopicPartition(topic, 0)], timeout=_TIMEOUT)
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+            break
+        except KafkaException as exc:
+            # The first task on a fresh cluster meets a coordinator still loading
+            # __consumer_offsets; a coordinator moving says NOT_COORDINATOR: both clear.
+            err = exc.args[0]
+            code = err.code() if isinstance(err, KafkaError) else None
+            if code not in _COORDINATOR_CODES or time.monotonic() + delay > deadline:
+                raise
+            _log.debug("spark_marker_read_retried", topic=topic, error=err.name())
+            time.sleep(delay)  # backoff between attempts, bounded by the deadline above
+            delay = min(delay * 2, 2.0)
     meta: dict[str, Any] = {}
     if tp.metadata:
         try:
@@ -303,6 +407,7 @@ def _write_task_exactly_once(
         limit = min(
             int(config.get("message.max.bytes", 1_000_000)), _topic_limit(config, topic) - _OVERHEAD
         )
+        sizing = _Sizing(config, topic, limit)
         collector = _Collector(redactor)
         conf = {k: v for k, v in config.items() if k != "delivery.report.only.error"}
         conf.update(
@@ -351,6 +456,23 @@ def _write_task_exactly_once(
             _check_marker(meta, info, prefix)
             if marker != _MARKER_UNSET and marker >= info.batch_id + 1:
                 rows = sum(b.num_rows for b in batches)
+                if marker > info.batch_id + 1:
+                    # Spark replays only its last batch: a marker past it means the
+                    # checkpoint went back (partly reset, restored from a backup). These rows
+                    # are skipped as written; if the batch now holds other rows, they are lost.
+                    _log.error(
+                        "spark_exactly_once_checkpoint_behind_marker",
+                        group=name,
+                        topic=topic,
+                        partition=info.partition_id,
+                        batch_id=info.batch_id,
+                        marker_batch=marker - 1,
+                        rows_skipped=rows,
+                        note="the sink committed micro-batch up to the marker, the query's "
+                        "checkpoint replays an older one: its rows are skipped as already "
+                        "written. If the checkpoint was reset on purpose, start a new query "
+                        "(new checkpoint and transactionalIdPrefix) instead",
+                    )
                 if marker == info.batch_id + 1 and meta.get("rows", rows) != rows:
                     raise ReplayMismatchError(
                         f"micro-batch {info.batch_id}, partition {info.partition_id} was "
@@ -360,7 +482,7 @@ def _write_task_exactly_once(
                 report = make_report(info, rows, {}, {}, started, skipped=True)
             else:
                 report = _write_transaction(
-                    producer, consumer, collector, options, layout, batches, info, topic, name
+                    producer, consumer, collector, options, layout, batches, info, sizing, name
                 )
                 report.seconds = time.monotonic() - started
         finally:
@@ -379,10 +501,11 @@ def _write_transaction(
     layout: ColumnLayout,
     batches: Iterator[Any],
     info: TaskInfo,
-    topic: str,
+    sizing: _Sizing,
     name: str,
 ) -> TaskReport:
     started = time.monotonic()
+    topic = sizing.topic
     producer.begin_transaction()
     writer = _TaskWriter(options, layout, _Entry({}, producer, collector), check_partitions=True)
     try:
@@ -390,6 +513,9 @@ def _write_transaction(
         local = writer.local_failures
         writer.local_failures = []
         reported = _flushed_failures(producer, collector)  # raises for non-row errors
+        if any(f.error.code() in TOO_LARGE_CODES for f in reported):
+            sizing.forget()  # the topic's limit went down: the retry reads it again
+        sizing.check_refusals(local)
         if reported:
             raise DeliveryError(
                 "the broker refused rows inside the transaction (it is aborted): "
@@ -414,6 +540,43 @@ def _write_transaction(
         _abort_quietly(producer)
         raise
     return make_report(info, writer.rows, _reasons(local), topics, started)
+
+
+class _Sizing:
+    """The size limit a task's transactional producer was built with, and its check after a
+    local size refusal: the topic's ``max.message.bytes`` may have been raised since it was
+    read (issue 37 #4: the row was dead-lettered without its value although it now fits)."""
+
+    def __init__(self, config: Mapping[str, Any], topic: str, limit: int) -> None:
+        self.config = config
+        self.topic = topic
+        self.limit = limit  #: the producer's message.max.bytes
+
+    def forget(self) -> None:
+        _forget_topic_limit(self.config, self.topic)
+
+    def check_refusals(self, local: list[_Failure]) -> None:
+        """Raise (the transaction is aborted, Spark retries the task) when a row refused
+        locally as too large fits the topic's limit read now: the producer cannot change its
+        ``message.max.bytes``, the retry's producer is built with the new limit."""
+        sizes = [
+            len(f.value or b"") + len(f.key or b"")
+            for f in local
+            if f.topic == self.topic and f.error.code() in TOO_LARGE_CODES
+        ]
+        if not sizes:
+            return
+        now = min(
+            int(self.config.get("message.max.bytes", 1_000_000)),
+            _topic_limit(self.config, self.topic, fresh=True) - _OVERHEAD,
+        )
+        if now > self.limit:
+            raise KResilientError(
+                f"topic {self.topic!r}: max.message.bytes was raised while this task ran "
+                f"(the producer's limit {self.limit} bytes, now {now}): {len(sizes)} row(s) "
+                "refused as too large under the old limit may fit now. The transaction is "
+                "aborted; the task's retry writes them with the new limit"
+            )
 
 
 def _dead_letter_in_transaction(

@@ -256,9 +256,17 @@ class KResilientDataSource(DataSource):
             )
         plan = _Plan(self.options, schema, self.summary_dir)
         if plan.options.guarantee == "exactly_once":
-            from kresilient.spark._eos import ensure_marker_topic
+            from kresilient.spark._eos import committed_batches, ensure_marker_topic
 
-            ensure_marker_topic(plan.config, plan.options.marker_topic_name)
+            # A query that committed batches never gets a new, empty marker topic.
+            checkpoint = {str(k).lower(): v for k, v in self.options.items()}.get(
+                "checkpointlocation"
+            )
+            ensure_marker_topic(
+                plan.config,
+                plan.options.marker_topic_name,
+                committed=committed_batches(checkpoint),
+            )
         return _StreamWriter(plan)
 
 
