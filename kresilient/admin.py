@@ -169,8 +169,12 @@ def dead_letter_topic_config(
     - ``min.insync.replicas``: the source's (else ``min(2, replication_factor)``): a dead
       letter is the only copy of a record the application gave up on.
     - ``cleanup.policy=delete``: compaction would drop dead letters that share a key.
-    - ``retention.ms``: at least the source's, when the source sets one.
+    - ``retention.ms``: at least the source's, when the source sets one (``-1``, keep
+      forever, included: the dead letters of a topic kept forever are kept forever too).
+
+    Raises :class:`ConfigError` naming the key when a setting it reads is not a whole number.
     """
+    _check_numbers(source_config)
     source_limit = int(source_config.get("max.message.bytes", broker_max_message_bytes))
     limit = max(source_limit, DEAD_LETTER_MIN_MAX_BYTES) + DEAD_LETTER_HEADER_ALLOWANCE
     config = {
@@ -181,9 +185,34 @@ def dead_letter_topic_config(
         "cleanup.policy": "delete",
     }
     retention = source_config.get("retention.ms")
-    if retention is not None and int(retention) >= 0:
-        config["retention.ms"] = str(retention)
+    if retention is not None:
+        # -1 is "forever", the longest retention there is: leaving the key out would give the
+        # dead letters the broker's default (7 days) instead.
+        config["retention.ms"] = str(int(retention))
     return config
+
+
+#: Topic settings :func:`dead_letter_topic_config` computes with, and the least value each
+#: may take (``retention.ms=-1``: kept forever).
+_NUMBERS: Final = {"max.message.bytes": 0, "retention.ms": -1}
+_WHOLE: Final = re.compile(r"-?[0-9]+")
+
+
+def _check_numbers(config: Mapping[str, str]) -> None:
+    """A ConfigError naming the key for a setting that must be a whole number and is not
+    (``max.message.bytes=1MB``): the broker refuses it anyway, and saying so before
+    connecting makes it a usage error, not a failure halfway through."""
+    for key, least in _NUMBERS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if not _WHOLE.fullmatch(str(value).strip()) or int(value) < least:
+            raise ConfigError(
+                f"{key}={value!r} must be a whole number of at least {least}"
+                + (" (bytes)" if key.endswith("bytes") else "")
+                + (" (milliseconds; -1 keeps records forever)" if key == "retention.ms" else ""),
+                key=key,
+            )
 
 
 class _Admin:
@@ -270,6 +299,7 @@ def _check_input(
         raise ConfigError(f"partitions must be at least 1, got {partitions}")
     if replication_factor < 1:
         raise ConfigError(f"replication factor must be at least 1, got {replication_factor}")
+    _check_numbers(config)
     min_isr = config.get("min.insync.replicas")
     if min_isr is not None and (not min_isr.isdigit() or int(min_isr) > replication_factor):
         raise ConfigError(

@@ -174,19 +174,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def read_command_config(path: str) -> dict[str, str]:
     """The client properties of a ``--command-config`` file, read like the Kafka tools read
     theirs (Java properties: ``key=value`` or ``key: value``, ``#``/``!`` comments,
-    ``\\`` line continuations and escapes), with the parser ``kresilient lint``,
-    ``audit`` and ``doctor`` use. A malformed file is a :class:`ConfigError` naming the
-    file and line, never its values (they may be secrets)."""
-    from kresilient.lint.readers import read_text
+    ``\\`` line continuations and escapes; UTF-8, or Latin-1 as Java's ``Properties.load``
+    reads, when the file is not valid UTF-8), with the one reader every command uses
+    (:func:`kresilient.lint.commandconfig.read_command_config`). A malformed file is a
+    :class:`ConfigError` naming the file and line, never its values (they may be secrets)."""
+    from kresilient.lint.commandconfig import read_command_config as read
 
-    with open(path, encoding="utf-8") as fh:
-        result = read_text(fh.read(), path, "properties", "client")
-    if result.error:
-        raise ConfigError(f"{path}:{result.error.line}: {result.error.message}", key=None)
-    config: dict[str, str] = {}
-    for unit in result.units:
-        config.update({k: e.text for k, e in unit.entries.items()})
-    return config
+    return read(path)[0]
 
 
 def _auth_hint(exc: KafkaClientError, args: argparse.Namespace) -> str:

@@ -80,6 +80,7 @@ import structlog
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
+    KafkaError,
     KafkaException,
     Message,
     TopicPartition,
@@ -100,8 +101,8 @@ from kresilient.errors import (
     KResilientError,
     classify,
 )
+from kresilient.lint.commandconfig import read_command_config
 from kresilient.lint.connect import ConnectionErrors, fetch_metadata, quiet_client_config
-from kresilient.lint.readers import read_text
 
 __all__ = [
     "DEFAULT_MAX_REPLAYS",
@@ -458,7 +459,16 @@ class _Record:
 
 class _Reader:
     """A non-committing consumer over one topic, from the beginning (or ``group``'s committed
-    offsets) up to the end offsets seen at start; also answers "does topic X exist"."""
+    offsets) up to the end offsets seen at start; also answers "does topic X exist".
+
+    Reads ``read_committed``: records of aborted transactions are never returned, and a
+    partition is read to its end when the consumer's position reached the end offset, not
+    when a record at ``end - 1`` arrived: on a transactional topic (the Spark exactly-once
+    sink writes dead letters in transactions) the last offset is a commit marker no
+    consumer ever sees, and the reader waited out ``timeout`` (issue 35 #7). ``reached``
+    holds, per partition read, the position reached (next offset to read), which is what a
+    group commits.
+    """
 
     def __init__(
         self, config: Mapping[str, Any], topic: str, group: str | None, timeout: float
@@ -472,11 +482,16 @@ class _Reader:
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
-                "enable.partition.eof": False,
+                "isolation.level": "read_committed",
+                # The event that says the fetch position reached the partition's end (the
+                # last stable offset under read_committed), markers and aborted records
+                # included: the one signal that the end was reached on a transactional topic.
+                "enable.partition.eof": True,
             }
         )
         self.consumer = Consumer(quiet_client_config(conf, self.errors, timeout))
         self.read_errors: Counter[str] = Counter()
+        self.reached: dict[int, int] = {}
         self._exists: dict[str, str | None] = {}
         try:
             self._open()
@@ -537,20 +552,36 @@ class _Reader:
                 continue
             idle_deadline = time.monotonic() + self.timeout
             for msg in msgs:
+                p, offset = msg.partition(), msg.offset()
                 err = msg.error()
                 if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if p in todo and offset is not None:
+                            self._reach(p, offset)
+                            todo.discard(p)
+                        continue
                     self.read_errors[f"{err.name()}: {err.str()}"] += 1
                     continue
-                p, offset = msg.partition(), msg.offset()
                 assert p is not None and offset is not None
-                if p not in todo or offset >= self.ends[p]:
+                if p not in todo:
                     continue
+                if offset >= self.ends[p]:  # past the end seen at start: read to the end
+                    self._reach(p, self.ends[p])
+                    todo.discard(p)
+                    continue
+                self._reach(p, offset + 1)
                 yield _Record(msg=msg, info=parse_dead_letter_headers(msg.headers()))
                 done += 1
                 if offset + 1 >= self.ends[p]:
                     todo.discard(p)
             if progress is not None:
                 progress(done, self.total)
+
+    def _reach(self, partition: int, position: int) -> None:
+        """The position reached in ``partition``, never past the end seen at start (records
+        after it were not read) nor back."""
+        reached = min(position, self.ends[partition])
+        self.reached[partition] = max(self.reached.get(partition, reached), reached)
 
     def missing(self, topic: str) -> str | None:
         """Why records cannot be written to ``topic`` (it does not exist), else None."""
@@ -730,9 +761,8 @@ def replay_dead_letters(
     refused: list[RefusedRecord] = []
     counts: Counter[str] = Counter()
     # The group's commit may only pass records this run is done with: replayed (delivery
-    # acknowledged) or excluded by the filters. Per partition: the last offset read and the
-    # first offset left behind (limit, no original topic, failed).
-    last_read: dict[int, int] = {}
+    # acknowledged) or excluded by the filters. Per partition: the position the reader
+    # reached and the first offset left behind (limit, no original topic, failed).
     left_at: dict[int, int] = {}
     sender = _Sender(conf, left_at, timeout=timeout, keep_timestamp=keep_timestamp, logger=logger)
     committed: dict[int, int] | None = None
@@ -742,7 +772,6 @@ def replay_dead_letters(
             counts["read"] += 1
             info, msg = record.info, record.msg
             part, offset = msg.partition() or 0, msg.offset() or 0
-            last_read[part] = offset
             if not all(p(info) for p in predicates):
                 counts["filtered_out"] += 1
                 continue
@@ -788,8 +817,11 @@ def replay_dead_letters(
                 headers = counted_headers(info.original_headers, count, max_replays)
                 sender.send(part, offset, to, msg, headers, info.original_timestamp)
         sender.settle()
-        if group is not None and not dry_run and last_read:
-            positions = {p: left_at.get(p, last + 1) for p, last in last_read.items()}
+        if group is not None and not dry_run and reader.reached:
+            # The position reached, not "last record read + 1": on a transactional topic the
+            # end is past a commit marker (or aborted records) no consumer is given, and a
+            # commit before it would make every run start there again.
+            positions = {p: left_at.get(p, pos) for p, pos in reader.reached.items()}
             try:
                 reader.commit(positions)
                 committed = positions
@@ -1183,14 +1215,9 @@ def _properties(args: argparse.Namespace) -> dict[str, str]:
     config: dict[str, str] = {}
     path = _arg(args, "command_config")
     if path:
-        # Java properties, as the Kafka tools read --command-config (``key: value``, line
-        # continuations, escapes), with the parser lint, audit, doctor and topic create use.
-        with open(path, encoding="utf-8") as fh:
-            result = read_text(fh.read(), path, "properties", "client")
-        if result.error:
-            raise ConfigError(f"{path}:{result.error.line}: {result.error.message}", key=None)
-        for unit in result.units:
-            config.update({k: e.text for k, e in unit.entries.items()})
+        # Java properties, as the Kafka tools read --command-config, with the one reader
+        # lint, audit, doctor and topic create use (UTF-8, or Latin-1 as Java reads it).
+        config.update(read_command_config(path)[0])
     for item in _arg(args, "property") or ():
         key, sep, value = item.partition("=")
         if not sep:

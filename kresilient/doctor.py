@@ -36,6 +36,7 @@ Python use::
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import enum
 import json
@@ -45,9 +46,9 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TextIO
+from typing import Any, Final, TextIO, TypeVar
 
 from confluent_kafka import (
     TIMESTAMP_LOG_APPEND_TIME,
@@ -76,6 +77,7 @@ from kresilient.clusterinfo import (
     permissive_future_bound,
 )
 from kresilient.errors import ConfigError, KafkaClientError, classify
+from kresilient.lint.commandconfig import read_command_config
 from kresilient.lint.connect import ConnectionErrors, fetch_metadata, quiet_client_config
 from kresilient.redaction import Redactor
 
@@ -107,6 +109,8 @@ _BROKER_KEYS: Final = (
     "auto.leader.rebalance.enable",
 )
 _LATEST: Final[Any] = OffsetSpec.latest
+_T = TypeVar("_T")
+_ANY_PARTITION: Final = -1  # librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses
 
 
 class Severity(enum.IntEnum):
@@ -215,7 +219,16 @@ def _tcp_probe(host: str, port: int, timeout: float) -> tuple[str | None, float]
 
 
 def _result(future: Any, timeout: float) -> Any:
-    return future.result(timeout=timeout)
+    """``future.result(timeout)``, a wait that ran out (or a cancelled request) translated
+    to the ``KafkaException(_TIMED_OUT)`` every check already handles: Python 3.11's
+    ``concurrent.futures.TimeoutError`` is the built-in ``TimeoutError``, an ``OSError``
+    with an empty message, which escaped the checks and ended the run without a report."""
+    try:
+        return future.result(timeout=timeout)
+    except (TimeoutError, concurrent.futures.CancelledError):
+        raise KafkaException(
+            KafkaError(KafkaError._TIMED_OUT, f"no answer within {timeout:g} s (--timeout)")
+        ) from None
 
 
 def _kafka_error(exc: BaseException) -> KafkaError | None:
@@ -489,7 +502,8 @@ def _check_metadata(run: _Run) -> None:
         conf = dict(_admin_conf(run), **{"bootstrap.servers": f"{host}:{port}"})
         try:
             md = AdminClient(conf).list_topics(timeout=min(run.timeout, 5.0))
-        except KafkaException:
+        except KafkaException as exc:
+            _unchecked(run, "metadata", f"broker {broker_id}", "a metadata request", exc)
             continue
         views[broker_id] = {
             (t, p): part.leader
@@ -537,7 +551,8 @@ def _load_configs(run: _Run, topics: Sequence[str]) -> None:
         ).items():
             try:
                 entries = _result(future, run.timeout)
-            except KafkaException:
+            except KafkaException as exc:
+                _unchecked(run, "topics", resource.name, "DescribeConfigs (topic settings)", exc)
                 continue
             run.topic_configs[resource.name] = {
                 k: e.value for k, e in entries.items() if k in _TOPIC_KEYS
@@ -551,8 +566,28 @@ def _load_configs(run: _Run, topics: Sequence[str]) -> None:
                 run.timeout,
             )
             run.broker_configs = {k: e.value for k, e in entries.items() if k in _BROKER_KEYS}
-        except KafkaException:
-            pass
+        except KafkaException as exc:
+            _unchecked(run, "topics", f"broker {broker}", "DescribeConfigs (broker settings)", exc)
+
+
+def _unchecked(run: _Run, section: str, subject: str, request: str, exc: KafkaException) -> None:
+    """A request a check needed failed: a finding naming the request and the reason (what
+    depends on it is not checked). No answer in time (a hung or overloaded broker) is a
+    warning; a refusal (no DESCRIBE_CONFIGS ACL, an old broker) is information."""
+    err = _kafka_error(exc)
+    timed_out = err is not None and err.code() == KafkaError._TIMED_OUT
+    run.add(
+        section,
+        Severity.WARNING if timed_out else Severity.INFO,
+        subject,
+        f"{request} failed, what depends on it is not checked: "
+        f"{err.str() if err is not None else exc}",
+        symptom="request timeouts" if timed_out else "",
+        causes=("a hung, overloaded or partitioned broker",) if timed_out else (),
+        fix="run again with a larger --timeout; check the broker's health (GC, disk, CPU)"
+        if timed_out
+        else "",
+    )
 
 
 def _check_topics(run: _Run) -> None:
@@ -560,6 +595,8 @@ def _check_topics(run: _Run) -> None:
     names = _checked_topics(run)
     missing = [t for t in names if t not in run.metadata.topics]
     for t in missing:
+        if _not_authorized(run, t):
+            continue
         run.add(
             "topics",
             Severity.ERROR,
@@ -654,6 +691,38 @@ def _check_topics(run: _Run) -> None:
     _check_disks(run)
 
 
+def _not_authorized(run: _Run, topic: str) -> bool:
+    """True (and reported) when the broker refuses to DESCRIBE ``topic``.
+
+    A listing of every topic silently leaves out the topics this client may not describe,
+    so a topic absent from it may exist: asked for by name, the broker says
+    TOPIC_AUTHORIZATION_FAILED instead (whether it exists or not, so as not to leak names).
+    """
+    assert run.admin is not None
+    try:
+        meta = run.admin.list_topics(topic=topic, timeout=run.timeout).topics.get(topic)
+    except KafkaException:
+        return False
+    if meta is None or meta.error is None:
+        return False
+    if meta.error.code() != KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        return False
+    principal = run.config.get("sasl.username")
+    who = f"User:{principal}" if principal else "this client's principal"
+    run.add(
+        "topics",
+        Severity.ERROR,
+        topic,
+        f"not authorized to DESCRIBE topic {topic} (TOPIC_AUTHORIZATION_FAILED): the broker "
+        "does not say whether it exists",
+        symptom="TOPIC_AUTHORIZATION_FAILED / the topic looks missing",
+        causes=("no ACL allows DESCRIBE (or READ/WRITE, which imply it) on the topic",),
+        fix=f"grant it: kafka-acls.sh --add --allow-principal {who} --operation Describe "
+        f"--topic {topic} (plus Read or Write for what the application does)",
+    )
+    return True
+
+
 def _check_replication(run: _Run, topic: str, rf: int, conf: Mapping[str, str | None]) -> None:
     min_isr = int(conf.get("min.insync.replicas") or 1)
     if rf and rf <= min_isr and rf > 1:
@@ -692,7 +761,8 @@ def _racks(run: _Run) -> dict[int, str | None]:
     assert run.admin is not None
     try:
         cluster = _result(run.admin.describe_cluster(request_timeout=run.timeout), run.timeout)
-    except KafkaException:
+    except KafkaException as exc:
+        _unchecked(run, "topics", "racks", "DescribeCluster (broker racks)", exc)
         return {}
     return {node.id: node.rack for node in cluster.nodes}
 
@@ -810,7 +880,8 @@ def _check_groups(run: _Run) -> None:
         ).items():
             try:
                 descriptions[group] = _result(future, run.timeout)
-            except KafkaException:
+            except KafkaException as exc:
+                _unchecked(run, "groups", group, "DescribeConsumerGroups", exc)
                 descriptions[group] = None
     for group in groups:
         _check_group(run, group, descriptions.get(group), retention_ms, retention_min)
@@ -948,6 +1019,19 @@ def _check_probe(run: _Run) -> None:
                 run.add("probe", Severity.INFO, topic, "could not delete the probe topic")
 
 
+def _probe_partitions(run: _Run, topic: str) -> list[int]:
+    """The partitions of ``topic`` (each gets probe messages), [] when it cannot be told
+    (the produce then fails with the broker's reason, reported as such)."""
+    assert run.admin is not None
+    try:
+        meta = run.admin.list_topics(topic=topic, timeout=run.timeout).topics.get(topic)
+    except KafkaException:
+        return []
+    if meta is None or meta.error is not None:
+        return []
+    return sorted(meta.partitions)
+
+
 def _probe_round_trip(run: _Run, topic: str) -> None:
     conf = dict(_admin_conf(run))
     conf.update({"acks": "all", "enable.idempotence": True, "linger.ms": 0})
@@ -955,6 +1039,11 @@ def _probe_round_trip(run: _Run, topic: str) -> None:
     latencies: list[float] = []
     stamps: list[tuple[float, float, int]] = []  # (sent, acknowledged, LogAppendTime ms)
     failures: list[str] = []
+    # Each message goes to an explicit partition, round robin, and is read back at the
+    # offset its acknowledgement gave: every partition's leader is probed, and a
+    # multi-partition --probe-topic is not read where nothing was written (issue 35 #12).
+    partitions = _probe_partitions(run, topic)
+    written: dict[int, int] = {}  # partition -> first offset acknowledged there
     marker = uuid.uuid4().hex
     deadline = time.monotonic() + max(run.timeout, 10.0)
     for i in range(_PROBE_MESSAGES):
@@ -964,7 +1053,12 @@ def _probe_round_trip(run: _Run, topic: str) -> None:
         def report(err: KafkaError | None, msg: Any, box: dict[str, Any] = box) -> None:
             box["err"], box["msg"], box["at"] = err, msg, time.time()
 
-        producer.produce(topic, value=f"{marker}:{i}".encode(), on_delivery=report)
+        producer.produce(
+            topic,
+            value=f"{marker}:{i}".encode(),
+            partition=partitions[i % len(partitions)] if partitions else _ANY_PARTITION,
+            on_delivery=report,
+        )
         while "at" not in box and time.monotonic() < deadline:
             producer.poll(0.1)
         if "at" not in box:
@@ -974,7 +1068,9 @@ def _probe_round_trip(run: _Run, topic: str) -> None:
             failures.append(f"message {i}: {box['err'].name()}")
             continue
         latencies.append((box["at"] - sent) * 1000)
-        kind, ts = box["msg"].timestamp()
+        acked = box["msg"]
+        written.setdefault(acked.partition(), acked.offset())
+        kind, ts = acked.timestamp()
         if kind == TIMESTAMP_LOG_APPEND_TIME:
             stamps.append((sent, box["at"], ts))
     producer.flush(5)
@@ -990,7 +1086,7 @@ def _probe_round_trip(run: _Run, topic: str) -> None:
             fix=c.remedy if c is not None else "see the topics and connectivity findings",
         )
         return
-    consumed = _probe_consume(run, topic, marker)
+    consumed = _probe_consume(run, topic, marker, written, len(latencies))
     figures = {
         "produce_ack_ms_p50": round(_pct(latencies, 0.5), 2),
         "produce_ack_ms_p95": round(_pct(latencies, 0.95), 2),
@@ -1064,7 +1160,11 @@ def clock_skew(
     return min(max(0.0, lo), hi), (lo, hi)
 
 
-def _probe_consume(run: _Run, topic: str, marker: str) -> int:
+def _probe_consume(
+    run: _Run, topic: str, marker: str, written: Mapping[int, int], expected: int
+) -> int:
+    """How many of the ``expected`` probe messages come back, reading each partition from
+    the first offset acknowledged there."""
     conf = dict(_admin_conf(run))
     conf.update(
         {
@@ -1077,8 +1177,8 @@ def _probe_consume(run: _Run, topic: str, marker: str) -> int:
     got = 0
     deadline = time.monotonic() + max(run.timeout, 10.0)
     try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        while got < _PROBE_MESSAGES and time.monotonic() < deadline:
+        consumer.assign([TopicPartition(topic, p, o) for p, o in sorted(written.items())])
+        while got < expected and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
             if msg is None or msg.error() is not None:
                 continue
@@ -1087,6 +1187,36 @@ def _probe_consume(run: _Run, topic: str, marker: str) -> int:
     finally:
         consumer.close()
     return got
+
+
+def _guarded(run: _Run, section: str, check: Callable[[], _T]) -> _T | None:
+    """``check()``; whatever it raises becomes an ERROR finding of its section naming the
+    check and the reason, so one failed request never costs the rest of the report.
+
+    Only :class:`ConfigError` (unusable input: a malformed bootstrap list, a config
+    librdkafka refuses as a whole) ends the diagnosis. A connectivity check that failed
+    this way leaves the cluster unreachable (exit 2): nothing after it can run.
+    """
+    try:
+        return check()
+    except ConfigError:
+        raise
+    except Exception as exc:  # every failure is a finding; never a traceback or a bare exit
+        err = _kafka_error(exc)
+        reason = err.str() if err is not None else (str(exc) or "no reason given")
+        run.add(
+            section,
+            Severity.ERROR,
+            f"{section} check",
+            f"the {section} check failed: {type(exc).__name__}: {reason}",
+            symptom="the doctor could not complete this check",
+            causes=("a request timed out (a hung or overloaded broker)", "a client error"),
+            fix="run again with a larger --timeout; if it persists, check the brokers' health "
+            "and this client's permissions",
+        )
+        if section == "connectivity":
+            run.report.reachable = False
+        return None
 
 
 def diagnose(
@@ -1106,6 +1236,8 @@ def diagnose(
     what it finds (only :class:`~kresilient.errors.ConfigError` for unusable input)."""
     if not config.get("bootstrap.servers"):
         raise ConfigError("bootstrap.servers is required", key="bootstrap.servers")
+    if not timeout > 0:  # also refuses NaN
+        raise ConfigError(f"timeout must be a positive number of seconds, got {timeout}", key=None)
     start = time.monotonic()
     run = _Run(
         config=dict(config),
@@ -1119,13 +1251,13 @@ def diagnose(
         report=DoctorReport(bootstrap_servers=str(config["bootstrap.servers"])),
         redact=Redactor.for_config(config),
     )
-    _check_config(run, config_text, config_path)
-    if _check_connectivity(run):
-        _check_metadata(run)
-        _check_topics(run)
-        _check_groups(run)
+    _guarded(run, "config", lambda: _check_config(run, config_text, config_path))
+    if _guarded(run, "connectivity", lambda: _check_connectivity(run)):
+        _guarded(run, "metadata", lambda: _check_metadata(run))
+        _guarded(run, "topics", lambda: _check_topics(run))
+        _guarded(run, "groups", lambda: _check_groups(run))
         if probe:
-            _check_probe(run)
+            _guarded(run, "probe", lambda: _check_probe(run))
     run.report.seconds = round(time.monotonic() - start, 2)
     return run.report
 
@@ -1190,17 +1322,38 @@ def render_json(report: DoctorReport, out: TextIO) -> None:
 # --------------------------------------------------------------------------- CLI
 
 
-def _read_command_config(path: str) -> tuple[dict[str, str], str]:
-    from kresilient.lint.readers import read_text
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
 
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    result = read_text(text, path, "properties", "client")
-    if result.error:
-        raise ConfigError(f"{path}:{result.error.line}: {result.error.message}", key=None)
-    config: dict[str, str] = {}
-    for unit in result.units:
-        config.update({k: e.text for k, e in unit.entries.items()})
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.8, got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction above 0 and at most 1, got {text}")
+    return value
+
+
+def _properties(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
+    """The client config of ``--command-config`` then ``-X`` (``-X`` wins, as in the other
+    commands), and the file's text for the config check."""
+    config: dict[str, Any] = {}
+    text = None
+    if args.command_config:
+        config, text = read_command_config(args.command_config)
+    for item in getattr(args, "property", None) or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"-X expects KEY=VALUE, got {item!r}", key=key.strip() or None)
+        config[key.strip()] = value.strip()
     return config, text
 
 
@@ -1225,6 +1378,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "linted first and used for every connection",
     )
     doctor.add_argument(
+        "-X",
+        dest="property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a client property such as security.protocol=SSL (repeatable); -X wins over "
+        "--command-config",
+    )
+    doctor.add_argument(
         "--topic",
         action="append",
         default=[],
@@ -1243,7 +1405,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     doctor.add_argument(
         "--timeout",
-        type=float,
+        type=_positive_seconds,
         default=10.0,
         metavar="SECONDS",
         help="time allowed for each request (default 10)",
@@ -1258,7 +1420,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     doctor.add_argument(
         "--disk-threshold",
-        type=float,
+        type=_fraction,
         default=DISK_USAGE_THRESHOLD,
         metavar="FRACTION",
         help="log-dir usage that is reported (default 0.8)",
@@ -1276,10 +1438,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def main(args: argparse.Namespace) -> int:
     """Run ``kresilient doctor``; 0 healthy, 1 findings, 2 unreachable or bad input."""
     try:
-        config: dict[str, Any] = {}
-        text = None
-        if args.command_config:
-            config, text = _read_command_config(args.command_config)
+        config, text = _properties(args)
         config["bootstrap.servers"] = args.bootstrap_servers
         report = diagnose(
             config,
@@ -1292,8 +1451,11 @@ def main(args: argparse.Namespace) -> int:
             config_text=text,
             config_path=args.command_config,
         )
-    except (ConfigError, OSError) as exc:
+    except ConfigError as exc:
         print(f"kresilient doctor: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the --command-config file: its name and why, not its content
+        print(f"kresilient doctor: cannot read {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 2
     if args.format == "json":
         render_json(report, sys.stdout)

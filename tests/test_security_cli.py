@@ -196,3 +196,46 @@ def test_dlq_inspect_reads_a_java_properties_command_config(
     argv = ["dlq", "inspect", topic, "-b", cluster.bootstrap_servers]
     assert cli([*argv, "--command-config", str(conf), "--timeout", "20"]) == 0, capfd.readouterr()
     assert f"0  records in {topic}" in capfd.readouterr().out
+
+
+@pytest.mark.integration
+def test_doctor_topic_without_describe_names_the_missing_acl_not_a_missing_topic(
+    cluster: KafkaCluster,
+) -> None:
+    """Issue 35 suspicion, confirmed: the doctor's metadata listing silently leaves out the
+    topics the user may not DESCRIBE, and ``doctor --topic T`` said "topic does not exist —
+    create it" for a topic that exists. Asked for by name, the broker says
+    TOPIC_AUTHORIZATION_FAILED: the finding names the missing ACL. Controls: with DESCRIBE
+    the topic is checked as usual; a topic that really does not exist (DESCRIBE granted on
+    its prefix) is still "does not exist"."""
+    from kresilient.doctor import Severity, diagnose
+
+    user = _name("u")
+    cluster.create_user(user)
+    topic = cluster.create_topic(_name("acl"), 1, 3, {"min.insync.replicas": 2})
+    conf = cluster.client_config(user)
+
+    def topic_findings(name: str) -> list[tuple[Severity, str, str]]:
+        report = diagnose(conf, topics=[name], groups=["none"], probe=False, timeout=15)
+        assert report.reachable, report.findings
+        return [
+            (f.severity, f.symptom, f.message)
+            for f in report.by_section("topics")
+            if f.subject == name
+        ]
+
+    denied = topic_findings(topic)
+    assert [s for s, *_ in denied] == [Severity.ERROR], denied
+    assert "not authorized to DESCRIBE topic" in denied[0][2], denied
+    assert "does not exist" not in denied[0][2]
+
+    cluster.grant(user, topic=topic, operations=("DESCRIBE",))
+    allowed = topic_findings(topic)
+    assert allowed and not any(
+        "not authorized" in m or "does not exist" in m for *_, m in allowed
+    ), allowed
+
+    prefix = _name("gone")
+    cluster.grant(user, topic=prefix, operations=("DESCRIBE",), prefixed=True)
+    missing = topic_findings(prefix + "-x")
+    assert [m for *_, m in missing] == ["topic does not exist"], missing
