@@ -10,7 +10,8 @@ the original order, each message carrying its stable ``kresilient.message.id`` h
 
 Two classes:
 
-* :class:`Spool` — the storage (open, check, quarantine, append, delete). Thread-safe.
+* :class:`Spool` — the storage (lock, open, check, quarantine, append, delete). Thread-safe;
+  one per file (an OS lock), one process (a forked child disowns it).
 * ``SpoolDriver`` — the producer side (private): batches ``produce()`` calls, commits them,
   hands committed messages to librdkafka in order, keeps messages whose delivery failed for
   a transient reason (timeout, purge, outage) and re-sends them instead of reporting them lost.
