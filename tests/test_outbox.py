@@ -348,5 +348,93 @@ def test_outbox_rows_not_acknowledged_stay_unsent_and_come_back_marked(tmp_path:
     relay.close()
 
 
+_LEGACY_PG_DDL = (
+    "CREATE TABLE kresilient_outbox (id BIGSERIAL PRIMARY KEY, topic VARCHAR(255) NOT NULL,"
+    " key BYTEA, value BYTEA, headers JSON, created_ms BIGINT NOT NULL, attempts INTEGER NOT"
+    " NULL, claimed_until BIGINT NOT NULL, sent_ms BIGINT)"
+)
+
+
+def test_outbox_postgres_two_databases_one_migrated_never_share_an_id(
+    kafka_cluster: Any, topic_factory: Any, postgres_url: str
+) -> None:
+    """Issue 35 #4 on PostgreSQL: two databases, each with the default table name (one as an
+    earlier kresilient created it, migrated by two relays starting at once), publish to one
+    topic: every row has its own id (c15a167: both ``outbox-kresilient_outbox-1``); the row
+    an earlier relay had claimed keeps its old id, so its re-sent copy is still recognised."""
+    import threading
+
+    from _producer_helpers import header_dict, read_back
+    from sqlalchemy import MetaData, create_engine, text
+
+    from kresilient.outbox import OutboxRelay, enqueue, outbox_table
+
+    topic = topic_factory()
+    bootstrap = kafka_cluster.bootstrap_servers
+    admin = create_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        for name in ("service_a", "service_b"):
+            conn.execute(text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    base = postgres_url.rsplit("/", 1)[0]
+    engines = {name: create_engine(f"{base}/{name}") for name in ("service_a", "service_b")}
+    with engines["service_a"].begin() as conn:  # the earlier release's table
+        conn.execute(text(_LEGACY_PG_DDL))
+    metadata = MetaData()
+    outbox = outbox_table(metadata)
+    metadata.create_all(engines["service_b"])
+    for name, engine in engines.items():
+        with engine.begin() as conn:
+            enqueue(conn, outbox, topic=topic, value=f"{name} first".encode())
+            enqueue(conn, outbox, topic=topic, value=f"{name} second".encode())
+    with engines["service_a"].begin() as conn:  # claimed (maybe published) by an old relay
+        conn.execute(text("UPDATE kresilient_outbox SET attempts = 1 WHERE id = 1"))
+
+    barrier = threading.Barrier(2)
+    relays: list[Any] = []
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            relays.append(
+                OutboxRelay(
+                    engines["service_a"],
+                    outbox,
+                    {"bootstrap.servers": bootstrap},
+                    lease_s=10,
+                    flush_timeout_s=5,
+                )
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert relays[0].publish_batch() == 2
+    for relay in relays:
+        relay.close()
+    with OutboxRelay(
+        engines["service_b"],
+        outbox,
+        {"bootstrap.servers": bootstrap},
+        lease_s=10,
+        flush_timeout_s=5,
+    ) as relay:
+        assert relay.publish_batch() == 2
+    for engine in engines.values():
+        engine.dispose()
+
+    ids = {m.value(): header_dict(m)["kresilient.message.id"] for m in read_back(bootstrap, topic)}
+    assert len(ids) == 4 and len(set(ids.values())) == 4, ids
+    assert ids[b"service_a first"] == b"outbox-kresilient_outbox-1"  # kept: claimed before
+    for value in (b"service_a second", b"service_b first", b"service_b second"):
+        assert ids[value].startswith(b"outbox-") and len(ids[value]) == 39
+
+
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "relay":
     _relay_main(sys.argv[2], sys.argv[3])
