@@ -590,7 +590,7 @@ class Spool:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            self.check_process()
+            self._check_process()
             raise SpoolError(
                 f"spool {self.path} is closed",
                 code=KafkaError._STATE,
@@ -645,7 +645,7 @@ class Spool:
         The child's copy of the lock descriptor is closed without unlocking (the lock is the
         open file description's, shared with the parent: unlocking would release the
         parent's), so it ends with the parent; the connection is kept unused (SQLite: a
-        connection must not cross fork()). Every later use raises (``check_process``).
+        connection must not cross fork()). Every later use raises (``_check_process``).
         """
         self._lock = threading.Lock()  # a parent thread may have held it at the fork
         self._parent_pid = self._pid
@@ -660,7 +660,7 @@ class Spool:
         if callback is not None:
             callback()
 
-    def check_process(self) -> None:
+    def _check_process(self) -> None:
         """Raise :class:`SpoolError` in a forked child of the process that opened the spool."""
         if self._parent_pid is None:
             return
@@ -746,7 +746,7 @@ class SpoolDriver:
         backpressure_timeout: float = 60.0,
         delivery_timeout: float = 300.0,
     ) -> None:
-        spool.check_process()
+        spool._check_process()
         if spool.attached or spool.closed:
             raise ValueError(f"{spool!r} is already used by a producer or closed")
         spool.attached = True
@@ -1313,7 +1313,7 @@ class SpoolDriver:
 
     def commit(self) -> None:
         """Store the current batch now (``flush()`` does this first); raise if it failed."""
-        self.spool.check_process()
+        self.spool._check_process()
         self._commit()
         error, self._store_error = self._store_error, None
         if error is not None:
@@ -1358,7 +1358,7 @@ class SpoolDriver:
     def _refuse(self, topic: str) -> None:
         """produce() after close(), or in a forked child: raise, nothing stored."""
         try:
-            self.spool.check_process()
+            self.spool._check_process()
         except SpoolError as exc:
             exc.topic = topic
             raise
