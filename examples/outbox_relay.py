@@ -6,8 +6,10 @@ Default database: SQLite in a temp directory (pass a PostgreSQL URL such as
 ``postgresql+psycopg://user@127.0.0.1:5432/db`` to use PostgreSQL; needs
 ``pip install "kresilient[outbox]"``). Starts a local 3-node Kafka cluster (or uses
 ``$KRESILIENT_BOOTSTRAP_SERVERS``). Writes 500 orders, each with its outbox row in the same
-transaction, rolls every fifth one back, runs a relay until the outbox is empty, and checks
-that exactly the committed orders were published.
+transaction, rolls every fifth one back, plus one event too large for Kafka, runs a relay
+until the outbox is empty, and checks that exactly the committed orders were published and
+the oversized event went to the dead-letter topic (byte for byte) instead of stopping the
+relay.
 """
 
 from __future__ import annotations
@@ -28,20 +30,22 @@ from kresilient.testing import KafkaCluster
 
 ORDERS = 500
 TOPIC = f"order-events-{uuid.uuid4().hex[:8]}"
+DLQ = f"{TOPIC}.dlq"
+MAX_BYTES = 100_000  # the relay producer's message.max.bytes
 
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 
-def published(bootstrap: str) -> list[int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{TOPIC}"})
-    end = consumer.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=30)[1]
-    consumer.assign([TopicPartition(TOPIC, 0, 0)])
-    ids: list[int] = []
+def published(bootstrap: str, topic: str) -> list[bytes]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{topic}"})
+    end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1]
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values: list[bytes] = []
     deadline = time.monotonic() + 60
-    while len(ids) < end and time.monotonic() < deadline:
-        ids += [int(m.value()) for m in consumer.consume(1000, 1.0) if m.error() is None]
+    while len(values) < end and time.monotonic() < deadline:
+        values += [m.value() for m in consumer.consume(1000, 1.0) if m.error() is None]
     consumer.close()
-    return ids
+    return values
 
 
 def main() -> None:
@@ -63,11 +67,16 @@ def main() -> None:
                 tx.rollback()  # neither the order nor its event exists
             else:
                 committed.append(i)
+    scan = b"\x89PNG" + b"\0" * (2 * MAX_BYTES)  # an event Kafka will never accept
+    with engine.begin() as conn:
+        enqueue(conn, outbox, topic=TOPIC, key=b"shop-1", value=scan)
 
     with KafkaCluster() as cluster:
         cluster.create_topic(TOPIC, partitions=1, replication_factor=3)
+        cluster.create_topic(DLQ, partitions=1, replication_factor=3)
         stop = threading.Event()
-        with OutboxRelay(engine, outbox, {"bootstrap.servers": cluster.bootstrap_servers}) as relay:
+        config = {"bootstrap.servers": cluster.bootstrap_servers, "message.max.bytes": MAX_BYTES}
+        with OutboxRelay(engine, outbox, config, dead_letter_topic=DLQ) as relay:
             worker = threading.Thread(target=relay.run, args=(stop,))
             worker.start()
             deadline = time.monotonic() + 60
@@ -75,9 +84,14 @@ def main() -> None:
                 time.sleep(0.2)
             stop.set()
             worker.join()
-        ids = published(cluster.bootstrap_servers)
+        ids = [int(v) for v in published(cluster.bootstrap_servers, TOPIC)]
+        dead = published(cluster.bootstrap_servers, DLQ)
     assert ids == committed, "a committed order missing, or a rolled-back one published"
-    print(f"{len(ids)} committed orders published once, in order; {ORDERS - len(ids)} rolled back")
+    assert dead == [scan], "the oversized event was not dead-lettered byte for byte"
+    print(
+        f"{len(ids)} committed orders published once, in order; {ORDERS - len(ids)} rolled "
+        f"back; the oversized event dead-lettered to {DLQ}"
+    )
 
 
 if __name__ == "__main__":
