@@ -728,7 +728,9 @@ class MessageTooLargeError(ProduceError):
 
 
 class SpoolError(ProduceError):
-    """The spool could not store a message (disk full, I/O error) or is full (BACKPRESSURE).
+    """The spool could not store a message (disk full, I/O error), is full (BACKPRESSURE),
+    or its file cannot be opened: in use by another ``Spool`` (the OS lock), locked by
+    another program, an I/O error, or used in a forked child. Nothing is moved or deleted.
 
     A message named by this error was not stored and never handed to Kafka.
     """

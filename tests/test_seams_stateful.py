@@ -85,6 +85,7 @@ outbox = pytest.importorskip("kresilient.outbox")
 EXAMPLES = int(os.environ.get("KRESILIENT_SEAMS_EXAMPLES", "3"))
 STEPS = int(os.environ.get("KRESILIENT_SEAMS_STEPS", "10"))
 RANDOM = os.environ.get("KRESILIENT_SEAMS_RANDOM") == "1"
+VERBOSITY = Verbosity.verbose if os.environ.get("KRESILIENT_SEAMS_VERBOSE") else Verbosity.normal
 
 #: What the handler does with a record, by the first word of its value.
 KINDS = ("ok", "poison", "transient", "http", "secret")
@@ -353,7 +354,8 @@ class Seams(RuleBasedStateMachine):
             {"bootstrap.servers": self.bootstrap, "transactional.id": f"seams-{uuid.uuid4()}"}
         )
         producer.init_transactions(30)
-        for n, abort in [(i, False) for i in range(committed)] + [(i, True) for i in range(aborted)]:
+        plan = [(i, False) for i in range(committed)] + [(i, True) for i in range(aborted)]
+        for n, abort in plan:
             value = f"txdl:{uuid.uuid4().hex}".encode()
             headers = dead_letter_headers(
                 self.src, 0, n, None, "seams", ValueError("bad"), None, 1, original_headers=None
@@ -505,7 +507,7 @@ class Seams(RuleBasedStateMachine):
         for topic in (self.src, self.down):
             for msg in records[topic + ".dlq"]:
                 sent = self.sent.get(msg.value())
-                assert sent is not None, f"{topic}.dlq holds a record never produced: {msg.value()!r}"
+                assert sent is not None, f"{topic}.dlq holds an unknown record {msg.value()!r}"
                 assert sent.topic == topic, (
                     f"the dead letter of a {sent.topic} record went to {topic}.dlq "
                     f"(headers: {msg.headers()})"
@@ -581,7 +583,7 @@ def test_features_together_keep_the_invariants(kafka_cluster: KafkaCluster) -> N
             phases=[Phase.explicit, Phase.generate, Phase.shrink],
             suppress_health_check=list(HealthCheck),
             report_multiple_bugs=False,
-            verbosity=Verbosity.verbose if os.environ.get("KRESILIENT_SEAMS_VERBOSE") else Verbosity.normal,
+            verbosity=VERBOSITY,
         ),
     )
     ran = dict(sorted(RAN.items()))
