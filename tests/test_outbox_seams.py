@@ -27,6 +27,7 @@ from _producer_helpers import header_dict, read_back
 from sqlalchemy import Engine, MetaData, Table, create_engine, select, text
 
 from kresilient.dedupe import Deduplicator
+from kresilient.errors import DeliveryError
 from kresilient.outbox import OutboxRelay, enqueue, outbox_table
 
 pytestmark = pytest.mark.integration
@@ -399,3 +400,58 @@ def test_max_attempts_gives_an_unacknowledged_row_up_with_its_last_error(
     assert "max_attempts=2" in row.error and "none recorded" not in row.error  # its last error
     with engine.connect() as conn:
         assert conn.execute(select(outbox.c.attempts)).scalar_one() == 3
+
+
+def test_a_producer_with_its_own_dead_letter_topic_marks_the_row_dead_lettered(
+    kafka_cluster: Any, topic_factory: Any, tmp_path: Path
+) -> None:
+    """``producer=`` built with ``dead_letter_topic``: the producer diverts the oversized row
+    itself; the relay records it as dead-lettered, not as published to its topic."""
+    from kresilient import ResilientProducer
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = topic_factory(), topic_factory()
+    engine, outbox = _outbox(tmp_path / "app.db")
+    _add(engine, outbox, topic, b"x" * (2 * PRODUCER_MAX), key=b"big")
+    _add(engine, outbox, topic, b"small", key=b"small")
+    config = {"bootstrap.servers": bootstrap, "message.max.bytes": PRODUCER_MAX}
+    with ResilientProducer(config, dead_letter_topic=dlq) as producer:
+        relay = OutboxRelay(engine, outbox, producer=producer, lease_s=10, flush_timeout_s=5)
+        assert relay.publish_batch() == 1
+        producer.flush(10)
+    assert relay.published == 1 and relay.dead_lettered == 1 and relay.pending() == 0
+    state = _state(engine, outbox)
+    assert state[b"big"].error == f"dead-lettered to {dlq} by the producer"
+    assert state[b"big"].failed_ms is not None and state[b"big"].sent_ms is not None
+    assert [m.value() for m in read_back(bootstrap, topic)] == [b"small"]
+    assert [m.key() for m in read_back(bootstrap, dlq)] == [b"big"]
+
+
+def test_a_full_producer_queue_stops_the_batch_and_releases_the_rest(
+    tmp_path: Path, closed_port: int
+) -> None:
+    """Kafka unreachable and a one-message local queue (real librdkafka backpressure): the
+    batch stops at the refused row without raising; the rows never handed to the producer are
+    claimable again at once and their claim is not counted (they were not published)."""
+    from kresilient import ResilientProducer
+
+    engine, outbox = _outbox(tmp_path / "app.db")
+    for i in range(3):
+        _add(engine, outbox, "t", b"v%d" % i)
+    config = {
+        "bootstrap.servers": f"127.0.0.1:{closed_port}",
+        "queue.buffering.max.messages": 1,
+        "message.timeout.ms": 60_000,
+    }
+    producer = ResilientProducer(config, backpressure_timeout=0.2)
+    with structlog.testing.capture_logs() as logs:
+        relay = OutboxRelay(engine, outbox, producer=producer, lease_s=10, flush_timeout_s=0.5)
+        assert relay.publish_batch() == 0  # no exception: the next batch will try again
+    with pytest.raises(DeliveryError):  # the one queued message, purged (never written)
+        producer.close(0.5)
+    with engine.connect() as conn:
+        rows = list(conn.execute(select(outbox.c.id, outbox.c.attempts, outbox.c.claimed_until)))
+    assert rows[0].attempts == 1 and rows[0].claimed_until > 0  # queued: leased as usual
+    assert [(r.attempts, r.claimed_until) for r in rows[1:]] == [(0, 0), (0, 0)]
+    (stopped,) = [e for e in logs if e["event"] == "outbox_batch_stopped"]
+    assert stopped["released"] == 2 and "BACKPRESSURE" in stopped["reason"]
