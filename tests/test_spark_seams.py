@@ -422,3 +422,39 @@ def test_fake_not_coordinator_on_the_marker_read_is_retried(
         assert denied.calls == 1
     finally:
         real.close()
+
+
+# --------------------------------------------------------------------------- suspicion: big key
+def test_dead_letter_of_a_row_too_large_by_its_key_or_headers_does_not_fail_the_job(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Suspicion (confirmed): a row too large because of its 30 kB key (or its 30 kB of
+    headers), the dead-letter topic as small as the topic. Dropping the value is not enough;
+    on c15a167 the dead letter was refused again and the task failed (DeadLetterError).
+    Now the last level leaves out key and the row's headers too, with their sizes in
+    kresilient.key.dropped.bytes / kresilient.headers.dropped.bytes. Both modes."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    small = {"max.message.bytes": "16384"}
+    ids = range(6)
+    keys = pa.array([b"k" * 30_000 if i == 1 else i.to_bytes(8, "big") for i in ids], pa.binary())
+    headers = pa.array(
+        [[{"key": "big", "value": b"h" * 30_000}] if i == 4 else [] for i in ids], _HEADERS
+    )
+    batch = _batch(ids, key=keys, headers=headers)
+    topic, dlq = topic_factory(config=small), topic_factory(config=small)
+    report = _run(bootstrap, [batch], topic=topic, deadLetterTopic=dlq)
+    assert (report.written, report.dead_lettered) == (4, 2)
+    letters = _records(bootstrap, dlq)
+    dropped = sorted(
+        (h.get("kresilient.key.dropped.bytes"), h.get("kresilient.headers.dropped.bytes"))
+        for h in (dict(m.headers() or []) for m in letters)
+    )
+    assert dropped == [(b"30000", None), (b"8", b"30003")]
+    assert all(m.key() is None and m.value() is None for m in letters)
+    # exactly_once: the same rows, refused locally by the producer capped at the topic's limit
+    topic, dlq = topic_factory(config=small), topic_factory(config=small)
+    prefix = f"kr-seams-{uuid.uuid4().hex[:8]}"
+    eos = _eos(bootstrap, batch, topic=topic, dlq=dlq, prefix=prefix, batch_id=0)
+    assert (eos.written, eos.dead_lettered) == (4, 2)
+    assert len(_records(bootstrap, dlq, committed=True)) == 2
+    assert sorted(_ids(bootstrap, topic, committed=True)) == [0, 2, 3, 5]

@@ -81,6 +81,7 @@ from kresilient.spark._task import (
     tracer,
 )
 from kresilient.spark._write import (
+    _STRIPPING,
     RedactingLogger,
     _Collector,
     _dead_letter_headers,
@@ -89,6 +90,7 @@ from kresilient.spark._write import (
     _Failure,
     _flushed_failures,
     _reasons,
+    _Strip,
     _TaskWriter,
     _wait_for_room,
 )
@@ -596,21 +598,18 @@ def _dead_letter_in_transaction(
                 "disabled (set the 'deadLetterTopic' option)",
                 failures=[_delivery_failure(f, 0)],
             )
-        too_large = f.error.code() in TOO_LARGE_CODES
-        value = None if too_large else f.value
-        headers = _dead_letter_headers(f, attempt, value_dropped=too_large)
-        while True:
+        # A row too large leaves its value out at once (it would not fit this producer's
+        # limit, the topic's); refused again locally (a large key or headers), less of it.
+        levels = _STRIPPING[1:] if f.error.code() in TOO_LARGE_CODES else _STRIPPING
+        for strip in levels:
+            headers = _dead_letter_headers(f, attempt, strip=strip)
             try:
-                producer.produce(dlq, value, f.key, headers=headers)  # type: ignore[arg-type]
+                _produce_dead_letter(producer, dlq, f, strip, headers)
                 break
-            except BufferError:
-                _wait_for_room(producer)
-            except KafkaException as exc:
-                raise DeadLetterError(
-                    f"could not write a dead letter to {dlq!r}: {exc.args[0].str()}",
-                    topic=dlq,
-                    classification=classify(exc.args[0]),
-                ) from exc
+            except DeadLetterError as exc:
+                too_large = exc.classification and exc.classification.code in TOO_LARGE_CODES
+                if not too_large or strip is levels[-1]:
+                    raise
         topics[dlq] = topics.get(dlq, 0) + 1
     if failures:
         refused = _flushed_failures(producer, collector)
@@ -622,6 +621,29 @@ def _dead_letter_in_transaction(
                 classification=refused[0].classification,
             )
     return topics
+
+
+def _produce_dead_letter(
+    producer: Producer,
+    dlq: str,
+    f: _Failure,
+    strip: _Strip,
+    headers: list[tuple[str, bytes | None]],
+) -> None:
+    key = None if strip.key else f.key
+    value = None if strip.value else f.value
+    while True:
+        try:
+            producer.produce(dlq, value, key, headers=headers)  # type: ignore[arg-type]
+            return
+        except BufferError:
+            _wait_for_room(producer)
+        except KafkaException as exc:
+            raise DeadLetterError(
+                f"could not write a dead letter to {dlq!r}: {exc.args[0].str()}",
+                topic=dlq,
+                classification=classify(exc.args[0]),
+            ) from exc
 
 
 def _commit(producer: Producer) -> None:

@@ -81,6 +81,26 @@ FORCED: Mapping[str, str] = {"acks": "all", "enable.idempotence": "true"}
 
 VALUE_DROPPED_HEADER = "kresilient.value.dropped.bytes"
 """On a dead letter whose value the dead-letter topic refused as too large: the value's size."""
+KEY_DROPPED_HEADER = "kresilient.key.dropped.bytes"
+"""On a dead letter still too large without its value: the key's size (key left out too)."""
+HEADERS_DROPPED_HEADER = "kresilient.headers.dropped.bytes"
+"""On a dead letter still too large without its value: the row's own headers' size (left out:
+only kresilient's headers remain)."""
+
+
+@dataclass(frozen=True)
+class _Strip:
+    """What a dead letter leaves out of its row (a size refusal moves to the next level)."""
+
+    value: bool = False
+    key: bool = False
+    headers: bool = False
+
+
+#: A dead letter keeps the whole row; too large: without the value; still too large (a large
+#: key or headers): without key and the row's headers, kresilient's headers only, so a row
+#: that can never be produced never fails the job over the size of its own dead letter.
+_STRIPPING = (_Strip(), _Strip(value=True), _Strip(value=True, key=True, headers=True))
 
 
 _ASIDE: Mapping[str, Any] = {"batch.num.messages": 1, "linger.ms": 0}
@@ -551,17 +571,17 @@ class _TaskWriter:
         the job.
         """
         writer = self.entry.dead_letter_writer(self.options)
-        sent = [self._send_dead_letter(writer, f, attempt, keep_value=True) for f in failures]
-        _settle(writer)
-        again = [
-            self._send_dead_letter(writer, d.failure, attempt, keep_value=False)
-            for d in sent
-            if d.too_large() and d.kept_value
-        ]
-        if again:
+        done: list[_DeadLetter] = []
+        pending = failures
+        for strip in _STRIPPING:
+            sent = [self._send_dead_letter(writer, f, attempt, strip) for f in pending]
             _settle(writer)
-        failed = [d for d in sent if d.error() is not None and not d.too_large()]
-        failed += [d for d in again if d.error() is not None]
+            # Still too large: again with less of the row (the next level), while one is left.
+            pending = [d.failure for d in sent if d.too_large() and strip is not _STRIPPING[-1]]
+            done += [d for d in sent if not (d.too_large() and strip is not _STRIPPING[-1])]
+            if not pending:
+                break
+        failed = [d for d in done if d.error() is not None]
         if failed:
             first = failed[0].error()
             raise DeadLetterError(
@@ -571,12 +591,12 @@ class _TaskWriter:
                 classification=first.classification if first else None,
             )
         topics: dict[str, int] = {}
-        for d in sent:
+        for d in done:
             topics[d.topic] = topics.get(d.topic, 0) + 1
         return topics
 
     def _send_dead_letter(
-        self, writer: DeadLetterWriter, f: _Failure, attempt: int, *, keep_value: bool
+        self, writer: DeadLetterWriter, f: _Failure, attempt: int, strip: _Strip
     ) -> _DeadLetter:
         dlq = self.options.dead_letter_topic_for(f.topic)
         if dlq is None:
@@ -586,19 +606,17 @@ class _TaskWriter:
                 "(set the 'deadLetterTopic' option)",
                 failures=[_delivery_failure(f, 0)],
             )
-        headers = _dead_letter_headers(
-            f, attempt, value_dropped=not keep_value, redactor=self.entry.redact
-        )
+        headers = _dead_letter_headers(f, attempt, strip=strip, redactor=self.entry.redact)
         record = DeadLetterRecord(
             topic=dlq,
-            key=_raw(f.key),
-            value=_raw(f.value) if keep_value else None,
+            key=None if strip.key else _raw(f.key),
+            value=None if strip.value else _raw(f.value),
             headers=headers,
         )
         try:
-            return _DeadLetter(f, dlq, keep_value, writer.write(record), None)
+            return _DeadLetter(f, dlq, writer.write(record), None)
         except DeadLetterError as exc:  # refused before sending (too large for the writer...)
-            return _DeadLetter(f, dlq, keep_value, None, exc)
+            return _DeadLetter(f, dlq, None, exc)
 
 
 def _raw(data: bytes | str | None) -> bytes | None:
@@ -617,7 +635,6 @@ class _DeadLetter:
 
     failure: _Failure
     topic: str
-    kept_value: bool
     handle: DeadLetterHandle | None
     refused: DeadLetterError | None
 
@@ -852,7 +869,7 @@ def _dead_letter_headers(
     f: _Failure,
     attempt: int,
     *,
-    value_dropped: bool,
+    strip: _Strip,
     redactor: Callable[[str], str] | None = None,
 ) -> list[tuple[str, bytes | None]]:
     headers = list(
@@ -865,11 +882,16 @@ def _dead_letter_headers(
             translate(f.error, topic=f.topic, operation="produce", redactor=redactor),
             f.classification,
             attempt + 1,
-            original_headers=f.headers,
+            original_headers=None if strip.headers else f.headers,
         )
     )
-    if value_dropped and f.value is not None:
+    if strip.value and f.value is not None:
         headers.append((VALUE_DROPPED_HEADER, str(len(f.value)).encode()))
+    if strip.key and f.key is not None:
+        headers.append((KEY_DROPPED_HEADER, str(len(f.key)).encode()))
+    if strip.headers and f.headers:
+        size = sum(len(k) + len(v or b"") for k, v in f.headers)
+        headers.append((HEADERS_DROPPED_HEADER, str(size).encode()))
     return headers
 
 
