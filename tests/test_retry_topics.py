@@ -76,15 +76,23 @@ class _Msg:
 
 def test_retry_headers_keep_the_original_through_every_tier() -> None:
     original: list[tuple[str, bytes | None]] = [("a", b"\x00\x01"), ("n", None), ("a", b"2")]
+    retry_topics = {"orders.retry.2s", "orders.retry.5s"}
     first = retry_headers(
-        _Msg("orders", original), tier=0, delay=2, exc=RuntimeError(), now_ms=1000
+        _Msg("orders", original),
+        tier=0,
+        delay=2,
+        exc=RuntimeError(),
+        retry_topics=retry_topics,
+        now_ms=1000,
     )
     assert first[:3] == original
     tier1 = _Msg("orders.retry.2s", first)
     view = RetryView(tier1)
     assert (view.tier, view.due_ms(), view.first_failure_ms()) == (1, 3000, 1000)
     assert (view.topic(), view.partition(), view.offset()) == ("orders", 3, 41)
-    second = retry_headers(tier1, tier=1, delay=5, exc=RuntimeError(), now_ms=4000)
+    second = retry_headers(
+        tier1, tier=1, delay=5, exc=RuntimeError(), retry_topics=retry_topics, now_ms=4000
+    )
     view2 = RetryView(_Msg("orders.retry.5s", second))
     assert view2.headers() == original  # byte for byte, retry block stripped
     assert (view2.tier, view2.due_ms(), view2.first_failure_ms()) == (2, 9000, 1000)
@@ -126,10 +134,11 @@ def test_failing_records_come_back_after_their_delays_others_flow(
     where = produce(bootstrap, topic, items)
     by_value = {value: (key, headers, where[i]) for i, (key, value, headers, _) in enumerate(items)}
     seen: list[tuple[str, bytes, float, int | None, int]] = []
+    retry_topics = set(RetryTopicPolicy(delays=TIERS).topics(topic))
 
     def handle(msg: Any) -> None:
         value = msg.value()
-        view_due = RetryView(msg).due_ms() if RetryView.is_retry(msg) else None
+        view_due = RetryView(msg).due_ms() if RetryView.is_retry(msg, retry_topics) else None
         seen.append((msg.topic(), value, time.time(), view_due, msg.offset()))
         if value.startswith(b"always-") or (value.startswith(b"once-") and view_due is None):
             raise RuntimeError("downstream refused")
@@ -253,6 +262,9 @@ def test_consumer_sigkilled_mid_way_loses_nothing(
     )
 
 
+_KEY_RETRY_TOPICS = frozenset({"orders.retry.0", "orders.retry.1"})
+
+
 class _Rec:
     """A record for the KeyBlocks units: ``key``, original coordinates, optional retry tier."""
 
@@ -261,7 +273,9 @@ class _Rec:
         self._headers: list[tuple[str, bytes | None]] = []
         if tier is not None:
             src = _Plain("orders", key, offset)
-            self._headers = retry_headers(src, tier=tier, delay=2, exc=RuntimeError())
+            self._headers = retry_headers(
+                src, tier=tier, delay=2, exc=RuntimeError(), retry_topics=_KEY_RETRY_TOPICS
+            )
         self._topic = "orders" if tier is None else f"orders.retry.{tier}"
 
     def topic(self) -> str:
@@ -289,7 +303,7 @@ class _Plain(_Rec):
 
 
 def test_key_blocks_keep_later_records_of_a_key_behind_the_moved_one() -> None:
-    keys = KeyBlocks()
+    keys = KeyBlocks(_KEY_RETRY_TOPICS)
     assert keys.route(_Rec(b"K", 1)) is None  # nothing blocked: handled
     keys.moved(_Rec(b"K", 1), 0)  # K@1 failed, moved to tier 0: K blocked
     assert keys.route(_Rec(b"K", 2)) == 0  # later records of K follow it to tier 0
@@ -336,10 +350,11 @@ def test_ordered_retry_topics_keep_a_keys_later_records_behind_it(
     ]
     produce(bootstrap, topic, items)
     calls: list[tuple[bytes, bool]] = []  # (value, succeeded)
+    retry_topics = set(RetryTopicPolicy(delays=TIERS).topics(topic))
 
     def handle(msg: Any) -> None:
         value = msg.value()
-        tier = RetryView(msg).tier if RetryView.is_retry(msg) else 0
+        tier = RetryView(msg).tier if RetryView.is_retry(msg, retry_topics) else 0
         fail = value == b"K0" and tier < failures
         calls.append((value, not fail))
         if fail:

@@ -893,6 +893,8 @@ class ResilientConsumer:
                 raise _Handled()
             if dedupe is not None and dedupe.is_duplicate(self._original(msg)):
                 self._skipped([msg])  # stored by _finish like a processed record
+                if keys is not None and keys.blocked:
+                    keys.done(msg)  # done with, like a processed one: its key flows on
                 raise _Handled()
             call(msg)
             if dedupe is not None:
@@ -980,10 +982,19 @@ class ResilientConsumer:
                 reason="the held offset is no longer in the log (retention or truncation)",
             )
             del holds[hold.tp]
-            if self._dedupe is not None and self._dedupe.is_duplicate(self._original(msg)):
-                self._skipped([msg])
-                state.nonsuccess += 1
-                return
+        keys = self._failures.keys
+        if self._dedupe is not None and self._dedupe.is_duplicate(self._original(msg)):
+            # the held record's next attempt, or a retry-topic record deferred to its due time
+            # (whose first delivery never reached the dedupe check): a marked copy whose id was
+            # processed meanwhile is skipped here as at its first delivery (issue 35)
+            if verdict is Verdict.RETRY:
+                holds.pop(hold.tp, None)
+                self._holds.excluded.discard(hold.tp)
+            self._skipped([msg])
+            if keys is not None and keys.blocked:
+                keys.done(msg)
+            state.nonsuccess += 1
+            return
         try:
             call(msg)
         except _Handled as handled:
@@ -997,7 +1008,6 @@ class ResilientConsumer:
             return
         if self._dedupe is not None:
             self._dedupe.processed(self._original(msg))
-        keys = self._failures.keys
         if keys is not None and keys.blocked:
             keys.done(msg)
         if verdict is Verdict.RETRY:

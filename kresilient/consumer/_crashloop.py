@@ -24,6 +24,12 @@ attributed to the first record that dies while probed, so a record that kills th
 every start is dead-lettered after exactly ``max_deaths`` deaths. A process killed for another
 reason while a record was in flight (SIGKILL by an orchestrator) counts as a death of that
 record too; the default of 3 absorbs one or two such coincidences.
+
+A record whose handler FAILED (raised) is not in flight while it waits for its next attempt
+(a retry hold of minutes, a dead-letter or retry-topic write): the guard commits a *waiting*
+marker at once (its deaths so far, ``"w":1``), so a kill during the wait (a deploy, an
+eviction) is not counted as a death of that record (issue 35), and the unclean end is not
+attributed to the next record either: nothing of this partition was in flight.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class Marker:
     offset: int | None = None  #: the record in flight when the marker was committed
     deaths: int = 0  #: deaths of that record counted before that attempt
     first_ms: int | None = None  #: wall-clock ms of its first attempt
+    waiting: bool = False  #: the record failed and waits for its next attempt: not in flight
 
 
 def parse_marker(metadata: str | None) -> Marker | None:
@@ -93,11 +100,19 @@ def parse_marker(metadata: str | None) -> Marker | None:
     x, d, t = data.get("x"), data.get("d", 0), data.get("t")
     if not isinstance(x, int) or not isinstance(d, int):
         return Marker()
-    return Marker(offset=x, deaths=d, first_ms=t if isinstance(t, int) else None)
+    return Marker(
+        offset=x,
+        deaths=d,
+        first_ms=t if isinstance(t, int) else None,
+        waiting=data.get("w") == 1,
+    )
 
 
-def _marker(offset: int, deaths: int, first_ms: int) -> str:
-    return PREFIX + json.dumps({"x": offset, "d": deaths, "t": first_ms}, separators=(",", ":"))
+def _marker(offset: int, deaths: int, first_ms: int, *, waiting: bool = False) -> str:
+    data: dict[str, int] = {"x": offset, "d": deaths, "t": first_ms}
+    if waiting:
+        data["w"] = 1
+    return PREFIX + json.dumps(data, separators=(",", ":"))
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -112,6 +127,8 @@ class Probe:
     first_ms: int | None = None
     seed: bool = False  #: never committed: commit the first record's offset, then stop
     position: int = OFFSET_INVALID  #: the consumer's position at the last batch check
+    #: (offset, deaths of its own, first attempt ms) of the record whose marker is committed
+    inflight: tuple[int, int, int] | None = None
 
 
 class CrashGuard:
@@ -167,7 +184,19 @@ class CrashGuard:
                 self.probes[tp] = Probe(tp=tp, remaining=0, base=0, seed=True)
                 continue
             probe = Probe(tp=tp, remaining=self.window, base=1)
-            if marker is not None and marker.offset is not None and marker.offset >= part.offset:
+            if (
+                marker is not None
+                and marker.offset is not None
+                and marker.waiting
+                and marker.offset >= part.offset
+            ):
+                # the process ended while the record waited for its next attempt: nothing of
+                # this partition was in flight, no death to count or to attribute
+                probe.base = 0
+                probe.suspect = marker.offset
+                probe.deaths = marker.deaths
+                probe.first_ms = marker.first_ms
+            elif marker is not None and marker.offset is not None and marker.offset >= part.offset:
                 probe.base = 0
                 probe.suspect = marker.offset
                 probe.deaths = marker.deaths + 1
@@ -229,7 +258,11 @@ class CrashGuard:
                 return call(msg)
             try:
                 self._before(probe, msg)
-                result = call(msg)
+                try:
+                    result = call(msg)
+                except Exception:
+                    self._failed(probe)
+                    raise
                 # stored at once: the next record's marker commit carries exact progress
                 self._offsets.store(probe.tp, msg.offset() + 1, msg.leader_epoch())  # type: ignore[operator]
                 return result
@@ -241,6 +274,16 @@ class CrashGuard:
                         self._offsets.commit_marker(probe.tp, None, _PROBE_END)
 
         return guarded
+
+    def _failed(self, probe: Probe) -> None:
+        """The handler raised: the process survived the record, which now waits (a retry hold,
+        a dead-letter or retry-topic write) and is no longer in flight. Its marker says so,
+        keeping only the deaths it really caused: a kill during the wait is not its death."""
+        inflight, probe.inflight = probe.inflight, None
+        if inflight is None:
+            return
+        offset, deaths, first = inflight
+        self._offsets.commit_marker(probe.tp, offset, _marker(offset, deaths, first, waiting=True))
 
     def _before(self, probe: Probe, msg: Message) -> None:
         offset = msg.offset()
@@ -260,8 +303,12 @@ class CrashGuard:
                     deaths=deaths,
                     max_deaths=self.max_deaths,
                 )
+            own = deaths
         elif probe.suspect is not None and offset < probe.suspect:
             deaths, first = 0, now_ms  # handled again before the suspect (pending dead letters)
+            own = 0
         else:
-            deaths, first = probe.base, now_ms
+            # the unclean end is attributed to this record only if it dies too (base)
+            deaths, first, own = probe.base, now_ms, 0
+        probe.inflight = (offset, own, first)
         self._offsets.commit_marker(probe.tp, offset, _marker(offset, deaths, first))

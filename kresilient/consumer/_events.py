@@ -244,7 +244,7 @@ class ClientEvents:
         if self.crash is not None:
             self.crash.forget(lost)
         if self.probes is not None:
-            self.probes.forget(lost)
+            self.probes.on_lost(lost)
         self.log.warning(
             "partitions_lost",
             partitions=_names(partitions),

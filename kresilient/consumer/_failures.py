@@ -27,7 +27,7 @@ from kresilient.consumer._breaker import CircuitBreaker
 from kresilient.consumer._crashloop import is_crash_loop
 from kresilient.consumer._holds import TP, Hold, Holds, LoopState
 from kresilient.consumer._offsets import MovedHandle, OffsetKeeper
-from kresilient.consumer._registry import is_outage, registry_classification
+from kresilient.consumer._registry import is_outage, outage_classification
 from kresilient.consumer._retrytopics import (
     KeyBlocked,
     KeyBlocks,
@@ -224,13 +224,12 @@ class FailureHandler:
         self.retrying = retrying
         self.outage_retrying = outage_retrying
         self.retry_topics = retry_topics
-        #: retry topic -> (original topic, tier index)
-        self.retry_map: dict[str, tuple[str, int]] = {}
         self.moved = 0  #: records written to a retry topic (acknowledged or not)
         #: the blocked keys of ``RetryTopicPolicy(ordered=True)``
         self.keys: KeyBlocks | None = (
             KeyBlocks() if retry_topics is not None and retry_topics.ordered else None
         )
+        self.retry_map = {}
         self.policy = policy
         self.breaker = breaker
         self.deser = deser
@@ -240,6 +239,18 @@ class FailureHandler:
         self.redact = redact
         #: set by the consumer once it started (its own producer is made in ``run()``)
         self.sink: DeadLetterSink | None = None
+
+    @property
+    def retry_map(self) -> dict[str, tuple[str, int]]:
+        """Retry topic -> (original topic, tier index): this consumer's own retry topics, the
+        only records whose ``kresilient.retry.*`` headers are read back."""
+        return self._retry_map
+
+    @retry_map.setter
+    def retry_map(self, value: dict[str, tuple[str, int]]) -> None:
+        self._retry_map = value
+        if self.keys is not None:
+            self.keys.retry_topics = value
 
     # ------------------------------------------------------------------ decision
 
@@ -273,7 +284,9 @@ class FailureHandler:
             )
             holds[tp] = hold
         hold.attempts += 1
-        outage = registry_classification(exc) if self.outage_retrying is not None else None
+        # only the registry's own failures (its client, the deserialization step): the same
+        # transport error from the handler's own HTTP dependency follows the user's policy
+        outage = outage_classification(exc) if self.outage_retrying is not None else None
         if outage is not None and is_outage(outage):
             # the Schema Registry is down, not the record: hold under the outage policy
             if self._outage_retry(hold, exc, outage, now):
@@ -367,7 +380,9 @@ class FailureHandler:
             topic=topic,
             key=raw[0] if raw is not None else msg.key(),
             value=raw[1] if raw is not None else msg.value(),
-            headers=retry_headers(msg, tier=tier, delay=policy.delays[tier], exc=exc),
+            headers=retry_headers(
+                msg, tier=tier, delay=policy.delays[tier], exc=exc, retry_topics=self.retry_map
+            ),
         )
         handle = sink.send(record)
         offset = msg.offset()

@@ -8,7 +8,10 @@
 * ``GET /ready``: 200 once the consumer joined its group and no partition is stalled; 503
   with the stalled partitions named when a batch has been in a handler for longer than
   ``stall_after_s``, a retry hold is overdue by that long, or a partition with lag made no
-  progress for that long (racecar #309: a consumer-wide check misses one stuck partition).
+  progress for that long (racecar #309: a consumer-wide check misses one stuck partition);
+  503 too when the member LOST its partitions (session timed out: the group coordinator
+  unreachable ...) and has not been given an assignment again for that long (issue 35): its
+  lost partitions have no lag figures any more, so nothing else would say it does no work.
 
 The body is JSON (``status``, ``reasons``, per-partition ``lag`` and ``since_progress_s``).
 The loop thread updates the per-partition figures once a second (cheap: cached watermarks,
@@ -82,6 +85,8 @@ class Probes:
         self.last_poll = 0.0  #: set by the loop at every iteration
         self.running = False
         self.joined = False
+        #: monotonic time the member lost its assignment, until it is assigned again
+        self.lost_since: float | None = None
         self.parts: dict[TP, _Partition] = {}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -91,12 +96,20 @@ class Probes:
     def on_assign(self, partitions: Iterable[TopicPartition]) -> None:
         now = time.monotonic()
         self.joined = True
+        self.lost_since = None  # a completed rebalance (cooperative: even an empty one)
         for p in partitions:
             self.parts[(p.topic, p.partition)] = _Partition(since=now)
 
     def forget(self, tps: Iterable[TP]) -> None:
         for tp in tps:
             self.parts.pop(tp, None)
+
+    def on_lost(self, tps: Iterable[TP]) -> None:
+        """The member's partitions were lost (not revoked): it is out of the group until the
+        next assignment."""
+        self.forget(tps)
+        if self.lost_since is None:
+            self.lost_since = time.monotonic()
 
     def tick(self, now: float) -> None:
         """Lag and progress per partition (the loop thread, about once a second)."""
@@ -144,6 +157,12 @@ class Probes:
         if not self.joined:
             return False, ["not yet joined the consumer group"]
         limit = self.stall_after_s
+        lost = self.lost_since
+        if lost is not None and now - lost > limit:
+            reasons.append(
+                f"the member lost its partitions {now - lost:.1f} s ago and has not rejoined "
+                "the group (group coordinator unreachable? see the kafka_unreachable logs)"
+            )
         started = self._batch_started()
         if started and now - started > limit:
             names = sorted({f"{m.topic()}[{m.partition()}]" for m in list(self._state.batch)})

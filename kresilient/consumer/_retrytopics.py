@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -152,15 +152,16 @@ class KeyBlocks:
     the same retry partition: same key, same partitioner) until it is done.
     """
 
-    __slots__ = ("blocked",)
+    __slots__ = ("blocked", "retry_topics")
 
-    def __init__(self) -> None:
+    def __init__(self, retry_topics: Container[str] = frozenset()) -> None:
         self.blocked: dict[BK, _Block] = {}
+        #: this consumer's retry topics: only their records are read as retries
+        self.retry_topics = retry_topics
 
-    @staticmethod
-    def key_of(msg: Any) -> tuple[BK | None, Any]:
+    def key_of(self, msg: Any) -> tuple[BK | None, Any]:
         """``(block key, original record view)`` of ``msg``; no key: ``None``."""
-        original: Any = RetryView(msg) if RetryView.is_retry(msg) else msg
+        original: Any = RetryView(msg) if RetryView.is_retry(msg, self.retry_topics) else msg
         key = msg.key()
         if key is None:
             return None, original
@@ -222,11 +223,19 @@ def _text(value: bytes | str | None) -> str | None:
 
 
 class RetryView:
-    """A record consumed from a retry topic, read back as its ORIGINAL record.
+    """A record consumed from one of this consumer's retry topics, read back as its ORIGINAL
+    record.
 
     ``topic()``/``partition()``/``offset()``/``timestamp()`` are the original coordinates;
-    ``headers()`` the original headers (the ``kresilient.retry.*`` ones stripped), so the
-    dead-letter record of a record failing its last tier is the original byte for byte.
+    ``headers()`` the original headers, so the dead-letter record of a record failing its last
+    tier is the original byte for byte.
+
+    Only the LAST ``kresilient.retry.*`` block is kresilient's (the one the consumer appended
+    when it moved the record, starting at the last ``kresilient.retry.tier``): a block before
+    it came with the original record (a service forwarding ``msg.headers()`` of an upstream
+    retry record) and stays part of the original headers, byte for byte (issue 35, defect
+    6). Build a view only of a record :meth:`is_retry` accepts: on a record of a source topic
+    every retry header is someone else's.
     """
 
     __slots__ = ("_headers", "_msg", "_retry", "tier")
@@ -234,14 +243,24 @@ class RetryView:
     def __init__(self, msg: Any) -> None:
         self._msg = msg
         headers = list(msg.headers() or [])
-        self._headers = [(k, v) for k, v in headers if not k.startswith(RETRY_HEADER_PREFIX)]
-        self._retry = {k: _text(v) for k, v in headers if k.startswith(RETRY_HEADER_PREFIX)}
+        start = len(headers)
+        for i in range(len(headers) - 1, -1, -1):
+            if headers[i][0] == TIER:
+                start = i
+                break
+        own = headers[start:]
+        self._headers = headers[:start] + [
+            (k, v) for k, v in own if not k.startswith(RETRY_HEADER_PREFIX)
+        ]
+        self._retry = {k: _text(v) for k, v in own if k.startswith(RETRY_HEADER_PREFIX)}
         self.tier = int(self._retry.get(TIER) or 0)
 
     @staticmethod
-    def is_retry(msg: Any) -> bool:
-        """Whether ``msg`` carries the retry headers."""
-        return any(k == TIER for k, _ in msg.headers() or [])
+    def is_retry(msg: Any, retry_topics: Container[str]) -> bool:
+        """Whether ``msg`` is a record of one of ``retry_topics`` (this consumer's own) carrying
+        the retry headers. Retry headers on any other record were forwarded from elsewhere and
+        mean nothing here."""
+        return msg.topic() in retry_topics and any(k == TIER for k, _ in msg.headers() or [])
 
     def due_ms(self) -> int | None:
         due = self._retry.get(DUE)
@@ -280,13 +299,20 @@ class RetryView:
 
 
 def retry_headers(
-    msg: Any, *, tier: int, delay: float, exc: BaseException, now_ms: int | None = None
+    msg: Any,
+    *,
+    tier: int,
+    delay: float,
+    exc: BaseException,
+    retry_topics: Container[str],
+    now_ms: int | None = None,
 ) -> list[tuple[str, bytes | None]]:
     """The headers of ``msg`` moved to retry tier ``tier``: its original headers byte for
-    byte, then the ``kresilient.retry.*`` block (the original coordinates are kept from an
-    earlier tier)."""
+    byte, then the ``kresilient.retry.*`` block. The original coordinates are kept from an
+    earlier tier only for a record of one of ``retry_topics`` (this consumer's own): a
+    source record's forwarded retry headers are part of its original headers."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    if RetryView.is_retry(msg):
+    if RetryView.is_retry(msg, retry_topics):
         view = RetryView(msg)
         original: list[tuple[str, bytes | None]] = view.headers()
         first = view.first_failure_ms() or now_ms

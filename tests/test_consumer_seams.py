@@ -1,0 +1,551 @@
+"""The sync consumer at the seams between its features (issue 35, defects 1 and 6, and the
+three consumer suspicions), on the real cluster.
+
+* #1: a transport error of the handler's OWN HTTP dependency (``requests``) is an ordinary
+  failure (RetryPolicy, then the DLQ), not a Schema Registry outage held forever; controls:
+  the registry's transport error raised by the deserializer, or by the registry client the
+  handler calls, is still held.
+* #6: ``kresilient.retry.*`` headers forwarded from an upstream topic do not route a dead
+  letter to the upstream DLQ: only a record of this consumer's own retry topics is a retry.
+* a retry-topic record deferred to its due time goes through ``dedupe`` like any other;
+* a record waiting in a long retry hold is not charged a crash-loop death by a kill;
+* ``/ready`` turns 503 when the member lost its partitions and cannot rejoin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import tenacity
+from _producer_helpers import read_back
+from confluent_kafka import Consumer, Message, TopicPartition
+from test_consumer_integration import Runner, TopicFactory, config, produce, wait_for, with_dlq
+
+from kresilient.consumer import ResilientConsumer, RetryPolicy, RetryTopicPolicy
+from kresilient.consumer._crashloop import parse_marker
+from kresilient.consumer._retrytopics import KeyBlocks, RetryView, retry_headers
+from kresilient.deadletter import parse_dead_letter_headers
+from kresilient.dedupe import MESSAGE_ID_HEADER, POSSIBLE_DUPLICATE_HEADER, Deduplicator
+from kresilient.testing import KafkaCluster
+
+sr = pytest.importorskip("confluent_kafka.schema_registry")
+from confluent_kafka.schema_registry.json_schema import JSONDeserializer  # noqa: E402
+
+THREE_TRIES = RetryPolicy(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(0.05))
+#: an outage policy that retries fast, so a record wrongly held shows many attempts at once
+FAST_OUTAGE = RetryPolicy(
+    stop=tenacity.stop_never, wait=tenacity.wait_fixed(0.05), retry=tenacity.retry_always
+)
+
+
+def _framed(schema_id: int, payload: bytes) -> bytes:
+    return b"\x00" + schema_id.to_bytes(4, "big") + payload
+
+
+def _held_attempts(consumer: ResilientConsumer) -> int:
+    held = consumer.health().held_partitions
+    return max((h["attempts"] for h in held), default=0)
+
+
+# --------------------------------------------------------------------------- defect 1
+
+
+@pytest.mark.integration
+def test_handlers_own_http_connection_error_follows_the_retry_policy_to_the_dlq(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, closed_port: int
+) -> None:
+    """The handler's HTTP dependency refuses connections (a real ``requests`` error): three
+    attempts (the user's RetryPolicy), then the DLQ, and the partition flows on. Before the
+    fix it was held as a registry outage, retried without end, never dead-lettered."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    produce(bootstrap, topic, [(b"k", b"call-the-api", None, None), (b"k", b"ok", None, None)])
+    calls: list[bytes] = []
+
+    def handle(msg: Message) -> None:
+        calls.append(msg.value())  # type: ignore[arg-type]
+        if msg.value() == b"call-the-api":
+            requests.get(f"http://127.0.0.1:{closed_port}/price", timeout=5)
+
+    consumer = ResilientConsumer(
+        config(kafka_cluster),
+        [topic],
+        handle,
+        retry=THREE_TRIES,
+        outage_retry=FAST_OUTAGE,
+        install_signal_handlers=False,
+    )
+    runner = Runner(consumer)
+    try:
+        # either outcome ends the wait: "ok" handled (the fix), or far more attempts than the
+        # policy allows (held as an outage)
+        wait_for(
+            lambda: b"ok" in calls or calls.count(b"call-the-api") >= 10,
+            90,
+            "the record after the failing one, or many attempts of the failing one",
+        )
+        wait_for(lambda: consumer.health().dead_letters_pending == 0, 30, "dead letter acked")
+    finally:
+        runner.stop()
+    assert runner.error is None, runner.error
+    assert calls.count(b"call-the-api") == 3, calls
+    assert calls[-1] == b"ok"
+    (record,) = read_back(bootstrap, dlq)
+    info = parse_dead_letter_headers(record.headers())
+    assert record.value() == b"call-the-api"
+    assert info.exception_type == "requests.exceptions.ConnectionError"
+    assert info.attempts == 3 and info.original_topic == topic
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("where", ["deserializer", "handler-calls-registry-client"])
+def test_registry_transport_error_is_still_held_as_an_outage(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, closed_port: int, where: str
+) -> None:
+    """Control of the test above: the same kind of error (a refused connection), raised by the
+    registry client (through the deserializer, or called by the handler itself), is held well
+    past the user's three attempts and never dead-lettered."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    produce(bootstrap, topic, [(b"k", _framed(1, b'{"n": 1}'), None, None)])
+    client = sr.SchemaRegistryClient({"url": f"http://127.0.0.1:{closed_port}", "max.retries": 0})
+    calls: list[Any] = []
+
+    def handle(msg: Message) -> None:
+        calls.append(msg.value())
+        if where == "handler-calls-registry-client":
+            client.get_schema(1)
+
+    extra: dict[str, Any] = {}
+    if where == "deserializer":
+        extra["value_deserializer"] = JSONDeserializer(None, schema_registry_client=client)
+    consumer = ResilientConsumer(
+        config(kafka_cluster),
+        [topic],
+        handle,
+        retry=THREE_TRIES,
+        outage_retry=FAST_OUTAGE,
+        install_signal_handlers=False,
+        **extra,
+    )
+    runner = Runner(consumer)
+    try:
+        wait_for(lambda: _held_attempts(consumer) >= 6, 90, "the outage hold past 3 attempts")
+        health = consumer.health()
+    finally:
+        runner.stop()
+    assert runner.error is None, runner.error
+    assert health.dead_lettered == 0 and health.dead_letters_pending == 0
+    assert read_back(bootstrap, dlq) == []
+    if where == "deserializer":
+        assert calls == []  # never deserialized, never handed to the handler
+
+
+def test_a_requests_error_is_not_the_registrys_but_the_clients_is() -> None:
+    """Pure classification of the three cases above (no cluster needed)."""
+    from kresilient.consumer._registry import outage_classification
+
+    client = sr.SchemaRegistryClient({"url": "http://127.0.0.1:9", "max.retries": 0})
+    with pytest.raises(Exception) as from_client:
+        client.get_schema(1)
+    with pytest.raises(requests.ConnectionError) as from_app:
+        requests.get("http://127.0.0.1:9/", timeout=5)
+    assert outage_classification(from_client.value) is not None
+    assert outage_classification(from_app.value) is None
+
+
+# --------------------------------------------------------------------------- defect 6
+
+
+def _upstream_retry_headers(upstream: str) -> list[tuple[str, bytes | None]]:
+    """The headers a record of ``upstream``'s first retry tier carries (what a service that
+    forwards ``msg.headers()`` passes on downstream): spelled out, as on the wire."""
+    return [
+        ("app", b"\x00forwarded"),
+        ("kresilient.retry.tier", b"1"),
+        ("kresilient.retry.due", b"1700000001000"),
+        ("kresilient.retry.original.topic", upstream.encode()),
+        ("kresilient.retry.original.partition", b"0"),
+        ("kresilient.retry.original.offset", b"77"),
+        ("kresilient.retry.original.timestamp", b"1700000000000"),
+        ("kresilient.retry.first.failure", b"1700000000000"),
+        ("kresilient.retry.exception.type", b"builtins.RuntimeError"),
+    ]
+
+
+@pytest.mark.integration
+def test_forwarded_retry_headers_do_not_route_the_dead_letter_upstream(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """A record of ``orders2`` carries the retry headers of an ``orders`` retry record
+    (forwarded by the service that produced it). It fails every time: it goes through
+    orders2's own retry tier and ends in ``orders2.dlq`` with original.topic = orders2, its
+    own offset and its own attempts, its headers byte for byte (the forwarded block too);
+    ``orders.dlq`` gets nothing. Before the fix it went to ``orders.dlq`` as orders@77."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    upstream, upstream_dlq = with_dlq(topic_factory)
+    topic, dlq = with_dlq(topic_factory)
+    policy = RetryTopicPolicy(delays=(1.0,))
+    for name in policy.topics(topic):
+        topic_factory(name=name)
+    forwarded = _upstream_retry_headers(upstream)
+    ((_, offset),) = produce(bootstrap, topic, [(b"\x00key", b"\xffvalue", forwarded, None)])
+    topics_seen: list[str] = []
+
+    def handle(msg: Message) -> None:
+        topics_seen.append(msg.topic())  # type: ignore[arg-type]
+        raise RuntimeError("downstream refused")
+
+    consumer = ResilientConsumer(
+        config(kafka_cluster), [topic], handle, retry_topics=policy, install_signal_handlers=False
+    )
+    runner = Runner(consumer)
+    try:
+        wait_for(
+            lambda: consumer.health().dead_lettered == 1,
+            90,
+            "the record dead-lettered after its retry tier",
+        )
+    finally:
+        runner.stop()
+    assert runner.error is None, runner.error
+    assert topics_seen == [topic, policy.topic(topic, 0)]  # the source, then its own tier
+    assert read_back(bootstrap, upstream_dlq) == []
+    (record,) = read_back(bootstrap, dlq)
+    info = parse_dead_letter_headers(record.headers())
+    assert (info.original_topic, info.original_partition, info.original_offset) == (
+        topic,
+        0,
+        offset,
+    )
+    assert info.attempts == 2  # its own: the source attempt and one retry tier
+    assert list(info.original_headers) == forwarded  # byte for byte, forwarded block included
+    assert (record.key(), record.value()) == (b"\x00key", b"\xffvalue")
+
+
+def test_retry_view_reads_only_its_own_block_and_key_blocks_only_own_topics() -> None:
+    """Units of the same rule: a source record with forwarded retry headers is not a retry;
+    a record of our retry topic whose original carried a forwarded block is read by its LAST
+    block (ours), the forwarded one staying in the original headers."""
+    forwarded = _upstream_retry_headers("orders")
+
+    class _Rec:
+        def __init__(self, topic: str, headers: list[tuple[str, bytes | None]]) -> None:
+            self._topic, self._headers = topic, headers
+
+        def topic(self) -> str:
+            return self._topic
+
+        def partition(self) -> int:
+            return 4
+
+        def offset(self) -> int:
+            return 9
+
+        def timestamp(self) -> tuple[int, int]:
+            return (1, 5)
+
+        def headers(self) -> list[tuple[str, bytes | None]]:
+            return self._headers
+
+        def key(self) -> bytes:
+            return b"K"
+
+    class _Upstream(_Rec):
+        def partition(self) -> int:
+            return 0
+
+        def offset(self) -> int:
+            return 77
+
+        def timestamp(self) -> tuple[int, int]:
+            return (1, 1_700_000_000_000)
+
+    upstream = _Upstream("orders", forwarded[:1])
+    written = retry_headers(
+        upstream, tier=0, delay=1, exc=RuntimeError(), retry_topics=(), now_ms=1_700_000_000_000
+    )
+    assert written == forwarded  # the literal above is what kresilient writes upstream
+    own = {"orders2.retry.1s"}
+    source = _Rec("orders2", forwarded)
+    assert not RetryView.is_retry(source, own)
+    moved = retry_headers(source, tier=0, delay=1, exc=RuntimeError(), retry_topics=own)
+    assert moved[: len(forwarded)] == forwarded  # the original headers first, byte for byte
+    back = _Rec("orders2.retry.1s", moved)
+    assert RetryView.is_retry(back, own)
+    view = RetryView(back)
+    assert (view.topic(), view.partition(), view.offset(), view.tier) == ("orders2", 4, 9, 1)
+    assert view.headers() == forwarded
+    keys = KeyBlocks(own)
+    assert keys.key_of(source)[0] == ("orders2", 4, b"K")  # not orders@77
+    assert keys.key_of(back)[0] == ("orders2", 4, b"K")
+
+
+# --------------------------------------------------------------------------- dedupe, deferred
+
+
+@pytest.mark.integration
+def test_deferred_retry_record_is_skipped_when_its_id_was_processed_meanwhile(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """A re-sent copy (marked, id m1) fails and moves to the 4 s retry tier; the other copy
+    of m1 is handled meanwhile. When the moved copy comes back it is not due yet: it is
+    deferred (its partition held) and, once due, must be skipped as a duplicate like any
+    record reaching the dedupe check. Before the fix the deferred path bypassed dedupe and
+    the handler ran on m1 twice."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _dlq = with_dlq(topic_factory)
+    policy = RetryTopicPolicy(delays=(4.0,))
+    for name in policy.topics(topic):
+        topic_factory(name=name)
+    ident = uuid.uuid4().hex.encode()
+    produce(
+        bootstrap,
+        topic,
+        [
+            (b"k", b"copy", [(MESSAGE_ID_HEADER, ident), (POSSIBLE_DUPLICATE_HEADER, b"true")], 0),
+            (b"k", b"first", [(MESSAGE_ID_HEADER, ident)], 0),
+            (b"k", b"after", None, 0),
+        ],
+    )
+    calls: list[tuple[str, bytes]] = []
+    failed_once = False
+    deferred_seen = False
+
+    def handle(msg: Message) -> None:
+        nonlocal failed_once
+        calls.append((msg.topic(), msg.value()))  # type: ignore[arg-type]
+        if msg.value() == b"copy" and not failed_once:
+            failed_once = True
+            raise RuntimeError("timeout of a dependency: retried through the retry topic")
+
+    consumer = ResilientConsumer(
+        config(kafka_cluster),
+        [topic],
+        handle,
+        retry_topics=policy,
+        dedupe=Deduplicator(),
+        install_signal_handlers=False,
+    )
+    retry_topic = policy.topic(topic, 0)
+    runner = Runner(consumer)
+
+    def settled() -> bool:
+        nonlocal deferred_seen
+        health = consumer.health()
+        deferred_seen |= any(h["topic"] == retry_topic for h in health.held_partitions)
+        copies = sum(1 for _, v in calls if v == b"copy")
+        return health.duplicates_skipped == 1 or copies >= 2
+
+    try:
+        wait_for(settled, 90, "the moved copy skipped or handled again")
+    finally:
+        runner.stop()
+    assert runner.error is None, runner.error
+    assert deferred_seen, "the retry record was due when fetched: the seam was not exercised"
+    assert [v for _, v in calls] == [b"copy", b"first", b"after"], calls
+    assert consumer.health().duplicates_skipped == 1
+
+
+# --------------------------------------------------------------------------- crash loops
+
+_WORKER = r"""
+import os, sys, threading, time
+import tenacity
+from kresilient.consumer import ResilientConsumer, RetryPolicy
+
+bootstrap, topic, group, out, mode = sys.argv[1:6]
+fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+def handle(msg):
+    os.write(fd, b"call %d\n" % msg.offset())
+    if mode == "block":
+        threading.Event().wait()  # in flight until the process is killed
+    raise RuntimeError("dependency down: retried in an hour")
+
+consumer = ResilientConsumer(
+    {"bootstrap.servers": bootstrap, "group.id": group,
+     "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000},
+    [topic], handle,
+    retry=RetryPolicy(stop=tenacity.stop_never, wait=tenacity.wait_fixed(3600)),
+    max_process_deaths=2,
+)
+
+def report():
+    seen = 0
+    while True:
+        held = consumer.health().held_partitions
+        attempts = max((h["attempts"] for h in held), default=0)
+        if attempts > seen:
+            seen = attempts
+            os.write(fd, b"held %d\n" % attempts)
+        time.sleep(0.05)
+
+threading.Thread(target=report, daemon=True).start()
+consumer.run()
+"""
+
+
+def _lines(out: Path) -> list[str]:
+    return out.read_text().splitlines() if out.exists() else []
+
+
+def _run_and_kill(script: Path, args: list[str], out: Path, until: str) -> None:
+    """Start the worker, wait for ``until`` lines more in ``out``, SIGKILL it (by pid)."""
+    before = len(_lines(out))
+    proc = subprocess.Popen([sys.executable, str(script), *args])
+    try:
+        wait_for(
+            lambda: (
+                any(line.startswith(until) for line in _lines(out)[before:])
+                or proc.poll() is not None
+            ),
+            120,
+            f"worker line {until!r}",
+        )
+        assert proc.poll() is None, f"worker exited with {proc.returncode}"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+
+def _marker(bootstrap: str, group: str, topic: str) -> str | None:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        (part,) = consumer.committed([TopicPartition(topic, 0)], timeout=30)
+        return part.metadata  # type: ignore[no-any-return]
+    finally:
+        consumer.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("mode", ["held", "block"], ids=["held-in-retry-wait", "control-in-flight"])
+def test_kills_during_a_retry_wait_are_not_crash_loop_deaths(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path, mode: str
+) -> None:
+    """max_process_deaths=2. The record fails (a dependency down) and waits an hour for its
+    next attempt; the process is SIGKILLed during the wait twice (a deploy, an eviction). At
+    the third start the record must be tried again, not dead-lettered as a crash loop.
+
+    Control (``block``): the same two kills while the handler is IN the record: counted, the
+    third start dead-letters it as ``crash_loop`` without calling the handler (the kills are
+    real and the protection works)."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    produce(bootstrap, topic, [(b"k", b"x", None, None)])
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    out = tmp_path / "out"
+    args = [bootstrap, topic, group, str(out), "fail" if mode == "held" else "block"]
+    # first start (a new group: seeded, not probed) and the second (probed after the kill)
+    until = "held" if mode == "held" else "call"
+    _run_and_kill(script, args, out, until)
+    _run_and_kill(script, args, out, until)
+    marker = parse_marker(_marker(bootstrap, group, topic))
+    assert marker is not None and marker.offset == 0, marker
+    proc = subprocess.Popen([sys.executable, str(script), *args])
+    try:
+        calls_before = sum(line.startswith("call") for line in _lines(out))
+
+        def third_start_decided() -> bool:
+            calls = sum(line.startswith("call") for line in _lines(out))
+            return calls > calls_before or bool(_end(bootstrap, dlq))
+
+        wait_for(third_start_decided, 120, "the third start to call or dead-letter the record")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    dead = read_back(bootstrap, dlq)
+    calls = sum(line.startswith("call") for line in _lines(out))
+    if mode == "held":
+        assert dead == [], [parse_dead_letter_headers(r.headers()) for r in dead]
+        assert calls == 3  # tried again at the third start
+        assert marker.waiting and marker.deaths == 0
+    else:
+        (record,) = dead
+        info = parse_dead_letter_headers(record.headers())
+        assert info.error_category == "crash_loop" and info.attempts == 2
+        assert calls == 2  # not called a third time
+
+
+def _end(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "end-" + uuid.uuid4().hex})
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=30)[1])
+    finally:
+        consumer.close()
+
+
+# --------------------------------------------------------------------------- /ready
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.mark.integration
+@pytest.mark.chaos
+def test_ready_turns_503_when_the_member_lost_its_partitions_and_cannot_rejoin(
+    kafka_network_cluster: KafkaCluster,
+) -> None:
+    """Every node is cut from the clients (the group coordinator unreachable): the session
+    times out, the member loses its partitions (the fault is real: ``rebalances["lost"]``)
+    and cannot rejoin. ``/live`` stays 200 (the loop polls), ``/ready`` must turn 503 within
+    ``stall_after_s`` of the loss, naming it; after the heal it rejoins and is ready again.
+    Before the fix ``/ready`` stayed 200 with no partition."""
+    cluster = kafka_network_cluster
+    topic = f"ready-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, partitions=2)
+    produce(cluster.bootstrap_servers, topic, [(b"k", b"v", None, None)])
+    consumer = ResilientConsumer(
+        {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "group.id": f"g-{uuid.uuid4().hex[:10]}",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+        },
+        [topic],
+        lambda _msg: None,
+        dead_letter=None,
+        health_port=0,
+        stall_after_s=3.0,
+        install_signal_handlers=False,
+    )
+    runner = Runner(consumer)
+    try:
+        wait_for(lambda: consumer.health_port is not None, 60, "probe server")
+        port = consumer.health_port
+        assert port is not None
+        wait_for(lambda: _get(port, "/ready")[0] == 200, 60, "ready before the fault")
+        net = cluster.network
+        for node in cluster.node_ids:
+            net.isolate(node, peers=False)
+        try:
+            wait_for(lambda: consumer.health().rebalances["lost"] >= 1, 90, "partitions lost")
+            wait_for(lambda: _get(port, "/ready")[0] == 503, 30, "/ready 503 after the loss")
+            status, body = _get(port, "/ready")
+            assert status == 503 and any("lost its partitions" in r for r in body["reasons"])
+            assert _get(port, "/live")[0] == 200  # the loop polls on: live, not ready
+        finally:
+            net.heal()
+        wait_for(lambda: _get(port, "/ready")[0] == 200, 120, "ready again after the heal")
+    finally:
+        runner.stop()
+    assert runner.error is None, runner.error
