@@ -16,11 +16,17 @@ tests can prove behaviour across real leader elections::
         cluster.wait_for_isr("orders", 0)
 
 With ``KRESILIENT_BOOTSTRAP_SERVERS`` set, the cluster object wraps that existing cluster
-instead; chaos operations then raise :class:`ChaosNotSupportedError`.
+instead; chaos operations then raise :class:`ChaosNotSupportedError`, a ``broker_config`` the
+brokers do not have fails the start, and arguments that only shape a started cluster are
+named in an :class:`ExternalClusterWarning`. Parallel workers may wrap one cluster at once.
 
 Every process is started by the cluster and stopped by pid in :meth:`KafkaCluster.close`,
-which also runs at interpreter exit and on SIGTERM (when no other SIGTERM handler is
-installed). On Linux the brokers are forked from one long-lived launcher thread with
+which also runs at interpreter exit, on SIGTERM (when no other SIGTERM handler is
+installed) and when a cluster dropped without ``close()`` is garbage-collected (with a
+``ResourceWarning``). Only the process that started a cluster closes it: a forked child
+(multiprocessing's ``fork``) leaves its parent's nodes and data directory alone.
+
+On Linux the brokers are forked from one long-lived launcher thread with
 ``PR_SET_PDEATHSIG``, so they die with the owning *process* (SIGKILL included) and never
 because the thread that called :meth:`KafkaCluster.start` ended. Each cluster's data
 directory carries an owner marker; directories of owners that died without cleaning up
@@ -54,6 +60,7 @@ import tempfile
 import threading
 import time
 import uuid
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +76,7 @@ from confluent_kafka.admin._acl import (
     AclOperation,
     AclPermissionType,
 )
+from confluent_kafka.admin._config import ConfigResource
 from confluent_kafka.admin._resource import ResourcePatternType, ResourceType
 from confluent_kafka.admin._scram import (
     ScramCredentialInfo,
@@ -95,6 +103,7 @@ __all__ = [
     "ChaosNotSupportedError",
     "ClientCertificate",
     "ClusterError",
+    "ExternalClusterWarning",
     "KafkaCluster",
     "NetworkFaults",
     "remove_stale_dirs",
@@ -118,6 +127,12 @@ SUPER_USER = "admin"
 """The harness's super user on a secured cluster (``client_config()`` without a user)."""
 _SCRAM = "SCRAM-SHA-512"
 _SECURITY_PROTOCOL = {"sasl_ssl": "SASL_SSL", "ssl": "SSL"}
+
+
+class ExternalClusterWarning(UserWarning):
+    """A :class:`KafkaCluster` argument that only shapes a cluster it starts (``nodes``,
+    ``version``, ``heap``, ``first_port``, ``jvm_options``) is ignored because the object
+    wraps an existing cluster (``$KRESILIENT_BOOTSTRAP_SERVERS``)."""
 
 
 class _NotYet(ClusterError):
@@ -249,9 +264,6 @@ def _ignore_error(err: KafkaError) -> None:
     _QUIET.debug("admin client error: %s", err)
 
 
-_LIVE: weakref.WeakSet[KafkaCluster] = weakref.WeakSet()
-
-
 # Errors after which an admin request may or may not have taken effect, and sending it again
 # is the remedy: librdkafka (2.10+) decommissions a broker a metadata response leaves out,
 # failing its queued and in-flight requests with _DESTROY_BROKER; a node that restarts or is
@@ -277,6 +289,7 @@ def _admin_request(
     timeout: float,
     *,
     done_after_resend: frozenset[int] = frozenset(),
+    done: frozenset[int] = frozenset(),
 ) -> None:
     """Run an idempotent admin request until every future succeeds, resending it while it
     fails with an error from :data:`_RESENDABLE` and time is left.
@@ -284,7 +297,8 @@ def _admin_request(
     ``submit(seconds)`` sends the request once, with ``seconds`` as its request (and
     operation) timeout. ``done_after_resend``: broker codes that mean an earlier send took
     effect (a topic that exists after its creation was resent); they count as success only
-    after a resend. Raises :class:`ClusterError` naming ``what`` and the broker's reason.
+    after a resend; ``done``: codes that count as success always (a topic another process
+    created first). Raises :class:`ClusterError` naming ``what`` and the broker's reason.
     """
     deadline = time.monotonic() + timeout
     resent = False
@@ -299,7 +313,7 @@ def _admin_request(
             except KafkaException as exc:
                 err = exc.args[0]
                 code = err.code() if isinstance(err, KafkaError) else None
-                if resent and code in done_after_resend:
+                if code in done or (resent and code in done_after_resend):
                     continue
                 if code in _RESENDABLE and time.monotonic() < deadline:
                     resend = err
@@ -316,15 +330,119 @@ def _admin_request(
         time.sleep(0.2)
 
 
+def _reap(node: _Node, timeout: float) -> None:
+    if node.process is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.process.wait(timeout=timeout)
+    if node.log_handle is not None:
+        node.log_handle.close()
+        node.log_handle = None
+
+
+class _Owned:
+    """What a started cluster must give back: node processes, fault proxies, held ports and
+    the data directory, and the one process allowed to give them back.
+
+    Kept apart from the :class:`KafkaCluster` object so that the cluster's finalizer, atexit
+    and the SIGTERM handler can release it without keeping the cluster itself alive (a
+    dropped cluster leaked its JVMs while the live set held clusters only weakly). A process
+    forked from the owner inherits a copy of this object, whose ``Popen`` objects there say
+    "exited" (the brokers are not the child's children): releasing it from the child deleted
+    the data directory under the parent's running brokers. Only ``pid`` may release.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.nodes: dict[int, _Node] = {}
+        self.root: Path | None = None
+        self.network: NetworkFaults | None = None
+        self.ports = PortReservation()
+        self._lock = threading.RLock()
+        self.closed = False
+
+    @property
+    def in_owner(self) -> bool:
+        """True in the process that started the cluster (False in a forked child)."""
+        return os.getpid() == self.pid
+
+    def kill_all(self) -> None:
+        for node in self.nodes.values():
+            if node.process is not None and node.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(node.process.pid, signal.SIGCONT)  # a frozen JVM ignores TERM
+                    node.process.kill()
+        for node in self.nodes.values():
+            _reap(node, timeout=30)
+
+    def teardown(self) -> None:
+        """Undo a launch: processes, proxies, ports, data directory (also before a retry)."""
+        if not self.in_owner:
+            return
+        if self.network is not None:
+            self.network.close()
+            self.network = None
+        self.kill_all()
+        self.ports.release()
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+        self.nodes.clear()
+
+    def release(self) -> bool:
+        """Tear down once, and only in the owning process; True when this call did it.
+
+        Safe from a signal handler: it never waits for an operation another thread runs.
+        """
+        if not self.in_owner:
+            return False
+        with self._lock:
+            if self.closed:
+                return False
+            self.closed = True
+        _LIVE.discard(self)
+        self.teardown()
+        return True
+
+
+# Strong: what atexit and the SIGTERM handler must release, held even when the cluster object
+# itself has been dropped (its finalizer removes the entry when it runs first).
+_LIVE: set[_Owned] = set()
+
+
+def _forget_inherited() -> None:
+    # A forked child owns none of its parent's clusters: neither its atexit nor its SIGTERM
+    # handler (both inherited) may release them.
+    _LIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited)
+
+
+def _release_collected(owned: _Owned) -> None:
+    """The finalizer of a :class:`KafkaCluster` dropped without :meth:`KafkaCluster.close`."""
+    root = owned.root
+    servers = ",".join(f"127.0.0.1:{n.client_port}" for n in owned.nodes.values())
+    if owned.release():
+        # After the release: under ``-W error`` the warning raises, and the cleanup is done.
+        warnings.warn(
+            f"KafkaCluster at {servers} was garbage-collected without close(): its nodes "
+            f"were stopped and its data directory {root} removed now; close it (`with "
+            "KafkaCluster() as cluster:` or close()) so that happens where you expect",
+            ResourceWarning,
+            stacklevel=2,
+        )
+
+
 @atexit.register
 def _close_all() -> None:
-    for cluster in list(_LIVE):
-        cluster.close()
+    for owned in list(_LIVE):
+        owned.release()
 
 
 def _on_sigterm(signum: int, _frame: object) -> None:
     # Python's default SIGTERM ends the process without atexit: close every cluster (its
-    # brokers and its ~100 MB data directory), then die of SIGTERM as before.
+    # brokers and its ~100 MB data directory), then die of SIGTERM as before. In a forked
+    # child _LIVE is empty: the parent's clusters are the parent's.
     _close_all()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
@@ -349,7 +467,13 @@ class KafkaCluster:
         heap: JVM ``-Xmx`` per node.
         start_timeout: seconds to wait for readiness before failing.
         bootstrap_servers: use this existing cluster instead of starting one (defaults to
-            ``$KRESILIENT_BOOTSTRAP_SERVERS``); chaos operations are then refused.
+            ``$KRESILIENT_BOOTSTRAP_SERVERS``); chaos operations are then refused. What a
+            test's outcome depends on is checked: ``network_faults=True`` is refused at once
+            (:class:`ChaosNotSupportedError` for the variable, ``ValueError`` for this
+            argument), and each ``broker_config`` entry must be what every broker reports
+            (DescribeConfigs), else the start fails naming it. ``nodes`` (unless equal to the
+            broker count), ``version``, ``heap``, ``first_port`` and ``jvm_options`` given
+            with other than their defaults are named in one :class:`ExternalClusterWarning`.
         first_port: fixed client ports instead of random ones: node 1 serves clients on
             ``first_port``, node 2 on ``first_port + 1``, ... (``9092`` gives the usual
             ``127.0.0.1:9092``). A taken port fails the start with a :class:`ClusterError`
@@ -395,6 +519,7 @@ class KafkaCluster:
         self._n = nodes
         self._extra = dict(broker_config or {})
         self._heap = heap
+        jvm_options_given = jvm_options is not None
         if jvm_options is None:
             jvm_options = shlex.split(os.environ.get(JVM_OPTIONS_ENV, ""))
         for option in jvm_options:
@@ -413,6 +538,29 @@ class KafkaCluster:
         # A secured cluster needs its own CA, users and authorizer: never the shared one.
         env = os.environ.get(BOOTSTRAP_ENV) if security == "plaintext" else None
         self._external = bootstrap_servers or env or None
+        self._external_source = "bootstrap_servers" if bootstrap_servers else f"${BOOTSTRAP_ENV}"
+        if self._external is not None and network_faults:
+            # Without its proxies a test of network faults tests nothing: refused here, at
+            # once, rather than by the first cluster.network call after a wasted start.
+            if bootstrap_servers:
+                raise ValueError("network_faults=True needs a cluster started by KafkaCluster")
+            raise ChaosNotSupportedError(
+                f"KafkaCluster(network_faults=True) needs a cluster started by KafkaCluster; "
+                f"{BOOTSTRAP_ENV}={self._external} names an existing one (unset it for this "
+                "test, or skip the test when it is set, as the kafka_network_cluster fixture "
+                "does)"
+            )
+        # What only a started cluster could honour, for the warning an external one gives.
+        self._shaping: dict[str, object] = {
+            name: value
+            for name, value, default in (
+                ("version", version, KAFKA_VERSION),
+                ("heap", heap, "384m"),
+                ("first_port", first_port, None),
+                ("jvm_options", list(jvm_options) if jvm_options_given else None, None),
+            )
+            if value != default
+        }
         self._users: dict[str, str] = {}
         if security != "plaintext":
             self._users[SUPER_USER] = new_secret("kresilient-admin")
@@ -426,14 +574,11 @@ class KafkaCluster:
         self._node_admins: dict[int, AdminClient] = {}
         self._first_port = first_port
         self._network_faults = network_faults
-        self._nodes: dict[int, _Node] = {}
-        self._root: Path | None = None
+        self._owned = _Owned()
+        self._nodes = self._owned.nodes  # the same dict: the finalizer reaches the nodes
+        self._finalizer: weakref.finalize[Any, KafkaCluster] | None = None
         self._admin: AdminClient | None = None
         self._lock = threading.RLock()
-        self._close_lock = threading.RLock()
-        self._ports = PortReservation()
-        self._network: NetworkFaults | None = None
-        self._closed = False
         self._started = False
         self.start_seconds: float | None = None
         """How long :meth:`start_cluster` took until the cluster was ready."""
@@ -476,14 +621,14 @@ class KafkaCluster:
                 "network faults need KafkaCluster(network_faults=True): without it clients "
                 "connect to the brokers directly and there is no proxy to inject faults in"
             )
-        if self._network is None:
+        if self._owned.network is None:
             raise ClusterError("the cluster is not started")
-        return self._network
+        return self._owned.network
 
     @property
     def data_dir(self) -> Path | None:
         """The cluster's data directory (removed by :meth:`close`); None before start."""
-        return self._root
+        return self._owned.root
 
     @property
     def bootstrap_servers(self) -> str:
@@ -508,9 +653,17 @@ class KafkaCluster:
             began = time.monotonic()
             if self.external:
                 self._wait_ready(expected=None)
+                self._check_external_fits()
                 self.start_seconds = time.monotonic() - began
                 return
-            _LIVE.add(self)
+            # The owner is the process that starts the cluster (not the one that built the
+            # object): only it may stop these nodes and remove this directory.
+            self._owned.pid = os.getpid()
+            _LIVE.add(self._owned)
+            # A cluster dropped without close() is released when it is collected; at exit
+            # _close_all releases what is left (silently: close() "also runs at exit").
+            self._finalizer = weakref.finalize(self, _release_collected, self._owned)
+            self._finalizer.atexit = False
             _install_sigterm_cleanup()
             remove_stale_dirs()
             try:
@@ -531,9 +684,73 @@ class KafkaCluster:
                 raise
             self.start_seconds = time.monotonic() - began
 
+    def _check_external_fits(self) -> None:
+        """Say which arguments the wrapped cluster cannot honour (a CI run that sets
+        ``$KRESILIENT_BOOTSTRAP_SERVERS`` to save the cluster starts must not change what a
+        test means without a word).
+
+        ``broker_config`` is what a test's outcome depends on (a session timeout, a size
+        limit): each entry is checked against every broker's DescribeConfigs, and one that
+        differs, or that no broker reports, is a :class:`ClusterError` naming it. Arguments
+        that only shape a started cluster are named in one :class:`ExternalClusterWarning`.
+        """
+        where = f"the external cluster at {self._external} ({self._external_source})"
+        brokers = self._metadata_brokers()
+        if self._extra:
+            wanted = {k: _prop(v) for k, v in self._extra.items()}
+            configs = self._poll_until(
+                "the brokers' configuration", lambda: self._broker_configs(brokers), 30.0
+            )
+            unmet = [
+                f"{key}={value!r} (broker {broker} has "
+                + ("no such setting" if key not in config else repr(config[key]))
+                + ")"
+                for key, value in wanted.items()
+                for broker, config in sorted(configs.items())
+                if config.get(key) != value
+            ]
+            if unmet:
+                raise ClusterError(
+                    f"broker_config cannot be honoured by {where}: "
+                    + "; ".join(unmet)
+                    + ". Configure those brokers so, or run this test on a cluster "
+                    f"KafkaCluster starts (without {BOOTSTRAP_ENV})"
+                )
+        ignored = dict(self._shaping)
+        if self._n != 3 and self._n != len(brokers):  # 3: the default, never a request
+            ignored["nodes"] = self._n
+        if self._first_port is not None:
+            port = self._first_port
+            mine = {f"127.0.0.1:{port + i}" for i in range(self._n)}
+            if mine <= set(brokers.values()):
+                del ignored["first_port"]  # those are the very listeners
+        if ignored:
+            named = ", ".join(f"{k}={v!r}" for k, v in ignored.items())
+            warnings.warn(
+                f"KafkaCluster wraps {where} ({len(brokers)} brokers) and ignores {named}: "
+                f"they shape a cluster KafkaCluster starts (unset {BOOTSTRAP_ENV} to get one)",
+                ExternalClusterWarning,
+                stacklevel=3,
+            )
+
+    def _broker_configs(self, brokers: Mapping[int, str]) -> dict[int, dict[str, str | None]]:
+        """Broker id -> its configuration (name -> value; None for a sensitive value)."""
+        configs: dict[int, dict[str, str | None]] = {}
+        for broker in brokers:  # one BROKER resource per request (librdkafka's rule)
+            resource = ConfigResource(ResourceType.BROKER, str(broker))
+            (future,) = (
+                self._admin_client().describe_configs([resource], request_timeout=10).values()
+            )
+            try:
+                entries = future.result(timeout=15)
+            except TimeoutError:
+                raise _NotYet(f"broker {broker} did not describe its configuration") from None
+            configs[broker] = {name: entry.value for name, entry in entries.items()}
+        return configs
+
     def _reserve(self) -> None:
         n = self._n
-        ports = self._ports
+        ports = self._owned.ports
         if self._first_port is not None:
             try:
                 client = ports.take(range(self._first_port, self._first_port + n))
@@ -544,10 +761,10 @@ class KafkaCluster:
         secured = self.security != "plaintext"
         per_node = 6 if self._network_faults else 3 if secured else 1
         rest = ports.take_free(per_node * n)
-        assert self._root is not None
+        assert self._owned.root is not None
         for i, node_id in enumerate(range(1, n + 1)):
             mine = rest[i * per_node : (i + 1) * per_node]
-            directory = self._root / f"node-{node_id}"
+            directory = self._owned.root / f"node-{node_id}"
             (directory / "data").mkdir(parents=True)
             node = _Node(node_id, client[i], mine[0], directory)
             if self._network_faults:
@@ -575,25 +792,25 @@ class KafkaCluster:
                 ("controller", node.controller_proxy_port, node.controller_port),
             ):
                 proxies.append(
-                    _Proxy(state, node.node_id, kind, self._ports.adopt(listen), target)  # type: ignore[arg-type]
+                    _Proxy(state, node.node_id, kind, self._owned.ports.adopt(listen), target)  # type: ignore[arg-type]
                 )
-        self._network = NetworkFaults(state, proxies)
+        self._owned.network = NetworkFaults(state, proxies)
 
     def _launch_all(self) -> None:
         libs = kafka_libs(self.version)
         self._classpath = str(libs / "*")
-        self._root = Path(tempfile.mkdtemp(prefix=_DIR_PREFIX))
+        root = self._owned.root = Path(tempfile.mkdtemp(prefix=_DIR_PREFIX))
         # The owner marker lets the next start remove this directory if we die uncleanly.
-        (self._root / _OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}\n")
+        (root / _OWNER_FILE).write_text(f"{os.getpid()} {_process_start(os.getpid())}\n")
         # lz4-java, zstd-jni and snappy extract native libraries to java.io.tmpdir and a
         # SIGKILLed JVM never deletes them: keep them inside the data directory.
-        (self._root / "tmp").mkdir()
+        (root / "tmp").mkdir()
         self._reserve()
         if self._network_faults:
             self._start_proxies()
         if self.security != "plaintext":
             self._make_pki()
-        (self._root / "log4j2.properties").write_text(_LOG4J2)
+        (root / "log4j2.properties").write_text(_LOG4J2)
         if self._network_faults:
             voters = ",".join(
                 f"{n.node_id}@127.0.0.1:{n.controller_proxy_port}" for n in self._nodes.values()
@@ -734,7 +951,7 @@ class KafkaCluster:
         java = shutil.which("java")
         if java is None:
             raise ClusterError("'java' is not on PATH; Apache Kafka 4.x needs Java 17+")
-        assert self._root is not None
+        assert self._owned.root is not None
         return [
             java,
             "-Xms64m",
@@ -744,8 +961,8 @@ class KafkaCluster:
             "-XX:TieredStopAtLevel=1" if heap == "128m" else "-XX:+UseCompressedOops",
             *self._jvm_options,
             "-Djava.awt.headless=true",
-            f"-Djava.io.tmpdir={self._root / 'tmp'}",
-            f"-Dlog4j2.configurationFile={self._root / 'log4j2.properties'}",
+            f"-Djava.io.tmpdir={self._owned.root / 'tmp'}",
+            f"-Dlog4j2.configurationFile={self._owned.root / 'log4j2.properties'}",
             "-cp",
             self._classpath,
         ]
@@ -754,7 +971,7 @@ class KafkaCluster:
         node.log_handle = open(node.log_path, "ab")  # noqa: SIM115 - closed in _reap
         node.log_offset = node.log_handle.tell()
         # Released at the last moment: until now nobody else could have taken them.
-        self._ports.release(node.bound_ports())
+        self._owned.ports.release(node.bound_ports())
         node.process = _launcher.popen(
             [*self._java(node), "kafka.Kafka", str(node.config_path)],
             stdout=node.log_handle,
@@ -765,48 +982,27 @@ class KafkaCluster:
             start_new_session=True,
         )
 
-    def _kill_all(self) -> None:
-        for node in self._nodes.values():
-            if node.process is not None and node.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(node.process.pid, signal.SIGCONT)  # a frozen JVM ignores TERM
-                    node.process.kill()
-        for node in self._nodes.values():
-            self._reap(node, timeout=30)
-
     def _teardown(self) -> None:
-        """Undo a launch: processes, proxies, ports, data directory (before a retry)."""
+        """Undo a launch (before a retry on fresh ports)."""
         self._admin = None
         self._node_admins.clear()
-        if self._network is not None:
-            self._network.close()
-            self._network = None
-        self._kill_all()
-        self._ports.release()
-        if self._root is not None:
-            shutil.rmtree(self._root, ignore_errors=True)
-        self._nodes.clear()
+        self._owned.teardown()
 
     def close(self) -> None:
         """Stop every process this cluster started (by pid) and remove its directories.
 
         Safe to call more than once, from any thread, and from a signal handler (it does not
-        wait for an operation another thread is running on the cluster).
+        wait for an operation another thread is running on the cluster). Only the process
+        that started the cluster closes it: in a process forked from it (multiprocessing's
+        ``fork``), ``close()`` leaves the parent's nodes and directory alone.
         """
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._teardown()
-        _LIVE.discard(self)
-
-    def _reap(self, node: _Node, timeout: float) -> None:
-        if node.process is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                node.process.wait(timeout=timeout)
-        if node.log_handle is not None:
-            node.log_handle.close()
-            node.log_handle = None
+        if not self._owned.in_owner:
+            return
+        if self._owned.release():
+            self._admin = None
+            self._node_admins.clear()
+        if self._finalizer is not None:
+            self._finalizer.detach()
 
     # ------------------------------------------------------------------ readiness
     def _admin_client(self) -> AdminClient:
@@ -911,9 +1107,23 @@ class KafkaCluster:
         self._poll_until("every broker to register", brokers_registered, timeout)
         rf = expected or min(3, len(self._metadata_brokers()))
         if _PROBE_TOPIC not in self._admin_client().list_topics(timeout=10).topics:
-            self.create_topic(_PROBE_TOPIC, partitions=1, replication_factor=rf, timeout=timeout)
-        else:
-            self.wait_for_isr(_PROBE_TOPIC, 0, size=rf, timeout=timeout)
+            # On a shared external cluster, parallel workers start at the same moment and
+            # each may find the probe missing: whoever creates it first, it is there, and
+            # every other CreateTopics answers TOPIC_ALREADY_EXISTS (3 of 4 starts failed
+            # when that was an error). The ISR wait below gives its metadata a deadline.
+            new = NewTopic(_PROBE_TOPIC, num_partitions=1, replication_factor=rf)
+            _admin_request(
+                f"creating the readiness topic {_PROBE_TOPIC!r}",
+                lambda seconds: (
+                    self._admin_client()
+                    .create_topics([new], operation_timeout=seconds, request_timeout=seconds)
+                    .values()
+                ),
+                timeout,
+                done=frozenset({KafkaError.TOPIC_ALREADY_EXISTS}),
+            )
+        # Every replica it has: one created earlier (by a smaller cluster) may have fewer.
+        self.wait_for_isr(_PROBE_TOPIC, 0, timeout=timeout)
         self._warm_up_idempotence(timeout)
 
     def _warm_up_idempotence(self, timeout: float) -> None:
@@ -955,8 +1165,8 @@ class KafkaCluster:
             )
 
     def _make_pki(self) -> None:
-        assert self._root is not None
-        self._ca = CertificateAuthority(self._root / "pki")
+        assert self._owned.root is not None
+        self._ca = CertificateAuthority(self._owned.root / "pki")
         self._keystore_password = new_secret("kresilient-keystore")
         self._keystore = self._ca.broker_keystore(self._keystore_password)
         self._certs.clear()
@@ -1390,7 +1600,7 @@ class KafkaCluster:
             ]
         # A node under a network fault may lag the metadata log for as long as the fault
         # lasts (its controller fetches time out): its view is not waited for.
-        isolated = set(self._network.faulty()) if self._network is not None else set()
+        isolated = set(self._owned.network.faulty()) if self._owned.network is not None else set()
         views: list[dict[int, PartitionView]] = []
         for node in self._nodes.values():
             if node.frozen or node.node_id in isolated:
@@ -1526,7 +1736,7 @@ class KafkaCluster:
         ``cluster.network.isolate`` is not a partition. Each entry is ``(from_node, to_node,
         port)``; an empty list is the expected answer. Linux only (reads ``/proc``).
         """
-        if self._network is None:
+        if self._owned.network is None:
             return []
         real: dict[int, int] = {}
         for node in self._nodes.values():
@@ -1575,9 +1785,9 @@ class KafkaCluster:
         if node.process is not None and node.process.poll() is None:
             os.kill(node.process.pid, signal.SIGCONT)
             node.process.kill()
-        self._reap(node, timeout=30)
+        _reap(node, timeout=30)
         node.frozen = False
-        self._ports.hold_again(node.bound_ports())  # keep its ports for the restart
+        self._owned.ports.hold_again(node.bound_ports())  # keep its ports for the restart
 
     def stop(self, node_id: int, *, timeout: float = 60.0) -> None:
         """SIGTERM the node: controlled shutdown moves its leaderships before it exits."""
@@ -1589,9 +1799,9 @@ class KafkaCluster:
                 node.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 node.process.kill()
-        self._reap(node, timeout=30)
+        _reap(node, timeout=30)
         node.frozen = False
-        self._ports.hold_again(node.bound_ports())  # keep its ports for the restart
+        self._owned.ports.hold_again(node.bound_ports())  # keep its ports for the restart
 
     def start(self, node_id: int, *, timeout: float = 90.0) -> None:
         """Restart a stopped or killed node with its data; wait until it is registered."""
@@ -1640,8 +1850,8 @@ class KafkaCluster:
 
         ``topics`` limits the ISR wait to those topics; by default every topic is awaited.
         """
-        if self._network is not None:
-            self._network.heal()
+        if self._owned.network is not None:
+            self._owned.network.heal()
         for node in self._nodes.values():
             if node.process is not None and node.process.poll() is None:
                 os.kill(node.process.pid, signal.SIGCONT)

@@ -17,6 +17,7 @@ missing and duplicated messages (both must be 0). The faults (``fault=``):
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import MutableMapping
@@ -25,7 +26,7 @@ from typing import Any
 import structlog
 from confluent_kafka import Consumer, KafkaError
 
-from kresilient.testing._cluster import KafkaCluster
+from kresilient.testing._cluster import BOOTSTRAP_ENV, KafkaCluster
 
 TOPIC = "kresilient.demo"
 
@@ -131,7 +132,10 @@ def main(messages: int = 200_000, fault: str = "kill") -> int:
     from kresilient.producer import ResilientProducer
 
     print("Starting a local 3-node Apache Kafka (KRaft) cluster ...", flush=True)
-    with KafkaCluster(network_faults=fault != "kill") as cluster:
+    # On the cluster named by $KRESILIENT_BOOTSTRAP_SERVERS the demo runs without the fault,
+    # and there are no proxies to ask for (KafkaCluster refuses network_faults there).
+    proxies = fault != "kill" and not os.environ.get(BOOTSTRAP_ENV)
+    with KafkaCluster(network_faults=proxies) as cluster:
         print(f"  ready in {cluster.start_seconds:.1f}s at {cluster.bootstrap_servers}")
         cluster.create_topic(
             TOPIC, partitions=1, replication_factor=3, config={"min.insync.replicas": 2}
