@@ -229,6 +229,28 @@ async def test_full_queue_is_awaited_not_spun_and_nothing_is_lost(
     assert values == [b"%05d" % i for i in range(5000)]
 
 
+@pytest.mark.parametrize("text", ["€" * 20_000, "e" * 20_000], ids=["multibyte", "ascii"])
+async def test_a_str_value_counts_its_utf8_bytes_against_the_queue_budget(
+    kafka_cluster: KafkaCluster, topic: str, text: str
+) -> None:
+    """queue.buffering.max.kbytes=64: kresilient waits for room at 90% of it (58,982 bytes).
+    A str of 20,000 euro signs is 60,000 bytes on the wire (UTF-8): once it is queued the
+    budget is spent and the next produce() awaits room (issue 35 suspicion: on c15a167 the
+    str's 20,000 characters were counted, so the budget looked a third full). Control: an
+    ASCII str of the same length (20,000 bytes) leaves room, no wait."""
+    async with AsyncResilientProducer(
+        _conf(kafka_cluster, **{"queue.buffering.max.kbytes": 64})
+    ) as producer:
+        first = await producer.produce(topic, text)  # no await inside: nothing settles
+        assert producer._bridge.in_flight_bytes == len(text.encode())
+        second = await producer.produce(topic, "after")
+        await first
+        await second
+    assert producer.backpressure_waits == (1 if not text.isascii() else 0)
+    values = [m.value() for m in read_back(kafka_cluster.bootstrap_servers, topic)]
+    assert values == [text.encode(), b"after"]
+
+
 async def test_cancelling_the_producing_task_loses_track_of_nothing(
     kafka_cluster: KafkaCluster, topic: str
 ) -> None:

@@ -103,7 +103,19 @@ _STOP: Final = 2
 class _Partition:
     """One assigned partition: its buffered records and its (single) worker task."""
 
-    __slots__ = ("cut", "halt", "held", "hold", "last", "paused", "queue", "revoked", "task", "tp")
+    __slots__ = (
+        "cut",
+        "halt",
+        "held",
+        "hold",
+        "last",
+        "paused",
+        "queue",
+        "revoked",
+        "slot",
+        "task",
+        "tp",
+    )
 
     def __init__(self, tp: TP) -> None:
         self.tp = tp
@@ -120,6 +132,9 @@ class _Partition:
         # per record (set with revoked, by stop() and when _error is set)
         self.halt = False
         self.cut = asyncio.Event()  # set (on the loop) by stop/revoke: ends retry waits
+        # the worker holds a concurrency slot: released once, by whoever holds it (a wait
+        # that gives it up and is cancelled while taking it back does not hold it)
+        self.slot = False
 
 
 class AsyncResilientConsumer:
@@ -322,8 +337,19 @@ class AsyncResilientConsumer:
         self._flowing = False  # the last consume returned records (worker thread only)
         self._closing = False
         self._previous_signals: dict[signal.Signals, Any] = {}
+        # SIGTERM/SIGINT as ResilientConsumer's SignalHandlers count them (issue 37 #8): the
+        # 1st stops, a 2nd while handlers are in hand interrupts them (cancelled, their records
+        # uncommitted, never retried or dead-lettered), a 2nd later is only logged, a 3rd
+        # aborts the shutdown (no final commit, no close; run() raises KeyboardInterrupt)
+        self._signals_received = 0
+        self._signal_interrupted = False
+        self._aborted = False
+        self._committing = False  # the shutdown is past the handlers (commit and close)
+        self._run_task: asyncio.Task[Any] | None = None
         self._commit_interval = float(cfg.get("auto.commit.interval.ms", 5000)) / 1000.0
         self._next_commit = 0.0
+        # offsets stored since the last interval commit (worker thread only)
+        self._unsynced = False
         self._auto_commit = str(cfg.get("enable.auto.commit", "true")).lower() in ("true", "1")
         self._drained = asyncio.Event()  # binds to the loop on first use (3.10+)
 
@@ -413,6 +439,7 @@ class AsyncResilientConsumer:
             raise RuntimeError("run() can be called once per AsyncResilientConsumer")
         self._running = self._ran = True
         loop = self._loop = asyncio.get_running_loop()
+        self._run_task = asyncio.current_task()
         self._sem = asyncio.Semaphore(self._max_concurrency)
         signals = self._install_signals(loop)
         cancelled: asyncio.CancelledError | None = None
@@ -444,12 +471,20 @@ class AsyncResilientConsumer:
         finally:
             if pending is not None:  # its records are dropped: uncommitted, read again
                 pending.add_done_callback(_retrieve)
-            self._restore_signals(loop, signals)
-            await self._shutdown()
-            if self._beat_handle is not None:
-                self._beat_handle.cancel()
+            try:
+                # signals stay ours through the shutdown: a 2nd interrupts the handlers it
+                # waits for, a 3rd aborts it
+                await self._shutdown()
+            finally:
+                self._restore_signals(loop, signals)
+                if self._beat_handle is not None:
+                    self._beat_handle.cancel()
         if cancelled is not None:
             raise cancelled
+        if self._signal_interrupted:
+            # as ResilientConsumer: a 2nd signal interrupted a handler (after the shutdown
+            # committed what was handled and left the group)
+            raise KeyboardInterrupt
         if self._error is not None:
             raise self._error
 
@@ -528,13 +563,23 @@ class AsyncResilientConsumer:
         assert consumer is not None
         store, pause, resume = ops
         self._store(store)
-        if store and not self._auto_commit and time.monotonic() >= self._next_commit:
-            # enable.auto.commit=false: commit what was stored every auto.commit.interval.ms
+        if store:
+            self._unsynced = True
+        if self._unsynced and not self._auto_commit and time.monotonic() >= self._next_commit:
+            # enable.auto.commit=false: commit what was stored every auto.commit.interval.ms,
+            # also in a step that stores nothing: the last offsets stored before the consumer
+            # went idle are committed on the interval too, not at the next record (issue 37
+            # #7: a crash meanwhile redid handled work)
             self._next_commit = time.monotonic() + self._commit_interval
+            self._unsynced = False
             try:
                 consumer.commit(asynchronous=True)
             except KafkaException as exc:
-                self._log.warning("commit_failed", reason="interval", error=self._scrub(str(exc)))
+                err = exc.args[0] if exc.args else None
+                if not (isinstance(err, KafkaError) and err.code() == KafkaError._NO_OFFSET):
+                    self._log.warning(
+                        "commit_failed", reason="interval", error=self._scrub(str(exc))
+                    )
         if pause:
             consumer.pause(pause)
         if resume:
@@ -679,15 +724,30 @@ class AsyncResilientConsumer:
         self._log.info("partitions_revoked", partitions=len(tps))
 
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Lost (not revoked): commits would be refused; the new owner re-reads from the last
-        # commit. Stop the workers so nothing handles records this member no longer owns.
-        for p in partitions:
-            part = self._parts.pop((p.topic, p.partition), None)
-            if part is not None:
-                part.revoked = part.halt = True
-                loop = self._loop
-                if loop is not None and not loop.is_closed():  # queues belong to the loop
-                    loop.call_soon_threadsafe(self._drop_queue, part)
+        """Lost (not revoked): commits would be refused; the new owner re-reads from the last
+        commit. Stop the workers, and (as a revoke does) wait for the handlers in hand, up to
+        ``shutdown_timeout``, then cancel them: this member may get the partitions back in
+        the next assignment, and a second worker must not start on a partition while the
+        first one's handler still runs (issue 37 #6: one offset handled twice at once).
+        Nothing is stored or committed."""
+        tps = [(p.topic, p.partition) for p in partitions]
+        loop = self._loop
+        busy = [part for tp in tps if (part := self._parts.get(tp)) is not None and part.task]
+        if busy and loop is not None and not loop.is_closed():
+            future = asyncio.run_coroutine_threadsafe(self._finish(tps), loop)
+            try:
+                future.result(self._shutdown_timeout + 10)
+            except Exception as exc:  # the loop is gone or stuck
+                self._log.warning("lost_wait_failed", error=type(exc).__name__)
+        else:
+            for tp in tps:
+                part = self._parts.get(tp)
+                if part is not None:
+                    part.revoked = part.halt = True
+                    if loop is not None and not loop.is_closed():  # queues belong to the loop
+                        loop.call_soon_threadsafe(self._drop_queue, part)
+        for tp in tps:
+            self._parts.pop(tp, None)  # its handled records: not stored (commits refused)
         self._rebalances["lost"] += 1
         self._log.warning("partitions_lost", partitions=len(partitions))
 
@@ -804,7 +864,9 @@ class AsyncResilientConsumer:
             while queue and not part.revoked and not self._stop and self._error is None:
                 # A run of records per acquisition: one task switch per run, not per record
                 # (max_concurrency bounds handlers running at once, not their order).
-                async with sem:
+                await sem.acquire()
+                part.slot = True
+                try:
                     taken = handled = 0
                     # dedupe or a span per record: the slow path (self._traced changes only
                     # between poll steps, so once per run is enough)
@@ -853,6 +915,13 @@ class AsyncResilientConsumer:
                         self._queued -= taken
                         if not self._queued:
                             self._drained.set()
+                finally:
+                    # not `async with sem`: a wait that gave the slot up (_idle, _await_first)
+                    # and was cancelled while taking it back holds none, and releasing one
+                    # anyway would let max_concurrency+1 handlers run (issue 35)
+                    if part.slot:
+                        part.slot = False
+                        sem.release()
         finally:
             part.task = None
 
@@ -916,6 +985,7 @@ class AsyncResilientConsumer:
         without holding a concurrency slot: that handler may need one to finish."""
         sem = self._sem
         assert sem is not None
+        part.slot = False
         sem.release()
         try:
             cut = asyncio.ensure_future(part.cut.wait())
@@ -924,7 +994,8 @@ class AsyncResilientConsumer:
             finally:
                 cut.cancel()
         finally:
-            await sem.acquire()
+            await sem.acquire()  # cancelled here: no slot held (part.slot stays False)
+            part.slot = True
 
     def _skipped(self, msg: Message, ident: bytes) -> None:
         """A possible duplicate skipped: counted, logged with its id (DEBUG: the per-record
@@ -1007,6 +1078,11 @@ class AsyncResilientConsumer:
                 if self._dedupe is not None:
                     self._dedupe.processed(msg)
                 return True
+            if self._signal_interrupted:
+                # A 2nd signal cancelled the handler and it turned the CancelledError into
+                # another exception (as a KeyboardInterrupt can be turned in the sync
+                # consumer): the interruption, never retried or dead-lettered; uncommitted.
+                return False
             if delay is None:
                 return await self._dead_letter_record(msg, part, failure, classification, attempt)
             if self._stop or part.revoked:
@@ -1036,11 +1112,13 @@ class AsyncResilientConsumer:
         """Wait without holding a concurrency slot (other partitions' handlers run)."""
         sem = self._sem
         assert sem is not None
+        part.slot = False
         sem.release()
         try:
             await self._sleep(delay, part)
         finally:
-            await sem.acquire()
+            await sem.acquire()  # cancelled here: no slot held (part.slot stays False)
+            part.slot = True
 
     async def _sleep(self, delay: float, part: _Partition) -> None:
         """Wait ``delay`` s, cut short by stop() or the partition's revocation."""
@@ -1285,12 +1363,19 @@ class AsyncResilientConsumer:
                 await asyncio.wait(late, timeout=5)
 
     async def _shutdown(self) -> None:
-        """Finish the records in hand, commit what was handled, leave the group."""
+        """Finish the records in hand, commit what was handled, leave the group.
+
+        A 3rd signal aborts it (:meth:`_on_signal`): KeyboardInterrupt, no final commit, no
+        close, no ``consumer_closed`` line."""
         self._stop = True
         with contextlib.suppress(asyncio.CancelledError):  # cancelled again: still commit
             await asyncio.shield(self._finish())
-        done = self._take_done()
         loop = asyncio.get_running_loop()
+        if self._aborted:
+            self._abandon()
+            raise KeyboardInterrupt
+        self._committing = True
+        done = self._take_done()
 
         def close() -> None:
             self._store(done)
@@ -1304,16 +1389,85 @@ class AsyncResilientConsumer:
 
         try:
             await asyncio.shield(loop.run_in_executor(self._kx, close))
-        finally:
-            writer = self._writer
-            if writer is not None:
-                with contextlib.suppress(Exception):
-                    await loop.run_in_executor(None, writer.close, 10.0)
-            self._kx.shutdown(wait=False)
-            self._running = False
-            self._log.info(
-                "consumer_closed", processed=self.processed, dead_lettered=self.dead_lettered
+        except asyncio.CancelledError:
+            if not self._aborted:
+                await self._release(loop)
+                raise
+            # aborted: the close goes on in the worker thread; nobody waits for it
+            self._abandon()
+            raise KeyboardInterrupt from None
+        except BaseException:
+            await self._release(loop)
+            raise
+        await self._release(loop)
+
+    async def _release(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The shutdown's last step: the dead-letter writer closed, the worker thread let go."""
+        writer = self._writer
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                await loop.run_in_executor(None, writer.close, 10.0)
+        self._kx.shutdown(wait=False)
+        self._running = False
+        self._log.info(
+            "consumer_closed", processed=self.processed, dead_lettered=self.dead_lettered
+        )
+
+    def _abandon(self) -> None:
+        """The aborted shutdown's last act: nothing more is waited for."""
+        self._kx.shutdown(wait=False)
+        self._running = False
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        """SIGTERM/SIGINT, on the loop (``loop.add_signal_handler``), counted as
+        ResilientConsumer counts them: the 1st stops gracefully; a 2nd while handlers are in
+        hand interrupts them (cancelled; their records stay uncommitted and are never retried
+        or dead-lettered because of it; ``run()`` raises ``KeyboardInterrupt`` after the
+        commit of what was handled); a 2nd later in the shutdown is only logged; a 3rd
+        aborts the shutdown (no final commit, no close; ``KeyboardInterrupt``). A handler
+        that holds the event loop (never awaits) delays every signal until it awaits."""
+        self._signals_received += 1
+        if not self._stop:
+            self.stop()
+            return
+        in_hand = [
+            task
+            for part in list(self._parts.values())
+            if (task := part.task) is not None and not task.done()
+        ]
+        if in_hand and not self._committing and not self._signal_interrupted:
+            self._signal_interrupted = True  # first: a CancelledError turned into another
+            # exception by the handler is still the interruption (_process)
+            self._log.warning(
+                "handlers_interrupted",
+                signal=sig.name,
+                handlers=len(in_hand),
+                note="second signal: the handlers in hand are cancelled; their records stay "
+                "uncommitted and are read again; one more signal aborts the shutdown",
             )
+            for task in in_hand:
+                task.cancel()
+            return
+        if self._signals_received < 3:
+            self._log.warning(
+                "shutdown_signal_received",
+                signal=sig.name,
+                note="committing what was processed, then closing; one more signal aborts "
+                "without the final commit",
+            )
+            return
+        if self._aborted:
+            return
+        self._aborted = True
+        self._log.error(
+            "shutdown_aborted",
+            signal=sig.name,
+            note="third signal: the final commit and close are skipped; messages processed "
+            "since the last commit will be consumed again",
+        )
+        task = self._run_task
+        if task is not None and not task.done():
+            task.cancel()
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
         if not self._handle_signals or threading.current_thread() is not threading.main_thread():
@@ -1322,7 +1476,7 @@ class AsyncResilientConsumer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous = signal.getsignal(sig)
             try:
-                loop.add_signal_handler(sig, self.stop)
+                loop.add_signal_handler(sig, self._on_signal, sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 continue
             installed.append(sig)

@@ -363,7 +363,9 @@ class AsyncResilientProducer:
             self._start()
         if bridge.in_flight >= self._high_messages or bridge.in_flight_bytes >= self._high_bytes:
             await self._await_room(topic)
-        size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0)
+        # bytes, as librdkafka counts them (a str is sent UTF-8 encoded: issue 35 counted a
+        # str's characters, so multibyte text overfilled the queue budget)
+        size = _size(value) + _size(key)
         handle = AsyncDeliveryHandle(bridge, size)
         # No await between here and the return: once the sync producer has the message, this
         # coroutine cannot be cancelled before the caller has the handle.
@@ -467,3 +469,13 @@ class AsyncResilientProducer:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<AsyncResilientProducer {state} {self._sync!r}>"
+
+
+def _size(data: bytes | str | None) -> int:
+    """Bytes of a key or value on the wire: a str counts its UTF-8 encoding (ASCII text,
+    the common case, without encoding it)."""
+    if data is None:
+        return 0
+    if isinstance(data, str) and not data.isascii():
+        return len(data.encode("utf-8", "surrogatepass"))
+    return len(data)
