@@ -47,6 +47,7 @@ __all__ = [
     "librdkafka_version",
     "lookup",
     "parse_properties_table",
+    "secret_keys",
     "suggest",
     "topic_config",
 ]
@@ -76,11 +77,21 @@ PYTHON_BINDING_KEYS: Mapping[str, tuple[Scope, str]] = {
 #: Integer properties that also accept a symbolic value (librdkafka ``s2i`` table).
 _SYMBOLIC_INTS: Mapping[str, Mapping[str, int]] = {"request.required.acks": {"all": -1}}
 
+# A key the catalogs do not know (a connector's, Schema Registry's, a listener-prefixed broker
+# key) is secret when its NAME looks like a credential's; a key they know is decided by its
+# type alone (see secret_keys()).
 _SECRET_NAME = re.compile(
     r"(password|secret|jaas\.config|\.key\.pem|private\.key|oauthbearer\.config|"
     r"[._]token$|credentials?$|api\.key)",
     re.IGNORECASE,
 )
+
+#: Keys librdkafka flags sensitive that kresilient still shows: a user name is an identity,
+#: not a credential (errors and ``doctor`` must say WHICH principal was refused), and the Java
+#: client keeps it inside ``sasl.jaas.config``, which is secret as a whole. The one exception
+#: to "the catalogs' types decide"; tests/test_secrets_exits.py pins it.
+NOT_SECRET: frozenset[str] = frozenset({"sasl.username"})
+
 _TRUE = frozenset({"true", "t", "1"})
 _FALSE = frozenset({"false", "f", "0"})
 
@@ -205,7 +216,7 @@ class KafkaConfigKey:
 
     @property
     def is_secret(self) -> bool:
-        """True for ``PASSWORD``-typed keys and names that look like credentials."""
+        """True for ``PASSWORD``-typed keys (and keys the other catalog calls secret)."""
         return self.type == "password" or is_secret_key(self.name)
 
 
@@ -221,11 +232,47 @@ def to_config_string(value: object) -> str:
 
 
 def is_secret_key(name: str) -> bool:
-    """True when the value under ``name`` must never be printed (passwords, keys, tokens)."""
-    prop = _properties().get(name)
-    if prop is not None and prop.is_secret:
+    """True when the value under ``name`` must never be printed (passwords, keys, tokens).
+
+    A key of either catalog is secret when its type says so (:func:`secret_keys`); a key
+    neither catalog knows, when its name looks like a credential's (``database.password``,
+    ``listener.name.x.sasl.jaas.config``, ``bearer.auth.token``).
+    """
+    if name in secret_keys():
         return True
+    if name in NOT_SECRET or _is_catalog_key(name):
+        return False
     return bool(_SECRET_NAME.search(name))
+
+
+@functools.cache
+def secret_keys() -> frozenset[str]:
+    """Every key whose value must never be printed, as the catalogs' TYPES decide it.
+
+    * librdkafka: every property librdkafka itself flags sensitive (``_RK_SENSITIVE``: the
+      values it blanks in its own ``debug=conf`` dump, recorded as ``is_secret`` by the
+      generator), and the aliases of those;
+    * Java (producer, consumer, admin and broker ``ConfigDef``): every ``PASSWORD``-typed key
+      (what the Java clients print as ``[hidden]``), ``ssl.keystore.key`` included;
+
+    minus :data:`NOT_SECRET`. Not a hand list: regenerating the catalogs updates it.
+    """
+    props = _properties()
+    rdk = {p.name for p in props.values() if p.is_secret}
+    rdk |= {p.name for p in props.values() if p.alias_of in rdk}
+    kinds: tuple[KafkaKind, ...] = ("producer", "consumer", "admin", "broker")
+    java = {k.name for kind in kinds for k in _kafka_keys(kind).values() if k.type == "password"}
+    return frozenset((rdk | java) - NOT_SECRET)
+
+
+@functools.cache
+def _catalog_keys() -> frozenset[str]:
+    kinds: tuple[KafkaKind, ...] = ("producer", "consumer", "admin", "broker", "topic")
+    return frozenset(_properties()) | {n for kind in kinds for n in _kafka_keys(kind)}
+
+
+def _is_catalog_key(name: str) -> bool:
+    return name in _catalog_keys()
 
 
 # --------------------------------------------------------------------------- loading
@@ -402,11 +449,15 @@ def _close(name: str, candidates: tuple[str, ...], n: int) -> list[str]:
 # --------------------------------------------------------------------------- generation support
 
 
-def parse_properties_table(text: str) -> list[dict[str, Any]]:
+def parse_properties_table(text: str, sensitive: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Parse the Markdown table printed by ``rd_kafka_conf_properties_show()``.
 
     Returns one JSON-ready dict per row, with ``level`` set from the section heading.
+    ``sensitive`` are the properties librdkafka flags sensitive
+    (:func:`installed_sensitive_properties`; the table does not show the flag): they, and their
+    aliases, get ``is_secret``.
     """
+    secret = set(sensitive)
     level = "global"
     rows: list[dict[str, Any]] = []
     for line in text.splitlines():
@@ -445,8 +496,7 @@ def parse_properties_table(text: str) -> list[dict[str, Any]]:
                 "deprecated": "**DEPRECATED**" in description,
                 "experimental": "**EXPERIMENTAL**" in description,
                 "alias_of": alias.group(1) if alias else None,
-                "is_secret": bool(_SECRET_NAME.search(name))
-                and ptype in ("string", "see dedicated API"),
+                "is_secret": name in secret or (alias is not None and alias.group(1) in secret),
             }
         )
     return rows
@@ -485,3 +535,57 @@ def installed_properties_table() -> tuple[str, str]:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     return lib.rd_kafka_version_str().decode(), text
+
+
+#: What :func:`installed_sensitive_properties` sets each probed property to.
+_PROBE_VALUE = "kresilient-probe-value"
+
+
+def installed_sensitive_properties() -> frozenset[str]:
+    """The properties the installed librdkafka flags sensitive (``_RK_SENSITIVE``).
+
+    The flag is in neither the properties table nor ``rd_kafka_conf_dump``; librdkafka shows
+    it only by printing ``[redacted]`` for such a value in the ``debug=conf`` dump of a new
+    client. So each string property (not an alias: an alias shares its property's flag) is set
+    alone on a producer that never connects, and the dump read back. A property whose probe
+    value the client refuses (a callback, a path it opens) is not sensitive there; the drift
+    test compares the result with the shipped catalog.
+    """
+    import logging
+
+    import confluent_kafka  # local import: only generation and the drift test need it
+
+    lines: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    log = logging.getLogger("kresilient._catalog.probe")
+    log.propagate = False
+    log.setLevel(logging.DEBUG)
+    handler = _Collect()
+    log.addHandler(handler)
+    found: set[str] = set()
+    try:
+        for prop in _properties().values():
+            if prop.source != "librdkafka" or prop.alias_of or prop.type != "string":
+                continue
+            lines.clear()
+            conf = {
+                "bootstrap.servers": "127.0.0.1:9",
+                "debug": "conf",
+                "logger": log,
+                prop.name: _PROBE_VALUE,
+            }
+            try:
+                client = confluent_kafka.Producer(conf)
+            except (confluent_kafka.KafkaException, TypeError, ValueError):
+                continue
+            client.poll(0)
+            del client
+            if any(f" {prop.name} = [redacted]" in line for line in lines):
+                found.add(prop.name)
+    finally:
+        log.removeHandler(handler)
+    return frozenset(found)

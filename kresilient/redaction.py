@@ -63,25 +63,25 @@ MIN_FRAGMENT: Final = 6
 #: Any slice of a secret (or of a fragment) this long is removed wherever it appears.
 MIN_SLICE: Final = 8
 
-# Keys that are secret but not librdkafka properties (Java clients, Schema Registry), so that
-# a mixed configuration passed around is redacted too.
-_NON_LIBRDKAFKA_SECRETS: Final = (
-    "basic.auth.user.info",
-    "sasl.jaas.config",
-    "ssl.truststore.password",
-    "schema.registry.basic.auth.user.info",
-)
+# Schema Registry client keys: in neither catalog (it is not a Kafka client), yet secret.
+_SCHEMA_REGISTRY_SECRETS: Final = ("basic.auth.user.info", "schema.registry.basic.auth.user.info")
 
-#: Every configuration key whose value must never be printed (librdkafka's own secret
-#: properties plus the Java/Schema Registry ones above). :func:`is_secret_key` also accepts
-#: names that merely look secret.
-SECRET_KEYS: Final[frozenset[str]] = frozenset(
-    {p.name for p in catalog.all_properties() if p.is_secret} | set(_NON_LIBRDKAFKA_SECRETS)
-)
+#: Every configuration key whose value must never be printed: what the catalogs' TYPES call
+#: secret (:func:`kresilient._catalog.secret_keys`: every property librdkafka flags sensitive
+#: and every ``PASSWORD``-typed key of the Java producer, consumer, admin and broker configs,
+#: ``ssl.keystore.key`` included; ``sasl.username`` excepted), plus Schema Registry's
+#: credentials. Generated from the shipped catalogs, never a hand list. :func:`is_secret_key`
+#: also accepts keys no catalog knows whose names look secret (``database.password``).
+SECRET_KEYS: Final[frozenset[str]] = catalog.secret_keys() | frozenset(_SCHEMA_REGISTRY_SECRETS)
 
 
 def is_secret_key(key: str) -> bool:
-    """True when the value under configuration key ``key`` must never be logged or shown."""
+    """True when the value under configuration key ``key`` must never be logged or shown.
+
+    The one definition every exit uses (``repr``/``str`` of configs, logs, exceptions, lint
+    output, dead-letter headers, the Spark plan regex): a key in :data:`SECRET_KEYS`, or a key
+    no catalog knows whose name looks like a credential's.
+    """
     return key in SECRET_KEYS or catalog.is_secret_key(key)
 
 
@@ -212,9 +212,16 @@ class Redactor:
     @classmethod
     def for_config(cls, config: Mapping[Any, Any]) -> Redactor:
         """The redactor of a client configuration: every secret key's value and fragments."""
+        return cls.for_items(config.items())
+
+    @classmethod
+    def for_items(cls, items: Iterable[tuple[Any, Any]]) -> Redactor:
+        """:meth:`for_config` for ``(key, value)`` pairs (a key may come more than once, as
+        in the files ``kresilient lint`` reads). A multi-line value (a PEM key) is also
+        hunted line by line."""
         secrets: list[str] = []
         whole_only: list[str] = []
-        for key, value in config.items():
+        for key, value in items:
             if not isinstance(value, str) or not is_secret_key(str(key)):
                 continue
             if _COMPOSITE_KEY.search(str(key)):
@@ -222,21 +229,29 @@ class Redactor:
                 secrets.extend(_fragments(str(key), value))
             else:
                 secrets.append(value)
+                if "\n" in value:
+                    secrets.extend(line.strip() for line in value.splitlines())
         return cls(secrets, whole_only=whole_only)
 
     def __call__(self, text: str) -> str:
         """``text`` without any known secret, fragment or long slice of one."""
+        return redact_text(self.remove_values(text))
+
+    def remove_values(self, text: str, marker: str = REDACTED) -> str:
+        """``text`` without the known secret values (whole, fragments and slices), replaced
+        by ``marker``, and without :func:`redact_text`'s patterns: for text whose ``key=value``
+        pairs are not secrets by their looks (a lint report quoting non-secret settings)."""
         if not text:
             return text
         for secret in self._whole:
             if secret in text:
-                text = text.replace(secret, REDACTED)
+                text = text.replace(secret, marker)
         if self._grams is not None:
-            text = self._cut_slices(text, self._grams)
-        return redact_text(text)
+            text = self._cut_slices(text, self._grams, marker)
+        return text
 
     @staticmethod
-    def _cut_slices(text: str, grams: re.Pattern[str]) -> str:
+    def _cut_slices(text: str, grams: re.Pattern[str], marker: str = REDACTED) -> str:
         spans: list[list[int]] = []
         for m in grams.finditer(text):
             start, end = m.start(), m.start() + MIN_SLICE
@@ -250,7 +265,7 @@ class Redactor:
         pos = 0
         for start, end in spans:
             out.append(text[pos:start])
-            out.append(REDACTED)
+            out.append(marker)
             pos = end
         out.append(text[pos:])
         return "".join(out)

@@ -4,6 +4,7 @@ plan regex, and lint/audit inputs (aliases, a Latin-1 ``--command-config``)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -138,3 +139,249 @@ def test_writer_redacts_only_kresilient_block_fake_producer() -> None:
     assert out[4] == headers[4]
     clean = [("kresilient.original.topic", b"t"), ("kresilient.exception.message", b"\xff")]
     assert _redact_free_text(clean, Redactor.for_config({}))[1][1] == b"\xff"  # exact bytes
+
+
+# --------------------------------------------------------------------------- #10 the secret set
+
+
+def _catalog_secret_keys() -> set[str]:
+    """Read straight from the shipped catalogs: librdkafka's sensitive properties (and their
+    aliases) and every Java PASSWORD-typed key, minus the one documented exception."""
+    from importlib import resources
+
+    data = resources.files("kresilient").joinpath("_data")
+    rdk = json.loads(data.joinpath("librdkafka_properties.json").read_text("utf-8"))
+    java = json.loads(data.joinpath("kafka_configs.json").read_text("utf-8"))
+    sensitive = {p["name"] for p in rdk["properties"] if p["is_secret"]}
+    sensitive |= {p["name"] for p in rdk["properties"] if p["alias_of"] in sensitive}
+    passwords = {
+        k["name"]
+        for kind in ("producer", "consumer", "admin", "broker")
+        for k in java[kind]
+        if k["type"] == "password"
+    }
+    return (sensitive | passwords) - {"sasl.username"}
+
+
+def test_secret_keys_are_exactly_the_catalogs_password_typed_keys() -> None:
+    from kresilient import _catalog as catalog
+    from kresilient.redaction import SECRET_KEYS
+
+    expected = _catalog_secret_keys()
+    assert "ssl.keystore.key" in expected  # the Java inline PEM private key (issue 35 #10)
+    assert SECRET_KEYS - {"basic.auth.user.info", "schema.registry.basic.auth.user.info"} == (
+        expected
+    )
+    assert catalog.secret_keys() == expected
+    # librdkafka's own flag, read from the installed library, agrees with the catalog
+    assert catalog.installed_sensitive_properties() - {"sasl.username"} <= SECRET_KEYS
+    assert {"sasl.username"} == catalog.NOT_SECRET
+
+
+def test_spark_plan_regex_is_generated_from_the_secret_set() -> None:
+    import re
+
+    from kresilient.redaction import SECRET_KEYS
+    from kresilient.spark._source import PLAN_REDACTION_REGEX
+
+    plan = re.compile(PLAN_REDACTION_REGEX)
+    assert {k for k in SECRET_KEYS if plan.match(f"kafka.{k}")} == SECRET_KEYS
+    assert not plan.match("kafka.bootstrap.servers") and not plan.match("kafka.sasl.username")
+
+
+def _value_for(key: str) -> str:
+    return f"S3cr{abs(hash(key)) % 10_000:04d}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.mark.parametrize("key", sorted(_catalog_secret_keys()))
+def test_every_secret_key_is_redacted_at_every_exit(
+    key: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each catalog secret: configs (repr/str), Redactor (logs, exceptions, spans), the
+    config errors, dead-letter headers and every lint output (text, JSON, SARIF, GitHub,
+    --diff, --fix notes) never show its value."""
+    from kresilient import config as kconfig
+    from kresilient.cli import main as cli_main
+    from kresilient.deadletter import _redact_free_text, dead_letter_headers
+    from kresilient.errors import ConfigError
+    from kresilient.redaction import REDACTED, Redactor, is_secret_key, redact_config
+
+    value = _value_for(key)
+    leaks = (value, value[:8], value[-8:])
+
+    def clean(text: str) -> bool:
+        return not any(leak in text for leak in leaks)
+
+    assert is_secret_key(key) and kconfig.is_secret(key)
+    shown = redact_config({"bootstrap.servers": "b:9092", key: value})
+    assert shown[key] == REDACTED and clean(repr(shown)) and clean(str(shown))
+    redactor = Redactor.for_config({key: value})
+    assert clean(redactor(f"login failed: server said {value!r} (x{value}y)"))
+    # a config error about the key: the value is never quoted
+    try:
+        kconfig.producer_config({"bootstrap.servers": "b:9092", key: value, "acks": "bogus"})
+    except (ConfigError, ValueError) as exc:
+        assert clean(str(exc)) and clean(repr(exc))
+    # dead-letter headers, built with the config's redactor and re-checked by the writer
+    try:
+        raise RuntimeError(f"handler echoed {value}")
+    except RuntimeError as err:
+        headers = dead_letter_headers(
+            "t",
+            0,
+            1,
+            2,
+            "g",
+            err,
+            None,
+            1,
+            original_headers=None,
+            compat=("spring", "streams"),
+        )
+    blob = b"".join(v or b"" for _, v in _redact_free_text(headers, redactor))
+    assert clean(blob.decode("utf-8", "replace"))
+    # lint: every format, --diff and --fix (context lines around the acks fix)
+    conf = tmp_path / "client.properties"
+    conf.write_text(f"bootstrap.servers=b:9092\n{key}={value}\nacks=1\nlinger.ms=5\n")
+    outputs: list[str] = []
+    for argv in (
+        ["lint", "--diff", str(conf)],
+        *(["lint", "--format", fmt, str(conf)] for fmt in ("text", "json", "sarif", "github")),
+        ["lint", "--kind", "producer", "--client", "java", str(conf)],
+        ["lint", "--fix", str(conf)],
+    ):
+        cli_main(argv)
+        captured = capsys.readouterr()
+        outputs.append(captured.out + captured.err)
+    assert "-acks=1" in outputs[0] and "+acks=all" in outputs[0]  # the diff is really shown
+    assert key in outputs[0]  # ... with the secret's line as context, its value masked
+    assert "acks=all" in conf.read_text()  # --fix did run
+    for out in outputs:
+        assert clean(out), out
+
+
+# --------------------------------------------------------------------------- #9 lint --diff
+
+
+def test_lint_diff_masks_secret_context_lines_in_every_format(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 35 #9: the context lines of a fix held literal sasl.password/ssl.key.password
+    values (also a short one, and a multi-line PEM in a YAML block scalar); the diff still
+    shows the fix and the secrets' keys."""
+    from kresilient.cli import main as cli_main
+
+    props = tmp_path / "p.properties"
+    props.write_text(
+        "bootstrap.servers=b:9092\nsasl.password=Hunter2SuperSecret\nacks=1\n"
+        "ssl.key.password=pw7\nssl.keystore.key=-----BEGIN PRIVATE KEY-----MIIEvQIBADAN\n"
+    )
+    pem = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7"
+    yml = tmp_path / "app.yaml"
+    yml.write_text(
+        "bootstrap.servers: b:9092\nacks: 1\nssl.key.pem: |\n  -----BEGIN PRIVATE KEY-----\n"
+        f"  {pem}\n  -----END PRIVATE KEY-----\nsasl.password: 'Quoted-Secret-99'\n"
+    )
+    for path, key, secrets in (
+        (props, "ssl.key.password", ("Hunter2SuperSecret", "pw7", "MIIEvQIBADAN")),
+        (yml, "ssl.key.pem", (pem, pem[:8], "Quoted-Secret-99")),
+    ):
+        code = cli_main(["lint", "--diff", str(path)])
+        out = capsys.readouterr().out
+        assert code == 1 and "+acks" in out and key in out, out
+        for secret in secrets:
+            assert secret not in out, out
+        assert "<redacted>" in out
+
+
+# --------------------------------------------------------------------------- #14 aliases
+
+
+def _librdkafka_accepts(config: dict[str, Any]) -> bool:
+    from confluent_kafka import KafkaException, Producer
+
+    try:
+        Producer({"bootstrap.servers": "127.0.0.1:9", **config})
+    except KafkaException:
+        return False
+    return True
+
+
+def test_the_last_of_a_key_and_its_aliases_decides_as_in_librdkafka() -> None:
+    """Issue 35 #14: acks=all then request.required.acks=1 is acks 1 (librdkafka refuses it
+    with idempotence); the reverse order is acks all. Negative control: librdkafka itself."""
+    from kresilient.lint.engine import lint_text
+
+    shadowed = (
+        "bootstrap.servers=b:9092\nenable.idempotence=true\nacks=all\nrequest.required.acks=1\n"
+    )
+    assert not _librdkafka_accepts(
+        {"enable.idempotence": True, "acks": "all", "request.required.acks": 1}
+    )
+    found = {(f.rule, f.line) for f in lint_text(shadowed, "p.properties")}
+    assert ("KR001", 4) in found and ("KR007", 4) in found, found
+    reverse = (
+        "bootstrap.servers=b:9092\nenable.idempotence=true\nrequest.required.acks=1\nacks=all\n"
+    )
+    assert _librdkafka_accepts(
+        {"enable.idempotence": True, "request.required.acks": 1, "acks": "all"}
+    )
+    rules = {f.rule for f in lint_text(reverse, "p.properties")}
+    assert not rules & {"KR001", "KR006", "KR007"}, rules
+
+
+def test_fix_edits_the_line_that_takes_effect() -> None:
+    from kresilient.lint.fix import fix_text
+
+    text = "bootstrap.servers=b:9092\nacks=all\nrequest.required.acks=1\n"
+    fixed = fix_text(text, "p.properties")
+    assert fixed.after.splitlines()[:3] == [
+        "bootstrap.servers=b:9092",
+        "acks=all",  # the shadowed line is left alone
+        "request.required.acks=all",  # the one librdkafka applies last is fixed
+    ]
+    assert _librdkafka_accepts(
+        {"enable.idempotence": True, "acks": "all", "request.required.acks": "all"}
+    )
+    other = fix_text("acks=1\nrequest.required.acks=0\nbootstrap.servers=b:9092\n", "p.properties")
+    assert other.after.splitlines()[:2] == ["acks=1", "request.required.acks=all"]
+
+
+# --------------------------------------------------------------------------- #16 audit
+
+
+@pytest.mark.integration
+def test_audit_reads_a_latin1_command_config(
+    kafka_cluster: KafkaCluster, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 35 #16: a Latin-1 file (what Java's Properties.load reads) used to kill audit
+    with a UnicodeDecodeError traceback; now it is read (caf\\xe4 -> café) and audit runs."""
+    import argparse
+
+    from kresilient.cli import main as cli_main
+    from kresilient.lint.cli import _client_config
+
+    path = tmp_path / "admin.properties"
+    path.write_bytes(b"# caf\xe4\nclient.id=caf\xe4-audit\nrequest.timeout.ms=20000\n")
+    with pytest.raises(UnicodeDecodeError):  # the file really is not UTF-8
+        path.read_bytes().decode("utf-8")
+    args = argparse.Namespace(command_config=str(path), property=None, bootstrap_servers="b:9092")
+    assert _client_config(args)["client.id"] == "caf\u00e4-audit"
+    code = cli_main(
+        [
+            "audit",
+            "-b",
+            kafka_cluster.bootstrap_servers,
+            "--command-config",
+            str(path),
+            "--format",
+            "json",
+            "--timeout",
+            "20",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code in (0, 1), out
+    assert isinstance(json.loads(out), list)
+    code = cli_main(["audit", "-b", "127.0.0.1:1", "--command-config", str(tmp_path / "no")])
+    assert code == 2 and "no" in capsys.readouterr().err

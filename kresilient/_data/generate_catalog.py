@@ -6,7 +6,9 @@ Usage (from the repository root)::
     .venv/bin/python kresilient/_data/generate_catalog.py --librdkafka-only
 
 * ``librdkafka_properties.json`` comes from the installed librdkafka itself
-  (``rd_kafka_conf_properties_show`` through ctypes), so it matches that exact version;
+  (``rd_kafka_conf_properties_show`` through ctypes, and ``is_secret`` from the properties
+  librdkafka flags sensitive, probed by ``installed_sensitive_properties``), so it matches that
+  exact version;
   ``tests/test_lint_catalog.py`` fails when the installed library drifts from it.
 * ``kafka_configs.json`` comes from the Apache Kafka jars' ``ConfigDef`` objects (broker,
   topic, Java producer/consumer/admin) dumped by ``DumpKafkaConfigs.java`` (Java 17+ runs the
@@ -31,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 from kresilient._catalog import (  # noqa: E402  (path set up above)
     installed_properties_table,
+    installed_sensitive_properties,
     is_secret_key,
     parse_properties_table,
 )
@@ -48,7 +51,11 @@ def _first_sentences(doc: str | None, limit: int = 300) -> str:
 
 def generate_librdkafka(out_dir: str) -> str:
     version, table = installed_properties_table()
-    data = {"librdkafka_version": version, "properties": parse_properties_table(table)}
+    sensitive = installed_sensitive_properties()  # librdkafka's own "secret" flag
+    data = {
+        "librdkafka_version": version,
+        "properties": parse_properties_table(table, sensitive),
+    }
     path = os.path.join(out_dir, "librdkafka_properties.json")
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)

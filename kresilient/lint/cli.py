@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from kresilient.clusterinfo import DISK_USAGE_THRESHOLD, FUTURE_TOLERANCE_MS
 from kresilient.errors import ConfigError
 from kresilient.lint.audit import AuditOptions, audit
+from kresilient.lint.commandconfig import read_command_config
 from kresilient.lint.engine import exit_code, lint_paths
 from kresilient.lint.fix import plan_paths, write_fixes
 from kresilient.lint.model import KINDS, Finding, LintStats, Severity
 from kresilient.lint.output import FORMATS, render
-from kresilient.lint.readers import KNOWN_EXTENSIONS, read_text
+from kresilient.lint.readers import KNOWN_EXTENSIONS
 from kresilient.lint.registry import CLIENTS, RULES, iter_rules
 from kresilient.lint.settings import Settings, load_settings
 
@@ -257,14 +258,10 @@ def _non_negative_int(text: str) -> int:
 def _client_config(args: argparse.Namespace) -> dict[str, str]:
     config: dict[str, str] = {}
     if args.command_config:
-        with open(args.command_config, encoding="utf-8") as fh:
-            result = read_text(fh.read(), args.command_config, "properties", "admin")
-        if result.error:
-            raise ConfigError(
-                f"{args.command_config}:{result.error.line}: {result.error.message}", key=None
-            )
-        for unit in result.units:
-            config.update({k: e.text for k, e in unit.entries.items()})
+        # the one reader of every command's --command-config: UTF-8 when valid, else Latin-1
+        # (what Java's Properties.load reads); a malformed file is a ConfigError, an
+        # unreadable one an OSError, both reported by run_audit as a usage error
+        config.update(read_command_config(args.command_config)[0])
     for item in args.property or ():
         key, sep, value = item.partition("=")
         if not sep:

@@ -15,6 +15,8 @@ from kresilient.lint.model import (
     Kind,
     LintStats,
     has_lone_surrogate,
+    redact_findings,
+    value_redactor,
 )
 from kresilient.lint.readers import detect_format, read_text
 from kresilient.lint.registry import RULES, Rule, client_of, is_client, iter_rules
@@ -342,6 +344,9 @@ def lint_text(
         first = next(u for u in valid if "dev_stack" in u.context)
         findings.append(_dev_stack_finding(first, str(first.context["dev_stack"]), fold, settings))
     sup = parse_suppressions(text, python=fmt == "python")
+    # Messages show a secret's key, never its value; this pass makes sure of it for every
+    # rule and output format (text, JSON, SARIF, GitHub annotations).
+    findings = redact_findings(findings, value_redactor(valid))
     return _apply_suppressions(findings, sup, path, settings)
 
 
@@ -404,6 +409,7 @@ def lint_paths(
         suppressions[display] = parse_suppressions(
             text, python=detect_format(display, text) == "python"
         )
+    redact = value_redactor(units)
     for found in iter_rules(scope="project"):
         if found.project_check is None or not settings.enabled(found.id):
             continue
@@ -414,7 +420,7 @@ def lint_paths(
                 path=unit.path,
                 line=entry.line if entry else unit.line,
                 col=entry.col if entry else unit.col,
-                message=message,
+                message=redact(message),
                 key=entry.key if entry else None,
             )
             if not suppressions.get(unit.path, Suppressions()).covers(finding):

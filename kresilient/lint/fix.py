@@ -30,11 +30,11 @@ import difflib
 import os
 import re
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kresilient.lint.engine import discover, lint_text
-from kresilient.lint.model import ConfigUnit, Entry, Finding
+from kresilient.lint.model import REDACTED, ConfigUnit, Entry, Finding, value_redactor
 from kresilient.lint.readers import detect_format
 from kresilient.lint.registry import explicit, number
 from kresilient.lint.settings import Settings
@@ -65,24 +65,37 @@ class FileFix:
     after: str
     fixed: list[Finding] = field(default_factory=list)  #: findings the edit removes
     notes: list[str] = field(default_factory=list)  #: findings left, and why
+    #: the file's lines that hold a secret value, each with that value masked (a fix never
+    #: edits them, so the same text stands in ``before`` and ``after``)
+    masked: dict[str, str] = field(default_factory=dict, repr=False)
+    #: removes the file's secret values from any other text printed about it
+    redact: Callable[[str], str] = field(default=lambda text: text, repr=False)
 
     @property
     def changed(self) -> bool:
         return self.after != self.before
 
     def diff(self) -> str:
-        """A unified diff of the change (empty when nothing changes)."""
+        """A unified diff of the change (empty when nothing changes).
+
+        Its context lines are the file's own, so a secret's line is shown with its value
+        masked, and any other line without the file's secret values: ``--diff`` prints no
+        more of a secret than the findings do (its key).
+        """
         if not self.changed:
             return ""
         relative = not os.path.isabs(self.path)
         return "".join(
             difflib.unified_diff(
-                self.before.splitlines(keepends=True),
-                self.after.splitlines(keepends=True),
+                self._shown(self.before),
+                self._shown(self.after),
                 fromfile=f"a/{self.path}" if relative else self.path,
                 tofile=f"b/{self.path}" if relative else self.path,
             )
         )
+
+    def _shown(self, text: str) -> list[str]:
+        return [self.masked.get(line) or self.redact(line) for line in text.splitlines(True)]
 
 
 # ----------------------------------------------------------------------------- planning
@@ -321,6 +334,50 @@ def _replace(line: str, fmt: str, col: int, value: str) -> str | None:
     return body[:start] + quote + value + quote + body[end:] + ending
 
 
+def _mask_line(line: str, fmt: str, col: int) -> str:
+    """``line`` (holding a secret's key at ``col``) with everything after its key masked."""
+    masked = _replace(line, fmt, col, REDACTED) if fmt in _FORMATS else None
+    if masked is not None:
+        return masked
+    body = line.rstrip("\r\n")
+    cut = next((i for i in range(max(col - 1, 0), len(body)) if body[i] in "=:"), None)
+    head = body[: cut + 1] + " " if cut is not None else ""
+    return head + REDACTED + line[len(body) :]
+
+
+def _value_lines(lines: list[str], index: int, fmt: str) -> range:
+    """The physical lines a value starting on line ``index`` spans (a .properties
+    continuation, a YAML block scalar or any more-indented line below its key)."""
+    if fmt == "properties":
+        return range(index + 1, _logical_end(lines, index) + 1)
+    indent = len(lines[index]) - len(lines[index].lstrip())
+    end = index + 1
+    while end < len(lines):
+        text = lines[end]
+        if text.strip() and len(text) - len(text.lstrip()) <= indent:
+            break
+        end += 1
+    return range(index + 1, end) if fmt == "yaml" else range(0)
+
+
+def _secret_lines(text: str, fmt: str, units: Iterable[ConfigUnit]) -> dict[str, str]:
+    """Each line of ``text`` holding (part of) a secret value -> that line masked."""
+    lines = text.splitlines(keepends=True)
+    out: dict[str, str] = {}
+    for unit in units:
+        for entry in unit.entries.values():
+            if entry.shown != REDACTED or not 0 < entry.line <= len(lines):
+                continue
+            index = entry.line - 1
+            out[lines[index]] = _mask_line(lines[index], fmt, entry.col)
+            for more in _value_lines(lines, index, fmt):
+                body = lines[more].rstrip("\r\n")
+                out[lines[more]] = (
+                    body[: len(body) - len(body.lstrip())] + REDACTED + (lines[more][len(body) :])
+                )
+    return out
+
+
 def _logical_end(lines: list[str], index: int) -> int:
     """The last physical line of the .properties logical line starting at ``index``."""
     while index < len(lines) - 1:
@@ -377,29 +434,44 @@ def fix_text(text: str, path: str, settings: Settings | None = None) -> FileFix:
         return result
     units: list[ConfigUnit] = []
     findings = lint_text(text, path, settings, units_out=units)
+    result.masked = _secret_lines(text, fmt, units)
+    result.redact = value_redactor(units)
     if any(f.rule == "KR000" for f in findings):
         return result
     wanted = [f for f in findings if f.rule in FIXABLE]
     if not wanted:
         return result
     changes = _plan(wanted, units, result.notes)
-    if not changes:
-        return result
+    if changes:
+        _finish(result, text, fmt, changes, findings, wanted, settings)
+    result.notes = [result.redact(note) for note in result.notes]
+    return result
+
+
+def _finish(
+    result: FileFix,
+    text: str,
+    fmt: str,
+    changes: list[_Change],
+    findings: list[Finding],
+    wanted: list[Finding],
+    settings: Settings,
+) -> None:
+    path = result.path
     after = _apply(text, fmt, changes, result.notes)
     if after == text:
-        return result
+        return
     again = lint_text(after, path, settings)
     before_sigs = {_signature(f) for f in findings}
     added = [f for f in again if _signature(f) not in before_sigs]
     if added:
         what = ", ".join(sorted({f"{f.rule} ({f.message})" for f in added}))
         result.notes.append(f"not fixed: the fix would add {what}")
-        return result
+        return
     after_sigs = {_signature(f) for f in again}
     result.fixed = [f for f in wanted if _signature(f) not in after_sigs]
     if result.fixed:
         result.after = after
-    return result
 
 
 def plan_paths(paths: Sequence[str], settings: Settings | None = None) -> list[FileFix]:

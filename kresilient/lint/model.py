@@ -8,12 +8,13 @@ result types here instead of importing each other.
 from __future__ import annotations
 
 import enum
-import functools
 import re
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from kresilient import _catalog as catalog
+from kresilient.redaction import Redactor, is_secret_key
 
 Kind = Literal["producer", "consumer", "admin", "client", "broker", "topic"]
 #: Client kinds (``client`` is a librdkafka config whose role the keys do not reveal).
@@ -74,22 +75,10 @@ class Severity(enum.IntEnum):
 
 def is_secret(name: str) -> bool:
     """True when the value of the client, broker or Java client key ``name`` must never be
-    printed (librdkafka's secret properties, names like ``*password*``, and the Java
-    client's ``PASSWORD``-typed keys such as ``ssl.keystore.key``)."""
-    if catalog.is_secret_key(name):
-        return True
-    return name in _java_passwords()
-
-
-@functools.cache
-def _java_passwords() -> frozenset[str]:
-    kinds = ("producer", "consumer", "admin")
-    return frozenset(
-        k.name
-        for kind in kinds
-        for k in catalog.all_kafka_configs(kind)  # type: ignore[arg-type]
-        if k.type == "password"
-    )
+    printed: :func:`kresilient.redaction.is_secret_key` (the one definition, derived from the
+    catalogs' types: librdkafka's sensitive properties and Java's ``PASSWORD`` keys such as
+    ``ssl.keystore.key``)."""
+    return is_secret_key(name)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -144,21 +133,22 @@ class ConfigUnit:
 
     def get(self, key: str) -> Entry | None:
         """The entry for ``key`` or any librdkafka alias of it (``acks`` for
-        ``request.required.acks``); the last one set wins, as in librdkafka."""
-        entry = self.entries.get(key)
-        if entry is not None:
-            return entry
+        ``request.required.acks``); the last one set wins, as in librdkafka, which applies
+        properties in order: ``acks=all`` then ``request.required.acks=1`` is acks 1."""
         prop = catalog.lookup(key)
         if prop is None or self.kind in ("broker", "topic"):
-            return None
-        names = {prop.canonical, *prop.aliases}
+            return self.entries.get(key)
+        names = {key, prop.canonical, *prop.aliases}
         canon = catalog.lookup(prop.canonical)
         if canon is not None:
             names.update(canon.aliases)
-        for name in names:
-            if name in self.entries:
-                return self.entries[name]
-        return None
+        found = [(i, e) for i, (k, e) in enumerate(self.entries.items()) if k in names]
+        if not found:
+            return None
+        # by position in the source; entries without one (line 0) keep the reading order
+        return max(
+            found, key=lambda ie: (ie[1].line, ie[1].col, ie[0]) if ie[1].line else (0, 0, ie[0])
+        )[1]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -223,3 +213,37 @@ class ReadResult:
 
     units: list[ConfigUnit] = field(default_factory=list)
     error: ParseError | None = None
+
+
+def secret_items(units: Iterable[ConfigUnit]) -> list[tuple[str, str]]:
+    """``(key, literal value)`` of every secret entry of ``units`` (the Kafka key it sets),
+    a quoted value also without its quotes: what no line lint prints may contain."""
+    out: list[tuple[str, str]] = []
+    for unit in units:
+        for entry in unit.entries.values():
+            if entry.dynamic or entry.value is None or entry.shown != REDACTED:
+                continue
+            key = entry.setting if entry.setting and is_secret(entry.setting) else entry.key
+            text = entry.text
+            out.append((key, text))
+            if len(text) > 1 and text[0] in "\"'" and text[-1] == text[0]:
+                out.append((key, text[1:-1]))
+    return out
+
+
+def value_redactor(units: Iterable[ConfigUnit]) -> Callable[[str], str]:
+    """A function removing every secret value of ``units`` from a text lint prints (the
+    report's messages, ``--diff`` lines, notes), replaced by :data:`REDACTED`. Composite
+    values (JAAS, OAUTHBEARER configs) are hunted as the client redactor does: whole and
+    by their secret parts, never by slices that would hit their option names."""
+    redactor = Redactor.for_items(secret_items(units))
+    return lambda text: redactor.remove_values(text, REDACTED)
+
+
+def redact_findings(findings: list[Finding], redact: Callable[[str], str]) -> list[Finding]:
+    """``findings`` with every message passed through ``redact`` (same objects when clean)."""
+    out: list[Finding] = []
+    for f in findings:
+        message = redact(f.message)
+        out.append(f if message == f.message else replace(f, message=message))
+    return out

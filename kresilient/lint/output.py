@@ -250,11 +250,18 @@ that, only the broker's JMX `MaxLag` shows it.
   [tool.kresilient.lint.severity]
   KR021 = "error"
   ```
+- A key and its librdkafka aliases (`acks` / `request.required.acks`, `linger.ms` /
+  `queue.buffering.max.ms` ...) are one setting whose value is the LAST one set, as
+  librdkafka applies properties in order; rules judge that one and `--fix` edits its line.
 - Inline suppressions need a reason, or they are not applied and reported as KR099:
   `acks: 1  # kresilient: ignore[KR007] reason: metrics, loss acceptable` on the line (or
   alone on the line above; `.properties` files have no end-of-line comments), or
   `# kresilient: ignore-file[KR030] reason: ...` for the whole file.
-- Secrets (passwords, private keys, tokens, JAAS configs) are never printed. KR041 reports
+- Secrets (passwords, private keys, tokens, JAAS configs) are never printed: not in a
+  message, a `--fix` note, the JSON/SARIF/GitHub reports, nor the context lines of `--diff`
+  (a secret's line is shown with its value as `<redacted>`). A key is secret when the
+  catalogs' types say so (every property librdkafka flags sensitive, every Java `PASSWORD`
+  key such as `ssl.keystore.key`; see docs/security.md). KR041 reports
   literal secrets only: placeholders (`<your secret>`, `dummy`), templates (`{{ ... }}`),
   references (`${VAR}`, `${file:...}`), masks and file names (`*.location`,
   `KAFKA_SSL_*_CREDENTIALS`) are not secrets; options inside JAAS strings (`password`,
