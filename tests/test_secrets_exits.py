@@ -385,3 +385,23 @@ def test_audit_reads_a_latin1_command_config(
     assert isinstance(json.loads(out), list)
     code = cli_main(["audit", "-b", "127.0.0.1:1", "--command-config", str(tmp_path / "no")])
     assert code == 2 and "no" in capsys.readouterr().err
+
+
+def test_certificates_are_redacted_but_not_reported_as_literal_credentials() -> None:
+    """Certificates are secret by the catalogs' types (never printed) but public material:
+    KR041 ("literal credential") does not fire for them; a private key still does."""
+    from kresilient.lint.engine import lint_text
+    from kresilient.redaction import is_secret_key
+
+    pem = "-----BEGIN CERTIFICATE-----MIIBszCCAVmgAwIBAgIU"
+    for key, credential in (
+        ("ssl.ca.pem", False),
+        ("ssl.truststore.certificates", False),
+        ("ssl.keystore.certificate.chain", False),
+        ("ssl.keystore.key", True),
+        ("ssl.key.pem", True),
+    ):
+        assert is_secret_key(key)
+        findings = lint_text(f"bootstrap.servers=a:9092,b:9092\n{key}={pem}\n", "p.properties")
+        assert any(f.rule == "KR041" for f in findings) is credential, (key, findings)
+        assert not any(pem[-8:] in f.message for f in findings)

@@ -264,7 +264,9 @@ that, only the broker's JMX `MaxLag` shows it.
   key such as `ssl.keystore.key`; see docs/security.md). KR041 reports
   literal secrets only: placeholders (`<your secret>`, `dummy`), templates (`{{ ... }}`),
   references (`${VAR}`, `${file:...}`), masks and file names (`*.location`,
-  `KAFKA_SSL_*_CREDENTIALS`) are not secrets; options inside JAAS strings (`password`,
+  `KAFKA_SSL_*_CREDENTIALS`) are not secrets, and certificates (`ssl.ca.pem`,
+  `ssl.truststore.certificates`, `*.certificate.chain`: public material, though never
+  printed) are not credentials; options inside JAAS strings (`password`,
   `clientSecret`) are looked at one by one.
 - Readers (each finding points at the file, line and column of the setting):
   - Spring Boot `application.yml`/`application.properties` (and profiles, one YAML

@@ -67,6 +67,10 @@ _NAMES_A_SECRET = re.compile(
 _SECRET_ELSEWHERE = re.compile(
     r"(?:\.location|\.file|\.filename|\.path|^ssl\.(?:keystore|key|truststore)\.credentials)$"
 )
+# Certificates are typed secret by the catalogs (librdkafka's ssl.ca.pem, Java's PASSWORD-typed
+# ssl.truststore.certificates) and so never printed, but a certificate is public material, not
+# a credential: a literal one in a file is no leak for KR041.
+_PUBLIC_MATERIAL = re.compile(r"(?:\.ca\.pem|\.certificates|\.certificate\.chain)$")
 
 
 def is_stand_in(value: str) -> bool:
@@ -208,7 +212,7 @@ def _credential(unit: ConfigUnit) -> Iterator[Hit]:
     for key, entry in unit.entries.items():
         if entry.dynamic or entry.value is None or not is_secret(key):
             continue
-        if _SECRET_ELSEWHERE.search(key.lower()):
+        if _SECRET_ELSEWHERE.search(key.lower()) or _PUBLIC_MATERIAL.search(key.lower()):
             continue
         text = entry.text.strip()
         if key.endswith(("jaas.config", "oauthbearer.config")):
