@@ -280,7 +280,8 @@ class _Batch:
     give_up: list[tuple[_Claimed, _Headers, _Failure]] = dataclasses.field(default_factory=list)
     #: refused by the broker with their produce request: sent again alone
     suspects: list[tuple[_Claimed, _Headers]] = dataclasses.field(default_factory=list)
-    #: never handed to the producer (it stopped taking messages): released at once
+    #: not published by this claim (the producer stopped taking messages, or a suspect left
+    #: for the next claim): released at once, the claim not counted
     unqueued: list[int] = dataclasses.field(default_factory=list)
     stop: KResilientError | None = None
 
@@ -485,6 +486,7 @@ class OutboxRelay:
         return self._publish_batch().sent
 
     def _publish_batch(self) -> _Outcome:
+        started = time.monotonic()
         rows = self._claim()
         if not rows:
             return _Outcome()
@@ -512,8 +514,13 @@ class OutboxRelay:
                 note="refused by the broker with their produce request: each is sent again "
                 "alone, only a row refused alone is given up",
             )
+        lease_s = self._lease_ms / 1000
         for index, item in enumerate(batch.suspects):
-            if batch.stop is not None:
+            # One flush each: the rest wait for the next claim rather than outlive the lease
+            # (another relay would publish them again); the first always goes, so each claim
+            # makes progress.
+            late = index > 0 and time.monotonic() - started + 2 * self._flush_timeout > lease_s
+            if batch.stop is not None or late:
                 batch.unqueued += [row.id for row, _ in batch.suspects[index:]]
                 break
             self._send([item], batch, alone=True)
