@@ -86,11 +86,13 @@ _SECRET_NAME = re.compile(
     re.IGNORECASE,
 )
 
-#: Keys librdkafka flags sensitive that kresilient still shows: a user name is an identity,
-#: not a credential (errors and ``doctor`` must say WHICH principal was refused), and the Java
-#: client keeps it inside ``sasl.jaas.config``, which is secret as a whole. The one exception
-#: to "the catalogs' types decide"; tests/test_secrets_exits.py pins it.
-NOT_SECRET: frozenset[str] = frozenset({"sasl.username"})
+#: Keys librdkafka flags sensitive that kresilient still shows, the only exceptions to "the
+#: catalogs' types decide" (tests/test_secrets_exits.py pins them): a user name is an identity,
+#: not a credential (errors and ``doctor`` must say WHICH principal was refused; the Java client
+#: keeps it inside ``sasl.jaas.config``, secret as a whole); ``ssl.key.location`` is the path
+#: of the key, not the key (Java types its ``ssl.keystore.location`` STRING; hunting the path
+#: in free text would blank the certificate and CA paths errors name beside it).
+NOT_SECRET: frozenset[str] = frozenset({"sasl.username", "ssl.key.location"})
 
 _TRUE = frozenset({"true", "t", "1"})
 _FALSE = frozenset({"false", "f", "0"})

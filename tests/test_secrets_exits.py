@@ -160,7 +160,7 @@ def _catalog_secret_keys() -> set[str]:
         for k in java[kind]
         if k["type"] == "password"
     }
-    return (sensitive | passwords) - {"sasl.username"}
+    return (sensitive | passwords) - {"sasl.username", "ssl.key.location"}
 
 
 def test_secret_keys_are_exactly_the_catalogs_password_typed_keys() -> None:
@@ -174,8 +174,8 @@ def test_secret_keys_are_exactly_the_catalogs_password_typed_keys() -> None:
     )
     assert catalog.secret_keys() == expected
     # librdkafka's own flag, read from the installed library, agrees with the catalog
-    assert catalog.installed_sensitive_properties() - {"sasl.username"} <= SECRET_KEYS
-    assert {"sasl.username"} == catalog.NOT_SECRET
+    assert catalog.installed_sensitive_properties() - catalog.NOT_SECRET <= SECRET_KEYS
+    assert {"sasl.username", "ssl.key.location"} == catalog.NOT_SECRET  # the documented two
 
 
 def test_spark_plan_regex_is_generated_from_the_secret_set() -> None:
@@ -186,7 +186,8 @@ def test_spark_plan_regex_is_generated_from_the_secret_set() -> None:
 
     plan = re.compile(PLAN_REDACTION_REGEX)
     assert {k for k in SECRET_KEYS if plan.match(f"kafka.{k}")} == SECRET_KEYS
-    assert not plan.match("kafka.bootstrap.servers") and not plan.match("kafka.sasl.username")
+    for shown in ("bootstrap.servers", "sasl.username", "ssl.key.location"):
+        assert not plan.match(f"kafka.{shown}")
 
 
 def _value_for(key: str) -> str:
