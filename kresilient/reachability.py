@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, KafkaException
 
 from kresilient._ratelimit import RateLimiter
-from kresilient.errors import Classification, classify
+from kresilient.errors import Action, Classification, classify
 
 __all__ = [
     "AuthFailure",
@@ -120,6 +121,23 @@ _REMEDIES: Final = {
     ),
     "tls": "the TLS handshake failed: check security.protocol and the ssl.* settings",
     "auth": "authentication failed: check security.protocol and the sasl.* settings",
+}
+#: What waits while no broker can be reached, unless the client says (``waiting=``).
+_WAITING: Final = "the client keeps reconnecting by itself"
+#: What to check when no broker can be reached (every client's unreachable text ends so).
+_CHECK: Final = (
+    "Check bootstrap.servers, that the brokers run and listen on these addresses, DNS, "
+    "firewalls, and security.protocol/TLS settings"
+)
+#: connect_failure() reasons in words, for texts a person reads.
+_REASON_WORDS: Final = {
+    "DNS": "name not resolved (DNS)",
+    "TLS": "TLS handshake failed",
+    "refused": "connection refused",
+    "timeout": "connection timed out",
+    "auth": "authentication failed",
+    "disconnected": "disconnected",
+    "other": "connection failed",
 }
 #: librdkafka's " (after 12ms in state AUTH_REQ, 3 identical error(s) suppressed)" suffix.
 _AFTER: Final = re.compile(r"\s*\(after \d+ms in state [A-Z_]+[^)]*\)\s*$")
@@ -299,16 +317,31 @@ class Reachability:
     out" or "no broker reachable".
     """
 
-    def __init__(self, log: Any, *, interval: float = 60.0, certificate: str | None = None) -> None:
+    def __init__(
+        self,
+        log: Any,
+        *,
+        interval: float = 60.0,
+        certificate: str | None = None,
+        waiting: str = _WAITING,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._log = log
         #: the client certificate (:func:`client_certificate`), checked once when the broker
         #: refuses it: an expired one is then named as the cause
         self._certificate = certificate
         self._expiry: str | None = None
         self._expiry_checked = False
-        self._limiter = RateLimiter(interval)
+        self._clock = clock
+        self._limiter = RateLimiter(interval, clock=clock)
+        #: what waits meanwhile, in the client's own words (a producer's messages, a
+        #: consumer's polls), for the ``kafka_unreachable`` line's ``note``
+        self._waiting = waiting
         self._lock = threading.Lock()
         self._hosts: dict[str, str] = {}
+        #: when the ongoing "every broker is down" condition began (its first line was
+        #: logged), ``None`` when there is none: ``connected()`` logs its one end line
+        self.down_since: float | None = None
         #: True once any broker connection was up (statistics); never reset.
         self.ever_connected = False
         #: The last refusal of the credentials or certificate since no connection was up.
@@ -393,11 +426,21 @@ class Reachability:
         return True
 
     def all_down(self, detail: str) -> None:
-        """Every broker is down: one warning naming each host and the reason, rate-limited."""
+        """Every broker is down: a condition that lasts, so it is logged as one.
+
+        ONE warning ``kafka_unreachable`` when it begins, naming each host and the reason;
+        while it lasts, a reminder (the same event, ``reminder=True``) at most once per
+        ``interval`` seconds carrying ``suppressed``, the reports held back since the last
+        line, and ``down_for_s``; :meth:`connected` logs its end (``kafka_reachable``).
+        """
         self.all_brokers_down = True
         allowed, suppressed = self._limiter.check("*")
         if not allowed:
             return
+        now = self._clock()
+        began = self.down_since
+        if began is None:
+            self.down_since = began = now
         with self._lock:
             hosts = dict(sorted(self._hosts.items()))
         refused = self.refused
@@ -406,20 +449,54 @@ class Reachability:
             hosts=hosts,
             detail=detail,
             refused=refused.describe() if refused is not None else None,
+            reminder=now > began,
+            down_for_s=round(now - began, 1),
             suppressed=suppressed,
-            note=(
-                "no broker can be reached; messages wait in the local queue until "
-                "message.timeout.ms. Check bootstrap.servers, that the brokers run and listen "
-                "on these addresses, DNS, firewalls, and security.protocol/TLS settings"
-            ),
+            note=f"no broker can be reached; {self._waiting}. {_CHECK}",
+        )
+
+    def summary(self) -> str:
+        """Each host that failed and why, in words (``"h:9092: connection refused"``), and a
+        refusal of this client's credentials if one is known; for error texts."""
+        with self._lock:
+            hosts = sorted(self._hosts.items())
+        parts = [f"{host}: {_REASON_WORDS.get(reason, reason)}" for host, reason in hosts]
+        refused = self.refused
+        if refused is not None:
+            parts.append(f"refused: {refused.describe()}")
+        if not parts:
+            return "no connection attempt has been answered or refused yet (packets dropped?)"
+        return "; ".join(parts)
+
+    def unreachable_classification(
+        self, base: Classification, *, servers: str, waited: float, outcome: str
+    ) -> Classification:
+        """``base`` (the error a client gave up on) with ONE text for "no broker was ever
+        reached": the address, each host's cause, what happened (``outcome``, in the
+        client's words) and what to check. Not retried by the client that gave up, never
+        possibly persisted (nothing was sent)."""
+        remedy = (
+            f"no broker of bootstrap.servers={servers} was reached within {waited:g} s "
+            f"({self.summary()}); {outcome}. {_CHECK}"
+        )
+        return dataclasses.replace(
+            base,
+            retriable=False,
+            refresh_metadata=False,
+            possibly_persisted=False,
+            action=Action.FAIL,
+            remedy=remedy,
         )
 
     def on_stats(self, doc: Mapping[str, Any]) -> None:
         """A parsed statistics document: any broker connected (``UP``) counts as
-        :meth:`up`. Odd shapes are ignored (the leadership monitor counts those)."""
+        :meth:`up`. Logical brokers (a consumer's ``GroupCoordinator``, which mirrors a real
+        one) are not counted. Odd shapes are ignored (the leadership monitor counts those)."""
         try:
             brokers = (doc.get("brokers") or {}).values()
-            self.up(sum(1 for b in brokers if b.get("state") == "UP"))
+            self.up(
+                sum(1 for b in brokers if b.get("state") == "UP" and b.get("source") != "logical")
+            )
         except (AttributeError, TypeError):
             pass
 
@@ -430,13 +507,43 @@ class Reachability:
 
     def connected(self) -> None:
         """A broker connection works (statistics, or a group assignment): a refusal seen
-        before is no longer the reason for anything."""
+        before is no longer the reason for anything, and an "every broker is down" condition
+        that was logged ends with ONE ``kafka_reachable`` line."""
         self.ever_connected = True
         self.refused = None
         self.all_brokers_down = False
         with self._lock:
             self._hosts.clear()
+        began, self.down_since = self.down_since, None
+        suppressed = self._limiter.suppressed("*")
         self._limiter.reset("*")
+        if began is not None:
+            self._log.info(
+                "kafka_reachable",
+                unreachable_for_s=round(self._clock() - began, 1),
+                suppressed=suppressed,
+            )
+
+
+#: librdkafka log lines that report a passing condition of a healthy cluster, by facility:
+#: (pattern, what it means). The first is logged at INFO with that note, repeats at DEBUG; a
+#: line still repeating after the reminder interval becomes a WARNING (at most once per
+#: interval, with the count held back), since then it no longer passes by itself.
+_TRANSIENT_LINES: Final = {
+    # The broker hands out producer ids in blocks it asks the controller for; until the
+    # first block arrives (a fresh cluster, a restarted broker) InitProducerId answers
+    # COORDINATOR_LOAD_IN_PROGRESS and librdkafka retries (seen on every first run of a
+    # fresh 3-node KRaft cluster: "Failed to acquire idempotence PID from broker ...: Broker:
+    # Coordinator load in progress: retrying").
+    "GETPID": (
+        re.compile(r"Coordinator load in progress|COORDINATOR_LOAD_IN_PROGRESS", re.I),
+        "the broker is still loading its producer-id state (the first idempotent producer "
+        "of a fresh cluster, or a broker that just started); librdkafka retries and sends "
+        "once it has a producer id: nothing to do unless it lasts (docs/producer.md)",
+    ),
+}
+#: A passing condition still reported after this many seconds is a WARNING (once a minute).
+_TRANSIENT_REMINDER: Final = 60.0
 
 
 class LogBridge:
@@ -455,8 +562,13 @@ class LogBridge:
         user_logger: Any = None,
         on_failure: Callable[[Exception], None] | None = None,
         reachability: Reachability | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._log = log
+        self._clock = clock
+        # facility -> when its passing condition was first logged (_TRANSIENT_LINES)
+        self._transient_since: dict[str, float] = {}
+        self._transient_limiter = RateLimiter(_TRANSIENT_REMINDER, clock=clock)
         self._on_line = on_line
         self._scrub = scrub
         self._user = user_logger
@@ -478,7 +590,9 @@ class LogBridge:
             text = self._scrub(str(args[2]) if len(args) > 2 else fmt % args)
             self._on_line(text)
             # Connection failures are summarised (Reachability), not logged line by line.
-            if not (facility == "FAIL" and self._reach is not None and self._reach.failed(text)):
+            if facility == "FAIL" and self._reach is not None and self._reach.failed(text):
+                pass
+            elif not self._transient(facility, text):
                 method = _LEVEL_METHOD.get(level, "info")
                 getattr(self._log, method)("librdkafka_log", facility=facility, message=text)
             if self._user is not None:  # the application's logger gets the redacted line too
@@ -488,3 +602,32 @@ class LogBridge:
         except Exception as exc:  # logging must never break the client
             if self._on_failure is not None:
                 self._on_failure(exc)
+
+    def _transient(self, facility: str, text: str) -> bool:
+        """Log a known passing condition (``_TRANSIENT_LINES``) as one; False if it is not one."""
+        known = _TRANSIENT_LINES.get(facility)
+        if known is None or not known[0].search(text):
+            return False
+        now = self._clock()
+        began = self._transient_since.get(facility)
+        if began is None:
+            self._transient_since[facility] = now
+            self._transient_limiter.check(facility)  # the reminder interval starts here
+            self._log.info(
+                "librdkafka_log", facility=facility, message=text, transient=True, note=known[1]
+            )
+            return True
+        allowed, suppressed = self._transient_limiter.check(facility)
+        if allowed:
+            self._log.warning(
+                "librdkafka_log",
+                facility=facility,
+                message=text,
+                transient=False,
+                lasting_s=round(now - began, 1),
+                suppressed=suppressed,
+                note=f"still reported after {now - began:.0f} s: " + known[1],
+            )
+        else:
+            self._log.debug("librdkafka_log", facility=facility, message=text, transient=True)
+        return True

@@ -54,6 +54,7 @@ from kresilient.config import producer_config
 from kresilient.deadletter import DeadLetterWriter
 from kresilient.errors import (
     TOO_LARGE_CODES,
+    Classification,
     ConfigError,
     DeliveryError,
     DeliveryFailure,
@@ -118,6 +119,13 @@ _REFUSAL_CODES: Final = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
 #: Delivery-report codes a refused login turns into (the message waited, then expired).
 _TIMEOUT_CODES: Final = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT_QUEUE})
 _PURGE_QUEUE: Final = KafkaError._PURGE_QUEUE
+#: ResilientProducer(unreachable_timeout=...): seconds a producer that never reached a broker
+#: keeps its messages queued before failing them (docs/producer.md, "A wrong address").
+DEFAULT_UNREACHABLE_TIMEOUT: Final = 10.0
+#: Past the bound, the cluster is asked for its metadata (a connection working although no
+#: statistics said so yet) at most once per this many seconds, for at most _PROBE_TIMEOUT.
+_PROBE_INTERVAL: Final = 5.0
+_PROBE_TIMEOUT: Final = 0.5
 
 
 _new_handle = object.__new__
@@ -213,6 +221,17 @@ class ResilientProducer:
             instead of being reported failed; ``flush()`` returns a
             :class:`~kresilient.producer.FlushResult` (docs/durability.md). Without a spool
             nothing changes on the per-message path.
+        unreachable_timeout: seconds after construction after which, if NO broker was ever
+            reached, the queued messages are failed at once instead of waiting
+            ``message.timeout.ms`` (a wrong address, a cluster that is not there): each is
+            reported with one text naming ``bootstrap.servers`` and each host's cause
+            (refused, DNS, TLS, timeout, auth), never possibly persisted (nothing was sent),
+            and ``flush()`` raises :class:`~kresilient.DeliveryError` about one second later
+            at most; messages produced later while no broker has been reached fail the same
+            way at the next ``poll()``/``flush()``. Once any broker was reached this never
+            applies again (an outage then waits ``message.timeout.ms`` as before). ``None``:
+            wait ``message.timeout.ms`` (services that start before their cluster). Not
+            applied with a ``spool`` (spooled messages stay stored through an outage).
     """
 
     def __init__(
@@ -232,7 +251,14 @@ class ResilientProducer:
         dead_letter_max_bytes: int = 16 * 1024 * 1024,
         exit_timeout: float = 10.0,
         spool: Spool | None = None,
+        unreachable_timeout: float | None = DEFAULT_UNREACHABLE_TIMEOUT,
     ) -> None:
+        if unreachable_timeout is not None and not unreachable_timeout > 0:
+            raise ConfigError(
+                f"unreachable_timeout must be a positive number of seconds or None, "
+                f"not {unreachable_timeout!r}",
+                key="unreachable_timeout",
+            )
         base_log = logger if logger is not None else structlog.get_logger("kresilient.producer")
         allow = tuple([allow_unsafe] if isinstance(allow_unsafe, str) else allow_unsafe)
         cfg = producer_config(config, allow_unsafe=allow, logger=base_log)
@@ -294,6 +320,7 @@ class ResilientProducer:
         self._failed_total = 0
         self._refused = 0  # produce() calls that raised: never queued
         self._unaccounted = 0
+        self._unaccounted_total = 0  # over the producer's life (producer_closed)
         self._callback_errors = 0
         self._backpressure_waits = 0
         self._recreations = 0
@@ -330,9 +357,33 @@ class ResilientProducer:
                 log=self._log,
                 trace_carrier=self._tel.trace_carrier,
             )
+        self._servers = self._scrub(str(cfg.get("bootstrap.servers", "")))
+        self._timeout_s = timeout_ms / 1000.0
+        self._unreachable_timeout = None if spool is not None else unreachable_timeout
+        if self._unreachable_timeout is None:
+            waiting = f"queued messages wait until message.timeout.ms ({self._timeout_s:g} s)"
+        else:
+            waiting = (
+                "queued messages wait for a broker; if none was ever reached "
+                f"{self._unreachable_timeout:g} s after the producer started they are failed "
+                "(never sent), otherwise they wait until message.timeout.ms "
+                f"({self._timeout_s:g} s)"
+            )
         self._reach = Reachability(
-            self._log, interval=_UNREACHABLE_LOG_INTERVAL, certificate=client_certificate(cfg)
+            self._log,
+            interval=_UNREACHABLE_LOG_INTERVAL,
+            certificate=client_certificate(cfg),
+            waiting=waiting,
         )
+        # When the unreachable_timeout bound passes (None: not applicable, or a broker was
+        # reached); the classification of the messages failed for it (_fail_unreachable).
+        self._unreachable_at: float | None = (
+            None
+            if self._unreachable_timeout is None
+            else time.monotonic() + self._unreachable_timeout
+        )
+        self._unreachable_purge: Classification | None = None
+        self._last_probe = -_PROBE_INTERVAL
         # the refusal the queued messages were failed for (_fail_refused), naming their cause
         self._auth_purge: AuthFailure | None = None
         self._log_bridge = LogBridge(
@@ -363,12 +414,13 @@ class ResilientProducer:
             self.produce = self._spooler.produce  # type: ignore[method-assign]
         _LIVE.add(self)
         _install_sigterm_handler()
-        self._log.info(
+        self._log.debug(
             "producer_created",
             config=redact_config(self._rdk_config),
             tracing=self._tracing,
             dead_letter_topic=dead_letter_topic,
             recreate_on_fatal=recreate_on_fatal,
+            unreachable_timeout=self._unreachable_timeout,
         )
 
     # ------------------------------------------------------------------ construction
@@ -706,6 +758,7 @@ class ResilientProducer:
         if lost:
             with self._lock:
                 self._unaccounted += lost
+                self._unaccounted_total += lost
             self._log.error("producer_recreate_unaccounted", messages=lost)
         self._install(self._new_producer())
         self._recreations += 1
@@ -736,20 +789,11 @@ class ResilientProducer:
         # there means a missing topic (CONFIG), not a leader move.
         classification = classify(err, context="delivery")
         partition = msg.partition()
-        if classification.possibly_persisted and (partition is None or partition < 0):
-            # Never assigned a partition (no metadata: no broker ever answered), so never
-            # sent: it cannot have been written.
-            classification = dataclasses.replace(
-                classification,
-                possibly_persisted=False,
-                remedy=(
-                    "the message never left the client (no broker was reachable to assign "
-                    "it a partition); it was not written. " + classification.remedy
-                ),
-            )
+        code = err.code()
         refused = self._reach.refused
         purged_for = self._auth_purge
-        if err.code() == _PURGE_QUEUE and purged_for is not None and not self._reach.ever_connected:
+        never_connected = not self._reach.ever_connected
+        if code == _PURGE_QUEUE and purged_for is not None and never_connected:
             # failed by _fail_refused (or purged at close meanwhile): never sent, and the
             # refusal, not the purge, is what to fix
             classification = (refused or purged_for).classification(
@@ -759,20 +803,48 @@ class ResilientProducer:
                     "no broker ever accepted this producer, so it was never sent and not written"
                 ),
             )
-        elif refused is not None and err.code() in _TIMEOUT_CODES:
+        elif code == _PURGE_QUEUE and self._unreachable_purge is not None and never_connected:
+            classification = self._unreachable_purge  # _fail_unreachable (or close meanwhile)
+        elif refused is not None and code in _TIMEOUT_CODES:
             # No broker accepted this client's credentials or certificate: that, not the
             # timeout, is what to fix (librdkafka says so only in error_cb and its log).
+            persisted = classification.possibly_persisted and partition is not None
+            persisted = persisted and partition >= 0
             classification = refused.classification(
-                possibly_persisted=classification.possibly_persisted,
+                possibly_persisted=persisted,
                 note=(
                     "The message timed out waiting for a connection; "
                     + (
                         "it may have been written before the refusals began"
-                        if classification.possibly_persisted
-                        else "it was not written"
+                        if persisted
+                        else "it was never sent and was not written"
                     )
                 ),
             )
+        elif classification.possibly_persisted and (partition is None or partition < 0):
+            # Never assigned a partition (no metadata for its topic), so never sent: it
+            # cannot have been written. ONE text says so: the timeout's own remedy ("may
+            # have been written") would contradict it.
+            outcome = (
+                "the message was never assigned a partition, so it was never sent and was "
+                "not written; produce it again once the cluster is reachable"
+            )
+            if never_connected:
+                classification = self._reach.unreachable_classification(
+                    classification,
+                    servers=self._servers,
+                    waited=self._timeout_s,
+                    outcome=outcome,
+                )
+            else:
+                classification = dataclasses.replace(
+                    classification,
+                    possibly_persisted=False,
+                    remedy=(
+                        "no metadata for the message's topic arrived within message.timeout.ms "
+                        f"({self._timeout_s:g} s; a missing topic, or no leader): {outcome}"
+                    ),
+                )
         failure = failure_from_report(
             scrub_error(err, self._scrub),
             msg,
@@ -902,6 +974,8 @@ class ResilientProducer:
         else:
             if self._reach.refused is not None:
                 self._fail_refused()  # their reports are served by the next poll or flush
+            if self._unreachable_at is not None:
+                self._fail_unreachable()  # likewise
             if self._reported or self._pending_fatal is not None:
                 self._settle(None, generation)
         dlq = self._dlq
@@ -1029,11 +1103,20 @@ class ResilientProducer:
                 left = _FLUSH_SLICE
             else:
                 left = min(_FLUSH_SLICE, max(0.0, deadline - time.monotonic()))
+            at = self._unreachable_at
+            if at is not None and not purged:
+                # end the slice when the bound passes, so the messages fail at it (once:
+                # a purge that could not be made must not turn this into a busy loop)
+                left = min(left, max(0.0, at - time.monotonic()))
             remaining: int = producer.flush(left)
             if remaining and not purged and self._reach.refused is not None:
                 purged = self._fail_refused()
                 if purged:
                     continue  # the next slice serves the purged messages' reports
+            if remaining and not purged and at is not None and time.monotonic() >= at:
+                purged = True  # tried: the bound is not checked again in this flush
+                if self._fail_unreachable():
+                    continue
             if not remaining or (deadline is not None and time.monotonic() >= deadline):
                 return remaining
 
@@ -1067,6 +1150,70 @@ class ResilientProducer:
             count=lambda: len(producer),
             note="queued messages failed at once (never sent); see flush()",
         )
+
+    def _fail_unreachable(self) -> bool:
+        """Fail the queued messages once ``unreachable_timeout`` passed with no broker ever
+        reached; True if they were purged.
+
+        librdkafka would keep them for ``message.timeout.ms`` (two minutes by default) and
+        then report a timeout that cannot say whether they were written. A producer that
+        never reached a broker never sent them: each is purged from librdkafka's queue (a
+        ``_PURGE_QUEUE`` report; nothing in flight is touched) and classified with ONE text
+        (:meth:`Reachability.unreachable_classification`: the address, each host's cause,
+        "never sent, not written"). Before purging, a bounded metadata request checks that no
+        broker answers now (statistics may not have said so yet). Once a broker was reached
+        this is switched off for good (``_unreachable_at = None``).
+        """
+        at = self._unreachable_at
+        producer = self._producer
+        if at is None or producer is None:
+            return False
+        if self._reach.ever_connected:
+            self._unreachable_at = None
+            return False
+        now = time.monotonic()
+        if now < at or not len(producer):
+            return False
+        if now - self._last_probe >= _PROBE_INTERVAL:
+            self._last_probe = now
+            if self._cluster_answers(producer):
+                self._reach.connected()
+                self._unreachable_at = None
+                return False
+        waited = self._unreachable_timeout or 0.0
+        self._unreachable_purge = self._reach.unreachable_classification(
+            classify(KafkaError(_PURGE_QUEUE), context="delivery"),
+            servers=self._servers,
+            waited=waited,
+            outcome=(
+                "the message was failed without waiting for message.timeout.ms "
+                f"(unreachable_timeout={waited:g} s): it was never sent and was not "
+                "written; produce it again once the cluster is reachable"
+            ),
+        )
+        try:
+            producer.purge(in_queue=True, in_flight=False, blocking=False)
+        except KafkaException:  # closed or failed meanwhile: message.timeout.ms still reports
+            return False
+        allowed, suppressed = self._limiter.check("unreachable_purge")
+        if allowed:
+            self._log.error(
+                "kafka_unreachable_messages_failed",
+                bootstrap_servers=self._servers,
+                hosts=self._scrub(self._reach.summary()),
+                unreachable_timeout=waited,
+                suppressed=suppressed,
+                note="no broker was ever reached: queued messages failed (never sent); see flush()",
+            )
+        return True
+
+    def _cluster_answers(self, producer: Any) -> bool:
+        """Does any broker answer a metadata request now (bounded at _PROBE_TIMEOUT)?"""
+        try:
+            producer.list_topics(timeout=_PROBE_TIMEOUT)
+        except Exception:  # no answer within the bound (KafkaException), or closed
+            return False
+        return True
 
     def _flush_dead_letters(self, deadline: float | None) -> list[DeliveryFailure]:
         dlq = self._dlq
@@ -1121,8 +1268,14 @@ class ResilientProducer:
         if error is not None:
             raise error
 
-    def _close(self, timeout: float | None) -> tuple[list[DeliveryFailure], int, Exception | None]:
-        """Close; return (failures, messages unaccounted, an unexpected error met meanwhile)."""
+    def _close(
+        self, timeout: float | None, *, log: bool = True
+    ) -> tuple[list[DeliveryFailure], int, Exception | None]:
+        """Close; return (failures, messages unaccounted, an unexpected error met meanwhile).
+
+        ``log``: log ``producer_closed`` (the safety net logs its own single line instead:
+        a ``producer_closed`` before its ``producer_not_closed`` contradicted it).
+        """
         failures: list[DeliveryFailure] = []
         error: Exception | None = None
         if self._spooler is not None and timeout is None:
@@ -1139,6 +1292,7 @@ class ResilientProducer:
         lost = 0
         if self._producer is not None and len(self._producer) > 0:
             lost = drain(self._producer)
+        self._unaccounted_total += lost  # (a recreation's were counted when it happened)
         failures.extend(self._take_failures())
         dlq = self._dlq
         if dlq is not None:
@@ -1161,7 +1315,18 @@ class ResilientProducer:
         self._poll = _no_poll
         self._producer = None  # destroys the librdkafka instance (its queue is empty)
         _LIVE.discard(self)
-        self._log.info("producer_closed", failed=len(failures), unaccounted=lost)
+        if log:
+            # counts over the producer's life, so a close() after a flush() that raised says
+            # what happened (it said failed=0 then); INFO only when something went wrong
+            failed = self._failed_total
+            method = self._log.info if failed or self._unaccounted_total else self._log.debug
+            method(
+                "producer_closed",
+                produced=self._produced() - self._refused,
+                failed=failed,
+                failed_at_close=len(failures),
+                unaccounted=self._unaccounted_total,
+            )
         return failures, lost, error
 
     def _finalize(self, reason: str) -> None:
@@ -1178,9 +1343,9 @@ class ResilientProducer:
         produced_mark, failed_mark, refused_mark = self._mark
         since = (self._produced() - produced_mark) - (self._refused - refused_mark)
         if since <= 0 and not pending:
-            self._close(0)
+            self._close(0)  # nothing to say: everything was flushed (producer_closed, DEBUG)
             return
-        failures, lost, error = self._close(self._exit_timeout)
+        failures, lost, error = self._close(self._exit_timeout, log=False)
         failed_here = self._failed_total - failed_mark
         self._log.warning(
             "producer_not_closed",
