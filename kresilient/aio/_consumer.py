@@ -171,7 +171,9 @@ class AsyncResilientConsumer:
         shutdown_timeout: seconds a shutdown (stop, SIGTERM, cancellation) or a revoke waits
             for the handlers in hand before leaving their records uncommitted.
         handle_signals: on :meth:`run` in the main thread, SIGTERM/SIGINT stop the consumer
-            gracefully (handlers restored at exit).
+            gracefully; a 2nd signal while handlers are in hand interrupts them (their
+            records uncommitted, ``run()`` raises ``KeyboardInterrupt``), a 3rd aborts the
+            shutdown, as :class:`~kresilient.ResilientConsumer` (handlers restored at exit).
         dedupe: a :class:`~kresilient.dedupe.Deduplicator`, as
             :class:`~kresilient.ResilientConsumer`'s: a record marked
             ``kresilient.possible.duplicate: true`` whose ``kresilient.message.id`` is in its
@@ -429,6 +431,12 @@ class AsyncResilientConsumer:
 
     async def run(self) -> None:
         """Consume until :meth:`stop`, SIGTERM/SIGINT or cancellation; then shut down cleanly.
+
+        Signals (``handle_signals``): the first stops; a second while handlers are still in
+        hand cancels them (their records stay uncommitted, never retried or dead-lettered
+        because of it) and ``run()`` raises ``KeyboardInterrupt`` after committing what was
+        handled; a second later in the shutdown is only logged; a third aborts the shutdown
+        (no final commit, no close; ``KeyboardInterrupt``).
 
         Raises :class:`~kresilient.CircuitBreakerOpenError` when the breaker opens, the
         handler's exception when ``dead_letter=None`` and a record exhausted its retries, or a
