@@ -40,13 +40,21 @@ _TRUE: Final = (b"true", "true")
 
 
 def record_id(msg: Any) -> tuple[bytes | None, bool]:
-    """``(message id, possibly duplicate)`` from a record's headers (``msg.headers()``)."""
+    """``(message id, possibly duplicate)`` from a record's headers (``msg.headers()``).
+
+    kresilient's producers (the spool, the outbox relay) append the id, then the mark, after
+    the record's own headers: only that last block is theirs. A service that forwards an
+    upstream record's headers passes the upstream id and mark on before it, so the LAST id
+    counts, and a mark only when it follows that id (issue 35, defect 6: a forwarded
+    ``possible.duplicate`` does not mark the record a producer wrote for this topic).
+    """
     headers = msg.headers() if callable(getattr(msg, "headers", None)) else None
     ident: bytes | None = None
     marked = False
     for name, value in headers or ():
         if name == MESSAGE_ID_HEADER and value is not None:
             ident = value.encode() if isinstance(value, str) else bytes(value)
+            marked = False  # a mark before this id belonged to a forwarded block
         elif name == POSSIBLE_DUPLICATE_HEADER:
             marked = value in _TRUE
     return ident, marked

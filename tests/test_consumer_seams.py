@@ -549,3 +549,31 @@ def test_ready_turns_503_when_the_member_lost_its_partitions_and_cannot_rejoin(
     finally:
         runner.stop()
     assert runner.error is None, runner.error
+
+
+def test_a_forwarded_duplicate_mark_does_not_mark_the_producers_own_id() -> None:
+    """Dedupe headers under the same rule (pure header parsing): the spool and the outbox
+    append ``message.id`` then the mark; an upstream id and mark forwarded before them are
+    not this record's. The last id counts, and a mark only after it."""
+    from kresilient.dedupe import record_id
+
+    class _Rec:
+        def __init__(self, headers: list[tuple[str, bytes | None]]) -> None:
+            self._headers = headers
+
+        def headers(self) -> list[tuple[str, bytes | None]]:
+            return self._headers
+
+        def topic(self) -> str:
+            return "orders2"
+
+    upstream = [(MESSAGE_ID_HEADER, b"up-1"), (POSSIBLE_DUPLICATE_HEADER, b"true")]
+    own_first_copy = _Rec([*upstream, (MESSAGE_ID_HEADER, b"own-7")])
+    own_resent = _Rec(
+        [*upstream, (MESSAGE_ID_HEADER, b"own-7"), (POSSIBLE_DUPLICATE_HEADER, b"true")]
+    )
+    assert record_id(own_first_copy) == (b"own-7", False)
+    assert record_id(own_resent) == (b"own-7", True)
+    dedupe = Deduplicator()
+    dedupe.processed(own_first_copy)
+    assert dedupe.is_duplicate(own_resent) and not dedupe.is_duplicate(own_first_copy)
