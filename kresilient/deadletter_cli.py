@@ -22,7 +22,11 @@ From Python (no argument parsing involved)::
     assert done.ok, done.failures
 
 Both read the dead-letter topic from its beginning (or a group's committed offsets with
-``group``) up to the end offsets seen at start, with a consumer that commits nothing. Replay
+``group``) up to the end offsets seen at start, with a consumer that commits nothing. They
+read ``read_committed``, so a transactional dead-letter topic (the Spark exactly-once sink
+writes dead letters in transactions) gives only committed records, and a partition is read
+to its end once the consumer's position reached the end offset, past commit markers and
+aborted records. Replay
 writes each selected record's ORIGINAL key, value and headers (the dead-letter headers
 stripped) with a :class:`~kresilient.ResilientProducer`. With ``group`` it then commits, per
 partition, up to the first record it did not replay (cut by ``limit``, without an original

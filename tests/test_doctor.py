@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, Producer
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from kresilient.clusterinfo import DISK_USAGE_THRESHOLD, describe_log_dirs
@@ -212,6 +212,15 @@ def test_unreachable_cluster_one_line_exit_2(bootstrap: str, reason: str) -> Non
     assert "%3|" not in proc.stderr and proc.stderr.count("\n") <= 5
 
 
+_COORDINATOR_MOVING = frozenset(
+    {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+    }
+)
+
+
 @pytest.fixture(name="short_retention_cluster", scope="module")
 def _short_retention_cluster() -> Iterator[KafkaCluster]:
     # A one-node cluster whose broker forgets idle groups' offsets after one minute.
@@ -240,7 +249,19 @@ def test_group_offsets_expired_after_short_retention(
     assert producer.flush(30) == 0
     group = f"idle-{uuid.uuid4().hex[:8]}"
     consumer = Consumer({**_conf(cluster), "group.id": group, "enable.auto.commit": False})
-    consumer.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+
+    def commit() -> bool:
+        # A fresh one-node cluster may still be loading __consumer_offsets (CI under load:
+        # COORDINATOR_LOAD_IN_PROGRESS): a retriable refusal, tried again until a deadline.
+        try:
+            consumer.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _COORDINATOR_MOVING:
+                raise
+            return False
+        return True
+
+    _until("the group coordinator to accept a commit", commit, 60)
     consumer.close()
     admin = AdminClient(_conf(cluster))
 

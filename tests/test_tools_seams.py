@@ -418,6 +418,7 @@ def test_probe_topic_with_three_partitions_reads_back_every_message(
         "--format",
         "json",
     )
+    assert proc.stdout, proc.stderr
     report = json.loads(proc.stdout)
     findings = [f for f in report["findings"] if f["section"] == "probe"]
     assert [f["severity"] for f in findings] == ["ok"], findings
