@@ -29,15 +29,16 @@ built-in sink; no per-row classification of delivery errors, no exactly-once. Us
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kresilient.errors import ConfigError, SchemaError
-from kresilient.spark._options import column_layout
+from kresilient.spark._options import column_layout, redact_plan_options
 from kresilient.spark._summary import WriteSummary
 
 __all__ = [
@@ -403,6 +404,46 @@ def _categories_sql(reason: str, reasons: tuple[str, ...] | None = None) -> str:
     )
 
 
+_V1_LIST = "spark.sql.sources.useV1SourceList"
+_V1_DEFAULT = "avro,csv,json,kafka,orc,parquet,text"
+_v1_lock = threading.Lock()
+#: session -> (writes in progress, the session's value before the first of them)
+_v1_users: dict[int, tuple[int, str | None]] = {}
+
+
+@contextlib.contextmanager
+def _kafka_on_v2(spark: Any) -> Iterator[None]:
+    """``kafka`` out of ``spark.sql.sources.useV1SourceList`` while the block runs.
+
+    The V2 write path reports observed metrics; the V1 path (Spark's default for kafka) never
+    does (``Observation.get`` would wait forever). Writes of one session running at once
+    share the change: the first saves the session's value, the last puts it back; toggled
+    per write, one write's restore put kafka back under another's planning and the other then
+    "restored" the list without kafka for good.
+    """
+    conf = spark.conf
+    key = int(spark._jsparkSession.hashCode())
+    with _v1_lock:
+        users, before = _v1_users.get(key, (0, None))
+        if users == 0:
+            before = conf.get(_V1_LIST, None)
+            current = before if before is not None else _V1_DEFAULT
+            without = ",".join(s for s in current.split(",") if s.strip().lower() != "kafka")
+            conf.set(_V1_LIST, without)
+        _v1_users[key] = (users + 1, before)
+    try:
+        yield
+    finally:
+        with _v1_lock:
+            users, before = _v1_users.pop(key)
+            if users > 1:
+                _v1_users[key] = (users - 1, before)
+            elif before is None:
+                conf.unset(_V1_LIST)
+            else:
+                conf.set(_V1_LIST, before)
+
+
 def write_jvm(
     df: Any,
     *,
@@ -435,6 +476,7 @@ def write_jvm(
             key="engine",
         ) from None
     config = java_producer_options(producer, known=known)
+    redact_plan_options(spark)  # the kafka sink's options show in the plan too
     fields = [(f.name, f.dataType.simpleString()) for f in df.schema.fields]
     layout = column_layout(fields, topic_option=topic)
     has = {name.lower() for name, _ in fields} & {
@@ -535,23 +577,12 @@ def write_jvm(
     writer = observed.write.format("kafka").mode("append")
     for k, v in config.items():
         writer = writer.option(f"kafka.{k}", v)
-    # The V2 write path reports observed metrics; the V1 path (Spark's default for kafka)
-    # never does. Only 'kafka' leaves the list, only for this write.
-    conf = spark.conf
-    old = conf.get("spark.sql.sources.useV1SourceList", None)
-    current = old if old is not None else "avro,csv,json,kafka,orc,parquet,text"
-    without = ",".join(s for s in current.split(",") if s.strip().lower() != "kafka")
-    conf.set("spark.sql.sources.useV1SourceList", without)
     try:
-        writer.save()
+        with _kafka_on_v2(spark):
+            writer.save()
     except BaseException:
         retire_client_id(config)  # the next write must not inherit this one's producers
         raise
-    finally:
-        if old is None:
-            conf.unset("spark.sql.sources.useV1SourceList")
-        else:
-            conf.set("spark.sql.sources.useV1SourceList", old)
     metrics = obs.get
     dead = {r: int(metrics.get(r) or 0) for r in sorted(reasons) if metrics.get(r)}
     rows = int(metrics.get("rows") or 0)

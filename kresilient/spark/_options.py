@@ -18,18 +18,24 @@ lower-cases option names; matching here is case-insensitive too.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from kresilient.errors import ConfigError, SchemaError
+from kresilient.redaction import SECRET_KEYS
 
 __all__ = [
+    "PLAN_REDACTION_REGEX",
+    "PLAN_STRING_REDACTION_REGEX",
     "ColumnLayout",
     "SchemaError",
     "SinkOptions",
     "column_layout",
     "parse_options",
+    "redact_plan_options",
 ]
 
 _KAFKA_PREFIX = "kafka."
@@ -66,6 +72,7 @@ _OWN_OPTIONS = frozenset(
         "guarantee",
         "transactionalidprefix",
         "markertopic",
+        "writeid",
         "path",
     }
 )
@@ -92,6 +99,9 @@ class SinkOptions:
     guarantee: str = "at_least_once"
     transactional_id_prefix: str | None = None
     marker_topic: str | None = None  #: exactly_once: the compacted topic of durable markers
+    #: ``writeId``: names this write's summary (set by :func:`kresilient.spark.write`, which
+    #: returns the summary of its own write, not the newest of the directory).
+    write_id: str | None = None
 
     @property
     def marker_topic_name(self) -> str:
@@ -180,6 +190,7 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         guarantee=guarantee,
         transactional_id_prefix=lowered.get("transactionalidprefix") or None,
         marker_topic=(lowered.get("markertopic") or "").strip() or None,
+        write_id=(lowered.get("writeid") or "").strip() or None,
     )
 
 
@@ -247,3 +258,44 @@ def column_layout(fields: Iterable[tuple[str, str]], *, topic_option: str | None
         headers=found.get("headers"),
         timestamp=found.get("timestamp"),
     )
+
+
+#: Spark shows a write's options in its plan (``EXPLAIN``, the SQL tab of the UI, event logs),
+#: hiding only those whose key or value matches ``spark.redaction.regex`` (``secret``,
+#: ``password``, ``token``) or ``spark.sql.redaction.options.regex``. Some client secrets
+#: match neither (``ssl.key.pem``, ``sasl.jaas.config`` without a password in it ...):
+#: :func:`redact_plan_options` adds every secret key of :mod:`kresilient.redaction` to the
+#: latter. Both engines' writes name their producer settings ``kafka.<key>``.
+PLAN_REDACTION_REGEX = (
+    "(?i)^kafka\\.(?:" + "|".join(re.escape(k) for k in sorted(SECRET_KEYS)) + ")$"
+)
+_OPTIONS_REDACTION_CONF = "spark.sql.redaction.options.regex"
+
+#: The same keys' values inside plan *text*: Spark's ``kafka`` sink (``engine="jvm"``) prints
+#: its producer settings without the prefix in the plan node ``KafkaWrite(None,{k=v, ...})``,
+#: out of reach of the options regex. ``spark.sql.redaction.string.regex`` redacts what it
+#: matches in explain output: a secret key's value, up to the next ``, key=`` or the map's end.
+PLAN_STRING_REDACTION_REGEX = (
+    "(?s:(?<=\\b(?:kafka\\.)?(?:"
+    + "|".join(re.escape(k) for k in sorted(SECRET_KEYS))
+    + ")=).*?(?=, [A-Za-z0-9._-]+=|\\}|\\)|$))"
+)
+_STRING_REDACTION_CONF = "spark.sql.redaction.string.regex"
+
+
+def redact_plan_options(spark: Any) -> None:
+    """Extend ``spark``'s (a ``SparkSession``) ``spark.sql.redaction.options.regex`` with
+    :data:`PLAN_REDACTION_REGEX` and ``spark.sql.redaction.string.regex`` with
+    :data:`PLAN_STRING_REDACTION_REGEX` (once each), so that no secret producer setting of a
+    write shows in its plan; called by :func:`kresilient.spark.register` and by every
+    ``engine="jvm"`` write."""
+    current = spark.conf.get(_OPTIONS_REDACTION_CONF, None)
+    if not current:
+        spark.conf.set(_OPTIONS_REDACTION_CONF, f"(?i)url|{PLAN_REDACTION_REGEX}")
+    elif PLAN_REDACTION_REGEX not in current:
+        spark.conf.set(_OPTIONS_REDACTION_CONF, f"{current}|{PLAN_REDACTION_REGEX}")
+    text = spark.conf.get(_STRING_REDACTION_CONF, None)
+    if not text:
+        spark.conf.set(_STRING_REDACTION_CONF, PLAN_STRING_REDACTION_REGEX)
+    elif PLAN_STRING_REDACTION_REGEX not in text:
+        spark.conf.set(_STRING_REDACTION_CONF, f"{text}|{PLAN_STRING_REDACTION_REGEX}")

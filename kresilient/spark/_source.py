@@ -38,9 +38,9 @@ kresilient`` alone never imports them.
 from __future__ import annotations
 
 import atexit
-import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -63,14 +63,16 @@ import structlog
 from opentelemetry import trace
 
 from kresilient.errors import ConfigError
-from kresilient.redaction import SECRET_KEYS, Redactor
+from kresilient.redaction import Redactor
 from kresilient.spark import _fork_guard
 from kresilient.spark._options import (
+    PLAN_REDACTION_REGEX,
     ColumnLayout,
     SchemaError,
     SinkOptions,
     column_layout,
     parse_options,
+    redact_plan_options,
 )
 from kresilient.spark._summary import (
     WriteSummary,
@@ -78,6 +80,7 @@ from kresilient.spark._summary import (
     latest_summary,
     store_summary,
     summarize,
+    summary_of,
 )
 from kresilient.spark._task import TaskReport, scrubbed
 from kresilient.spark._write import sink_producer_config, write_task
@@ -146,6 +149,7 @@ class _Plan:
                 batch_id=batch_id,
                 topic=self.options.topic,
                 guarantee=self.options.guarantee,
+                write_id=self.options.write_id,
             )
             s.set_attribute("kresilient.spark.rows", summary.rows)
             s.set_attribute("kresilient.spark.dead_lettered", summary.dead_lettered)
@@ -279,17 +283,6 @@ def _kafka_options(options: Mapping[str, str]) -> dict[str, str]:
     }
 
 
-#: Spark shows a write's options in its plan (``EXPLAIN``, the SQL tab of the UI, event logs),
-#: hiding only those whose key or value matches ``spark.redaction.regex`` (``secret``,
-#: ``password``, ``token``) or ``spark.sql.redaction.options.regex``. Some librdkafka secrets
-#: match neither (``ssl.key.pem``, ``sasl.oauthbearer.assertion.private.key.pem`` ...):
-#: :func:`register` adds every secret key of :mod:`kresilient.redaction` to the latter.
-PLAN_REDACTION_REGEX = (
-    "(?i)^kafka\\.(?:" + "|".join(re.escape(k) for k in sorted(SECRET_KEYS)) + ")$"
-)
-_OPTIONS_REDACTION_CONF = "spark.sql.redaction.options.regex"
-
-
 def register(spark: Any) -> None:
     """Register the ``kresilient`` format on ``spark`` (a ``SparkSession``); call it again in
     any other thread that writes with it (Spark finds the format through the thread's active
@@ -304,11 +297,7 @@ def register(spark: Any) -> None:
     """
     _fork_guard.install()  # a fork elsewhere in the driver must not cut this thread's py4j link
     _activate(spark)
-    current = spark.conf.get(_OPTIONS_REDACTION_CONF, None)
-    if not current:
-        spark.conf.set(_OPTIONS_REDACTION_CONF, f"(?i)url|{PLAN_REDACTION_REGEX}")
-    elif PLAN_REDACTION_REGEX not in current:
-        spark.conf.set(_OPTIONS_REDACTION_CONF, f"{current}|{PLAN_REDACTION_REGEX}")
+    redact_plan_options(spark)
     _ensure_summary_dir()
     # A subclass made here is pickled by value, so Spark's planning and commit processes see
     # this driver's summary directory.
@@ -397,8 +386,11 @@ def write(
         w = w.option("topic", topic)
     if dead_letter_topic is not None:
         w = w.option("deadLetterTopic", dead_letter_topic)
-    w.save()
-    return last_write_summary()
+    # This write's own summary: the newest one may be another thread's write or a streaming
+    # micro-batch that committed in between.
+    write_id = uuid.uuid4().hex
+    w.option("writeId", write_id).save()
+    return summary_of(_summary_dir, write_id)
 
 
 def write_stream(

@@ -16,7 +16,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WriteSummary", "all_summaries", "latest_summary", "store_summary", "summarize"]
+__all__ = [
+    "WriteSummary",
+    "all_summaries",
+    "latest_summary",
+    "store_summary",
+    "summarize",
+    "summary_of",
+]
 
 _KEEP = 200
 
@@ -46,6 +53,8 @@ class WriteSummary:
     #: ``"python"`` (the data source) or ``"jvm"`` (:func:`kresilient.spark.write` with
     #: ``engine="jvm"``: counts from observed metrics; ``tasks`` is not counted, 0).
     engine: str = "python"
+    #: The ``writeId`` option of the write (:func:`kresilient.spark.write` sets one per call).
+    write_id: str | None = None
 
     def to_json(self) -> str:
         """Serialise (JSON object)."""
@@ -68,6 +77,7 @@ def summarize(
     batch_id: int | None,
     topic: str | None,
     guarantee: str,
+    write_id: str | None = None,
 ) -> WriteSummary:
     """Add up the tasks' commit messages (``TaskReport``; ``None`` entries are skipped)."""
     tasks = rows = written = dead = retried = skipped = 0
@@ -99,6 +109,7 @@ def summarize(
         retried_tasks=retried,
         skipped_tasks=skipped,
         committed_at=time.time(),
+        write_id=write_id,
     )
 
 
@@ -106,7 +117,9 @@ def store_summary(directory: str | None, summary: WriteSummary) -> None:
     """Write ``summary`` into ``directory`` (atomically; keeps the newest few hundred)."""
     if not directory or not os.path.isdir(directory):
         return
-    name = f"{time.time_ns():020d}-{os.getpid()}.json"
+    # The write id in the name: summary_of() finds a write's own summary without reading
+    # the others (a streaming query or another thread may commit right after it).
+    name = f"{time.time_ns():020d}-{os.getpid()}-{summary.write_id or ''}.json"
     tmp = Path(directory) / f".{name}.tmp"
     tmp.write_text(summary.to_json())
     tmp.rename(Path(directory) / name)
@@ -120,6 +133,16 @@ def latest_summary(directory: str | None) -> WriteSummary | None:
     if not directory or not os.path.isdir(directory):
         return None
     names = sorted(p for p in os.listdir(directory) if p.endswith(".json"))
+    if not names:
+        return None
+    return WriteSummary.from_json((Path(directory) / names[-1]).read_text())
+
+
+def summary_of(directory: str | None, write_id: str) -> WriteSummary | None:
+    """The summary of the write whose ``writeId`` is ``write_id`` (``None``: not stored)."""
+    if not directory or not os.path.isdir(directory):
+        return None
+    names = sorted(p for p in os.listdir(directory) if p.endswith(f"-{write_id}.json"))
     if not names:
         return None
     return WriteSummary.from_json((Path(directory) / names[-1]).read_text())
