@@ -122,7 +122,7 @@ def test_message_timeout_is_reported_per_message_at_flush_and_not_possibly_persi
     for f in failures:
         assert f.classification.category is ErrorCategory.DELIVERY_TIMEOUT
         assert not f.classification.possibly_persisted
-        assert "never left the client" in f.classification.remedy
+        assert "never sent and was not written" in f.classification.remedy
         assert f.topic == "t" and f.key == b"k" and f.value_size == 2
         assert f.headers == [("h", b"1")]
     assert len(seen) == 5 and all(e is not None for e in seen)

@@ -1020,6 +1020,7 @@ class ResilientProducer:
             return self._flush_spooled(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         began = (self._produced(), self._refused)
+        delivered_before = self._delivered_at_least()
         remaining = 0
         while self._producer is not None:
             generation = self._recreations
@@ -1033,6 +1034,15 @@ class ResilientProducer:
             if self._recreations == generation:
                 break
         failures = self._take_failures()
+        if self._delivered_at_least() > delivered_before and (
+            self._unreachable_at is not None or self._reach.down_since is not None
+        ):
+            # A message was acknowledged during this flush: a broker is reached, now, which
+            # statistics would say only within statistics.interval.ms. Before the first
+            # statistics this keeps unreachable_timeout from failing the next messages of
+            # a producer that did reach the cluster; during an outage it is the end line.
+            self._reach.connected()
+            self._unreachable_at = None
         with self._lock:
             unaccounted, self._unaccounted = self._unaccounted, 0
         try:
@@ -1174,6 +1184,10 @@ class ResilientProducer:
         now = time.monotonic()
         if now < at or not len(producer):
             return False
+        if self._delivered_at_least() > 0:  # acknowledged: reached before statistics said so
+            self._reach.connected()
+            self._unreachable_at = None
+            return False
         if now - self._last_probe >= _PROBE_INTERVAL:
             self._last_probe = now
             if self._cluster_answers(producer):
@@ -1206,6 +1220,17 @@ class ResilientProducer:
                 note="no broker was ever reached: queued messages failed (never sent); see flush()",
             )
         return True
+
+    def _delivered_at_least(self) -> int:
+        """A lower bound of the messages acknowledged so far (no per-message counting): what
+        was queued minus what failed, awaits classification, or may still be in librdkafka
+        (its queue length also counts events, so this never overestimates)."""
+        queued = self._produced() - self._refused
+        producer = self._producer
+        held = len(producer) if producer is not None else 0
+        with self._lock:
+            failed = self._failed_total + self._unaccounted_total
+        return queued - failed - len(self._reported) - held
 
     def _cluster_answers(self, producer: Any) -> bool:
         """Does any broker answer a metadata request now (bounded at _PROBE_TIMEOUT)?"""
