@@ -223,6 +223,7 @@ class Seams(RuleBasedStateMachine):
         self.tracer_provider = TracerProvider()
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
         self.sent: dict[bytes, Sent] = {}
+        self.turn = 0
         self.book = Book()
         self.plain = ResilientProducer(self.producer_conf)
         self.dir = tempfile.mkdtemp(prefix="kresilient-seams-")
@@ -280,12 +281,18 @@ class Seams(RuleBasedStateMachine):
         RAN[f"produce {kind} via {via}"] += 1
         value = f"{kind}:{uuid.uuid4().hex}".encode()
         self.sent[value] = Sent(kind, self.src, key, value)
+        # round robin over the instances (``which`` shifts it): once a second spool or outbox
+        # exists, the very next records go through both
+        self.turn += 1 + which
         if via == "plain":
             self.plain.produce(self.src, value, key=key)
         elif via == "spool":
-            self.spooled[which % len(self.spooled)].produce(self.src, value, key=key)
+            self.spooled[self.turn % len(self.spooled)].produce(self.src, value, key=key)
         else:
-            engine, table, _ = self.outboxes[which % len(self.outboxes)]
+            index = self.turn % len(self.outboxes)
+            if index:
+                RAN["produce via a second outbox"] += 1
+            engine, table, _ = self.outboxes[index]
             with engine.begin() as conn:
                 outbox.enqueue(conn, table, topic=self.src, value=value, key=key)
 
@@ -591,6 +598,7 @@ def test_features_together_keep_the_invariants(kafka_cluster: KafkaCluster) -> N
     expected = {
         "open the spool again",
         "another outbox",
+        "produce via a second outbox",
         "forward headers downstream",
         "transactional dead letters, replay twice",
         "consume with 2 member(s)",
