@@ -462,6 +462,56 @@ def test_dead_letter_of_a_row_too_large_by_its_key_or_headers_does_not_fail_the_
     assert sorted(_ids(bootstrap, topic, committed=True)) == [0, 2, 3, 5]
 
 
+# --------------------------------------------------------------------------- issue 35 #4 audit
+def test_id_audit_transactional_ids_and_marker_keys_unique_per_query_stable_per_restart(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Issue 35 #4's audit, Spark part (no defect found): the sink mints no message ids; its
+    transactional ids, marker groups and marker keys are ``kresilient-<query id>-<partition>``,
+    the query id being Spark's persistent random UUID of the checkpoint: distinct for two
+    queries (and hosts), the same after a restart (it must be: that is what fences a zombie
+    attempt). An explicit ``transactionalIdPrefix`` reused by another query is refused by
+    the marker's query id, also once the group offsets expired (durable marker record)."""
+    from kresilient.errors import ReplayMismatchError
+    from kresilient.spark._eos import transactional_prefix
+
+    opts = parse_options({"kafka.bootstrap.servers": "x:1", "topic": "t"})
+    q1, q2 = str(uuid.uuid4()), str(uuid.uuid4())
+    ids = {
+        transactional_prefix(opts, TaskInfo(partition_id=0, attempt=a, batch_id=b, query_id=q))
+        for q in (q1, q2)
+        for a, b in ((0, 0), (3, 7))  # attempts and batches (a restart) of one query
+    }
+    assert ids == {f"kresilient-{q1}", f"kresilient-{q2}"}
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = topic_factory(), topic_factory()
+    prefix = f"kr-seams-{uuid.uuid4().hex[:8]}"
+    first = _run(
+        bootstrap,
+        [_batch(range(5))],
+        info=TaskInfo(partition_id=0, attempt=0, batch_id=0, query_id=q1),
+        topic=topic,
+        deadLetterTopic=dlq,
+        guarantee="exactly_once",
+        transactionalIdPrefix=prefix,
+    )
+    assert first.written == 5
+    group = f"{prefix}-0"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_consumer_groups([group], request_timeout=30)[group].result()  # "expired"
+    with pytest.raises(ReplayMismatchError, match="was used by streaming query"):
+        _run(
+            bootstrap,
+            [_batch(range(5))],
+            info=TaskInfo(partition_id=0, attempt=0, batch_id=0, query_id=q2),
+            topic=topic,
+            deadLetterTopic=dlq,
+            guarantee="exactly_once",
+            transactionalIdPrefix=prefix,
+        )
+    assert sorted(_ids(bootstrap, topic, committed=True)) == list(range(5))
+
+
 # --------------------------------------------------------------------------- with Spark
 @pytest.fixture(scope="module", name="spark")
 def _spark() -> Iterator[Any]:
