@@ -1162,6 +1162,8 @@ class AsyncResilientConsumer:
             attempts=attempts,
             classification=classification,
             trace_context=self._tel.trace_carrier() or None,
+            # this consumer's secrets out of the exception text, whatever writes the record
+            redact=self._scrub,
         )
         tries = 0
         part.held = True
