@@ -315,11 +315,16 @@ def test_producer_not_closed_is_never_logged_after_producer_closed(closed_port: 
 
 _HEALTHY_CHILD = textwrap.dedent(
     """
-    import sys
-    import kresilient.logging
+    import logging, sys
+    import structlog
     from kresilient import ResilientProducer
 
-    kresilient.logging.configure()  # INFO, stderr
+    # what kresilient.logging.configure() does (tests/test_logging.py), spelled out so the
+    # test runs against a kresilient without it: INFO and above, on stderr
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+    )
     with ResilientProducer({"bootstrap.servers": sys.argv[1]}) as producer:
         for n in range(100):
             producer.produce(sys.argv[2], b"order %d" % n, key=b"c%d" % (n % 7))
