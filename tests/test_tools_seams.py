@@ -329,6 +329,7 @@ def test_group_lag_when_list_offsets_times_out_is_unknown_not_a_crash_fake(
     assert finding.severity == Severity.WARNING and "lag unknown" in finding.message
 
 
+@pytest.mark.integration
 def test_fake_check_that_raises_is_a_finding_naming_the_check_and_the_reason(
     monkeypatch: pytest.MonkeyPatch, kafka_cluster: KafkaCluster
 ) -> None:
