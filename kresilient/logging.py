@@ -9,7 +9,7 @@ small service that has no logging set-up of its own calls this once at start::
     import kresilient.logging
 
     kresilient.logging.configure()            # INFO and above, on stderr
-    kresilient.logging.configure("DEBUG")     # every lifecycle and per-message event
+    # or: kresilient.logging.configure("DEBUG")  every lifecycle and per-message event
 
 It sets structlog's processors (log level, an ISO timestamp, the console renderer without
 colours), a filtering wrapper at ``level`` and a logger factory writing to ``stream``.
@@ -51,8 +51,9 @@ def configure(level: int | str = "INFO", stream: TextIO | None = None) -> None:
         stream: where lines go; ``None`` (the default) is ``sys.stderr`` as it is at the
             time of the call, so program output on stdout stays clean.
 
-    Replaces any structlog configuration made before (structlog's configuration is
-    process-global); loggers already bound keep working and follow the new configuration.
+    Call it first, before creating kresilient clients: a client binds its structlog logger
+    when it is made, and a bound logger keeps the configuration of that moment. Replaces any
+    structlog configuration made before (structlog's configuration is process-global).
     """
     number = _level_number(level)
     out = sys.stderr if stream is None else stream

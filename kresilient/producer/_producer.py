@@ -1212,7 +1212,7 @@ class ResilientProducer:
         allowed, suppressed = self._limiter.check("unreachable_purge")
         if allowed:
             self._log.error(
-                "kafka_unreachable_messages_failed",
+                "unreachable_messages_failed",
                 bootstrap_servers=self._servers,
                 hosts=self._scrub(self._reach.summary()),
                 unreachable_timeout=waited,
