@@ -515,10 +515,12 @@ def test_id_audit_transactional_ids_and_marker_keys_unique_per_query_stable_per_
 # --------------------------------------------------------------------------- with Spark
 @pytest.fixture(scope="module", name="spark")
 def _spark() -> Iterator[Any]:
+    from kresilient.spark import register
     from kresilient.spark.connector import connector_jars
     from kresilient.spark.testing import local_session
 
     spark = local_session("kresilient-spark-seams", master="local[2,3]", jars=connector_jars())
+    register(spark)
     yield spark
     spark.stop()
 
@@ -695,3 +697,56 @@ def test_jvm_engine_secret_option_not_in_the_plan_graph(
         descriptions += [str(nodes.apply(n).desc()) for n in range(nodes.size())]
     assert any("KafkaWrite" in d for d in descriptions), "no write node: proves nothing"
     assert not any(_CREDENTIAL in d for d in descriptions)
+
+
+@pytest.mark.streaming_source
+def test_streaming_restart_after_marker_topic_deleted_fails_naming_it(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
+) -> None:
+    """Issue 37 #3 end to end: an exactly-once query commits a micro-batch, stops; its marker
+    topic is deleted; the restarted query (same checkpoint) fails naming the topic, and the
+    topic is not recreated. Control: the first start created it (a new query)."""
+    from pyspark.errors import StreamingQueryException
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "part-000.csv").write_text("".join(f"{i}\n" for i in range(50)))
+    topic, dlq = topic_factory(), topic_factory()
+    markers = f"t-markers-{uuid.uuid4().hex[:8]}"
+    checkpoint = tmp_path / "checkpoint"
+
+    def start() -> Any:
+        return (
+            spark.readStream.schema("id LONG")
+            .csv(str(source))
+            .selectExpr("unhex(lpad(hex(id), 16, '0')) AS key", "CAST('v' AS BINARY) AS value")
+            .writeStream.format("kresilient")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", topic)
+            .option("deadLetterTopic", dlq)
+            .option("guarantee", "exactly_once")
+            .option("markerTopic", markers)
+            .option("checkpointLocation", str(checkpoint))
+            .start()
+        )
+
+    first = start()
+    try:
+        first.processAllAvailable()
+    finally:
+        first.stop()
+    assert _topic_exists(bootstrap, markers)  # control: created for the new query
+    assert sorted(_ids(bootstrap, topic, committed=True)) == list(range(50))
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([markers], operation_timeout=30)[markers].result()
+    deadline = time.monotonic() + 60
+    while _topic_exists(bootstrap, markers) and time.monotonic() < deadline:
+        time.sleep(0.2)  # until every broker's metadata has dropped it
+    assert not _topic_exists(bootstrap, markers)
+    (source / "part-001.csv").write_text("".join(f"{i}\n" for i in range(50, 60)))
+    second = start()
+    with pytest.raises(StreamingQueryException, match="committed micro-batch") as info:
+        second.awaitTermination(120)
+    assert markers in str(info.value)
+    assert not _topic_exists(bootstrap, markers), "the marker topic was recreated empty"
