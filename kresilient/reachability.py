@@ -508,7 +508,7 @@ class Reachability:
     def connected(self) -> None:
         """A broker connection works (statistics, or a group assignment): a refusal seen
         before is no longer the reason for anything, and an "every broker is down" condition
-        that was logged ends with ONE ``kafka_reachable`` line."""
+        that was logged ends with ONE ``kafka_reachable`` line (at the start line's level)."""
         self.ever_connected = True
         self.refused = None
         self.all_brokers_down = False
@@ -518,7 +518,9 @@ class Reachability:
         suppressed = self._limiter.suppressed("*")
         self._limiter.reset("*")
         if began is not None:
-            self._log.info(
+            # at the start line's level: whoever filters at WARNING saw the start and must
+            # see that it ended (else it reads as an outage still going on)
+            self._log.warning(
                 "kafka_reachable",
                 unreachable_for_s=round(self._clock() - began, 1),
                 suppressed=suppressed,

@@ -199,7 +199,7 @@ def test_unreachable_condition_is_one_line_when_it_starts_and_one_when_it_ends(
     assert events.count("kafka_reachable") == 1, events
     assert events.index("kafka_unreachable") < events.index("kafka_reachable")
     (end,) = [e for e in everything if e["event"] == "kafka_reachable"]
-    assert end["unreachable_for_s"] > 0 and end["log_level"] == "info"
+    assert end["unreachable_for_s"] > 0 and end["log_level"] == "warning"  # as the start
 
 
 def test_a_producer_that_reached_the_cluster_keeps_waiting_message_timeout(
