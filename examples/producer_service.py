@@ -10,19 +10,19 @@ exactly once and in order. On an external cluster the kill is skipped.
 
 from __future__ import annotations
 
-import logging
 import time
 
 import structlog
 from confluent_kafka import Consumer, TopicPartition
 
+import kresilient.logging
 from kresilient import DeliveryError, ResilientProducer
 from kresilient.testing import KafkaCluster
 
 ORDERS = 30_000
 TOPIC = f"orders-{int(time.time())}"
 
-structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+kresilient.logging.configure()  # INFO and above on stderr: stdout keeps the program's output
 log = structlog.get_logger("producer_service")
 
 
