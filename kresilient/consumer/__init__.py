@@ -10,8 +10,17 @@ from kresilient.consumer._breaker import CircuitBreaker
 from kresilient.consumer._consumer import *  # noqa: F403
 from kresilient.consumer._consumer import __all__ as _consumer_all
 from kresilient.consumer._failures import poison
+from kresilient.consumer._outage import OutageDecision, OutageDetector
 from kresilient.consumer._registry import registry_classification
 
-# CircuitBreaker (the running state of a CircuitBreakerPolicy) and poison (the classification
-# of a failure the retry policy does not retry) are shared with kresilient.aio.
-__all__ = [*_consumer_all, "CircuitBreaker", "poison", "registry_classification"]
+# CircuitBreaker (the running state of a CircuitBreakerPolicy), poison (the classification
+# of a failure the retry policy does not retry) and OutageDetector (record or dependency?)
+# are shared with kresilient.aio.
+__all__ = [
+    *_consumer_all,
+    "CircuitBreaker",
+    "OutageDecision",
+    "OutageDetector",
+    "poison",
+    "registry_classification",
+]

@@ -132,6 +132,9 @@ class BatchProcessor:
         holds = self.holds.by_tp
         dedupe = self.dedupe
         on_failure = self.failures.on_failure
+        if hold is not None and hold.probe is not None:
+            self._probe(group, todo, tp, hold)
+            return
         try:
             if todo:
                 self.call(todo)
@@ -169,6 +172,48 @@ class BatchProcessor:
         finally:
             self.holds.excluded.clear()
 
+    def _probe(self, group: list[Message], todo: list[Message], tp: TP, hold: Hold) -> None:
+        """The run after a held record whose retries are exhausted, tried as evidence
+        (:mod:`kresilient.consumer._outage`): handled (or items before a
+        :class:`BatchItemError`), the held record is dead-lettered; failed at its first item,
+        the held record is held as an outage and this run fetched again after it."""
+        failures = self.failures
+        try:
+            if not todo:  # all skipped duplicates: nothing learnt, the probe moves on
+                failures.probe_failed(hold, group[-1], None)
+                return
+            try:
+                self.call(todo)
+            except BatchItemError as exc:
+                self._fail(exc.failure())
+                index = exc.index
+                if not 0 < index < len(todo):
+                    failures.probe_failed(hold, todo[0], exc.failure() if index == 0 else exc)
+                    return
+                self._credit(index)
+                self._remember(todo[:index])
+                failures.probe_succeeded(hold, todo[0])
+                failed = todo[index]
+                failures.on_failure(failed, exc.failure())
+                if tp not in self.holds.by_tp:
+                    after = failed.offset()
+                    assert after is not None
+                    rest = [m for m in group if m.offset() > after]  # type: ignore[operator]
+                    if rest:
+                        self.holds.give_back(rest)
+            except Exception as exc:
+                self._fail(exc)
+                failures.probe_failed(hold, todo[0], exc)
+            else:
+                failures.probe_succeeded(hold, todo[0])  # its dead letter first, then past it
+                last = group[-1].offset()
+                assert last is not None
+                self.offsets.store(tp, last + 1, group[-1].leader_epoch())
+                self._credit(len(todo))
+                self._remember(todo)
+        finally:
+            self.holds.excluded.clear()
+
     def _fail(self, exc: BaseException) -> None:
         """Record the handler's failure on the current span (traced calls only)."""
         self._failed = True
@@ -185,3 +230,5 @@ class BatchProcessor:
         self.state.processed += count
         if self.breaker is not None:
             self.breaker.record_successes(count)
+        if count > 0:
+            self.failures.succeeded()  # evidence the dependencies work (ends an outage)

@@ -20,8 +20,9 @@ What it adds to ``confluent_kafka.Consumer`` (see docs/consumer.md):
   ``<topic>.retry.<delay>`` topics instead of holding the partition;
 * **crash-loop protection**: a record during which the process died ``max_process_deaths``
   times (counted in the committed offset's metadata) is dead-lettered as ``crash_loop``;
-* **Schema Registry outages** (5xx, 429, timeouts) hold the partition instead of
-  dead-lettering good records;
+* **bad record or bad dependency**: distinct records failing in a row (or a Schema Registry
+  5xx/429/timeout) are a dependency outage: the partitions are held and the same record
+  retried, nothing is dead-lettered, until a record succeeds (:mod:`._outage`);
 * **probes**: ``/live`` and ``/ready`` over HTTP (``health_port``), lag gauges;
 * **deduplication** (``dedupe=``, a :class:`~kresilient.dedupe.Deduplicator`): a record
   marked ``kresilient.possible.duplicate: true`` whose ``kresilient.message.id`` was processed
@@ -98,6 +99,7 @@ from kresilient.telemetry import Telemetry
 
 __all__ = [
     "NOT_RETRIED",
+    "OUTAGE_LIMIT_S",
     "OUTAGE_RETRY",
     "BatchItemError",
     "ConsumerHealth",
@@ -111,9 +113,12 @@ BatchHandler = Callable[[list[Message]], object]
 RebalanceListener = Callable[[list[TopicPartition]], object]
 
 _DEFAULT_RETRY: Final = RetryPolicy()
-#: A Schema Registry outage: hold the record until the registry answers (backoff to 10 s).
+#: A dependency outage (distinct records failing in a row, or a Schema Registry outage): the
+#: record is held and retried with backoff 0.5 s doubling to 10 s, for at most 10 minutes
+#: per record (the outage limit; then it is dead-lettered, and the breaker counts it).
+OUTAGE_LIMIT_S: Final = 600.0
 OUTAGE_RETRY: Final = RetryPolicy(
-    stop=tenacity.stop_never,
+    stop=tenacity.stop_after_delay(OUTAGE_LIMIT_S),
     wait=tenacity.wait_exponential(multiplier=0.5, max=10),
     retry=tenacity.retry_always,
 )
@@ -137,7 +142,9 @@ class ConsumerHealth:
     ``held_partitions``: the partitions paused for a retry (topic, partition, offset,
     attempts, resumed); ``rebalances``: assigned/revoked/lost
     callbacks so far; ``circuit_breaker``: its state (``None`` without a breaker);
-    ``leadership``: the leadership monitor's snapshot.
+    ``leadership``: the leadership monitor's snapshot; ``outage``: the dependency outage in
+    progress (records held, nothing dead-lettered; docs/consumer.md, "Bad record or bad
+    dependency"), or ``None``.
     ``as_dict()`` gives the plain dict; ``health()["processed"]`` (the dict access of 0.1)
     still works until the next minor version, with a :class:`DeprecationWarning`.
     """
@@ -160,6 +167,9 @@ class ConsumerHealth:
     crash_loops: int = 0  #: records dead-lettered for killing the process (crash_loop)
     duplicates_skipped: int = 0  #: possible duplicates skipped by ``dedupe``
     blocked_keys: int = 0  #: keys held behind a record in a retry topic (``ordered=True``)
+    #: the dependency outage in progress (``since_s``, ``error_type``, ``error`` redacted,
+    #: ``failures``, ``outages`` so far), ``None`` when there is none
+    outage: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict (what ``health()`` returned in 0.1)."""
@@ -240,11 +250,17 @@ class ResilientConsumer:
             partition; after the last tier, the dead-letter topic. Per-message handlers and
             literal topic names only. Per-key order is given up for the records moved, unless
             ``RetryTopicPolicy(ordered=True)``: later records of their keys follow them.
-        outage_retry: the policy for failures that are a Schema Registry outage (5xx, 429,
-            timeout, connection failure, 401/403 anywhere in the exception chain): the record's
-            partition is held (paused, polling on) and retried under it; default
-            :data:`OUTAGE_RETRY`, until the registry answers. ``None``: such failures are
-            handled like any other (the deserializer's are dead-lettered at once).
+        outage_retry: the policy while a dependency is down: distinct records failing in a
+            row with a retriable error and no success between, or a Schema Registry outage
+            (5xx, 429, timeout, connection failure, 401/403 anywhere in the exception chain).
+            The failed records' partitions are held (paused, polling on), the same record
+            retried under it, nothing dead-lettered; ``health().outage``, ``/ready`` and a
+            WARNING when it starts and ends report it. Its ``stop`` is the outage limit per
+            record (then dead-lettered). Default :data:`OUTAGE_RETRY` (0.5 s doubling to
+            10 s, 10 minutes). A record whose ``retry`` policy is exhausted while no other
+            record succeeded since its first failure is not dead-lettered before the next
+            record was tried (docs/consumer.md). ``None``: no outage detection, every
+            failure is the record's (``retry``, then the dead-letter topic).
         dead_letter: the :class:`~kresilient.DeadLetterPolicy`; ``None``: no dead-letter
             topic, a message that exhausts its retries stops the consumer (its offset is not
             committed) and ``run()`` raises its exception.
@@ -560,6 +576,7 @@ class ResilientConsumer:
             max_poll_s=max_poll_interval(cfg),
             batch_started=lambda: self._watchdog.started,
             group=self.group_id,
+            outage=failures.detector,
         )
         events.probes = self._probes
         self._health_addr = (health_host, health_port)
@@ -837,7 +854,7 @@ class ResilientConsumer:
         holds = self._holds.by_tp
         on_failure = self._failures.on_failure
         state.batch = msgs
-        state.nonsuccess = state.credited = 0
+        state.nonsuccess = state.credited = state.reported = 0
         state.batch_errors = False
         msg: Message | None = None
         try:
@@ -983,6 +1000,9 @@ class ResilientConsumer:
             )
             del holds[hold.tp]
         keys = self._failures.keys
+        if verdict is Verdict.PROBE:
+            self._probe(hold, msg)
+            return
         if self._dedupe is not None and self._dedupe.is_duplicate(self._original(msg)):
             # the held record's next attempt, or a retry-topic record deferred to its due time
             # (whose first delivery never reached the dedupe check): a marked copy whose id was
@@ -1013,7 +1033,7 @@ class ResilientConsumer:
         if verdict is Verdict.RETRY:
             holds.pop(hold.tp, None)
             self._holds.excluded.discard(hold.tp)
-            self._log.info(
+            self._log.debug(
                 "message_retry_succeeded",
                 topic=hold.tp[0],
                 partition=hold.tp[1],
@@ -1021,6 +1041,29 @@ class ResilientConsumer:
                 attempts=hold.attempts + 1,
                 held_s=round(time.monotonic() - hold.first_failure, 3),
             )
+
+    def _probe(self, hold: Hold, msg: Message) -> None:
+        """``msg``, after a held record whose retries are exhausted, tried as evidence
+        (:mod:`kresilient.consumer._outage`): handled, the held record is dead-lettered and
+        the partition continues; failed, the held record is held as an outage. Called
+        without the process span and the routes (its failure must reach the probe's
+        decision, not the retry/dead-letter one)."""
+        state = self._state
+        failures = self._failures
+        dedupe = self._dedupe
+        if dedupe is not None and dedupe.is_duplicate(self._original(msg)):
+            state.nonsuccess += 1  # not handled: fetched again (and skipped) after the hold
+            failures.probe_failed(hold, msg, None)
+            return
+        try:
+            self._inner(msg)
+        except Exception as exc:
+            state.nonsuccess += 1
+            failures.probe_failed(hold, msg, exc)
+            return
+        if dedupe is not None:
+            dedupe.processed(self._original(msg))
+        failures.probe_succeeded(hold, msg)
 
     def _finish(self, msgs: list[Message], last_seen: Message | None, *, done: bool = True) -> None:
         """Store the offsets of what this batch processed; give back the rest on overrun.
@@ -1046,6 +1089,9 @@ class ResilientConsumer:
         self._offsets.store_last(last)  # type: ignore[arg-type]
         ok = n - state.nonsuccess
         state.processed += ok
+        if ok > state.reported and self._failures.detector is not None:
+            state.reported = ok
+            self._failures.succeeded()  # evidence the dependencies work (ends an outage)
         if self._breaker is not None and ok > state.credited:
             self._breaker.record_successes(ok - state.credited)
         state.batch = []
@@ -1182,6 +1228,9 @@ class ResilientConsumer:
             crash_loops=self._crash.crash_loops if self._crash is not None else 0,
             duplicates_skipped=state.duplicates,
             blocked_keys=len(self._failures.keys) if self._failures.keys is not None else 0,
+            outage=self._failures.detector.snapshot()
+            if self._failures.detector is not None
+            else None,
         )
 
     @property

@@ -27,6 +27,7 @@ from kresilient.consumer._breaker import CircuitBreaker
 from kresilient.consumer._crashloop import is_crash_loop
 from kresilient.consumer._holds import TP, Hold, Holds, LoopState
 from kresilient.consumer._offsets import MovedHandle, OffsetKeeper
+from kresilient.consumer._outage import OutageDecision, OutageDetector
 from kresilient.consumer._registry import is_outage, outage_classification
 from kresilient.consumer._retrytopics import (
     KeyBlocked,
@@ -59,6 +60,16 @@ if TYPE_CHECKING:
     from kresilient.telemetry import Telemetry
 
 __all__ = ["DeadLetterSink", "FailureHandler", "poison"]
+
+#: Probes in a row that prove nothing (poison, crash loops) before the held record is retried.
+_MAX_PROBES: Final = 10
+#: How long a probe waits for its record before the held record is retried instead (a probe
+#: moved on or retried: the record is known to exist).
+_PROBE_WAIT: Final = 30.0
+#: The least a first probe waits for a record after the held one before retrying the held one.
+_PROBE_MIN_WAIT: Final = 5.0
+#: The exception text in a log line is cut here (the dead-letter header keeps 4 KiB).
+_ERROR_TEXT: Final = 500
 
 _POISON_REMEDY: Final = (
     "The handler rejected this record and the retry policy does not retry that exception "
@@ -223,6 +234,10 @@ class FailureHandler:
         self.offsets = offsets
         self.retrying = retrying
         self.outage_retrying = outage_retrying
+        #: record or dependency (``None``: ``outage_retry=None``, every failure is the record's)
+        self.detector: OutageDetector | None = (
+            OutageDetector() if outage_retrying is not None else None
+        )
         self.retry_topics = retry_topics
         self.moved = 0  #: records written to a retry topic (acknowledged or not)
         #: the blocked keys of ``RetryTopicPolicy(ordered=True)``
@@ -263,17 +278,25 @@ class FailureHandler:
         After a 2nd signal a failure is the interruption (its ``KeyboardInterrupt`` turned
         into ``exc`` by the code it landed in, or swallowed there): ``KeyboardInterrupt`` is
         raised, so the message stays uncommitted and is neither retried nor dead-lettered.
+
+        Record or dependency (:mod:`kresilient.consumer._outage`): poison is dead-lettered at
+        once; a retriable failure during a dependency outage (or starting one) is held under
+        ``outage_retry``; otherwise the ``RetryPolicy`` (or ``retry_topics``) applies, and
+        once it is exhausted the record is dead-lettered only if other records succeeded
+        since its first failure (else the next record is probed).
         """
         if self.interrupted():
             raise KeyboardInterrupt from exc
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         assert topic is not None and partition is not None and offset is not None
         tp = (topic, partition)
+        self.report_successes(msg)
         holds, excluded = self.holds.by_tp, self.holds.excluded
         was_excluded = tp in excluded
         excluded.add(tp)
         self.offsets.store(tp, offset, msg.leader_epoch())  # everything before it is done
         now = time.monotonic()
+        detector = self.detector
         hold = holds.get(tp)
         if hold is None or hold.offset != offset:
             hold = Hold(
@@ -281,58 +304,337 @@ class FailureHandler:
                 offset=offset,
                 first_failure=now,
                 state=tenacity.RetryCallState(self.retrying, None, (), {}),
+                mark=detector.mark() if detector is not None else 0,
             )
             holds[tp] = hold
         hold.attempts += 1
+        hold.failed, hold.exc, hold.batch = msg, exc, batch
         # only the registry's own failures (its client, the deserialization step): the same
-        # transport error from the handler's own HTTP dependency follows the user's policy
-        outage = outage_classification(exc) if self.outage_retrying is not None else None
-        if outage is not None and is_outage(outage):
-            # the Schema Registry is down, not the record: hold under the outage policy
-            if self._outage_retry(hold, exc, outage, now):
-                return
-            classification = outage
-            del holds[tp]
-            self._dead_letter(tp, hold.attempts, batch or [msg], exc, classification)
-            if not was_excluded:
-                excluded.discard(tp)
-            return
-        if (
-            self.retry_topics is not None
-            and not self.batch_mode
-            and not is_crash_loop(exc)
-            and self.retry_topics.retries(exc)
-        ):
-            del holds[tp]
-            self._move(tp, msg, exc, hold.attempts)
-            if not was_excluded:
-                excluded.discard(tp)
-            return
+        # transport error from the handler's own HTTP dependency is judged by the evidence
+        registry = outage_classification(exc) if detector is not None else None
+        classification = registry if registry is not None else classify(exc)
         state = hold.state
         if state is None:  # a deferred retry-topic record (not due when first fetched)
             state = hold.state = tenacity.RetryCallState(self.retrying, None, (), {})
-        state.attempt_number = hold.attempts - hold.outages
+        state.attempt_number = max(hold.attempts - hold.retry_base, 1)
         state.set_exception((type(exc), exc, exc.__traceback__))
-        classification = outage if outage is not None else classify(exc)
-        retrying = self.retrying
-        if outage is not None:  # registry said 4xx (schema unknown): poison, at once
-            pass
+        # which way a retriable failure goes: a retry topic, or held in place
+        to_topic = (
+            self.retry_topics is not None
+            and not self.batch_mode
+            and registry is None
+            and self.retry_topics.retries(exc)
+        )
+        if registry is not None and not is_outage(registry):
+            pass  # the registry said 4xx (schema unknown): poison, at once
         elif is_crash_loop(exc):  # the process died on it max_process_deaths times: no retry
             classification = exc.classification  # type: ignore[attr-defined]
             hold.attempts = int(getattr(exc, "deaths", hold.attempts))
-        elif not retrying.retry(state):
-            classification = poison(classification)
+        elif registry is None and not to_topic and not self.retrying.retry(state):
+            classification = poison(classification)  # no evidence of an outage either way
         else:
+            if detector is not None:
+                if detector.failure(
+                    self._identity(msg),
+                    error_type=type(exc).__name__,
+                    error=self._error_text(exc),
+                    classified=registry is not None,
+                ):
+                    self._outage_started(hold)
+                if detector.active:
+                    # a dependency outage: hold the record, dead-letter nothing (not even to
+                    # a retry topic: the next tier would fail the same way)
+                    self._note_outage()
+                    if not self._outage_retry(hold, exc, classification, now):
+                        self._give_up(hold, was_excluded, exc, classification, limit=True)
+                    return
+            if to_topic:
+                del holds[tp]
+                self._move(tp, msg, exc, hold.attempts)
+                if not was_excluded:
+                    excluded.discard(tp)
+                return
+            retrying = self.retrying
             delay = float(retrying.wait(state))
             state.upcoming_sleep = delay
             if not retrying.stop(state):
                 state.idle_for += delay
                 self._schedule_retry(hold, exc, classification, now + delay, delay)
                 return
-        del holds[tp]  # a failure is always of a delivered (so unpaused) message
-        self._dead_letter(tp, hold.attempts, batch or [msg], exc, classification)
+            if detector is not None:
+                decision = detector.exhausted(hold.mark)
+                held = decision is not OutageDecision.DEAD_LETTER
+                if decision is OutageDecision.PROBE:
+                    held = self._probe(hold, exc, classification, now)
+                elif decision is OutageDecision.HOLD:
+                    held = self._outage_retry(hold, exc, classification, now)
+                if held:
+                    return
+                if decision is not OutageDecision.DEAD_LETTER:
+                    self._give_up(hold, was_excluded, exc, classification, limit=True)
+                    return
+        self._give_up(hold, was_excluded, exc, classification)
+
+    def _give_up(
+        self,
+        hold: Hold,
+        was_excluded: bool,
+        exc: BaseException,
+        classification: Classification,
+        *,
+        limit: bool = False,
+    ) -> None:
+        """Dead-letter the held record (its final failure, logged at WARNING)."""
+        tp = hold.tp
+        self.holds.by_tp.pop(tp, None)
+        msgs = hold.batch or [hold.failed]
+        self._final_failure(hold, exc, classification, limit=limit)
+        self._dead_letter(tp, hold.attempts, msgs, exc, classification)
         if not was_excluded:
-            excluded.discard(tp)  # the rest of the partition flows and is stored
+            self.holds.excluded.discard(tp)  # the rest of the partition flows and is stored
+
+    def _final_failure(
+        self, hold: Hold, exc: BaseException, classification: Classification, *, limit: bool
+    ) -> None:
+        """The one line a person reads about a record given up on (the exception's text,
+        redacted), before its dead letter."""
+        self.log.warning(
+            "message_failed",
+            topic=hold.tp[0],
+            partition=hold.tp[1],
+            offset=hold.offset,
+            attempts=hold.attempts,
+            error_type=type(exc).__name__,
+            error=self._error_text(exc),
+            category=classification.category.value,
+            reason=(
+                "the dependency outage limit (outage_retry) was reached"
+                if limit
+                else "poison (not retried)"
+                if classification.category is ErrorCategory.POISON
+                else "failed while other records succeeded"
+                if self.detector is not None
+                else "retries exhausted"
+            ),
+        )
+
+    def _identity(self, msg: Message) -> tuple[str | None, int | None, int | None]:
+        """The record a failure is of, for the detector: a record of this consumer's retry
+        topics is its ORIGINAL record (failing again in its next tier is no second record)."""
+        if self.retry_map and msg.topic() in self.retry_map:
+            view = RetryView(msg)
+            return (view.topic(), view.partition(), view.offset())
+        return (msg.topic(), msg.partition(), msg.offset())
+
+    def _error_text(self, exc: BaseException) -> str:
+        text = self.redact(str(exc) or type(exc).__name__)
+        return text if len(text) <= _ERROR_TEXT else text[:_ERROR_TEXT] + "..."
+
+    # ------------------------------------------------------------------ evidence
+
+    def report_successes(self, msg: Message | None = None) -> None:
+        """Tell the detector about the successes of this batch before ``msg`` (per-message
+        mode; ``None``: the whole batch, at its end)."""
+        detector, state = self.detector, self.state
+        if detector is None or self.batch_mode or not state.batch:
+            return
+        if msg is None:
+            ok = len(state.batch) - state.nonsuccess
+        else:
+            try:
+                ok = state.batch.index(msg) - state.nonsuccess
+            except ValueError:
+                return
+        if ok > state.reported:
+            state.reported = ok
+            self.succeeded()
+
+    def succeeded(self) -> None:
+        """Records were handled: evidence the dependency works (ends an outage)."""
+        detector = self.detector
+        if detector is not None and detector.success():
+            self._outage_ended(detector)
+
+    def _outage_started(self, hold: Hold) -> None:
+        detector = self.detector
+        assert detector is not None
+        self.log.warning(
+            "dependency_outage_started",
+            topic=hold.tp[0],
+            partition=hold.tp[1],
+            offset=hold.offset,
+            error_type=detector.error_type,
+            error=detector.error,
+            note="distinct records fail in a row with no success between: the records are "
+            "held and retried (outage_retry), nothing is dead-lettered until a record succeeds",
+        )
+
+    def _note_outage(self) -> None:
+        detector = self.detector
+        assert detector is not None
+        held = detector.reminder()
+        if held is not None:
+            self.log.warning(
+                "dependency_outage_continues",
+                since_s=round(detector.duration(), 1),
+                failures=detector.failures,
+                suppressed=held,
+                error_type=detector.error_type,
+                held_partitions=len(self.holds.by_tp),
+            )
+
+    def _outage_ended(self, detector: OutageDetector) -> None:
+        """The first success after an outage: log it once; the records it held are retried at
+        once, each with its RetryPolicy's whole budget again."""
+        now = time.monotonic()
+        for hold in self.holds.by_tp.values():
+            if hold.outage_state is None:
+                continue
+            hold.outage_state = None
+            hold.retry_base = hold.attempts
+            hold.state = tenacity.RetryCallState(self.retrying, None, (), {})
+            hold.mark = detector.mark()
+            if not hold.resumed:
+                hold.due = min(hold.due, now)
+        self.log.warning(
+            "dependency_outage_ended",
+            lasted_s=round(detector.last_duration or 0.0, 3),
+            failures=detector.last_failures,
+            error_type=detector.error_type,
+        )
+
+    def _probe(
+        self, hold: Hold, exc: BaseException, classification: Classification, now: float
+    ) -> bool:
+        """No evidence: try the record after the held one (the held one stays held: its
+        offset is not passed); if none comes by the outage policy's next wait, the held one
+        is retried. False: the outage limit was reached."""
+        delay = self._outage_wait(hold, exc)
+        if delay is None:
+            return False
+        # after the held record, or after the whole run a batch handler failed as one
+        last = hold.batch[-1].offset() if hold.batch else None
+        self.state.retries += 1
+        # the probe's record is fetched within milliseconds when there is one: the wait is
+        # for a partition with nothing after the held record (at least _PROBE_MIN_WAIT)
+        until = now + max(delay, _PROBE_MIN_WAIT)
+        self._probe_at(hold, (last if last is not None else hold.offset) + 1, now, until)
+        self.log.debug(
+            "message_probe_scheduled",
+            topic=hold.tp[0],
+            partition=hold.tp[1],
+            offset=hold.offset,
+            probe=hold.probe,
+            attempts=hold.attempts,
+            error_type=type(exc).__name__,
+            category=classification.category.value,
+        )
+        return True
+
+    def probe_succeeded(self, hold: Hold, msg: Message) -> None:
+        """The probe ``msg`` was handled: the held record kept failing while another record
+        succeeded, so it is dead-lettered; the partition continues after the probe."""
+        tp = hold.tp
+        self.report_successes(msg)
+        self.succeeded()
+        exc = hold.exc
+        assert exc is not None
+        self.holds.by_tp.pop(tp, None)
+        classification = classify(exc)
+        self._final_failure(hold, exc, classification, limit=False)
+        self._dead_letter(tp, hold.attempts, hold.batch or [hold.failed], exc, classification)
+        self.holds.excluded.discard(tp)
+
+    def probe_failed(self, hold: Hold, msg: Message, exc: BaseException | None) -> None:
+        """The probe ``msg`` failed (``exc``) or was not handled (``None``: a duplicate
+        ``dedupe`` skips).
+
+        What proves nothing (poison, a crash loop, a skip) moves the probe on to the next
+        record. A retriable failure is retried under the probe's own ``RetryPolicy`` (a
+        record failing once is no outage; the held record stays held). Once that is
+        exhausted too, two distinct records failed with no success between: a dependency
+        outage, the held record is retried under ``outage_retry`` and the probe fetched
+        again after it; but if other records succeeded since the held record's first
+        failure, the held record is bad: dead-lettered, and the probe handled next as any
+        record. A classified outage (the registry) or an outage already on: held at once.
+        """
+        if exc is not None and self.interrupted():
+            raise KeyboardInterrupt from exc
+        self.report_successes(msg)
+        tp, held_exc = hold.tp, hold.exc
+        assert held_exc is not None
+        offset = msg.offset()
+        assert offset is not None
+        self.holds.excluded.add(tp)
+        now = time.monotonic()
+        registry = outage_classification(exc) if exc is not None else None
+        inconclusive = True
+        state: tenacity.RetryCallState | None = None
+        if exc is not None:
+            state = hold.probe_state
+            if state is None or hold.probe_offset != offset:
+                state = hold.probe_state = tenacity.RetryCallState(self.retrying, None, (), {})
+                hold.probe_offset, hold.probe_attempts = offset, 0
+            hold.probe_attempts += 1
+            state.attempt_number = hold.probe_attempts
+            state.set_exception((type(exc), exc, exc.__traceback__))
+            inconclusive = (
+                (registry is not None and not is_outage(registry))
+                or is_crash_loop(exc)
+                or (registry is None and not self.retrying.retry(state))
+            )
+        if inconclusive and hold.probes < _MAX_PROBES:
+            hold.probes += 1
+            hold.probe_state = None
+            self._probe_at(hold, offset + 1, now, now + _PROBE_WAIT)
+            return
+        detector = self.detector
+        assert detector is not None
+        classification = classify(held_exc)
+        if not inconclusive and state is not None and registry is None and not detector.active:
+            retrying = self.retrying
+            delay = float(retrying.wait(state))
+            state.upcoming_sleep = delay
+            if not retrying.stop(state):  # the probe's own retry, the held record waiting
+                state.idle_for += delay
+                self.state.retries += 1
+                self._probe_at(hold, offset, now + delay, now + delay + _PROBE_WAIT)
+                return
+            if detector.exhausted(hold.mark) is OutageDecision.DEAD_LETTER:
+                hold.probe = None
+                self._give_up(hold, False, held_exc, classification)
+                self.holds.give_back([msg])  # not handled yet: fetched again, handled anew
+                return
+        hold.probe = hold.probe_state = None
+        if (
+            exc is not None
+            and not inconclusive
+            and detector.failure(
+                (tp[0], tp[1], offset),
+                error_type=type(exc).__name__,
+                error=self._error_text(exc),
+                classified=registry is not None,
+            )
+        ):
+            self._outage_started(hold)
+        # the held record's next attempt, after the outage policy's wait
+        wait = self._outage_wait(hold, held_exc)
+        if wait is None:
+            self._give_up(hold, False, held_exc, classification, limit=True)
+            self.holds.give_back([msg])  # the probe was not handled: fetch it again
+            return
+        self._schedule_retry(hold, held_exc, classification, now + wait, wait)
+
+    def _probe_at(self, hold: Hold, offset: int, due: float, until: float) -> None:
+        """Try the record at ``offset`` (the held record stays held) from ``due`` on; if none
+        came by ``until``, the held record itself is retried."""
+        hold.probe = offset
+        hold.due = due
+        hold.probe_until = until
+        hold.resumed = False
+        self.holds.pause(hold.tp, offset)
+
+    # ------------------------------------------------------------------ retry topics
 
     def _move(self, tp: TP, msg: Message, exc: BaseException, attempts: int) -> None:
         """Write ``msg`` to its next retry tier (or, after the last, dead-letter it)."""
@@ -401,25 +703,32 @@ class FailureHandler:
             error_type=type(exc).__name__,
         )
 
-    def _outage_retry(
-        self, hold: Hold, exc: BaseException, classification: Classification, now: float
-    ) -> bool:
-        """Schedule the next attempt of a record failed by an outage; False: policy gave up."""
+    def _outage_wait(self, hold: Hold, exc: BaseException) -> float | None:
+        """The outage policy's next wait for ``hold``; None once its limit is reached."""
         retrying = self.outage_retrying
         assert retrying is not None
         hold.outages += 1
+        hold.retry_base = hold.attempts  # after the outage: the RetryPolicy's whole budget
         state = hold.outage_state
         if state is None:
             state = hold.outage_state = tenacity.RetryCallState(retrying, None, (), {})
         state.attempt_number = hold.outages
         state.set_exception((type(exc), exc, exc.__traceback__))
-        if not retrying.retry(state):
-            return False
         delay = float(retrying.wait(state))
         state.upcoming_sleep = delay
         if retrying.stop(state):
-            return False
+            return None
         state.idle_for += delay
+        return delay
+
+    def _outage_retry(
+        self, hold: Hold, exc: BaseException, classification: Classification, now: float
+    ) -> bool:
+        """Schedule the next attempt of a record held by an outage; False: the outage limit
+        (``outage_retry``'s stop) was reached."""
+        delay = self._outage_wait(hold, exc)
+        if delay is None:
+            return False
         self._schedule_retry(hold, exc, classification, now + delay, delay)
         return True
 
@@ -439,7 +748,7 @@ class FailureHandler:
             self.tel.retry_event(
                 None, hold.attempts, exc, classification=classification, delay_s=delay
             )
-        self.log.info(
+        self.log.debug(  # per-attempt: the outage and the final failure are the loud lines
             "message_retry_scheduled",
             topic=hold.tp[0],
             partition=hold.tp[1],
@@ -448,6 +757,7 @@ class FailureHandler:
             delay_s=round(delay, 3),
             error_type=type(exc).__name__,
             category=classification.category.value,
+            outage=hold.outage_state is not None,
         )
 
     # ------------------------------------------------------------------ dead letters

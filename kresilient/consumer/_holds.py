@@ -36,6 +36,7 @@ class Verdict(enum.Enum):
     SKIP = "skip"  #: stale (fetched before the pause/seek): drop, it will be fetched again
     RETRY = "retry"  #: the held message itself, redelivered after resume: run the handler
     RELEASE = "release"  #: the held offset is gone (retention, truncation): drop the hold
+    PROBE = "probe"  #: a record after the held one, tried as evidence (see ``_outage``)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -49,16 +50,40 @@ class Hold:
     resumed: bool = False  #: resumed, waiting for the redelivery of ``offset``
     state: tenacity.RetryCallState | None = None
     first_failure: float = 0.0  #: monotonic time of the first failure of ``offset``
-    outages: int = 0  #: of ``attempts``, failures that were a dependency outage (registry)
+    #: of ``attempts``, those not counted by the RetryPolicy (made during an outage: after
+    #: one the record gets its policy's whole budget again)
+    retry_base: int = 0
+    outages: int = 0  #: attempts made under the outage policy
     outage_state: tenacity.RetryCallState | None = None
+    mark: int = 0  #: ``OutageDetector.mark()`` at the first failure
+    #: the offset tried as evidence while this record is held (``Decision.PROBE``), or None
+    probe: int | None = None
+    probe_until: float = 0.0  #: monotonic time the probe gives way to a retry of ``offset``
+    probes: int = 0  #: probes that proved nothing (moved on to the next record)
+    probe_offset: int | None = None  #: the record ``probe_state`` / ``probe_attempts`` are of
+    probe_attempts: int = 0  #: failed attempts of the probe record (its own RetryPolicy)
+    probe_state: tenacity.RetryCallState | None = None
+    failed: Any = None  #: the failed message (dead-lettered if a probe succeeds)
+    exc: BaseException | None = None  #: its last exception
+    batch: list[Any] | None = None  #: batch mode: the group that failed with it
 
     def verdict(self, offset: int) -> Verdict:
         """Decide about a message at ``offset`` that arrived for this partition."""
         if not self.resumed:
             return Verdict.SKIP
+        probe = self.probe
+        if probe is not None:
+            if offset < probe:
+                return Verdict.SKIP
+            self.probe = offset  # the probe offset itself may be gone (compaction)
+            return Verdict.PROBE
         if offset == self.offset:
             return Verdict.RETRY
         return Verdict.RELEASE
+
+    def position(self) -> int:
+        """The offset the partition resumes at (the probe, or the held message)."""
+        return self.probe if self.probe is not None else self.offset
 
     def snapshot(self) -> dict[str, Any]:
         """For ``health()``."""
@@ -68,6 +93,8 @@ class Hold:
             "offset": self.offset,
             "attempts": self.attempts,
             "resumed": self.resumed,
+            "outage": self.outage_state is not None,
+            "probe": self.probe,
         }
 
 
@@ -103,6 +130,7 @@ class LoopState:
 
     batch: list[Any] = field(default_factory=list)  #: the batch being handled
     nonsuccess: int = 0  #: messages of ``batch`` not handled successfully so far
+    reported: int = 0  #: successes of ``batch`` already reported to the outage detector
     credited: int = 0  #: successes of ``batch`` already credited to the breaker
     batch_errors: bool = False  #: ``batch`` holds error events
     stop_requested: bool = False
@@ -165,13 +193,23 @@ class Holds:
         return True
 
     def service(self, timeout: float) -> float:
-        """Resume partitions whose retry is due; return the poll timeout to use."""
+        """Resume partitions whose retry is due; return the poll timeout to use.
+
+        A probe (``Hold.probe``) that found no record by ``probe_until`` gives way to the next
+        attempt of the held message itself (nothing after it to learn from yet)."""
         now = time.monotonic()
         for tp, hold in self.by_tp.items():
             if hold.resumed:
-                continue
+                if hold.probe is None:
+                    continue
+                if hold.probe_until > now:
+                    timeout = min(timeout, hold.probe_until - now)
+                    continue
+                hold.probe = None
+                hold.resumed = False
+                self.pause(tp, hold.offset)
             if hold.due <= now:
-                if self.resume(tp, hold.offset):
+                if self.resume(tp, hold.position()):
                     hold.resumed = True
                 else:
                     hold.due = now + self._seek_retry

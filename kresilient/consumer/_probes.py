@@ -21,7 +21,9 @@ Metrics (observable gauges, with ``messaging.destination.partition.id``):
 ``messaging.kafka.consumer.lag`` (``{message}``: high watermark minus the stored offset) and
 ``kresilient.consumer.time_since_progress`` (``s``); and the observable counter
 ``kresilient.consumer.duplicates_skipped`` (``{message}``, per group: possible duplicates
-``dedupe=`` skipped).
+``dedupe=`` skipped); the gauge ``kresilient.consumer.dependency_outage`` (``s``, per group:
+how long the dependency outage in progress has lasted, 0 when none). ``/ready`` is 503 during
+a dependency outage (the records are held: the consumer makes no progress).
 """
 
 from __future__ import annotations
@@ -41,14 +43,16 @@ from kresilient.consumer._holds import TP
 if TYPE_CHECKING:
     from kresilient.consumer._holds import Holds, LoopState
     from kresilient.consumer._offsets import OffsetKeeper
+    from kresilient.consumer._outage import OutageDetector
 
-__all__ = ["DUPLICATES_METRIC", "LAG_METRIC", "PROGRESS_METRIC", "Probes"]
+__all__ = ["DUPLICATES_METRIC", "LAG_METRIC", "OUTAGE_METRIC", "PROGRESS_METRIC", "Probes"]
 
 #: The consumer-lag gauge (the name the issue and older OTel Kafka conventions use; the current
 #: messaging semantic conventions define no lag metric).
 LAG_METRIC: Final = "messaging.kafka.consumer.lag"
 PROGRESS_METRIC: Final = "kresilient.consumer.time_since_progress"
 DUPLICATES_METRIC: Final = "kresilient.consumer.duplicates_skipped"
+OUTAGE_METRIC: Final = "kresilient.consumer.dependency_outage"
 _INSTRUMENTATION: Final = "kresilient"
 
 
@@ -73,6 +77,7 @@ class Probes:
         max_poll_s: float,
         batch_started: Callable[[], float],
         group: str,
+        outage: OutageDetector | None = None,
     ) -> None:
         self._consumer = consumer
         self._offsets = offsets
@@ -82,6 +87,7 @@ class Probes:
         self.max_poll_s = max_poll_s
         self._batch_started = batch_started
         self._group = group
+        self._outage = outage
         self.last_poll = 0.0  #: set by the loop at every iteration
         self.running = False
         self.joined = False
@@ -175,6 +181,12 @@ class Probes:
                     f"{hold.tp[0]}[{hold.tp[1]}] held at {hold.offset}, retry overdue by "
                     f"{now - hold.due:.1f} s"
                 )
+        outage = self._outage
+        if outage is not None and outage.active:
+            reasons.append(
+                f"dependency outage for {outage.duration():.1f} s ({outage.error_type}): "
+                f"{len(self._holds.by_tp)} partition(s) held, retried, nothing dead-lettered"
+            )
         held = self._holds.by_tp
         for tp, part in list(self.parts.items()):
             if part.lag and tp not in held and now - part.since > limit:
@@ -218,6 +230,12 @@ class Probes:
                 unit="s",
                 description="Seconds since the partition last made progress (0 when caught up)",
             )
+            meter.create_observable_gauge(
+                OUTAGE_METRIC,
+                callbacks=[self._observe_outage],
+                unit="s",
+                description="Seconds the dependency outage in progress has lasted (0: none)",
+            )
             meter.create_observable_counter(
                 DUPLICATES_METRIC,
                 callbacks=[self._observe_duplicates],
@@ -249,6 +267,13 @@ class Probes:
 
         attrs = {"messaging.system": "kafka", "messaging.consumer.group.name": self._group}
         return [Observation(self._state.duplicates, attrs)]
+
+    def _observe_outage(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        attrs = {"messaging.system": "kafka", "messaging.consumer.group.name": self._group}
+        outage = self._outage
+        return [Observation(outage.duration() if outage is not None else 0.0, attrs)]
 
     def _observe_progress(self, _options: Any) -> list[Any]:
         from opentelemetry.metrics import Observation
