@@ -100,6 +100,9 @@ def test_closed_port_fails_the_messages_within_the_bound_with_one_text(closed_po
     assert closed["failed"] == 3 and closed["produced"] == 3  # c15a167: failed=0
     assert closed["log_level"] == "info"
     assert "producer_not_closed" not in events
+    assert "kafka_reachable" not in events  # the condition never ended
+    (failed_line,) = [e for e in logs if e["event"] == "unreachable_messages_failed"]
+    assert failed_line["suppressed"] == 0 and failed_line["bootstrap_servers"] == address
     (unreachable,) = [e for e in logs if e["event"] == "kafka_unreachable"]
     assert unreachable["hosts"] == {address: "refused"}  # negative control: refusals were real
 

@@ -805,6 +805,20 @@ class ResilientProducer:
             )
         elif code == _PURGE_QUEUE and self._unreachable_purge is not None and never_connected:
             classification = self._unreachable_purge  # _fail_unreachable (or close meanwhile)
+            # one line for applications that only poll (flush() raises and logs its own)
+            allowed, held_back = self._limiter.check("unreachable_purge")
+            if allowed:
+                self._log.error(
+                    "unreachable_messages_failed",
+                    bootstrap_servers=self._servers,
+                    hosts=self._scrub(self._reach.summary()),
+                    unreachable_timeout=self._unreachable_timeout,
+                    suppressed=held_back,
+                    note=(
+                        "no broker was ever reached: queued messages were failed (never "
+                        "sent); flush() lists them"
+                    ),
+                )
         elif refused is not None and code in _TIMEOUT_CODES:
             # No broker accepted this client's credentials or certificate: that, not the
             # timeout, is what to fix (librdkafka says so only in error_cb and its log).
@@ -1020,7 +1034,6 @@ class ResilientProducer:
             return self._flush_spooled(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         began = (self._produced(), self._refused)
-        delivered_before = self._delivered_at_least()
         remaining = 0
         while self._producer is not None:
             generation = self._recreations
@@ -1034,15 +1047,8 @@ class ResilientProducer:
             if self._recreations == generation:
                 break
         failures = self._take_failures()
-        if self._delivered_at_least() > delivered_before and (
-            self._unreachable_at is not None or self._reach.down_since is not None
-        ):
-            # A message was acknowledged during this flush: a broker is reached, now, which
-            # statistics would say only within statistics.interval.ms. Before the first
-            # statistics this keeps unreachable_timeout from failing the next messages of
-            # a producer that did reach the cluster; during an outage it is the end line.
-            self._reach.connected()
-            self._unreachable_at = None
+        if not remaining and self._producer is not None:
+            self._note_reached(failures)
         with self._lock:
             unaccounted, self._unaccounted = self._unaccounted, 0
         try:
@@ -1209,17 +1215,33 @@ class ResilientProducer:
             producer.purge(in_queue=True, in_flight=False, blocking=False)
         except KafkaException:  # closed or failed meanwhile: message.timeout.ms still reports
             return False
-        allowed, suppressed = self._limiter.check("unreachable_purge")
-        if allowed:
-            self._log.error(
-                "unreachable_messages_failed",
-                bootstrap_servers=self._servers,
-                hosts=self._scrub(self._reach.summary()),
-                unreachable_timeout=waited,
-                suppressed=suppressed,
-                note="no broker was ever reached: queued messages failed (never sent); see flush()",
-            )
-        return True
+        return True  # each purged message is logged (rate-limited) by _delivery_failed
+
+    def _note_reached(self, failures: list[DeliveryFailure]) -> None:
+        """After a flush() that left nothing queued: is a broker reached? Statistics say so
+        only every statistics.interval.ms, which is too late in two cases.
+
+        * Never reached before: a message acknowledged means it was (the count is exact
+          here, nothing is held), so ``unreachable_timeout`` must never fail the next
+          messages of this producer if the cluster goes away now.
+        * "Every broker is down" was logged: its end line should come before the
+          application moves on. Only a metadata request answered now tells (a delivery
+          counted since the last flush may predate the outage); asked at most once per
+          _PROBE_INTERVAL, bounded at _PROBE_TIMEOUT, and only if nothing failed.
+        """
+        if self._unreachable_at is not None and self._delivered_at_least() > 0:
+            self._reach.connected()
+            self._unreachable_at = None
+            return
+        if self._reach.down_since is None or failures:
+            return
+        now = time.monotonic()
+        if now - self._last_probe >= _PROBE_INTERVAL:
+            self._last_probe = now
+            producer = self._producer
+            if producer is not None and self._cluster_answers(producer):
+                self._reach.connected()
+                self._unreachable_at = None
 
     def _delivered_at_least(self) -> int:
         """A lower bound of the messages acknowledged so far (no per-message counting): what
