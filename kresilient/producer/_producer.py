@@ -14,6 +14,9 @@ What it adds to ``confluent_kafka.Producer`` (see docs/producer.md):
   a BACKPRESSURE-classified :class:`~kresilient.ProduceError`; nothing is dropped;
 * a value over ``message.max.bytes`` raises :class:`~kresilient.MessageTooLargeError` at once,
   or goes to ``dead_letter_topic`` with its raw bytes and the shared dead-letter headers;
+* a producer that never reached a broker fails its queued messages ``unreachable_timeout``
+  seconds (10) after it started, with one text naming the address and each host's cause
+  (never sent, not possibly persisted), instead of waiting ``message.timeout.ms``;
 * fatal errors (fenced, idempotence state lost) raise :class:`~kresilient.FatalProducerError`;
   with ``recreate_on_fatal=True`` the producer is rebuilt and every message that was queued or
   in flight is reported failed with ``possibly_persisted=True``;
