@@ -87,7 +87,6 @@ __all__ = [
     "Severity",
     "diagnose",
     "main",
-    "register",
     "render_json",
     "render_text",
 ]
@@ -153,6 +152,10 @@ class DoctorReport:
     figures: dict[str, Any] = field(default_factory=dict)
     reachable: bool = True
     seconds: float = 0.0
+    topics: tuple[str, ...] = ()
+    """The topics asked for (``topics=``, ``--topic``): the text report always shows them."""
+    groups: tuple[str, ...] = ()
+    """The groups asked for (``groups=``, ``--group``): the text report always shows them."""
 
     def exit_code(self, fail_on: Severity = Severity.ERROR) -> int:
         """0 healthy, 1 a finding at ``fail_on`` or above, 2 unreachable or unusable input."""
@@ -1239,16 +1242,19 @@ def diagnose(
     if not timeout > 0:  # also refuses NaN
         raise ConfigError(f"timeout must be a positive number of seconds, got {timeout}", key=None)
     start = time.monotonic()
+    topics, groups = tuple(topics), tuple(groups)
     run = _Run(
         config=dict(config),
         timeout=timeout,
-        topics=tuple(topics),
-        groups=tuple(groups),
+        topics=topics,
+        groups=groups,
         probe=probe,
         probe_topic=probe_topic,
         disk_threshold=disk_threshold,
         future_tolerance_ms=future_tolerance_ms,
-        report=DoctorReport(bootstrap_servers=str(config["bootstrap.servers"])),
+        report=DoctorReport(
+            bootstrap_servers=str(config["bootstrap.servers"]), topics=topics, groups=groups
+        ),
         redact=Redactor.for_config(config),
     )
     _guarded(run, "config", lambda: _check_config(run, config_text, config_path))
@@ -1272,12 +1278,25 @@ _MARK: Final = {
 }
 
 
+def _asked_for(report: DoctorReport, f: DoctorFinding) -> bool:
+    """A finding about a topic or group named in ``--topic``/``--group``."""
+    return (f.section == "topics" and f.subject in report.topics) or (
+        f.section == "groups" and f.subject in report.groups
+    )
+
+
 def render_text(report: DoctorReport, out: TextIO, *, verbose: bool = False) -> None:
-    """A report for people: one line per finding, then the symptom, causes and fix."""
+    """A report for people: one line per finding, then the symptom, causes and fix.
+
+    Passed checks are left out (``verbose`` shows them) except the probe's and the clock's
+    figures and the lines of the topics and groups asked for: a user who asked about
+    ``orders`` and ``billing`` reads their state even when it is healthy (before issue 36,
+    only ``--verbose`` showed it, so a healthy topic looked unchecked)."""
     out.write(f"kresilient doctor: {report.bootstrap_servers}\n")
     section = None
     for f in report.findings:
-        if f.severity == Severity.OK and not verbose and f.section not in ("probe", "clock"):
+        shown = verbose or f.section in ("probe", "clock") or _asked_for(report, f)
+        if f.severity == Severity.OK and not shown:
             continue
         if f.section != section:
             section = f.section
@@ -1322,26 +1341,6 @@ def render_json(report: DoctorReport, out: TextIO) -> None:
 # --------------------------------------------------------------------------- CLI
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.8, got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction above 0 and at most 1, got {text}")
-    return value
-
-
 def _properties(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
     """The client config of ``--command-config`` then ``-X`` (``-X`` wins, as in the other
     commands), and the file's text for the config check."""
@@ -1355,84 +1354,6 @@ def _properties(args: argparse.Namespace) -> tuple[dict[str, Any], str | None]:
             raise ConfigError(f"-X expects KEY=VALUE, got {item!r}", key=key.strip() or None)
         config[key.strip()] = value.strip()
     return config, text
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add the ``doctor`` subcommand to the ``kresilient`` CLI."""
-    doctor = subparsers.add_parser(
-        "doctor",
-        help="diagnose the path between a client and a cluster, from symptom to fix",
-        description=(__doc__ or "").split("\n\n")[1].replace("\n", " "),
-    )
-    doctor.add_argument(
-        "-b",
-        "--bootstrap-servers",
-        required=True,
-        metavar="HOSTS",
-        help="comma-separated HOST:PORT list of the cluster to diagnose",
-    )
-    doctor.add_argument(
-        "--command-config",
-        metavar="FILE",
-        help="the application's client properties file (security settings included); it is "
-        "linted first and used for every connection",
-    )
-    doctor.add_argument(
-        "-X",
-        dest="property",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a client property such as security.protocol=SSL (repeatable); -X wins over "
-        "--command-config",
-    )
-    doctor.add_argument(
-        "--topic",
-        action="append",
-        default=[],
-        metavar="T",
-        help="a topic to check (repeatable; default: every non-internal topic)",
-    )
-    doctor.add_argument(
-        "--group",
-        action="append",
-        default=[],
-        metavar="G",
-        help="a consumer group to check (repeatable; default: every group)",
-    )
-    doctor.add_argument(
-        "--format", choices=("text", "json"), default="text", help="report format on stdout"
-    )
-    doctor.add_argument(
-        "--timeout",
-        type=_positive_seconds,
-        default=10.0,
-        metavar="SECONDS",
-        help="time allowed for each request (default 10)",
-    )
-    doctor.add_argument(
-        "--no-probe", action="store_true", help="skip the produce/consume round trip"
-    )
-    doctor.add_argument(
-        "--probe-topic",
-        metavar="T",
-        help="probe on this existing topic instead of creating a temporary one",
-    )
-    doctor.add_argument(
-        "--disk-threshold",
-        type=_fraction,
-        default=DISK_USAGE_THRESHOLD,
-        metavar="FRACTION",
-        help="log-dir usage that is reported (default 0.8)",
-    )
-    doctor.add_argument(
-        "--fail-on",
-        choices=("warning", "error"),
-        default="error",
-        help="lowest severity that makes the exit code 1 (default error)",
-    )
-    doctor.add_argument("--verbose", action="store_true", help="also list the checks that passed")
-    doctor.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -496,7 +496,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _run_cluster_until_signal(
-    tmp_path: Path, *extra: str, ready: bool = True
+    tmp_path: Path, *extra: str, ready: bool = True, env: dict[str, str] | None = None
 ) -> tuple[_Streams, int, list[int]]:
     """Start ``kresilient cluster``, SIGTERM it (after ready, or while starting), return
     the streams, the exit code and the broker pids it reported."""
@@ -507,7 +507,7 @@ def _run_cluster_until_signal(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_env(TMPDIR=str(data_root)),
+        env={**_env(TMPDIR=str(data_root)), **(env or {})},
     ) as proc:
         streams = _Streams(proc)
         try:
@@ -594,6 +594,28 @@ def test_cluster_port_gives_fixed_client_ports(tmp_path: Path) -> None:
     assert code == 0, streams.text()
     out = [line for name, line in streams.events if name == "out"]
     assert out == [f"bootstrap.servers=127.0.0.1:{port}\n"], streams.text()
+
+
+@pytest.mark.integration
+def test_cluster_starts_a_cluster_even_with_the_bootstrap_variable_set(
+    tmp_path: Path, kafka_cluster: KafkaCluster
+) -> None:
+    """Issue 36: `kresilient cluster` built KafkaCluster(nodes=, first_port=), which wraps the
+    cluster named by $KRESILIENT_BOOTSTRAP_SERVERS when it is set (as in this test suite):
+    it printed that cluster's address instead of starting one, and warned that --nodes and
+    --port were ignored. The command exists to start a cluster: it always does."""
+    port = _free_port_run(1)
+    streams, code, pids = _run_cluster_until_signal(
+        tmp_path, "--port", str(port), env={BOOTSTRAP_ENV: kafka_cluster.bootstrap_servers}
+    )
+    assert code == 0, streams.text()
+    out = [line for name, line in streams.events if name == "out"]
+    # Its own node on the asked port (the helper also saw its data directory before SIGTERM),
+    # not the running cluster the variable names.
+    assert out == [f"bootstrap.servers=127.0.0.1:{port}\n"], streams.text()
+    assert kafka_cluster.bootstrap_servers not in streams.text()
+    assert "ExternalClusterWarning" not in streams.text() and "ignores" not in streams.text()
+    assert len(pids) == 1, streams.text()
 
 
 def test_cluster_port_in_use_fails_naming_the_port(tmp_path: Path) -> None:

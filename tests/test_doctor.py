@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 
 from kresilient.clusterinfo import DISK_USAGE_THRESHOLD, describe_log_dirs
@@ -319,3 +326,65 @@ def test_clock_skew_is_measured_against_log_append_time(
     assert -3_601_000 < skewed.figures["clock_skew_ms"] < -3_599_000
     (warning,) = [f for f in skewed.by_section("clock") if f.severity == Severity.WARNING]
     assert "clock drift" in warning.symptom and "NTP" in warning.fix
+
+
+def test_topic_and_group_asked_for_are_shown_without_verbose(
+    kafka_cluster: KafkaCluster, topic_factory: Callable[..., str]
+) -> None:
+    """Issue 36: `doctor --topic orders --group billing` printed neither when both were
+    healthy (their OK lines only with --verbose): the user could not tell a healthy topic
+    from one the doctor never looked at."""
+
+    asked, other = topic_factory(partitions=3), topic_factory()
+    group = f"billing-{uuid.uuid4().hex[:8]}"
+    producer = Producer({**_conf(kafka_cluster), "acks": "all"})
+    producer.produce(asked, b"one", partition=0)
+    assert producer.flush(30) == 0
+    consumer = Consumer({**_conf(kafka_cluster), "group.id": group, "enable.auto.commit": False})
+
+    def commit() -> bool:
+        # A fresh coordinator may still be loading (COORDINATOR_LOAD_IN_PROGRESS): retried.
+        try:
+            consumer.commit(offsets=[TopicPartition(asked, 0, 1)], asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _COORDINATOR_MOVING:
+                raise
+            return False
+        return True
+
+    _until("the group's first commit", commit, 60)
+    consumer.close()
+
+    def doctor(*extra: str) -> list[str]:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kresilient.cli",
+                "doctor",
+                "-b",
+                kafka_cluster.bootstrap_servers,
+                "--no-probe",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout.splitlines()
+
+    lines = doctor("--topic", asked, "--group", group)
+    topic_lines = [line for line in lines if line.startswith(f"  ok   {asked}: ")]
+    group_lines = [line for line in lines if line.startswith(f"  ok   {group}: ")]
+    assert topic_lines == [
+        f"  ok   {asked}: 3 partition(s), RF 3: every leader preferred, ISR full"
+    ]
+    assert len(group_lines) == 1 and "lag 0 over 1 partition(s)" in group_lines[0], "\n".join(lines)
+    assert "[topics]" in lines and "[groups]" in lines
+    # Concise: the passed checks of what was not asked for stay out (--verbose shows them).
+    assert not any("log dirs" in line or "propagation" in line for line in lines), lines
+    assert not any(other in line for line in lines)
+    verbose = doctor("--topic", asked, "--group", group, "--verbose")
+    assert any("propagation" in line for line in verbose), verbose  # the control: they exist
