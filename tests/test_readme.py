@@ -184,6 +184,12 @@ def test_every_python_block_is_run_by_this_file() -> None:
     assert [b.kind for b in _blocks()].count("output") == 1, "one ```text block: checked below"
 
 
+def test_every_client_snippet_sends_its_logs_to_stderr() -> None:
+    # kresilient.logging.configure() writes to stderr unless given a stream: none is given.
+    setup = _logging_setup()
+    assert setup.endswith("kresilient.logging.configure()"), setup
+
+
 def test_pip_lines_name_real_extras_and_installed_packages() -> None:
     extras = set(metadata.metadata("kresilient").get_all("Provides-Extra") or [])
     lines = _pip_lines()
@@ -395,7 +401,7 @@ def test_readme_snippets_run_as_written(
         output = stdout + stderr
         ran.append(block.kind)
         shown = f"{what}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n{stderr[-3000:]}"
-        # The structlog line keeps kresilient's per-message DEBUG events out of the output,
+        # The logging line keeps kresilient's per-message DEBUG events out of the output,
         assert "[debug" not in output, f"printed DEBUG lines: {shown}"
         # and sends the rest to stderr: stdout is the snippet's own.
         logged = [line for line in stdout.splitlines() if _LOG_LINE.search(line)]
@@ -470,30 +476,30 @@ def test_readme_producer_and_consumer_log_at_most_two_lines_on_stderr(
         assert len(lines) <= _README_STDERR_LINES, f"{what}: {len(lines)} lines on stderr:\n{err}"
 
 
-# --------------------------------------------------------------------------- structlog line
+# --------------------------------------------------------------------------- logging line
 
 
-def _structlog_configure() -> str:
-    """The ``structlog.configure(...)`` statement every python snippet carries (one text)."""
-    found = set()
+def _logging_setup() -> str:
+    """The logging set-up every client snippet carries: ``kresilient.logging.configure(...)``
+    (one text), with its import."""
+    calls = {}
     for block in _blocks():
-        if block.lang != "python" or "structlog.configure(" not in block.code:
-            continue
-        for node in ast.walk(ast.parse(block.code)):
-            if (
-                isinstance(node, ast.Expr)
-                and isinstance(node.value, ast.Call)
-                and ast.unparse(node.value.func) == "structlog.configure"
-            ):
-                found.add(ast.unparse(node))
-    assert len(found) == 1, found
-    return found.pop()
+        if block.kind not in ("python", "consumer", "otel"):
+            continue  # the Spark and local-cluster snippets make no kresilient client
+        found = {
+            ast.unparse(node)
+            for node in ast.walk(ast.parse(block.code))
+            if isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Call)
+            and ast.unparse(node.value.func) == "kresilient.logging.configure"
+        }
+        assert len(found) == 1, f"{block.where}: no logging set-up ({found})"
+        calls[block.where] = found.pop()
+    assert len(set(calls.values())) == 1, calls
+    return "import kresilient.logging\n" + next(iter(calls.values()))
 
 
 _NOISY_PRODUCER = """
-import logging
-import sys
-import structlog
 from kresilient import DeliveryError, ResilientProducer
 {configure}
 producer = ResilientProducer({{"bootstrap.servers": "{bootstrap}", "message.timeout.ms": 3000}})
@@ -508,13 +514,13 @@ except DeliveryError as exc:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("configured", [True, False], ids=["readme-line", "control-no-line"])
-def test_readme_structlog_line_silences_per_message_debug_events(
+def test_readme_logging_line_silences_debug_events_and_moves_logs_to_stderr(
     kafka_cluster: KafkaCluster, tmp_path: Path, configured: bool
 ) -> None:
     script = tmp_path / "noisy.py"
     script.write_text(
         _NOISY_PRODUCER.format(
-            configure=_structlog_configure() if configured else "",
+            configure=_logging_setup() if configured else "",
             bootstrap=kafka_cluster.bootstrap_servers,
             topic=f"no-such-topic-{uuid.uuid4().hex[:8]}",  # every message fails to deliver
         ),
@@ -533,9 +539,6 @@ def test_readme_structlog_line_silences_per_message_debug_events(
 
 
 _FAILED_DELIVERY = """
-import logging
-import sys
-import structlog
 from kresilient import DeliveryError, ResilientProducer
 {configure}
 
@@ -563,7 +566,7 @@ def test_readme_failed_delivery_text_is_what_flush_raises(
     script = tmp_path / "failed_delivery.py"
     script.write_text(
         _FAILED_DELIVERY.format(
-            configure=_structlog_configure(), bootstrap=kafka_cluster.bootstrap_servers, topic=topic
+            configure=_logging_setup(), bootstrap=kafka_cluster.bootstrap_servers, topic=topic
         ),
         encoding="utf-8",
     )
