@@ -21,7 +21,7 @@ counts, and the same commit rule:
   per-round ratio kresilient_sub/kresilient_old (>= 0.98: no regression)::
 
     .venv/bin/python -P benchmarks/consumer.py --arms raw,kresilient_sub,kresilient_old \
-        --old-tree /work/old9c --messages 1000000 --rounds 9 --fetch-queue-backoff-ms 10 \
+        --old-tree OLD_TREE --messages 1000000 --rounds 9 --fetch-queue-backoff-ms 10 \
         --start restart
 
 ``--start`` (every arm): ``new-group`` (default) gives each sample a never-committed group;

@@ -54,8 +54,8 @@ returns. kresilient's consumer span covers the handler per message (``batch_hand
 call); the official consumer instrumentation makes one span per ``consume()`` call (none per
 message).
 
-    /work/bench-venv/bin/python -P benchmarks/peers.py                     # all sections
-    /work/bench-venv/bin/python -P benchmarks/peers.py --sections producer --rounds 5
+    .venv-bench-quix/bin/python -P benchmarks/peers.py                     # all sections
+    .venv-bench-quix/bin/python -P benchmarks/peers.py --sections producer --rounds 5
 
 ``--start restart`` (consumer arms, tracing consumers too): each sample's group is committed
 at offset 0 of every partition with kresilient's clean-end marker before the arm starts (not

@@ -44,7 +44,7 @@ CPU time and from wall time, median [IQR]; ``loop`` touches no kresilient code a
 noise control (its ratio should be 1)::
 
     .venv/bin/python -P benchmarks/telemetry.py --arms kresilient_sub,kresilient_old \
-        --old-tree /work/old9c --rounds 7
+        --old-tree OLD_TREE --rounds 7
 
 Scale (issue 23 defects 8 and 9; same script on the old tree with ``PYTHONPATH=<old tree>``):
 
@@ -63,9 +63,9 @@ Scale (issue 23 defects 8 and 9; same script on the old tree with ``PYTHONPATH=<
 
     .venv/bin/python benchmarks/telemetry.py --scale memory --clients 1000 --partitions 12
     .venv/bin/python benchmarks/telemetry.py --scale leadership --partitions 50000 --ticks 7 \
-        --baseline-leadership /work/old9c/kresilient/leadership.py
+        --baseline-leadership OLD_TREE/kresilient/leadership.py
     .venv/bin/python benchmarks/telemetry.py --scale leadership --partitions 5000 --rotate 40 \
-        --baseline-leadership /work/old9c/kresilient/leadership.py
+        --baseline-leadership OLD_TREE/kresilient/leadership.py
 """
 
 from __future__ import annotations
