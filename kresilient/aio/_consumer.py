@@ -529,7 +529,7 @@ class AsyncResilientConsumer:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        self._log.info("consumer_started", topics=self._topics)
+        self._log.debug("consumer_started", topics=self._topics)
 
     def _check_dead_letter_topics(self, consumer: Consumer, policy: DeadLetterPolicy) -> None:
         """Fail fast when a dead-letter topic is missing (not at the first poison record).
@@ -703,7 +703,7 @@ class AsyncResilientConsumer:
             # the next step resumes it (harmless when it was not paused)
             part.paused = True
         self._rebalances["assigned"] += 1
-        self._log.info("partitions_assigned", partitions=len(partitions))
+        self._log.debug("partitions_assigned", partitions=len(partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Let the revoked partitions' handlers in hand finish, then commit them (sync)."""
@@ -729,7 +729,7 @@ class AsyncResilientConsumer:
         for tp in tps:
             self._parts.pop(tp, None)
         self._rebalances["revoked"] += 1
-        self._log.info("partitions_revoked", partitions=len(tps))
+        self._log.debug("partitions_revoked", partitions=len(tps))
 
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Lost (not revoked): commits would be refused; the new owner re-reads from the last
@@ -1098,7 +1098,7 @@ class AsyncResilientConsumer:
             assert state is not None
             state.idle_for += delay
             self.retries += 1
-            self._log.info(
+            self._log.debug(
                 "message_retry_scheduled",
                 topic=msg.topic(),
                 partition=msg.partition(),
@@ -1419,7 +1419,7 @@ class AsyncResilientConsumer:
                 await loop.run_in_executor(None, writer.close, 10.0)
         self._kx.shutdown(wait=False)
         self._running = False
-        self._log.info(
+        self._log.debug(
             "consumer_closed", processed=self.processed, dead_lettered=self.dead_lettered
         )
 
