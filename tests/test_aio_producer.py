@@ -333,3 +333,32 @@ async def test_raw_aioproducer_cannot_send_headers_why_kresilient_does_not_wrap_
             await raw.produce(topic, b"v", headers=[("traceparent", b"00-...")])
     finally:
         await raw.close()
+
+
+@pytest.mark.asyncio
+async def test_unreachable_timeout_reaches_the_sync_producer_and_fails_within_it(
+    closed_port: int,
+) -> None:
+    """``AsyncResilientProducer(unreachable_timeout=...)`` is the sync producer's bound (issue 36
+    #2): a producer pointed at a closed port gets the classified "never reached" failure, and
+    ``None`` opts out as in the sync producer."""
+    from kresilient import DeliveryError, ProduceError
+    from kresilient.aio import AsyncResilientProducer
+
+    config = {"bootstrap.servers": f"127.0.0.1:{closed_port}"}
+    waiting = AsyncResilientProducer(config, unreachable_timeout=None)
+    try:
+        assert waiting._sync._unreachable_timeout is None
+    finally:
+        await waiting.close(timeout=0)
+    producer = AsyncResilientProducer(config, unreachable_timeout=1.0)
+    try:
+        assert producer._sync._unreachable_timeout == 1.0
+        handle = await producer.produce("orders", b"v")
+        with pytest.raises(ProduceError) as info:
+            await asyncio.wait_for(handle, timeout=60)
+        text = str(info.value)
+        assert f"127.0.0.1:{closed_port}" in text and "never sent" in text, text
+    finally:
+        with pytest.raises(DeliveryError):  # close() lists the failed message, as flush() does
+            await producer.close()

@@ -43,7 +43,13 @@ from kresilient.errors import (
     ProduceError,
     classify,
 )
-from kresilient.producer import DeliveryHandle, DeliveryResult, ProducerHealth, ResilientProducer
+from kresilient.producer import (
+    DEFAULT_UNREACHABLE_TIMEOUT,
+    DeliveryHandle,
+    DeliveryResult,
+    ProducerHealth,
+    ResilientProducer,
+)
 
 __all__ = ["AsyncDeliveryHandle", "AsyncResilientProducer"]
 
@@ -236,8 +242,10 @@ class AsyncResilientProducer:
 
     Args:
         config, allow_unsafe, dead_letter_topic, recreate_on_fatal, logger, tracer_provider,
-        meter_provider, propagator, record_message_key, dead_letter_max_bytes, exit_timeout:
-            as :class:`~kresilient.ResilientProducer`.
+        meter_provider, propagator, record_message_key, dead_letter_max_bytes, exit_timeout,
+        unreachable_timeout: as :class:`~kresilient.ResilientProducer` (a producer that never
+            reached a broker fails its messages after ``unreachable_timeout`` s, naming the
+            address and the cause; ``None`` waits ``message.timeout.ms``).
         backpressure_timeout: seconds ``produce()`` awaits room in a full local queue.
     """
 
@@ -256,6 +264,7 @@ class AsyncResilientProducer:
         backpressure_timeout: float = 60.0,
         dead_letter_max_bytes: int = 16 * 1024 * 1024,
         exit_timeout: float = 10.0,
+        unreachable_timeout: float | None = DEFAULT_UNREACHABLE_TIMEOUT,
     ) -> None:
         # The sync producer waits out a full queue by polling on the calling thread (the event
         # loop here): 0 makes that fallback short; this class awaits room before it is needed.
@@ -272,6 +281,7 @@ class AsyncResilientProducer:
             backpressure_timeout=0.0,
             dead_letter_max_bytes=dead_letter_max_bytes,
             exit_timeout=exit_timeout,
+            unreachable_timeout=unreachable_timeout,
         )
         self._backpressure_timeout = float(backpressure_timeout)
         max_messages = int(config.get("queue.buffering.max.messages", _DEFAULT_MAX_MESSAGES))

@@ -7,6 +7,7 @@ re-exports its public names.
 from __future__ import annotations
 
 from kresilient.producer._producer import (
+    DEFAULT_UNREACHABLE_TIMEOUT,
     DeliveryHandle,
     DeliveryResult,
     ProducerHealth,
@@ -35,6 +36,7 @@ from kresilient.reachability import (
 # refused login (AuthFailure); client_certificate() is what Reachability(certificate=...)
 # checks for expiry.
 __all__ = [
+    "DEFAULT_UNREACHABLE_TIMEOUT",
     "MESSAGE_ID_HEADER",
     "POSSIBLE_DUPLICATE_HEADER",
     "AuthFailure",
