@@ -8,9 +8,8 @@
   how long it takes (timings belong to ``benchmarks/cli_help.py``): each help screen is run in
   a fresh interpreter that then lists the heavy modules it loaded.
 
-The CLI's own part is checked with the root package's ``__init__`` left unexecuted (it
-re-exports the whole public API eagerly, so any ``kresilient.*`` import loads everything
-until it becomes lazy: not this module's file, see the strict xfail below).
+The CLI's own part is checked with the root package's ``__init__`` left unexecuted, and the
+console script's whole path with it (``kresilient/__init__.py`` loads its exports lazily).
 """
 
 from __future__ import annotations
@@ -121,12 +120,6 @@ def test_lint_and_audit_help_import_only_their_parser(argv: list[str]) -> None:
     assert not [m for m in seen["own"] if m.startswith("kresilient.lint.engine")]  # type: ignore[attr-defined]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kresilient/__init__.py imports the whole public API eagerly (confluent-kafka, "
-    "structlog, tenacity, the producer, the consumer...): `from kresilient.cli import main`, "
-    "the console script's first line, loads it all before the parser exists",
-)
 @pytest.mark.parametrize("argv", HELP_ARGVS, ids=lambda a: " ".join(a) or "top")
 def test_help_as_the_console_script_runs_it_imports_no_heavy_module(argv: list[str]) -> None:
     """What a user's `kresilient ... --help` does: the real package, __init__ included."""
