@@ -232,7 +232,7 @@ class Seams(RuleBasedStateMachine):
         self.tracer_provider = TracerProvider()
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
         self.sent: dict[bytes, Sent] = {}
-        self.turn = 0
+        self.turn: Counter[str] = Counter()
         self.done: set[str] = set()
         self.book = Book()
         self.plain = ResilientProducer(self.producer_conf)
@@ -278,6 +278,12 @@ class Seams(RuleBasedStateMachine):
                         if action == "forward headers downstream" and not self._consumed_once:
                             self.consume(1)
                         self.step(action, [("ok", "plain", 0, None)], len(self.done))
+                # and two records through each spool and outbox, so that a second instance
+                # opened by the last actions is used too
+                self._produce("ok", "spool", 0, None)
+                self._produce("ok", "spool", 0, None)
+                self._produce("poison", "outbox", 0, None)
+                self._produce("ok", "outbox", 0, None)
                 self._consume(1)
         finally:
             for producer in [*getattr(self, "spooled", []), getattr(self, "plain", None)]:
@@ -299,13 +305,14 @@ class Seams(RuleBasedStateMachine):
         self.sent[value] = Sent(kind, self.src, key, value)
         # round robin over the instances (``which`` shifts it): once a second spool or outbox
         # exists, the very next records go through both
-        self.turn += 1 + which
+        self.turn[via] += 1 + which
+        turn = self.turn[via]
         if via == "plain":
             self.plain.produce(self.src, value, key=key)
         elif via == "spool":
-            self.spooled[self.turn % len(self.spooled)].produce(self.src, value, key=key)
+            self.spooled[turn % len(self.spooled)].produce(self.src, value, key=key)
         else:
-            index = self.turn % len(self.outboxes)
+            index = turn % len(self.outboxes)
             if index:
                 RAN["produce via a second outbox"] += 1
             engine, table, _ = self.outboxes[index]
