@@ -160,3 +160,56 @@ def test_spark_sink_refused_login_fails_the_job_as_auth_naming_the_setting(
     assert password not in text and wrong not in text
     assert _read_all(cluster, topic, 1, timeout=3) == []
     print(f"\n[{fault}] Spark job failed as AUTH after {waited:.1f} s (message.timeout.ms 600 s)")
+
+
+def test_jvm_engine_over_sasl_ssl_secret_reaches_the_producer_not_the_plan(
+    cluster: KafkaCluster, spark: Any
+) -> None:
+    """engine="jvm" keeps ``sasl.jaas.config`` (the SCRAM password inside) out of the options
+    Spark prints in its plan graph: the producers read it from a private file through a
+    ``config.providers`` placeholder (issue 35 #10 follow-up). This proves the placeholder
+    reaches a working login: every row is written over SASL_SSL (the cluster refuses a wrong
+    password: ``test_spark_sink_refused_login_fails_the_job_as_auth_naming_the_setting``),
+    and neither the plan graph nor the plan text holds the password."""
+    from pyspark.sql import functions as F
+
+    from kresilient.spark import write
+
+    topic, dlq = _name("t"), _name("dlq")
+    cluster.create_topic(topic, 2, 3, {"min.insync.replicas": 2})
+    cluster.create_topic(dlq, 1, 3, {"min.insync.replicas": 2})
+    conf = cluster.client_config()
+    password = conf["sasl.password"]
+    login = "org.apache.kafka.common.security.scram.ScramLoginModule"
+    df = spark.range(_ROWS, numPartitions=2).select(
+        F.col("id").cast("string").cast("binary").alias("key"),
+        F.concat(F.lit("row-"), F.col("id").cast("string")).cast("binary").alias("value"),
+    )
+    summary = write(
+        df,
+        topic=topic,
+        bootstrap_servers=conf["bootstrap.servers"],
+        engine="jvm",
+        dead_letter_topic=dlq,
+        options={
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": conf["sasl.mechanism"],
+            "sasl.jaas.config": f'{login} required username="{conf["sasl.username"]}" '
+            f'password="{password}";',
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": conf["ssl.ca.location"],
+        },
+    )
+    assert (summary.rows, summary.written) == (_ROWS, _ROWS)
+    values = _read_all(cluster, topic, _ROWS, timeout=60)
+    assert sorted(values) == sorted(b"row-%d" % i for i in range(_ROWS))
+    store = spark._jsparkSession.sharedState().statusStore()
+    executions = store.executionsList()
+    texts: list[str] = []
+    for i in range(executions.size()):
+        execution = executions.apply(i)
+        texts.append(str(execution.physicalPlanDescription()))
+        nodes = store.planGraph(execution.executionId()).allNodes()
+        texts += [str(nodes.apply(n).desc()) for n in range(nodes.size())]
+    assert any("KafkaWrite" in t and "sasl.jaas.config=${kresilient:" in t for t in texts)
+    assert not any(password in t for t in texts)

@@ -241,6 +241,56 @@ def test_jvm_engine_client_id_shared_by_same_settings_until_a_write_fails() -> N
     assert java_producer_options({**base, "linger.ms": "7"})["client.id"] == other["client.id"]
 
 
+def test_jvm_engine_secrets_go_to_a_private_file_not_the_options() -> None:
+    """Issue 35 #10 follow-up (pure logic; the plan graph and event log on a real write:
+    tests/test_spark_seams.py): a secret setting leaves the options Spark sees as a
+    ``${kresilient:<file>:<key>}`` placeholder; the file is private (0600 in a 0700
+    directory), shared by concurrent writes with the same settings and removed by the last;
+    a secret that is the user's own ``config.providers`` placeholder stays as it is; a
+    cluster master (executors cannot read the driver's files) refuses an inline secret
+    naming its key, without the value."""
+    import os
+    import stat
+    from pathlib import Path
+
+    from kresilient.spark._jvm import _secrets_out_of_plan, java_producer_options
+
+    secret = 'x required password="Pw9=:#! \\é";'
+    config = java_producer_options({"bootstrap.servers": "b:1", "sasl.jaas.config": secret})
+    with _secrets_out_of_plan(config, executors_local=True) as options:
+        placeholder = options["sasl.jaas.config"]
+        assert placeholder.startswith("${kresilient:") and secret not in str(options)
+        path = placeholder[len("${kresilient:") : -len(":sasl.jaas.config}")]
+        assert options["config.providers"] == "kresilient"
+        assert options["bootstrap.servers"] == "b:1"  # not secret: unchanged
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+        body = Path(path).read_text(encoding="ascii")
+        assert "Pw9" in body and "\\u00e9" in body  # escaped for Properties.load
+        with _secrets_out_of_plan(config, executors_local=True) as again:
+            assert again == options  # same settings: same options (Spark's producer pool)
+        assert os.path.exists(path), "removed while another write still uses it"
+    assert not os.path.exists(path)
+
+    own = java_producer_options(
+        {
+            "bootstrap.servers": "b:1",
+            "config.providers": "file",
+            "config.providers.file.class": "org.apache.kafka.common.config.provider."
+            "FileConfigProvider",
+            "ssl.key.password": "${file:/mnt/s.properties:kp}",
+        },
+        known=frozenset({"bootstrap.servers", "ssl.key.password"}),  # providers: always taken
+    )
+    with _secrets_out_of_plan(own, executors_local=False) as options:
+        assert options == own
+
+    with pytest.raises(ConfigError) as info, _secrets_out_of_plan(config, executors_local=False):
+        pass
+    assert info.value.key == "sasl.jaas.config" and "Pw9" not in str(info.value)
+    assert "config.providers" in str(info.value)
+
+
 def test_jvm_engine_record_size_bound_counts_every_header_byte(spark: Any) -> None:
     """The routing's size bound, computed without lambdas, is exactly Java's upper bound of a
     one-record batch: 82 + key + value + per header (key bytes + value bytes + 10)."""

@@ -8,6 +8,7 @@ it covers and was checked to fail on c15a167.
 
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 import uuid
@@ -302,6 +303,9 @@ def test_marker_topic_deleted_while_down_is_not_recreated_for_a_query_that_commi
     fresh = tmp_path / "new-query"
     fresh.mkdir()
     _stream_writer(bootstrap, topic, markers, fresh)
+    deadline = time.monotonic() + 60
+    while not _topic_exists(bootstrap, markers) and time.monotonic() < deadline:
+        time.sleep(0.2)  # created: until the broker that answers has its metadata
     assert _topic_exists(bootstrap, markers)
     # With the topic there, the query that committed plans normally.
     _stream_writer(bootstrap, topic, markers, checkpoint)
@@ -513,13 +517,29 @@ def test_id_audit_transactional_ids_and_marker_keys_unique_per_query_stable_per_
 
 
 # --------------------------------------------------------------------------- with Spark
+@pytest.fixture(scope="module", name="event_log")
+def _event_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory of the module session's Spark event log (plain text, one file)."""
+    return tmp_path_factory.mktemp("spark-events")
+
+
 @pytest.fixture(scope="module", name="spark")
-def _spark() -> Iterator[Any]:
+def _spark(event_log: Path) -> Iterator[Any]:
     from kresilient.spark import register
     from kresilient.spark.connector import connector_jars
     from kresilient.spark.testing import local_session
 
-    spark = local_session("kresilient-spark-seams", master="local[2,3]", jars=connector_jars())
+    spark = local_session(
+        "kresilient-spark-seams",
+        master="local[2,3]",
+        jars=connector_jars(),
+        conf={  # the event log is one of the texts that leave the process (issue 35 #10)
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": event_log.as_uri(),
+            "spark.eventLog.compress": "false",
+            "spark.eventLog.rolling.enabled": "false",
+        },
+    )
     register(spark)
     yield spark
     spark.stop()
@@ -631,8 +651,8 @@ def test_jvm_engine_two_concurrent_writes_leave_use_v1_source_list_as_it_was(
 
 def _jvm_write_with_secret(spark: Any, bootstrap: str, topic: str, dlq: str) -> Any:
     """An engine="jvm" write whose ``sasl.jaas.config`` (a SCRAM login with neither of
-    Spark's redaction words in key or value) holds :data:`_CREDENTIAL`; returns the session's
-    SQL executions."""
+    Spark's redaction words in key or value) holds :data:`_CREDENTIAL` and whose ``client.id``
+    (not a secret) is :data:`_CANARY`; returns the session's SQL executions."""
     from kresilient.spark import write
 
     login = "org.apache.kafka.common.security.scram.ScramLoginModule"
@@ -647,7 +667,10 @@ def _jvm_write_with_secret(spark: Any, bootstrap: str, topic: str, dlq: str) -> 
             engine="jvm",
             dead_letter_topic=dlq,
             # unused over PLAINTEXT: the write succeeds
-            options={"sasl.jaas.config": f'{login} required credential="{_CREDENTIAL}";'},
+            options={
+                "sasl.jaas.config": f'{login} required credential="{_CREDENTIAL}";',
+                "client.id": _CANARY,
+            },
         )
     finally:
         spark.conf.unset("spark.sql.ui.explainMode")
@@ -655,6 +678,7 @@ def _jvm_write_with_secret(spark: Any, bootstrap: str, topic: str, dlq: str) -> 
 
 
 _CREDENTIAL = "Zq8VbN3xLp7TwR5"
+_CANARY = "kr-canary-Hd4Jw9"
 
 
 def test_jvm_engine_secret_option_is_redacted_in_the_plan(
@@ -677,15 +701,16 @@ def test_jvm_engine_secret_option_is_redacted_in_the_plan(
     assert not any(_CREDENTIAL in p for p in plans)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit (issue 35 #10 follow-up): the SQL tab's plan graph and the event log's "
-    "sparkPlanInfo describe nodes with simpleString, which Spark never redacts; the V2 kafka "
-    "write (engine='jvm' uses it for Observation counts) prints KafkaWrite's producer settings",
-)
 def test_jvm_engine_secret_option_not_in_the_plan_graph(
-    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory, event_log: Path
 ) -> None:
+    """Issue 35 #10 follow-up: the SQL tab's plan graph and the event log's ``sparkPlanInfo``
+    describe nodes with ``simpleString``, which Spark never redacts, and the V2 kafka write
+    (engine="jvm" uses it for its Observation counts) prints ``KafkaWrite``'s producer
+    settings there. Now a secret reaches the producer through a ``config.providers``
+    placeholder (a private file, removed after the write), never through Spark's options.
+    Control: a setting that is not secret (the ``client.id``) IS in both texts, so the write
+    node is there and is read. On c15a167 (and up to this fix) the credential was in both."""
     topic = topic_factory()
     executions = _jvm_write_with_secret(
         spark, kafka_cluster.bootstrap_servers, topic, topic_factory()
@@ -695,8 +720,23 @@ def test_jvm_engine_secret_option_not_in_the_plan_graph(
     for i in range(executions.size()):
         nodes = store.planGraph(executions.apply(i).executionId()).allNodes()
         descriptions += [str(nodes.apply(n).desc()) for n in range(nodes.size())]
-    assert any("KafkaWrite" in d for d in descriptions), "no write node: proves nothing"
+    writes = [d for d in descriptions if "KafkaWrite" in d]
+    assert any(_CANARY in d for d in writes), "no write node with its settings: proves nothing"
     assert not any(_CREDENTIAL in d for d in descriptions)
+
+    def logged() -> str:
+        return "".join(f.read_text(errors="replace") for f in event_log.rglob("*") if f.is_file())
+
+    deadline = time.monotonic() + 60
+    while not (topic in logged() and _CANARY in logged()) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the listener bus writes the event log asynchronously
+    text = logged()
+    assert topic in text and _CANARY in text, "the write is not in the event log: proves nothing"
+    assert '"sparkPlanInfo"' in text
+    assert _CREDENTIAL not in text
+    assert any("sasl.jaas.config=${kresilient:" in d for d in writes)  # how: a placeholder
+    # the secrets file is gone after the write
+    assert not list(Path(tempfile.gettempdir()).glob(f"kresilient-spark-*/{_CANARY}-*"))
 
 
 @pytest.mark.streaming_source

@@ -19,7 +19,12 @@ through ``foreachBatch``). What it does, all on the driver before any row moves:
 * counts come from ``Dataset.observe`` (a row count, and one count per reason the write's
   rows can get) over the V2 write path (the V1 path never reports
   observed metrics, so :class:`pyspark.sql.Observation` would block there): the write runs
-  with ``kafka`` removed from ``spark.sql.sources.useV1SourceList`` for its duration.
+  with ``kafka`` removed from ``spark.sql.sources.useV1SourceList`` for its duration;
+* secret settings never reach Spark's options: the V2 write node prints its producer settings
+  in the SQL tab's plan graph and the event log's ``sparkPlanInfo``, which Spark never
+  redacts. Each secret is written to a private file (0600, in a 0700 directory, removed after
+  the write) and the options carry a Java ``config.providers`` placeholder
+  (``${kresilient:<file>:<key>}``) that the Kafka client resolves when it creates a producer.
 
 What it does NOT do: a row the broker refuses anyway (a limit not visible in the topic's
 settings, a compressed batch over the limit, authorization) fails the task, as with the
@@ -29,7 +34,11 @@ built-in sink; no per-row classification of delivery errors, no exactly-once. Us
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -38,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kresilient.errors import ConfigError, SchemaError
+from kresilient.redaction import is_secret_key
 from kresilient.spark._options import column_layout, redact_plan_options
 from kresilient.spark._summary import WriteSummary
 
@@ -101,7 +111,7 @@ def java_producer_options(
             key = key[len("kafka.") :]
         if key in _REFUSED:
             raise ConfigError(f"option {key!r} is not supported: {_REFUSED[key]}", key=key)
-        if known is not None and key not in known:
+        if known is not None and key not in known and not _is_provider_key(key):
             hint = _LIBRDKAFKA_HINTS.get(key)
             raise ConfigError(
                 f"option {key!r} is not a Java producer setting (engine='jvm' runs the Java "
@@ -138,6 +148,13 @@ def java_producer_options(
     prefix = out.pop("client.id", None) or "kresilient-spark"
     out["client.id"] = f"{prefix}-{_generation(out, prefix)}"
     return out
+
+
+def _is_provider_key(key: str) -> bool:
+    """``config.providers`` and its ``config.providers.<name>.*`` settings: every Java client
+    takes them (they resolve ``${provider:path:key}`` placeholders), though ``configNames()``
+    does not list them."""
+    return key == "config.providers" or key.startswith("config.providers.")
 
 
 _generations: dict[tuple[tuple[str, str], ...], str] = {}
@@ -204,7 +221,7 @@ def describe_topics(
     known = _java_names(jvm, admin_conf.configNames())
     props = jvm.java.util.Properties()
     for k, v in config.items():
-        if k in known and k != "client.id":
+        if (k in known or _is_provider_key(k)) and k != "client.id":
             props.setProperty(k, v)
     props.setProperty("client.id", f"{config.get('client.id', 'kresilient-spark')}-admin")
     seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
@@ -404,6 +421,110 @@ def _categories_sql(reason: str, reasons: tuple[str, ...] | None = None) -> str:
     )
 
 
+#: The ``config.providers`` name under which kresilient's secrets file is referenced.
+_PROVIDER = "kresilient"
+_FILE_PROVIDER = "org.apache.kafka.common.config.provider.FileConfigProvider"
+_secrets_lock = threading.Lock()
+_secrets_dir: str | None = None
+#: secrets file path -> writes in progress that use it
+_secrets_users: dict[str, int] = {}
+
+
+def _properties_escape(text: str) -> str:
+    """``text`` as a ``java.util.Properties`` key or value (``Properties.load`` reads it back
+    exactly, from a UTF-8 or a Latin-1 reader: everything outside printable ASCII escaped)."""
+    out = []
+    for ch in text:
+        if ch in "\\=:#! ":
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif " " <= ch <= "~":
+            out.append(ch)
+        else:
+            units = ch.encode("utf-16-be")
+            out += [f"\\u{units[i] << 8 | units[i + 1]:04x}" for i in range(0, len(units), 2)]
+    return "".join(out)
+
+
+def _secrets_root() -> str:
+    global _secrets_dir
+    if _secrets_dir is None or not os.path.isdir(_secrets_dir):
+        _secrets_dir = tempfile.mkdtemp(prefix="kresilient-spark-")  # mode 0700
+        atexit.register(shutil.rmtree, _secrets_dir, True)
+    return _secrets_dir
+
+
+def _plan_secrets(config: Mapping[str, str]) -> dict[str, str]:
+    """The settings of ``config`` that must stay out of Spark's options: every secret key's
+    value, except a value that is itself a placeholder of the user's ``config.providers``."""
+    own_providers = bool(config.get("config.providers", "").strip())
+    return {
+        k: v for k, v in config.items() if is_secret_key(k) and not (own_providers and "${" in v)
+    }
+
+
+@contextlib.contextmanager
+def _secrets_out_of_plan(
+    config: Mapping[str, str], *, executors_local: bool
+) -> Iterator[dict[str, str]]:
+    """The options to hand Spark's ``kafka`` sink: ``config`` with each secret replaced by a
+    ``${kresilient:<file>:<key>}`` placeholder the Kafka client resolves (its
+    ``FileConfigProvider``) when it creates a producer, the file existing while the block runs.
+
+    Why: the V2 write node (``KafkaWrite``) prints its producer settings in the SQL tab's plan
+    graph and in the event log's ``sparkPlanInfo``, texts Spark never redacts. The file (0600,
+    in a 0700 directory) is named after the settings' ``client.id``, so the options, and with
+    them Spark's pooled producers, stay the same from one write to the next; writes sharing it
+    share the file, the last one removes it. ``executors_local``: the executors read the
+    driver's files (a ``local`` master); elsewhere a secret given inline is refused.
+    """
+    secrets = _plan_secrets(config)
+    if not secrets:
+        yield dict(config)
+        return
+    if not executors_local:
+        key = sorted(secrets)[0]
+        raise ConfigError(
+            f"option {key!r}: engine='jvm' on a cluster cannot keep a secret out of Spark's "
+            "plan graph and event log (the Kafka sink prints its producer settings there); "
+            "give it as a placeholder the executors resolve (config.providers, e.g. "
+            f"config.providers='file' with config.providers.file.class='{_FILE_PROVIDER}' and "
+            f"{key}='${{file:/mounted/secrets.properties:{key}}}'), or use engine='python'",
+            key=key,
+        )
+    with _secrets_lock:
+        path = os.path.join(_secrets_root(), f"{config['client.id']}.properties")
+        users = _secrets_users.get(path, 0)
+        if users == 0:
+            body = "".join(f"{_properties_escape(k)}={_properties_escape(v)}\n"
+                           for k, v in sorted(secrets.items()))  # fmt: skip
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(body)
+        _secrets_users[path] = users + 1
+    try:
+        providers = [p.strip() for p in config.get("config.providers", "").split(",")]
+        options = dict(config)
+        options["config.providers"] = ",".join([*(p for p in providers if p), _PROVIDER])
+        options[f"config.providers.{_PROVIDER}.class"] = _FILE_PROVIDER
+        for k in secrets:
+            options[k] = f"${{{_PROVIDER}:{path}:{k}}}"
+        yield options
+    finally:
+        with _secrets_lock:
+            users = _secrets_users.pop(path)
+            if users > 1:
+                _secrets_users[path] = users - 1
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+
+
 _V1_LIST = "spark.sql.sources.useV1SourceList"
 _V1_DEFAULT = "avro,csv,json,kafka,orc,parquet,text"
 _v1_lock = threading.Lock()
@@ -574,11 +695,15 @@ def write_jvm(
         else [F.count(F.when(F.col("_kr_reason") == r, 1)).alias(r) for r in reasons]
     )
     observed = projected.observe(obs, F.count(F.lit(1)).alias("rows"), *per_reason)
-    writer = observed.write.format("kafka").mode("append")
-    for k, v in config.items():
-        writer = writer.option(f"kafka.{k}", v)
+    executors_local = str(spark.sparkContext.master).startswith("local")
     try:
-        with _kafka_on_v2(spark):
+        with (
+            _secrets_out_of_plan(config, executors_local=executors_local) as options,
+            _kafka_on_v2(spark),
+        ):
+            writer = observed.write.format("kafka").mode("append")
+            for k, v in options.items():
+                writer = writer.option(f"kafka.{k}", v)
             writer.save()
     except BaseException:
         retire_client_id(config)  # the next write must not inherit this one's producers
