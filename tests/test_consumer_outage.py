@@ -51,6 +51,7 @@ from kresilient.consumer import (
     RetryPolicy,
     RetryTopicPolicy,
 )
+from kresilient.consumer._holds import Hold, Holds, Verdict
 from kresilient.deadletter import CircuitBreakerPolicy
 from kresilient.testing import KafkaCluster
 
@@ -136,6 +137,49 @@ def test_reminder_at_most_once_per_interval_with_the_count_held_back() -> None:
     assert d.reminder() is None
     clock.now += 61
     assert d.reminder() == 0
+
+
+class _FakeClient:
+    """Records pause/seek/resume (a fake: a broker cannot be asked to expire a probe)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def pause(self, parts: list[Any]) -> None:
+        self.calls += [("pause", p.offset) for p in parts]
+
+    def seek(self, part: Any) -> None:
+        self.calls.append(("seek", part.offset))
+
+    def resume(self, parts: list[Any]) -> None:
+        self.calls += [("resume", p.offset) for p in parts]
+
+
+def test_probe_verdicts_fake() -> None:
+    hold = Hold(tp=("t", 0), offset=5, probe=6)
+    assert hold.verdict(6) is Verdict.SKIP  # not resumed yet: fetched before the seek
+    hold.resumed = True
+    assert hold.verdict(5) is Verdict.SKIP  # before the probe: stale
+    assert hold.verdict(6) is Verdict.PROBE
+    assert hold.verdict(8) is Verdict.PROBE and hold.probe == 8  # 6, 7 gone (compaction)
+    assert hold.position() == 8
+    hold.probe = None
+    assert hold.verdict(5) is Verdict.RETRY and hold.position() == 5
+
+
+def test_a_probe_without_a_record_gives_way_to_the_held_record_fake() -> None:
+    client = _FakeClient()
+    holds = Holds(client, LogRecorder(), str)
+    now = time.monotonic()
+    hold = Hold(tp=("t", 0), offset=5, probe=6, resumed=True, due=now, probe_until=now + 30)
+    holds.by_tp[("t", 0)] = hold
+    assert holds.service(1.0) == 1.0 and hold.probe == 6  # still waiting for the probe
+    assert client.calls == []
+    hold.probe_until = now - 1  # nothing came after the held record
+    holds.service(1.0)
+    assert hold.probe is None and hold.resumed
+    # paused and seeked back to the held record, then resumed there: it is retried
+    assert client.calls == [("pause", 5), ("seek", 5), ("seek", 5), ("resume", 5)]
 
 
 # --------------------------------------------------------------------------- real cluster

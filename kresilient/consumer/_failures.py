@@ -334,8 +334,10 @@ class FailureHandler:
             classification = poison(classification)  # no evidence of an outage either way
         else:
             if detector is not None:
-                if detector.failure(
-                    self._identity(msg),
+                # a record of our retry topics failed before and comes due when its tier says,
+                # often with others: no new evidence (it starts no outage), held during one
+                if not (self.retry_map and topic in self.retry_map) and detector.failure(
+                    (topic, partition, offset),
                     error_type=type(exc).__name__,
                     error=self._error_text(exc),
                     classified=registry is not None,
@@ -417,14 +419,6 @@ class FailureHandler:
                 else "retries exhausted"
             ),
         )
-
-    def _identity(self, msg: Message) -> tuple[str | None, int | None, int | None]:
-        """The record a failure is of, for the detector: a record of this consumer's retry
-        topics is its ORIGINAL record (failing again in its next tier is no second record)."""
-        if self.retry_map and msg.topic() in self.retry_map:
-            view = RetryView(msg)
-            return (view.topic(), view.partition(), view.offset())
-        return (msg.topic(), msg.partition(), msg.offset())
 
     def _error_text(self, exc: BaseException) -> str:
         text = self.redact(str(exc) or type(exc).__name__)
@@ -509,7 +503,7 @@ class FailureHandler:
         """No evidence: try the record after the held one (the held one stays held: its
         offset is not passed); if none comes by the outage policy's next wait, the held one
         is retried. False: the outage limit was reached."""
-        delay = self._outage_wait(hold, exc)
+        delay = self._outage_wait(hold, exc, outage=False)
         if delay is None:
             return False
         # after the held record, or after the whole run a batch handler failed as one
@@ -703,12 +697,17 @@ class FailureHandler:
             error_type=type(exc).__name__,
         )
 
-    def _outage_wait(self, hold: Hold, exc: BaseException) -> float | None:
-        """The outage policy's next wait for ``hold``; None once its limit is reached."""
+    def _outage_wait(self, hold: Hold, exc: BaseException, *, outage: bool = True) -> float | None:
+        """The outage policy's next wait for ``hold``; None once its limit is reached.
+
+        ``outage``: the record is held by an outage (after it, the RetryPolicy's whole
+        budget again); False: by a probe (its RetryPolicy stays exhausted, so the next
+        failure probes again, after a longer wait)."""
         retrying = self.outage_retrying
         assert retrying is not None
         hold.outages += 1
-        hold.retry_base = hold.attempts  # after the outage: the RetryPolicy's whole budget
+        if outage:
+            hold.retry_base = hold.attempts
         state = hold.outage_state
         if state is None:
             state = hold.outage_state = tenacity.RetryCallState(retrying, None, (), {})

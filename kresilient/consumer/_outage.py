@@ -16,8 +16,9 @@ the topic into the DLQ). One failure cannot tell them apart; several records can
 * a classified outage (a Schema Registry 5xx/429/timeout, :mod:`._registry`) is an outage at
   its first failure: the classification is the evidence.
 
-A record of the consumer's retry topics is its original record for this count (its next tier
-failing is no second record); with retry topics the tiers are the record's retry policy.
+A record of the consumer's retry topics failed before and comes due when its tier says, often
+together with others: its failure is no new evidence and starts no outage (the consumer does
+not report it), but during an outage it is held like any record; the tiers are its retry policy.
 
 The undecided case: a record whose retry policy is exhausted while nothing else was handled
 since its first failure (one partition, everything behind it waiting). It may be poison, or
