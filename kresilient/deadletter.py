@@ -670,13 +670,16 @@ class CircuitBreakerPolicy:
         max_consecutive: at most this many dead letters in a row (no success between);
             the next one opens the breaker.
         max_ratio: at most this fraction of the messages handled in the last ``window``
-            seconds may be dead letters (judged once ``min_messages`` were handled).
+            seconds may be dead letters (judged once ``min_messages`` were handled). On by
+            default (10 %, as Arroyo's ``DlqLimit``): a dependency outage no longer
+            dead-letters (the consumer holds the records), so a tenth of the traffic
+            dead-lettered means bad records or a bad deploy.
         window: seconds, for ``max_ratio``.
         min_messages: messages in the window before ``max_ratio`` is judged.
     """
 
     max_consecutive: int | None = 100
-    max_ratio: float | None = None
+    max_ratio: float | None = 0.1
     window: float = 60.0
     min_messages: int = 100
 
