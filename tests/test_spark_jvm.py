@@ -291,6 +291,48 @@ def test_jvm_engine_secrets_go_to_a_private_file_not_the_options() -> None:
     assert "config.providers" in str(info.value)
 
 
+def test_jvm_engine_topic_settings_reused_within_ttl_and_forgotten_after_a_failure(
+    spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Issue 39 (engine="jvm" fixed cost): the topic settings read for a write serve the
+    writes of the next ``TOPIC_SETTINGS_TTL`` seconds (a streaming query's micro-batches)
+    through one ``Admin`` client kept open; a failed write forgets them (the broker's refusal
+    may come from a changed setting), and so does the TTL. Control: the changed setting is
+    really read once the cache is forgotten."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+    )
+
+    import kresilient.spark._jvm as jvm_engine
+
+    topic = topic_factory(partitions=1, config={"max.message.bytes": "40000"})
+    config = jvm_engine.java_producer_options(
+        {"bootstrap.servers": kafka_cluster.bootstrap_servers}
+    )
+    jvm = spark._jvm
+    first = jvm_engine.describe_topics(jvm, config, [topic])
+    assert first[topic].max_message_bytes == 40000
+    admin_before = dict(jvm_engine._admins)
+    entry = ConfigEntry("max.message.bytes", "200000", incremental_operation=AlterConfigOpType.SET)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[entry])
+    kafka_admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap_servers})
+    kafka_admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+    assert jvm_engine.describe_topics(jvm, config, [topic]) == first  # cached
+    jvm_engine.forget_topic_limits()  # what a failed write does
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until the controller's change reached the brokers
+        jvm_engine.forget_topic_limits()
+        again = jvm_engine.describe_topics(jvm, config, [topic])
+        if again[topic].max_message_bytes == 200000:
+            break
+        time.sleep(0.2)
+    assert again[topic].max_message_bytes == 200000
+    assert dict(jvm_engine._admins) == admin_before, "the Admin client was not reused"
+
+
 def test_jvm_engine_record_size_bound_counts_every_header_byte(spark: Any) -> None:
     """The routing's size bound, computed without lambdas, is exactly Java's upper bound of a
     one-record batch: 82 + key + value + per header (key bytes + value bytes + 10)."""

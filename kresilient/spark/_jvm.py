@@ -207,57 +207,147 @@ def _long(value: str | None) -> int | None:
     return None if n >= 2**62 else n
 
 
+_names_lock = threading.Lock()
+#: (the JVM's view, a Java class name) -> that config class's setting names
+_names_cache: dict[str, tuple[Any, frozenset[str]]] = {}
+
+
 def _java_names(jvm: Any, names: Any) -> frozenset[str]:
     """A Java ``Set<String>`` as a frozenset, in one round trip (iterating it through py4j
     costs two per element: about 160 for a client's config names)."""
     return frozenset(str(jvm.java.lang.String.join("\n", names)).split("\n"))
 
 
+def _config_names(jvm: Any, java_class: str) -> frozenset[str]:
+    """``<java_class>.configNames()``, read once per JVM (a catalog fixed by the jars)."""
+    with _names_lock:
+        cached = _names_cache.get(java_class)
+        if cached is not None and cached[0] is jvm:
+            return cached[1]
+    cls: Any = jvm
+    for part in java_class.split("."):
+        cls = getattr(cls, part)
+    names = _java_names(jvm, cls.configNames())
+    with _names_lock:
+        _names_cache[java_class] = (jvm, names)
+    return names
+
+
+#: How long topic settings read for one write serve the next writes with the same settings
+#: and topics (a streaming query's micro-batches): a change made within this window may route
+#: by the old settings; a failed write forgets them at once (:func:`forget_topic_limits`).
+TOPIC_SETTINGS_TTL = 10.0
+_MAX_ADMINS = 8
+_admins_lock = threading.Lock()
+#: admin settings -> (the JVM's view, a Java Admin client kept open for the next writes)
+_admins: dict[tuple[tuple[str, str], ...], tuple[Any, Any]] = {}
+#: (admin settings, topics) -> (time.monotonic() when read, the limits)
+_limits_cache: dict[
+    tuple[tuple[tuple[str, str], ...], tuple[str, ...]], tuple[float, dict[str, TopicLimits]]
+] = {}
+
+
+def _admin_settings(jvm: Any, config: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    known = _config_names(jvm, "org.apache.kafka.clients.admin.AdminClientConfig")
+    out = {k: v for k, v in config.items() if (k in known or _is_provider_key(k))}
+    out["client.id"] = f"{config.get('client.id', 'kresilient-spark')}-admin"
+    return tuple(sorted(out.items()))
+
+
+def _admin(jvm: Any, settings: tuple[tuple[str, str], ...]) -> Any:
+    """A Java ``Admin`` client with ``settings``, kept open between writes (creating one,
+    connecting and closing it cost about 0.1-0.2 s per write)."""
+    with _admins_lock:
+        pooled = _admins.get(settings)
+        if pooled is not None and pooled[0] is jvm:
+            return pooled[1]
+    props = jvm.java.util.Properties()
+    for k, v in settings:
+        props.setProperty(k, v)
+    admin = jvm.org.apache.kafka.clients.admin.Admin.create(props)
+    evicted: list[Any] = []
+    with _admins_lock:
+        old = _admins.pop(settings, None)
+        if old is not None:
+            evicted.append(old[1])
+        while len(_admins) >= _MAX_ADMINS:
+            evicted.append(_admins.pop(next(iter(_admins)))[1])
+        _admins[settings] = (jvm, admin)
+    for a in evicted:
+        with contextlib.suppress(Exception):
+            a.close()
+    return admin
+
+
+def _drop_admin(settings: tuple[tuple[str, str], ...]) -> None:
+    with _admins_lock:
+        pooled = _admins.pop(settings, None)
+    if pooled is not None:
+        with contextlib.suppress(Exception):
+            pooled[1].close()
+
+
+def forget_topic_limits() -> None:
+    """After a failed write: the next write reads every topic's settings again."""
+    with _admins_lock:
+        _limits_cache.clear()
+
+
 def describe_topics(
     jvm: Any, config: Mapping[str, str], topics: list[str]
 ) -> dict[str, TopicLimits]:
-    """Read ``topics``' settings with the Java ``Admin`` client (the write's own settings)."""
-    admin_conf = jvm.org.apache.kafka.clients.admin.AdminClientConfig
-    known = _java_names(jvm, admin_conf.configNames())
-    props = jvm.java.util.Properties()
-    for k, v in config.items():
-        if (k in known or _is_provider_key(k)) and k != "client.id":
-            props.setProperty(k, v)
-    props.setProperty("client.id", f"{config.get('client.id', 'kresilient-spark')}-admin")
+    """Read ``topics``' settings with the Java ``Admin`` client (the write's own settings).
+
+    Settings read less than :data:`TOPIC_SETTINGS_TTL` seconds ago for the same client
+    settings and topics are reused; the ``Admin`` client stays open between writes.
+    """
+    settings = _admin_settings(jvm, config)
+    key = (settings, tuple(topics))
+    now = time.monotonic()
+    with _admins_lock:
+        hit = _limits_cache.get(key)
+        if hit is not None and now - hit[0] < TOPIC_SETTINGS_TTL:
+            return dict(hit[1])
+    admin = _admin(jvm, settings)
     seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
-    admin = jvm.org.apache.kafka.clients.admin.Admin.create(props)
     try:
-        try:
-            described = admin.describeTopics(topics).allTopicNames().get(60, seconds)
-        except Exception as exc:
-            raise ConfigError(
-                f"cannot describe topic(s) {', '.join(topics)} (they must exist: engine='jvm' "
-                f"reads their settings to route unproducible rows): {_java_message(exc)}",
-                key="topic",
-            ) from None
+        described = admin.describeTopics(topics).allTopicNames().get(60, seconds)
+    except Exception as exc:
+        _drop_admin(settings)  # a client that failed is not kept
+        raise ConfigError(
+            f"cannot describe topic(s) {', '.join(topics)} (they must exist: engine='jvm' "
+            f"reads their settings to route unproducible rows): {_java_message(exc)}",
+            key="topic",
+        ) from None
+    try:
         res_cls = jvm.org.apache.kafka.common.config.ConfigResource
         kind = res_cls.Type.TOPIC
         resources = {t: res_cls(kind, t) for t in topics}
         configs = admin.describeConfigs(list(resources.values())).all().get(60, seconds)
-        out: dict[str, TopicLimits] = {}
-        for t, res in resources.items():
-            cfg = configs.get(res)
+    except BaseException:
+        _drop_admin(settings)
+        raise
+    out: dict[str, TopicLimits] = {}
+    for t, res in resources.items():
+        cfg = configs.get(res)
 
-            def value(name: str, cfg: Any = cfg) -> str | None:
-                entry = cfg.get(name)
-                return None if entry is None else entry.value()
+        def value(name: str, cfg: Any = cfg) -> str | None:
+            entry = cfg.get(name)
+            return None if entry is None else entry.value()
 
-            out[t] = TopicLimits(
-                partitions=int(described.get(t).partitions().size()),
-                max_message_bytes=int(value("max.message.bytes") or 1048588),
-                compacted="compact" in (value("cleanup.policy") or ""),
-                create_time=(value("message.timestamp.type") or "CreateTime") == "CreateTime",
-                before_max_ms=_long(value("message.timestamp.before.max.ms")),
-                after_max_ms=_long(value("message.timestamp.after.max.ms")),
-            )
-        return out
-    finally:
-        admin.close()
+        out[t] = TopicLimits(
+            partitions=int(described.get(t).partitions().size()),
+            max_message_bytes=int(value("max.message.bytes") or 1048588),
+            compacted="compact" in (value("cleanup.policy") or ""),
+            create_time=(value("message.timestamp.type") or "CreateTime") == "CreateTime",
+            before_max_ms=_long(value("message.timestamp.before.max.ms")),
+            after_max_ms=_long(value("message.timestamp.after.max.ms")),
+        )
+    with _admins_lock:
+        if len(_limits_cache) >= 256:
+            _limits_cache.clear()
+        _limits_cache[key] = (now, dict(out))
+    return out
 
 
 def _java_message(exc: BaseException) -> str:
@@ -588,7 +678,7 @@ def write_jvm(
             key="engine",
         )
     try:
-        known = _java_names(jvm, jvm.org.apache.kafka.clients.producer.ProducerConfig.configNames())
+        known = _config_names(jvm, "org.apache.kafka.clients.producer.ProducerConfig")
     except Exception:
         raise ConfigError(
             "engine='jvm' needs Spark's Kafka connector (spark-sql-kafka-0-10) on the driver's "
@@ -707,6 +797,7 @@ def write_jvm(
             writer.save()
     except BaseException:
         retire_client_id(config)  # the next write must not inherit this one's producers
+        forget_topic_limits()  # a refusal may come from settings changed since they were read
         raise
     metrics = obs.get
     dead = {r: int(metrics.get(r) or 0) for r in sorted(reasons) if metrics.get(r)}
