@@ -418,3 +418,24 @@ def test_config_module_does_not_configure_structlog() -> None:
     before = structlog.get_config()
     producer_config(BASE)
     assert structlog.get_config() == before
+
+
+def test_a_truncating_integer_value_is_judged_not_a_crash() -> None:
+    """acks=0.0 passes check_value (librdkafka reads "0.0" as 0) but _parse called
+    int("0.0") and raised a bare ValueError (found by the lint fuzz test once lint ran the
+    runtime's refusal table): it is acks=0, refused as unsafe, naming the key."""
+    from kresilient.errors import UnsafeConfigError
+
+    with pytest.raises(UnsafeConfigError) as info:
+        producer_config({"bootstrap.servers": "a:9092", "acks": 0.0})
+    assert info.value.key == "acks"
+
+
+def test_a_value_check_value_lets_through_never_raises_a_bare_valueerror() -> None:
+    """"0,none" passes librdkafka's strtol-style check (read as 0); _parse raised a bare
+    ValueError on it (found by the lint fuzz test, a YAML list [0, null] for acks)."""
+    from kresilient.errors import UnsafeConfigError
+
+    with pytest.raises(UnsafeConfigError) as info:
+        producer_config({"bootstrap.servers": "a:9092", "acks": "0,none"})
+    assert info.value.key == "acks"

@@ -377,8 +377,9 @@ def test_aiokafka_positional_topics_are_not_a_config_and_kwargs_dicts_are_partia
     (unit,) = read_text(text, "c.py", "python").units
     assert sorted(unit.entries) == ["bootstrap.servers"]
     assert unit.context["config_known"] is False
-    # Unknown **options: no finding that depends on a default (auto-commit, offset reset).
-    assert lint_text(text, "c.py") == []
+    # Unknown **options: no finding that depends on a default (auto-commit, offset reset),
+    # and the config is said to be partly understood (KR055, issue 38), not silently clean.
+    assert [f.rule for f in lint_text(text, "c.py")] == ["KR055"]
 
 
 def test_confluent_aioproducer_thread_pool_argument_is_not_a_config_key() -> None:

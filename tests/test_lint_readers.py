@@ -172,7 +172,8 @@ def test_python_syntax_error_is_located() -> None:
         ({"node.id": "1", "message.max.bytes": "1"}, "broker"),
         ({"cleanup.policy": "compact", "retention.ms": "1"}, "topic"),
         ({"min.insync.replicas": "2", "unclean.leader.election.enable": "false"}, "topic"),
-        ({"acks": "all", "linger.ms": "5", "group.id": "g"}, "producer"),
+        # keys of both roles: a generic client file, judged per role (issue 36 #4)
+        ({"acks": "all", "linger.ms": "5", "group.id": "g"}, "client"),
     ],
 )
 def test_detect_kind(keys: dict[str, str], kind: str) -> None:

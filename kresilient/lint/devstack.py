@@ -79,6 +79,15 @@ def _broker_evidence(unit: ConfigUnit) -> str | None:
     return None
 
 
+def _cluster_of(unit: ConfigUnit) -> str:
+    """What ties a compose broker to its cluster: its ZooKeeper ensemble or KRaft voters."""
+    for key in ("zookeeper.connect", "controller.quorum.voters"):
+        entry = unit.entries.get(key)
+        if entry is not None and not entry.dynamic:
+            return f"{key}={entry.text.strip()}"
+    return "?"
+
+
 def _terraform_local(text: str) -> bool:
     for provider in _TF_PROVIDER.finditer(text):
         found = _TF_BOOTSTRAP.search(provider.group("body"))
@@ -101,8 +110,25 @@ def evidence(units: list[ConfigUnit], text: str, fmt: str) -> None:
     if file_reason is None and fmt == "terraform" and _terraform_local(text):
         file_reason = "its provider bootstraps from localhost"
     brokers = [u for u in targets if u.kind == "broker" and "broker" in (_roles(u) or {"broker"})]
-    compose_single = fmt == "yaml" and len(brokers) == 1 and bool(_COMPOSE.search(text))
+    compose = fmt == "yaml" and bool(_COMPOSE.search(text))
+    compose_single = compose and len(brokers) == 1
+    clusters: dict[str, int] = {}
+    if compose:
+        for unit in brokers:
+            clusters[_cluster_of(unit)] = clusters.get(_cluster_of(unit), 0) + 1
     for unit in targets:
+        if compose and unit.kind == "broker":
+            broker_id = unit.entries.get("broker.id")
+            if broker_id is not None and not broker_id.text.strip().lstrip("-").isdigit():
+                # the image run for its client tools (KAFKA_BROKER_ID: ignored): no broker
+                unit.context["dev_stack"] = f"broker.id={broker_id.text}: no broker runs here"
+                continue
+            if len(brokers) > 1 and clusters.get(_cluster_of(unit)) == 1:
+                # several single-broker clusters in one file (a source and a target ...)
+                unit.context["dev_stack"] = "its cluster has one broker in this compose file"
+            # every broker of a compose file runs on one docker host: rack advice (KR047)
+            # cannot apply there (issue 38 #6); replication advice still does
+            unit.context["single_host"] = "a docker-compose file (one host)"
         reason = file_reason
         if reason is None and unit.kind == "broker":
             reason = _broker_evidence(unit)

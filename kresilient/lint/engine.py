@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from kresilient import _catalog as catalog
-from kresilient.lint import devstack, rules_client, rules_cluster  # noqa: F401  (register the rules)
+from kresilient.lint import devstack, parity, rules_client, rules_cluster  # noqa: F401  (register the rules)
 from kresilient.lint.model import (
     TOPIC_SPEC_KEYS,
     ConfigUnit,
@@ -91,6 +92,8 @@ def detect_kind(unit: ConfigUnit) -> Kind:
     cluster = broker + topic + shared_bt
     if cluster > producer + consumer + client:
         return "broker" if broker > topic else "topic"
+    if producer and consumer:
+        return "client"  # a generic client file: judged per role (_role_views)
     if consumer > producer or (consumer == producer and "group.id" in unit.entries):
         return "consumer" if consumer else "client"
     if producer > 0:
@@ -164,6 +167,28 @@ _JAVA_MARKERS = frozenset(
 SELF_DESCRIBING = frozenset({"python", "spring", "strimzi", "terraform", "topicspec", "connect"})
 
 
+#: Text naming the Java client's classes (``see org.apache.kafka.clients.producer.ProducerConfig``
+#: in Kafka's own config/producer.properties): evidence that the Java client reads the file.
+_JAVA_TEXT = re.compile(
+    r"\b(?:org\.apache\.kafka\.clients|kafka\.producer\.ProducerConfig|ProducerConfig|"
+    r"ConsumerConfig|AdminClientConfig|KafkaProducer|KafkaConsumer)\b"
+)
+
+
+def _role_in_name(path: str) -> str | None:
+    """``producer`` / ``consumer`` when the file's name says so (``producer.properties``,
+    ``consumer-ssl.yaml``) and not both."""
+    name = os.path.basename(path).lower()
+    roles = [r for r in ("producer", "consumer") if r in name]
+    return roles[0] if len(roles) == 1 else None
+
+
+def _keys_fit_role(unit: ConfigUnit, role: str) -> bool:
+    """No key of ``unit`` belongs only to the other role."""
+    other = "C" if role == "producer" else "P"
+    return not any((p := catalog.lookup(k)) is not None and p.scope == other for k in unit.entries)
+
+
 def detect_client(unit: ConfigUnit) -> str:
     """``java`` when ``unit`` names Java classes or holds a key only the Java client knows
     (``sasl.jaas.config``, ``ssl.truststore.location`` ...), else ``librdkafka``."""
@@ -202,19 +227,86 @@ def unit_findings(
     into ``fold`` when given (the caller reports one KR053 line for the file), else as a
     KR053 line of this unit.
     """
+    dev_stack = unit.context.get("dev_stack")
+    folded: dict[str, int] = {}
+    found_here = list(_rule_findings(unit, settings, folded))
+    views = _role_views(unit)
+    if views:
+        seen = set(found_here)
+        for view in views:
+            for finding in _rule_findings(view, settings, folded, generic=True):
+                if finding not in seen:
+                    seen.add(finding)
+                    found_here.append(finding)
+    yield from parity.apply(unit, found_here, settings)
+    if fold is not None:
+        for rid, n in folded.items():
+            fold[rid] = fold.get(rid, 0) + n
+    elif folded and settings.enabled("KR053"):
+        yield _dev_stack_finding(unit, str(dev_stack), folded, settings)
+
+
+def _overlay_spring_profiles(units: list[ConfigUnit]) -> None:
+    """Spring Boot layers the documents of an application.yml: a later document (a profile)
+    changes the settings of the ones before it, it does not replace them. A profile's
+    consumer block without ``auto-offset-reset`` keeps the ``earliest`` of the default
+    document (issue 38: a warning about an unset key the base document sets was false)."""
+    seen: dict[tuple[str, str | None], ConfigUnit] = {}
+    for unit in units:
+        if unit.source != "spring":
+            continue
+        key = (unit.kind, unit.name)
+        base = seen.get(key)
+        if base is not None:
+            own = {e.setting or k for k, e in unit.entries.items()}
+            inherited = {k: e for k, e in base.entries.items() if (e.setting or k) not in own}
+            unit.entries = {**inherited, **unit.entries}
+        seen[key] = unit
+
+
+def not_understood(unit: ConfigUnit) -> str | None:
+    """Why ``unit``'s config could not be resolved statically, or None when it was (issue
+    38: a Python client whose config is built at run time is "not understood", never a
+    silent "0 findings")."""
+    if unit.source != "python" or unit.context.get("config_known", True):
+        return None
+    constructor = unit.context.get("constructor", "the client")
+    known = sorted(k for k, e in unit.entries.items() if not e.dynamic)
+    if not known:
+        return (
+            f"not understood: the config passed to {constructor}() is built at run time "
+            "(a variable, a function's result, **kwargs); nothing in it was checked"
+        )
+    return (
+        f"partly understood: the config passed to {constructor}() is built at run time; "
+        f"only its literal keys were checked ({', '.join(known[:6])}"
+        f"{' ...' if len(known) > 6 else ''})"
+    )
+
+
+def _rule_findings(
+    unit: ConfigUnit, settings: Settings, folded: dict[str, int], *, generic: bool = False
+) -> Iterator[Finding]:
+    """The findings of the unit-scope rules for ``unit``. ``generic``: ``unit`` is the view
+    of a generic client file in one role (see :func:`_role_views`): only rules of that role
+    run, and only on settings the file makes (unset-key advice is for the file that
+    configures the whole client, not a shared snippet)."""
     rules: Iterable[Rule] = iter_rules(scope="unit")
     only = unit.context.get("rules")  # a unit read in a dialect only some rules know
     if isinstance(only, frozenset):
         rules = [r for r in rules if r.id in only]
     client = client_of(unit)
     dev_stack = unit.context.get("dev_stack")
-    folded: dict[str, int] = {}
     for found in rules:
         if found.check is None or unit.kind not in found.kinds or not settings.enabled(found.id):
             continue
+        if generic and "client" in found.kinds:
+            continue  # already run on the file itself
         if is_client(unit) and client not in found.clients:
             continue
         for message, entry in found.check(unit):
+            if generic and entry is None:
+                continue
             if dev_stack is not None and found.id in devstack.FOLDED_RULES:
                 folded[found.id] = folded.get(found.id, 0) + 1
                 continue
@@ -233,11 +325,48 @@ def unit_findings(
                 message=message,
                 key=entry.key if entry else None,
             )
-    if fold is not None:
-        for rid, n in folded.items():
-            fold[rid] = fold.get(rid, 0) + n
-    elif folded and settings.enabled("KR053"):
-        yield _dev_stack_finding(unit, str(dev_stack), folded, settings)
+
+
+def _role_of_key(key: str, java: bool) -> str | None:
+    if java:
+        owners = catalog.java_client_kinds(key)
+        if owners and len(owners) == 1 and owners[0] in ("producer", "consumer"):
+            return owners[0]
+        return None
+    prop = catalog.lookup(key)
+    return {"P": "producer", "C": "consumer"}.get(prop.scope) if prop is not None else None
+
+
+def _role_views(unit: ConfigUnit) -> list[ConfigUnit]:
+    """A generic client file (kind ``client``: keys of several roles, or only connection
+    keys) judged per role (issue 36 #4, issue 38 #4): one view per role whose keys it holds,
+    with the other role's keys left out, so ``acks`` is judged as a producer reads it and
+    never reported as "ignored by a consumer"."""
+    if unit.kind != "client" or unit.source == "python":
+        return []
+    java = client_of(unit) == "java"
+    roles: dict[str, set[str]] = {}
+    for key in unit.entries:
+        role = _role_of_key(key, java)
+        if role is not None:
+            roles.setdefault(role, set()).add(key)
+    views: list[ConfigUnit] = []
+    for role in sorted(roles):
+        other = {k for r, ks in roles.items() if r != role for k in ks}
+        views.append(
+            ConfigUnit(
+                path=unit.path,
+                line=unit.line,
+                col=unit.col,
+                entries={k: e for k, e in unit.entries.items() if k not in other},
+                kind=role,  # type: ignore[arg-type]
+                kind_forced=True,
+                name=unit.name,
+                source=unit.source,
+                context={**unit.context, "generic": True},
+            )
+        )
+    return views
 
 
 def _dev_stack_finding(
@@ -334,16 +463,53 @@ def lint_text(
         elif "client" not in unit.context and unit.source != "python":
             unit.context["client"] = detect_client(unit)  # Python readers know their library
         valid.append(unit)
+    _overlay_spring_profiles(valid)
+    sup = parse_suppressions(text, python=fmt == "python")
+    if sup.allows:
+        for unit in valid:
+            keys = {k for e in unit.entries.values() for k in sup.allowed_at(e.line)}
+            if keys:
+                before = unit.context.get(parity.ALLOW_CONTEXT, ())
+                unit.context[parity.ALLOW_CONTEXT] = (*before, *sorted(keys))  # type: ignore[misc]
+    java_text = fmt != "python" and _JAVA_TEXT.search(text) is not None
+    role_named = _role_in_name(path)
+    for unit in valid:
+        if (
+            java_text
+            and settings.client is None
+            and unit.source not in SELF_DESCRIBING
+            and unit.context.get("client") == "librdkafka"
+        ):
+            unit.context["client"] = "java"  # the file names Java client classes
+        if (
+            role_named
+            and unit.kind == "client"
+            and not unit.kind_forced
+            and settings.kind is None
+            and _keys_fit_role(unit, role_named)
+        ):
+            unit.kind = role_named  # type: ignore[assignment]
     devstack.evidence(valid, text, fmt)
     fold: dict[str, int] = {}  # one KR053 line for the whole file, at its first dev unit
     for unit in valid:
         findings.extend(unit_findings(unit, settings, fold))
+        unknown = not_understood(unit)
+        if unknown is not None and settings.enabled("KR055"):
+            findings.append(
+                Finding(
+                    rule="KR055",
+                    severity=settings.severity_of("KR055"),
+                    path=unit.path,
+                    line=unit.line,
+                    col=unit.col,
+                    message=unknown,
+                )
+            )
         if units_out is not None:
             units_out.append(unit)
     if fold and settings.enabled("KR053"):
         first = next(u for u in valid if "dev_stack" in u.context)
         findings.append(_dev_stack_finding(first, str(first.context["dev_stack"]), fold, settings))
-    sup = parse_suppressions(text, python=fmt == "python")
     # Messages show a secret's key, never its value; this pass makes sure of it for every
     # rule and output format (text, JSON, SARIF, GitHub annotations).
     findings = redact_findings(findings, value_redactor(valid))
@@ -400,6 +566,9 @@ def lint_paths(
         before = len(units)
         file_findings = lint_text(text, display, settings, units_out=units)
         findings.extend(file_findings)
+        for f in file_findings:
+            if f.rule == "KR055":
+                stats.not_understood.append((f.path, f.line, f.message))
         if any(f.rule == "KR000" for f in file_findings):
             stats.failed += 1
         elif len(units) > before:

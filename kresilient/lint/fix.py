@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kresilient.lint.engine import discover, lint_text
-from kresilient.lint.model import REDACTED, ConfigUnit, Entry, Finding, value_redactor
+from kresilient.lint.model import REDACTED, ConfigUnit, Entry, Finding, Severity, value_redactor
 from kresilient.lint.readers import detect_format
 from kresilient.lint.registry import explicit, number
 from kresilient.lint.settings import Settings
@@ -438,7 +438,10 @@ def fix_text(text: str, path: str, settings: Settings | None = None) -> FileFix:
     result.redact = value_redactor(units)
     if any(f.rule == "KR000" for f in findings):
         return result
-    wanted = [f for f in findings if f.rule in FIXABLE]
+    # Only a finding that is an error for this file's reader is fixed (issue 38 #9): a
+    # warning may be inapplicable (a Java default, a shared snippet), and an edit made on
+    # a guess is worse than a report.
+    wanted = [f for f in findings if f.rule in FIXABLE and f.severity >= Severity.ERROR]
     if not wanted:
         return result
     changes = _plan(wanted, units, result.notes)

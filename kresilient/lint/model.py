@@ -189,13 +189,17 @@ class LintStats:
 
     ``files_read``: files opened; of those, ``with_config`` held Kafka settings, ``failed``
     could not be read or parsed (a KR000), and ``skipped`` lists the rest: files of a known
-    kind that hold no Kafka settings.
+    kind that hold no Kafka settings. ``not_understood`` lists the configs whose keys could
+    not be resolved statically (also reported as KR055 info findings).
     """
 
     files_read: int = 0
     with_config: int = 0
     failed: int = 0
     skipped: list[str] = field(default_factory=list)
+    #: (path, line, reason) of each config lint could not resolve statically (a Python
+    #: client whose config is built at run time): read, but not (fully) checked.
+    not_understood: list[tuple[str, int, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

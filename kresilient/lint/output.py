@@ -27,7 +27,8 @@ def _files(stats: LintStats) -> str:
     read = f"{stats.files_read} file(s) read: {stats.with_config} with Kafka settings"
     return (
         f"{read}, {len(stats.skipped)} skipped (no Kafka settings), "
-        f"{stats.failed} not readable (KR000)"
+        f"{stats.failed} not readable (KR000), "
+        f"{len(stats.not_understood)} config(s) not understood (KR055)"
     )
 
 
@@ -162,11 +163,31 @@ def _invocation(findings: Sequence[Finding], stats: LintStats | None) -> dict[st
             "filesWithKafkaSettings": stats.with_config,
             "filesSkipped": len(stats.skipped),
             "filesNotReadable": stats.failed,
+            "configsNotUnderstood": len(stats.not_understood),
         }
+        notes = [
+            {
+                "level": "note",
+                "descriptor": {"id": "KR055"},
+                "message": {"text": reason},
+                "locations": [
+                    {
+                        "physicalLocation": {
+                            "artifactLocation": _artifact(path),
+                            **({"region": {"startLine": line}} if line > 0 else {}),
+                        }
+                    }
+                ],
+            }
+            for path, line, reason in stats.not_understood
+        ]
+        if notes:
+            invocation["toolExecutionNotifications"] = notes
         if not stats.with_config and ok:
             invocation["executionSuccessful"] = False
             invocation["toolExecutionNotifications"] = [
-                {"level": "error", "message": {"text": "no Kafka configuration found"}}
+                {"level": "error", "message": {"text": "no Kafka configuration found"}},
+                *invocation.get("toolExecutionNotifications", []),
             ]
     return invocation
 
@@ -230,6 +251,10 @@ that, only the broker's JMX `MaxLag` shows it.
   (an unknown option, rule id or prefix), a file that cannot be parsed (KR000), no Kafka
   configuration found in the paths (`--allow-no-config` makes that 0, for a pre-commit hook
   that passes every changed file) or a cluster that cannot be reached (KR065).
+- A Python client whose config lint cannot resolve statically (read from a file, built by a
+  function, `**kwargs`) is "not understood": a KR055 info finding at the constructor (in
+  text, JSON, SARIF and GitHub output), counted in the text summary, and a SARIF
+  `toolExecutionNotifications` note; "0 findings" never stands for "nothing understood".
 - The text summary counts the files read, those with Kafka settings, those skipped (no Kafka
   settings; `--verbose` lists them) and those not readable, so "0 findings" never hides
   "0 files understood". An audit
@@ -257,6 +282,23 @@ that, only the broker's JMX `MaxLag` shows it.
   `acks: 1  # kresilient: ignore[KR007] reason: metrics, loss acceptable` on the line (or
   alone on the line above; `.properties` files have no end-of-line comments), or
   `# kresilient: ignore-file[KR030] reason: ...` for the whole file.
+- Lint = runtime: `kresilient.config.REFUSALS` is the one table of what `ResilientProducer`
+  and `ResilientConsumer` refuse (`ConfigError`, `UnsafeConfigError`). In a file a
+  kresilient client would read (a librdkafka-dialect file, or a dict passed to
+  `ResilientProducer`/`ResilientConsumer`/`producer_config`/`consumer_config`) every
+  refusal is an error (exit 1): the finding of the rule that reports it (`acks=1` is
+  KR007, auto-commit before processing KR018, `auto.offset.reset=latest` KR021 ...) is
+  raised to error, and KR054 carries the client's message where no rule does. The opt-out
+  is the runtime's: `allow_unsafe=("acks",)` in code, and in a file
+  `# kresilient: allow acks` (several keys: `allow acks, retries`; a reason may follow as
+  `reason: ...`) on the setting's line or alone above it; the finding then stays a warning,
+  as the client logs one warning. Conflicts (`ConfigError`) have no opt-out. A file
+  `bootstrap.servers` or `group.id` is missing from is not refused (the application may add
+  them), a Python dict passed to a kresilient client is. Java-client files (Spring,
+  `sasl.jaas.config` ...) and aiokafka/kafka-python calls keep their own severities.
+- A file with producer and consumer keys is a generic client file, judged per role: its
+  producer keys as a producer reads them, its consumer keys as a consumer does (never "acks
+  is ignored by a consumer"), and without advice about keys it leaves unset.
 - Secrets (passwords, private keys, tokens, JAAS configs) are never printed: not in a
   message, a `--fix` note, the JSON/SARIF/GitHub reports, nor the context lines of `--diff`
   (a secret's line is shown with its value as `<redacted>`). A key is secret when the

@@ -71,6 +71,8 @@ _AIOKAFKA_DEFAULTS = {
     "auto.offset.reset": "latest",
 }
 _CONFIG_KWARGS = ("config", "conf", "configs", "user")
+#: Calls by which a consumer chooses its own positions (aiokafka, kafka-python).
+_SEEKS = frozenset({"seek", "seek_to_beginning", "seek_to_end", "seek_to_committed", "assign"})
 # Constructor arguments that are not librdkafka settings (AIOProducer's thread pool ...).
 _NOT_CONFIG_KWARGS = frozenset({"allow_unsafe", "max_workers", "executor", "loop"})
 _MISSING = object()
@@ -297,6 +299,15 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
                 elif kw.arg not in _CONFIG_KWARGS and kw.arg not in _NOT_CONFIG_KWARGS:
                     entries[kw.arg] = resolver._entry(kw.arg, kw.value, kw)
         where = config_expr if isinstance(config_expr, ast.Dict) else call
+        context: dict[str, object] = {
+            "constructor": sink_name,
+            "resilient": sink.resilient,
+            "config_known": not resolver.partial,
+            "methods": frozenset(visitor.methods),
+        }
+        allow = _allow_unsafe(call)
+        if allow:
+            context["allow_unsafe"] = allow  # the runtime's opt-out (kresilient.lint.parity)
         yield ConfigUnit(
             path=path,
             line=getattr(where, "lineno", call.lineno),
@@ -305,13 +316,26 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
             kind=sink.kind,
             kind_forced=True,
             source="python",
-            context={
-                "constructor": sink_name,
-                "resilient": sink.resilient,
-                "config_known": not resolver.partial,
-                "methods": frozenset(visitor.methods),
-            },
+            context=context,
         )
+
+
+def _allow_unsafe(call: ast.Call) -> tuple[str, ...]:
+    """The literal key names of a call's ``allow_unsafe=`` (a string or a tuple/list/set
+    of strings); a non-literal one allows nothing the linter can see."""
+    for kw in call.keywords:
+        if kw.arg != "allow_unsafe":
+            continue
+        value = kw.value
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            return (value.value,)
+        if isinstance(value, ast.Tuple | ast.List | ast.Set):
+            return tuple(
+                e.value
+                for e in value.elts
+                if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            )
+    return ()
 
 
 def _ssl_context_unit(call: ast.Call, path: str) -> ConfigUnit:
@@ -363,12 +387,19 @@ def _keyword_unit(
             dynamic=entry.dynamic,
             setting=key,
         )
+    rules = KEYWORD_CLIENT_RULES
+    if sink.kind == "consumer" and not partial:
+        seeks = visitor.methods & _SEEKS
+        if "group.id" not in entries or seeks:
+            # No group: nothing is ever committed; an explicit seek/assign decides where it
+            # starts. Commit and reset advice does not apply (issue 38 #2).
+            rules = rules - {"KR018", "KR021"}
     context: dict[str, object] = {
         "constructor": name,
         "resilient": False,
         "config_known": not partial,
         "methods": frozenset(visitor.methods),
-        "rules": KEYWORD_CLIENT_RULES,
+        "rules": rules,
         "assumed": sink.library,
     }
     if sink.library == "aiokafka":

@@ -349,6 +349,8 @@ def _walk(
         return
     entries: dict[str, Entry] = {}
     children: list[tuple[str, _Node]] = []
+    if hint is None and _is_topic_spec(node):
+        hint = "topic"  # {"name", "replication.factor", "config": {...}}: one topic
     for key, line, col, child in node.mapping:
         if child.sequence is not None:
             child = _env_list(child) or child  # compose's list form of environment:
@@ -394,6 +396,19 @@ def _walk(
         child_hint = SECTION_HINTS.get(key.lower(), hint)
         child_label = key if hint == "topic" and key.lower() not in SECTION_HINTS else label
         _walk(child, path, child_hint, child_label, out)
+
+
+_SPEC_RF = frozenset({"replication.factor", "replicationFactor", "replication_factor"})
+
+
+def _is_topic_spec(node: _Node) -> bool:
+    """A topic spec (topic-as-code JSON/YAML): a name, a top-level replication factor and a
+    ``config``/``configs`` object of topic configs. Its replication factor and its configs
+    are one topic (issue 38 #7: KR044 needs both)."""
+    if node.mapping is None:
+        return False
+    keys = {k for k, _, _, _ in node.mapping}
+    return bool(keys & _SPEC_RF) and "name" in keys and bool(keys & {"config", "configs"})
 
 
 # ----------------------------------------------------------------------------- Kafka Connect
@@ -605,6 +620,8 @@ def _resource_kind(root: _Node) -> tuple[str, str] | None:
         _child(root, "spec", "partitions") or _child(root, "spec", "replicationFactor")
     ):
         return "topicctl", "Topic"
+    if _child(root, "meta", "name") and _child(root, "spec", "bootstrapAddrs"):
+        return "topicctl", "Cluster"
     return None
 
 
@@ -624,6 +641,8 @@ def resource_units(root: _Node, path: str) -> list[ConfigUnit] | None:
         return units
     if kind in ("KafkaTopic", "Topic"):
         return _topic_resource(root, path, tool)
+    if tool == "topicctl" and kind == "Cluster":
+        return _topicctl_cluster(root, path)
     if tool == "strimzi" and kind == "Kafka":
         return _strimzi_kafka(root, path)
     if tool == "strimzi" and kind == "KafkaConnect":
@@ -635,6 +654,48 @@ def resource_units(root: _Node, path: str) -> list[ConfigUnit] | None:
     return []
 
 
+#: topicctl cluster config fields (its own Go client's options) -> the Kafka setting they
+#: are, for the rules that judge them (a literal SASL password, TLS verification off).
+_TOPICCTL_CLUSTER = (
+    (("spec", "sasl", "password"), "sasl.password"),
+    (("spec", "tls", "skipVerify"), "enable.ssl.certificate.verification"),
+)
+
+
+def _topicctl_cluster(root: _Node, path: str) -> list[ConfigUnit]:
+    """A topicctl cluster config (``meta`` + ``spec.bootstrapAddrs``): not a Kafka
+    properties map (its keys are topicctl's), so only the literal SASL password (KR041) and
+    ``tls.skipVerify: true`` (KR034) are judged."""
+    entries: dict[str, Entry] = {}
+    for keys, setting in _TOPICCTL_CLUSTER:
+        found = _child(root, *keys)
+        if found is None or found[2].scalar is None:
+            continue
+        line, col, node = found
+        value: object = node.scalar
+        if setting == "enable.ssl.certificate.verification":
+            if str(value).lower() != "true":
+                continue
+            value = "false"  # skipVerify: true is verification off
+        entries[setting] = Entry(
+            key=".".join(keys), value=value, line=line, col=col, setting=setting
+        )
+    if not entries:
+        return []
+    return [
+        ConfigUnit(
+            path=path,
+            line=root.line,
+            col=root.col,
+            entries=entries,
+            kind="client",
+            kind_forced=True,
+            source="topicspec",
+            context={"tool": "topicctl", "rules": frozenset({"KR034", "KR041"})},
+        )
+    ]
+
+
 #: MirrorMaker 2 connector -> (its topics' replication-factor keys, topic described).
 _MM2_TOPICS = {
     "sourceConnector": (
@@ -644,6 +705,82 @@ _MM2_TOPICS = {
     "checkpointConnector": (("checkpoints.topic.replication.factor", "checkpoints"),),
     "heartbeatConnector": (("heartbeats.topic.replication.factor", "heartbeats"),),
 }
+
+
+#: The replication-factor keys of a MirrorMaker 2 properties file (connect-mirror-maker.sh)
+#: and the topics they create: its connectors' topics and its Connect internal topics.
+_MM2_PROPERTIES_RF = (
+    ("replication.factor", "mirrored topics"),
+    ("offset-syncs.topic.replication.factor", "mm2-offset-syncs"),
+    ("checkpoints.topic.replication.factor", "checkpoints"),
+    ("heartbeats.topic.replication.factor", "heartbeats"),
+    ("offset.storage.replication.factor", "mm2-offsets"),
+    ("config.storage.replication.factor", "mm2-configs"),
+    ("status.storage.replication.factor", "mm2-status"),
+)
+
+
+def is_mirror_maker(entries: dict[str, Entry]) -> bool:
+    """A MirrorMaker 2 properties file: ``clusters = A, B`` with ``A.bootstrap.servers``."""
+    clusters = entries.get("clusters")
+    if clusters is None or clusters.dynamic:
+        return False
+    names = [c.strip() for c in clusters.text.split(",") if c.strip()]
+    return any(f"{n}.bootstrap.servers" in entries for n in names)
+
+
+def mirror_maker_units(entries: dict[str, Entry], path: str) -> list[ConfigUnit]:
+    """The topics a MirrorMaker 2 properties file creates, with their replication factors
+    (issue 38: read as such, not skipped as "no Kafka settings"); ``-1`` (the target's
+    default) is not judged. A ``{cluster}.`` or ``{source}->{target}.`` prefixed key
+    applies to that cluster or flow and is read the same way."""
+    units: list[ConfigUnit] = []
+    clusters = [c.strip() for c in entries["clusters"].text.split(",") if c.strip()]
+    servers = [entries.get(f"{c}.bootstrap.servers") for c in clusters]
+    local = all(
+        s is not None
+        and all(h.strip().split(":")[0] in ("localhost", "127.0.0.1") for h in s.text.split(","))
+        for s in servers
+    )
+    for key, entry in entries.items():
+        bare = key
+        for rf_key, name in _MM2_PROPERTIES_RF:
+            if bare != rf_key and not bare.endswith("." + rf_key):
+                continue
+            if (
+                rf_key == "replication.factor"
+                and bare != rf_key
+                and (bare.endswith(("storage.replication.factor", "topic.replication.factor")))
+            ):
+                continue
+            rf = Entry(
+                key=entry.key,
+                value=entry.value,
+                line=entry.line,
+                col=entry.col,
+                dynamic=entry.dynamic or entry.text.strip() == "-1",
+                setting="replication.factor",
+            )
+            units.append(
+                ConfigUnit(
+                    path=path,
+                    line=entry.line,
+                    col=entry.col,
+                    entries={"replication.factor": rf},
+                    kind="topic",
+                    kind_forced=True,
+                    name=name if bare == rf_key else f"{name} ({bare[: -len(rf_key) - 1]})",
+                    source="connect",
+                    context={
+                        "tool": "mirror-maker",
+                        "rules": frozenset({"KR042"}),
+                        # every cluster it mirrors is on localhost: a dev set-up
+                        **({"dev_stack": "its clusters bootstrap from localhost"} if local else {}),
+                    },
+                )
+            )
+            break
+    return units
 
 
 def _mirror_maker(root: _Node, path: str) -> list[ConfigUnit]:
@@ -1224,6 +1361,9 @@ def _read_properties(text: str, path: str, kind: Kind | None) -> ReadResult:
     if spring:
         result.units.extend(spring_units(spring, path))
         entries = {k: e for k, e in entries.items() if not k.lower().startswith("spring.")}
+    if kind is None and is_mirror_maker(entries):
+        result.units.extend(mirror_maker_units(entries, path))
+        return result
     if kind is None and is_connect(entries):
         result.units.extend(connect_units(entries, path))
         return result

@@ -6,6 +6,7 @@ Evidence for each rule is librdkafka's own ``rd_kafka_conf_finalize``/``rd_kafka
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from kresilient import _catalog as catalog
@@ -141,6 +142,28 @@ def _gapless(unit: ConfigUnit) -> Iterator[Hit]:
         yield "enable.gapless.guarantee=true without enable.idempotence=true", gapless
 
 
+#: Kafka Streams settings (StreamsConfig), found beside client keys in Spring Cloud Stream's
+#: ``kafka.streams.binder.configuration``: not misspelled client keys.
+_STREAMS_KEYS = frozenset(
+    {
+        "application.id",
+        "commit.interval.ms",
+        "processing.guarantee",
+        "num.stream.threads",
+        "num.standby.replicas",
+        "state.dir",
+        "cache.max.bytes.buffering",
+        "statestore.cache.max.bytes",
+        "topology.optimization",
+        "default.key.serde",
+        "default.value.serde",
+        "default.deserialization.exception.handler",
+        "default.production.exception.handler",
+        "replication.factor",
+    }
+)
+
+
 def _placement(name: str) -> str:
     if catalog.topic_config(name) is not None:
         return "a topic-level setting"
@@ -178,7 +201,7 @@ def _unknown(unit: ConfigUnit) -> Iterator[Hit]:
             if close and close[0] != key:
                 yield f"unknown Java client property {key!r} (did you mean {close[0]!r}?)", entry
         elif is_client(unit):
-            if catalog.lookup(key) is not None:
+            if catalog.lookup(key) is not None or key in _STREAMS_KEYS:
                 continue
             hint = catalog.suggest(key)
             if hint:
@@ -216,7 +239,9 @@ def _unknown(unit: ConfigUnit) -> Iterator[Hit]:
                 )
                 continue
             hint = catalog.suggest(key, kind="broker")
-            if hint:
+            if hint and not key.endswith("." + hint[0]):
+                # (a namespaced copy of a real key, strimzi.authorization.ssl.* ..., is a
+                # plugin's own option, not a misspelling)
                 yield f"unknown broker config {key!r} (did you mean {hint[0]!r}?)", entry
 
 
@@ -632,13 +657,16 @@ def _classic(unit: ConfigUnit) -> bool:
     "rebalance safety",
     summary="max.poll.interval.ms below session.timeout.ms (classic protocol).",
     why="rd_kafka_conf_finalize rejects it: the member would be evicted for slow "
-    "processing before its session could even expire.",
+    "processing before its session could even expire. The Java client accepts it, but "
+    "its member then leaves the group whenever one poll loop outlasts max.poll.interval.ms, "
+    "long before the session timeout it was given could matter (a Spring or Java consumer "
+    "with this pair rebalances on every slow batch).",
     fix="Keep max.poll.interval.ms >= session.timeout.ms.",
-    clients=LIBRDKAFKA,
 )
 def _poll_vs_session(unit: ConfigUnit) -> Iterator[Hit]:
     poll, session = number(unit, "max.poll.interval.ms"), number(unit, "session.timeout.ms")
-    entry = explicit(unit, "max.poll.interval.ms", "session.timeout.ms")
+    # the poll interval is the setting to blame; session.timeout.ms when only it is set
+    entry = explicit(unit, "max.poll.interval.ms") or explicit(unit, "session.timeout.ms")
     if entry and _classic(unit) and poll is not None and session is not None and poll < session:
         yield (
             f"max.poll.interval.ms={fmt(poll)} is below session.timeout.ms={fmt(session)}",
@@ -661,8 +689,12 @@ def _heartbeat(unit: ConfigUnit) -> Iterator[Hit]:
     beat, session = number(unit, "heartbeat.interval.ms"), number(unit, "session.timeout.ms")
     entry = explicit(unit, "heartbeat.interval.ms", "session.timeout.ms")
     if entry and _classic(unit) and beat is not None and session and beat > session / 3:
+        # a default is named as one, not shown as if the file set it (issue 38 #8)
+        beat_set = explicit(unit, "heartbeat.interval.ms") is not None
+        session_set = explicit(unit, "session.timeout.ms") is not None
         yield (
-            f"heartbeat.interval.ms={fmt(beat)} exceeds session.timeout.ms/3 ({fmt(session)}/3)",
+            f"heartbeat.interval.ms={fmt(beat)}{'' if beat_set else ' (the default)'} exceeds "
+            f"session.timeout.ms/3 ({fmt(session)}{'' if session_set else ' (the default)'}/3)",
             entry,
         )
 
@@ -876,7 +908,24 @@ def _deprecated(unit: ConfigUnit) -> Iterator[Hit]:
 def _single_bootstrap(unit: ConfigUnit) -> Iterator[Hit]:
     entry = explicit(unit, "bootstrap.servers", "metadata.broker.list")
     if entry and "," not in entry.text.strip().strip(","):
+        if _one_address_is_fine(entry.text):
+            return
         yield f"{entry.key}={entry.shown} names a single broker", entry
+
+
+#: A single bootstrap address that is right as it is (issue 38 #3): a template or
+#: placeholder, a local broker, or one DNS name in front of many brokers (Confluent Cloud,
+#: Event Hubs, a Strimzi or Kubernetes bootstrap service, a load balancer).
+_ONE_ADDRESS_OK = re.compile(
+    r"[<>{}$%]|^\s*(?:localhost|127\.0\.0\.1|\[?::1\]?|host\.docker\.internal)(?::|$)"
+    r"|\.confluent\.cloud\b|servicebus\.windows\.net|-kafka-bootstrap\b|\bbootstrap\b"
+    r"|\.svc(?:\.cluster\.local)?\b|\bkafka-broker-lb\b|\blb\b",
+    re.IGNORECASE,
+)
+
+
+def _one_address_is_fine(text: str) -> bool:
+    return bool(_ONE_ADDRESS_OK.search(text))
 
 
 @rule(

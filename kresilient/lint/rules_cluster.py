@@ -118,12 +118,14 @@ def _tls_off(unit: ConfigUnit) -> Iterator[Hit]:
     ident = unit.entries.get("ssl.endpoint.identification.algorithm")
     if ident is not None and not ident.dynamic:
         # An empty value turns verification off for brokers and the Java client;
-        # librdkafka reads only "none" as off.
+        # librdkafka reads only "none" as off. A YAML null (`key:` alone) is empty, not
+        # the word "None" (issue 38 #8).
+        text = "" if ident.value is None else ident.text
         empty_is_off = unit.kind == "broker" or client_of(unit) == "java"
-        off = ident.text.strip().lower() in (("none", "") if empty_is_off else ("none",))
+        off = text.strip().lower() in (("none", "") if empty_is_off else ("none",))
         if off:
             yield (
-                f"ssl.endpoint.identification.algorithm={ident.text or '(empty)'}: "
+                f"ssl.endpoint.identification.algorithm={text or '(empty)'}: "
                 "broker hostnames are not verified",
                 ident,
             )
@@ -291,6 +293,12 @@ def _rf(unit: ConfigUnit) -> Iterator[Hit]:
         keys = ("default.replication.factor",)
     for key in keys:
         value = number(unit, key)
+        if (
+            key == "default.replication.factor"
+            and explicit(unit, key) is None
+            and unit.get("confluent.log.placement.constraints") is not None
+        ):
+            continue  # Confluent Server places replicas by these constraints, not the default
         if value is not None and 0 < value < 3:
             entry = explicit(unit, key)
             # The key as the file spells it (spec.replicas, replication_factor ...).
@@ -394,8 +402,12 @@ def _rebalance_off(unit: ConfigUnit) -> Iterator[Hit]:
     fix="Set broker.rack to the broker's zone.",
 )
 def _no_rack(unit: ConfigUnit) -> Iterator[Hit]:
+    if unit.context.get("single_host"):
+        return  # all brokers on one host: there are no zones to spread across
     if unit.get("broker.rack") is None and not controller_only(unit):
-        yield "broker.rack is unset: replicas are not spread across zones", None
+        # Strimzi sets broker.rack from spec.kafka.rack: name the key the file would hold
+        key = "spec.kafka.rack" if unit.source == "strimzi" else "broker.rack"
+        yield f"{key} is unset: replicas are not spread across zones", None
 
 
 @rule(
@@ -598,16 +610,55 @@ for _meta in (
         "production config, where no dev-stack evidence folds these).",
     ),
     Rule(
+        id="KR054",
+        name="refused-by-kresilient",
+        severity=E,
+        family="lint = runtime",
+        kinds=frozenset({"producer", "consumer", "client"}),
+        scope="meta",
+        summary="A setting ResilientProducer/ResilientConsumer refuse that no other rule "
+        "reports (statistics.interval.ms=0, message.timeout.ms=0, "
+        "delivery.report.only.error, two aliases with different values ...).",
+        why="kresilient.config.REFUSALS is the one table of what the clients refuse: the "
+        "client raises ConfigError or UnsafeConfigError at construction, so a file lint "
+        "passed would not start. Every refusal of that table is a lint error in a file a "
+        "kresilient client would read (librdkafka dialect, or a dict passed to "
+        "ResilientProducer/ResilientConsumer); the finding of the rule that reports it "
+        "becomes an error, and KR054 carries the client's own message where none does.",
+        fix="Change the value as the message says. For a value that only weakens a "
+        "guarantee (UnsafeConfigError), accept it as the runtime does: "
+        "allow_unsafe=('acks',) in code, '# kresilient: allow acks' on (or above) the "
+        "line in a file; the finding then stays a warning.",
+    ),
+    Rule(
+        id="KR055",
+        name="config-not-understood",
+        severity=N,
+        family="input",
+        kinds=frozenset({"producer", "consumer", "admin", "client"}),
+        scope="meta",
+        summary="A client config lint could not resolve statically (built at run time, "
+        "read from a file or the environment, passed as **kwargs): not checked, or only "
+        "its literal keys.",
+        why="'0 findings' must never stand for 'nothing understood': a Python client whose "
+        "config comes from read_config(...) may use SASL_PLAINTEXT or acks=0 and lint "
+        "cannot see it. It is listed in every output format and counted in the summary.",
+        fix="Lint the file the config is read from (a .properties/.ini/.yaml file), or "
+        "build the config from literals where lint can see it; ignore KR055 for files you "
+        "know are covered.",
+    ),
+    Rule(
         id="KR099",
         name="suppression-without-reason",
         severity=W,
         family="input",
         kinds=frozenset(ALL),
         scope="meta",
-        summary="Inline suppression without a reason, or naming an unknown rule.",
+        summary="Inline suppression without a reason, or naming an unknown rule or property.",
         why="Every suppression must say why the finding does not apply, so reviewers can "
         "judge it; such a suppression is not applied.",
-        fix="Write '# kresilient: ignore[KR006] reason: <why>'.",
+        fix="Write '# kresilient: ignore[KR006] reason: <why>', or "
+        "'# kresilient: allow acks' for a value the clients accept with allow_unsafe.",
     ),
     Rule(
         id="KR060",

@@ -30,6 +30,7 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from kresilient import _catalog as catalog
 from kresilient.errors import ConfigError
 from kresilient.lint.model import KINDS, Finding, Kind, Severity
 from kresilient.lint.registry import RULES
@@ -223,6 +224,12 @@ _SUPPRESS = re.compile(
     r"(?:#|!|//)\s*kresilient:\s*(?P<what>ignore(?:-file)?)\s*\[(?P<ids>[^\]]*)\](?P<rest>.*)$"
 )
 _REASON = re.compile(r"^\s*reason\s*:\s*\S")
+# ``# kresilient: allow acks, retries`` (optionally ``reason: ...``): the file's spelling of
+# ``allow_unsafe=("acks", "retries")``, the runtime's opt-out (see kresilient.lint.parity).
+_ALLOW = re.compile(
+    r"(?:#|!|//)\s*kresilient:\s*allow(?:\s*\[(?P<bracket>[^\]]*)\]|\s+(?P<plain>[^#]*?))"
+    r"\s*(?:reason\s*:.*)?$"
+)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -232,6 +239,12 @@ class Suppressions:
     lines: dict[int, set[str]] = field(default_factory=dict)
     file: set[str] = field(default_factory=set)
     problems: list[tuple[int, int, str]] = field(default_factory=list)
+    #: Per line, the keys ``# kresilient: allow KEY`` accepts as unsafe there.
+    allows: dict[int, set[str]] = field(default_factory=dict)
+
+    def allowed_at(self, line: int) -> set[str]:
+        """The keys allowed as unsafe on ``line`` (a comment on it or alone above it)."""
+        return self.allows.get(line, set())
 
     def covers(self, finding: Finding) -> bool:
         """True when the finding is suppressed (parse errors never are)."""
@@ -260,8 +273,14 @@ def parse_suppressions(text: str, *, python: bool = False) -> Suppressions:
     lines = text.splitlines()
     comment_lines = _python_comment_lines(text) if python else None
     for number, line in enumerate(lines, start=1):
+        if comment_lines is not None and number not in comment_lines:
+            continue
+        allow = _ALLOW.search(line)
+        if allow:
+            _add_allow(out, lines, number, allow)
+            continue
         match = _SUPPRESS.search(line)
-        if not match or (comment_lines is not None and number not in comment_lines):
+        if not match:
             continue
         col = match.start() + 1
         ids = {i.strip() for i in match.group("ids").split(",") if i.strip()}
@@ -299,3 +318,33 @@ def parse_suppressions(text: str, *, python: bool = False) -> Suppressions:
             out.lines.setdefault(number, set()).update(ids)
         out.lines.setdefault(target, set()).update(ids)
     return out
+
+
+def _next_content_line(lines: list[str], number: int) -> int:
+    """The 1-based number of the first line after ``number`` that is not a comment."""
+    for nxt in range(number, len(lines)):
+        stripped = lines[nxt].strip()
+        if stripped and not stripped.startswith(("#", "!", "//")):
+            return nxt + 1
+    return number
+
+
+def _add_allow(out: Suppressions, lines: list[str], number: int, match: re.Match[str]) -> None:
+    names = match.group("bracket") if match.group("bracket") is not None else match.group("plain")
+    keys = {k.strip() for k in (names or "").replace(" ", ",").split(",") if k.strip()}
+    unknown = sorted(k for k in keys if catalog.lookup(k) is None)
+    if unknown or not keys:
+        out.problems.append(
+            (
+                number,
+                match.start() + 1,
+                "'kresilient: allow' names no librdkafka property "
+                f"{', '.join(repr(k) for k in unknown) or '(none)'}; not applied",
+            )
+        )
+        return
+    target = number
+    if lines[number - 1][: match.start()].strip() == "":
+        target = _next_content_line(lines, number)  # alone on its line: the next setting
+    out.allows.setdefault(target, set()).update(keys)
+    out.allows.setdefault(number, set()).update(keys)
