@@ -63,7 +63,11 @@ def test_unreachable_cluster_at_start_is_one_line_naming_host_and_reason(
     warnings = [line for line in logs if "kafka_unreachable" in line]
     assert len(warnings) == 1 and servers in warnings[0] and reason in warnings[0], logs
     raised = [line for line in err if line.startswith("RAISED")]
-    assert len(raised) == 1 and servers in raised[0] and f"({reason})" in raised[0], err
+    words = {"refused": "connection refused", "DNS": "name not resolved (DNS)"}[reason]
+    assert len(raised) == 1 and f"{servers}: {words}" in raised[0], err
+    # the consumer's own text: it gave up (no "retry", no producer wording)
+    assert "the consumer did not start: nothing was consumed or committed" in raised[0], err
+    assert "idempotence" not in raised[0] and "BACKOFF_AND_RETRY" not in raised[0], err
 
 
 @pytest.mark.parametrize(("servers", "reason"), CASES)

@@ -116,6 +116,9 @@ def test_one_trace_from_producer_through_consumer_to_dead_letter_topic(
         [topic],
         handle,
         retry=RetryPolicy(stop=tenacity.stop_after_attempt(2), wait=tenacity.wait_fixed(0.2)),
+        # the failing record is the last one: with outage detection it would be held until a
+        # later record showed the dependencies work (issue 36); this test is about the trace
+        outage_retry=None,
         dead_letter=DeadLetterPolicy(),
         install_signal_handlers=False,
         poll_timeout=0.2,

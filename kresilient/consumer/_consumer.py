@@ -597,7 +597,7 @@ class ResilientConsumer:
             group=self.group_id,
         )
         self._sink: DeadLetterSink | None = None
-        log.info(
+        log.debug(
             "consumer_created",
             config=redact_config(cfg),
             topics=self._topics,
@@ -679,7 +679,7 @@ class ResilientConsumer:
         if port is not None:
             self._health_port = probes.serve(host, port)
             self._log.info("health_probes_serving", host=host, port=self._health_port)
-        self._log.info("consumer_started", topics=self._topics)
+        self._log.debug("consumer_started", topics=self._topics)
 
     def _check_dead_letter_topics(self, policy: DeadLetterPolicy | None) -> None:
         retry = self._retry_map
@@ -702,15 +702,17 @@ class ResilientConsumer:
                 if time.monotonic() < deadline and classify(exc).retriable:
                     continue
                 error = translate(exc, operation="consume", redactor=self._redact)
-                servers = self._rdk_config.get("bootstrap.servers", "")
-                hosts = ", ".join(f"{h} ({r})" for h, r in sorted(self._unreachable.items()))
+                servers = self._redact(str(self._rdk_config.get("bootstrap.servers", "")))
+                # one text, the consumer's own: it gave up, nothing was consumed or committed
+                # (not the producer's "messages wait", not "retry without idempotence")
                 raise type(error)(
-                    f"no broker reachable within {_METADATA_TIMEOUT:g} s "
-                    f"(bootstrap.servers={servers}"
-                    + (f"; {hosts}" if hosts else "")
-                    + f"): {error.message}. Check that the brokers run and listen on these "
-                    "addresses, DNS, firewalls and security.protocol/TLS settings",
-                    classification=error.classification,
+                    f"no broker reachable within {_METADATA_TIMEOUT:g} s: {error.message}",
+                    classification=self._reach.unreachable_classification(
+                        error.classification,
+                        servers=servers,
+                        waited=_METADATA_TIMEOUT,
+                        outcome="the consumer did not start: nothing was consumed or committed",
+                    ),
                 ) from exc
         missing = [
             t for t in wanted if t not in metadata.topics or metadata.topics[t].error is not None
@@ -1127,7 +1129,7 @@ class ResilientConsumer:
     def _shutdown(self, error: BaseException | None) -> None:
         self._signals.shutting_down = True  # a 2nd signal no longer interrupts (3rd aborts)
         self._probes.running = False
-        self._log.info(
+        self._log.debug(
             "consumer_stopping",
             dead_letters_pending=self._offsets.pending_count(),
             error=type(error).__name__ if error is not None else None,
@@ -1165,7 +1167,7 @@ class ResilientConsumer:
             self._probes.close()
             self._closed = True
             self._signals.restore()
-        self._log.info(
+        self._log.debug(
             "consumer_closed",
             processed=self._state.processed,
             retries=self._state.retries,

@@ -208,7 +208,7 @@ class ClientEvents:
             self.crash.on_assign(partitions)
         if self.probes is not None:
             self.probes.on_assign(partitions)
-        self.log.info("partitions_assigned", partitions=_names(partitions))
+        self.log.debug("partitions_assigned", partitions=_names(partitions))
         listener = self.listeners["assign"]
         if listener is not None:
             listener(partitions)
@@ -230,7 +230,7 @@ class ClientEvents:
             self.crash.forget(list(revoked))
         if self.probes is not None:
             self.probes.forget(revoked)
-        self.log.info("partitions_revoked", partitions=_names(partitions))
+        self.log.debug("partitions_revoked", partitions=_names(partitions))
         listener = self.listeners["revoke"]
         if listener is not None:
             listener(partitions)

@@ -867,5 +867,7 @@ class FailureHandler:
                 raw_value=raw[1] if raw is not None else None,
                 raw=raw is not None,
                 trace_context=carrier,
+                # this consumer's secrets out of the exception text, whatever writes the record
+                redact=self.redact,
             )
             return sink.send(record)
