@@ -198,6 +198,7 @@ class Seams(RuleBasedStateMachine):
             (self.src, 2),
             (self.src + ".dlq", 2),
             (self.retry_topic, 2),
+            (f"{self.down}.retry.200ms", 1),
             (self.down, 1),
             (self.down + ".dlq", 1),
             (self.txdlq, 1),
@@ -208,6 +209,7 @@ class Seams(RuleBasedStateMachine):
             self.src,
             self.src + ".dlq",
             self.retry_topic,
+            f"{self.down}.retry.200ms",
             self.down,
             self.down + ".dlq",
             self.txdlq,
@@ -504,7 +506,9 @@ class Seams(RuleBasedStateMachine):
         self._publish()
         for topic, conf, retry in (
             (self.src, self.consumer_conf, True),
-            (self.down, self.down_conf, False),
+            # the downstream service has retry topics of its own: forwarded upstream retry
+            # headers must not make its records look like retries of the upstream topic
+            (self.down, self.down_conf, True),
         ):
             if not any(s.topic == topic for s in self.sent.values()):
                 continue
