@@ -11,7 +11,9 @@ through ``foreachBatch``). What it does, all on the driver before any row moves:
   pooled producers, as the built-in sink's writes do) until one fails: the next write gets a
   new ``client.id``, so it never inherits a producer the failed write left behind;
 * the target topics' settings are read with the Java ``Admin`` client (partition count,
-  ``max.message.bytes``, ``cleanup.policy``, timestamp type and window);
+  ``max.message.bytes``, ``cleanup.policy``, timestamp type and window); the client stays
+  open between writes and what it read serves the writes of the next
+  :data:`TOPIC_SETTINGS_TTL` seconds (a streaming query's micro-batches pay it once);
 * one SQL projection routes every row that can be known unproducible before sending to the
   dead-letter topic, with ``kresilient.*`` headers built in SQL; every other row goes to its
   topic unchanged; Spark's ``kafka`` sink writes both in one pass (the projection has no
