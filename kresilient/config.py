@@ -113,6 +113,7 @@ CONSUMER_DEFAULTS: Final[Mapping[str, str]] = MappingProxyType(
 )
 
 _PYTHON_TYPES: Final = frozenset({"python", "see dedicated API"})
+_SHOWN_MAX: Final = 200
 _LEADING_NUMBER: Final = re.compile(r"[-+]?\d+(?:\.\d*)?")
 _SCOPE_NAME: Final = {"P": "producer", "C": "consumer"}
 _EAGER_ASSIGNORS: Final = frozenset({"range", "roundrobin"})
@@ -842,7 +843,11 @@ def _validated(key: object, raw: object, role: Role) -> tuple[str, object, _Sett
     text = catalog.to_config_string(raw)
     why = prop.check_value(text)
     if why is not None:
-        shown = "" if is_secret(key) else f" (got {raw!r})"
+        # a value quoted in the message is cut: a 300 kB value made every error (and its
+        # redaction pass) that large
+        got = repr(raw)
+        got = got if len(got) <= _SHOWN_MAX else f"{got[:_SHOWN_MAX]}... ({len(got)} chars)"
+        shown = "" if is_secret(key) else f" (got {got})"
         raise _Refused("invalid-value", f"invalid value for {key!r}: {why}{shown}", key=key)
     return key, text, _Setting(key=key, text=text, value=_parse(prop, text), user=True)
 

@@ -432,7 +432,7 @@ def test_a_truncating_integer_value_is_judged_not_a_crash() -> None:
 
 
 def test_a_value_check_value_lets_through_never_raises_a_bare_valueerror() -> None:
-    """"0,none" passes librdkafka's strtol-style check (read as 0); _parse raised a bare
+    """ "0,none" passes librdkafka's strtol-style check (read as 0); _parse raised a bare
     ValueError on it (found by the lint fuzz test, a YAML list [0, null] for acks)."""
     from kresilient.errors import UnsafeConfigError
 

@@ -148,3 +148,34 @@ consumer = AIOKafkaConsumer("t", bootstrap_servers="a:9092,b:9092")
     # control: with a group, the auto-commit and reset advice stands
     grouped = text.replace('"a:9092,b:9092"', '"a:9092,b:9092", group_id="g"')
     assert {"KR018", "KR021"} <= {f.rule for f in _lint(tmp_path, "c.py", grouped)}
+
+
+# ------------------------------------------------------------------ not understood (issue 38)
+
+
+def test_a_config_built_at_run_time_is_listed_as_not_understood_in_every_format(
+    tmp_path: Path,
+) -> None:
+    from kresilient.lint.output import render
+
+    text = (
+        "from confluent_kafka import Producer\n\n"
+        "conf = read_ccloud_config('client.properties')\n"
+        "producer = Producer(conf)\n"
+    )
+    stats = LintStats()
+    findings = _lint(tmp_path, "producer.py", text, stats)
+    assert [(f.rule, f.line, f.severity) for f in findings] == [("KR055", 4, Severity.INFO)]
+    assert "not understood" in findings[0].message
+    assert len(stats.not_understood) == 1
+    assert "1 config(s) not understood (KR055)" in render(findings, "text", stats=stats)
+    assert '"rule": "KR055"' in render(findings, "json", stats=stats)
+    sarif = json.loads(render(findings, "sarif", stats=stats))
+    invocation = sarif["runs"][0]["invocations"][0]
+    assert invocation["properties"]["configsNotUnderstood"] == 1
+    (note,) = invocation["toolExecutionNotifications"]
+    assert note["level"] == "note" and note["descriptor"]["id"] == "KR055"
+    assert "::notice" in render(findings, "github", stats=stats)
+    # control: a literal config is understood
+    literal = "from confluent_kafka import Producer\n\np = Producer({'bootstrap.servers': 'a:1'})\n"
+    assert not [f for f in _lint(tmp_path, "p2.py", literal) if f.rule == "KR055"]
