@@ -179,3 +179,37 @@ def test_a_config_built_at_run_time_is_listed_as_not_understood_in_every_format(
     # control: a literal config is understood
     literal = "from confluent_kafka import Producer\n\np = Producer({'bootstrap.servers': 'a:1'})\n"
     assert not [f for f in _lint(tmp_path, "p2.py", literal) if f.rule == "KR055"]
+
+
+def test_other_images_environment_variables_are_not_broker_keys(tmp_path: Path) -> None:
+    """Issue 38 #5: Debezium's image reads NODE_ID/CLUSTER_ID; they were read as broker keys
+    (KR005 "unknown broker config 'NODE_ID'")."""
+    text = """\
+services:
+  kafka:
+    image: quay.io/debezium/kafka:2.7
+    environment:
+      CLUSTER_ID: abc
+      NODE_ID: 1
+      NODE_ROLE: combined
+      KAFKA_CONTROLLER_QUORUM_VOTERS: 1@kafka:9093
+      KAFKA_LISTENERS: PLAINTEXT://kafka:9092,CONTROLLER://kafka:9093
+"""
+    findings = _lint(tmp_path, "docker-compose.yml", text)
+    assert not _by_rule(findings, "KR005"), findings
+    # control: the KAFKA_* variables beside them are read (a broker of a one-voter quorum)
+    assert _by_rule(findings, "KR053")
+
+
+def test_a_connect_standalone_worker_is_read_as_such(tmp_path: Path) -> None:
+    """Issue 38: connect-standalone.properties was "no Kafka settings found"."""
+    text = (
+        "bootstrap.servers=k1:9092,k2:9092\nsecurity.protocol=SASL_PLAINTEXT\n"
+        "key.converter=org.apache.kafka.connect.json.JsonConverter\n"
+        "value.converter=org.apache.kafka.connect.json.JsonConverter\n"
+        "offset.storage.file.filename=/tmp/connect.offsets\n"
+    )
+    stats = LintStats()
+    findings = _lint(tmp_path, "connect-standalone.properties", text, stats)
+    assert stats.with_config == 1 and not stats.skipped
+    assert [(f.rule, f.line) for f in findings if f.severity == Severity.ERROR] == [("KR040", 2)]

@@ -61,6 +61,8 @@ _SPEC_ALIASES = {
 _TOPIC_CONFIG_CHILDREN = frozenset({"config", "configs", "spec", "settings"})
 _PLACEHOLDER = re.compile(r"^\s*(\$\{[^}]*\}|\$[A-Za-z_]\w*|\{\{.*\}\}|%\([^)]*\)s)\s*$")
 _ENV_KEY = re.compile(r"^KAFKA_[A-Z0-9_]+$")
+#: An upper-case environment variable that is not the Kafka image's KAFKA_*.
+_OTHER_ENV = re.compile(r"^[A-Z][A-Z0-9]*_[A-Z0-9_]+$")
 #: Deepest nesting a structured file may have (real configs stay under ~20 levels).
 MAX_DEPTH = 100
 #: Nodes a YAML file may expand to beyond its own length: aliases may reuse a block a few
@@ -359,6 +361,10 @@ def _walk(
         if _ENV_KEY.match(key):
             key, env_role = env_to_key(key)
             hint = hint or env_role
+        elif _OTHER_ENV.match(key) and (value is not None or child.mapping is None):
+            # an environment variable of another image (Debezium's NODE_ID, CLUSTER_ID):
+            # not a Kafka key, whatever it resembles (issue 38 #5)
+            continue
         if hint == "topic":
             key = _SPEC_ALIASES.get(key, key)
         if value is not None or (child.mapping is None and child.sequence is None):
@@ -439,6 +445,10 @@ _CONNECT_INTERNAL = ("offset", "config", "status")
 
 
 _OVERRIDES = ("producer.override.", "consumer.override.", "admin.override.")
+#: A Connect worker's own connection keys and the rules that judge them.
+_CONNECT_CONNECTION = ("bootstrap.servers", "security.protocol", "ssl.", "sasl.")
+_CONNECT_CLIENT_PREFIXES = ("producer.", "consumer.", "admin.")
+_CONNECT_WORKER_RULES = frozenset({"KR034", "KR035", "KR036", "KR040", "KR041"})
 
 
 def is_connect(entries: dict[str, Entry]) -> bool:
@@ -498,6 +508,33 @@ def connect_units(entries: dict[str, Entry], path: str) -> list[ConfigUnit]:
             )
         )
     if not connector:
+        # The worker's own connection settings (bootstrap, security, TLS, SASL), which all
+        # its clients use: a worker file is read as such, never "no Kafka settings"
+        # (issue 38: connect-standalone.properties was skipped).
+        conn = {
+            k: e
+            for k, e in entries.items()
+            if k.startswith(_CONNECT_CONNECTION) and not k.startswith(_CONNECT_CLIENT_PREFIXES)
+        }
+        if conn:
+            first = min(conn.values(), key=lambda e: (e.line, e.col))
+            units.append(
+                ConfigUnit(
+                    path=path,
+                    line=first.line,
+                    col=first.col,
+                    entries=conn,
+                    kind="client",
+                    kind_forced=True,
+                    name="connect worker",
+                    source="connect",
+                    context={
+                        "client": "java",
+                        "framework": "Kafka Connect",
+                        "rules": _CONNECT_WORKER_RULES,
+                    },
+                )
+            )
         for topic in _CONNECT_INTERNAL:
             rf = entries.get(f"{topic}.storage.replication.factor")
             if rf is None:
