@@ -602,7 +602,7 @@ def _dead_letter_in_transaction(
         # limit, the topic's); refused again locally (a large key or headers), less of it.
         levels = _STRIPPING[1:] if f.error.code() in TOO_LARGE_CODES else _STRIPPING
         for strip in levels:
-            headers = _dead_letter_headers(f, attempt, strip=strip)
+            headers = _dead_letter_headers(f, attempt, strip=strip, redactor=collector.redact)
             try:
                 _produce_dead_letter(producer, dlq, f, strip, headers)
                 break

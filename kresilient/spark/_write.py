@@ -883,6 +883,8 @@ def _dead_letter_headers(
             f.classification,
             attempt + 1,
             original_headers=None if strip.headers else f.headers,
+            # the writer's config's secrets out of kresilient's free-text headers
+            redact=redactor or redact_text,
         )
     )
     if strip.value and f.value is not None:
