@@ -40,7 +40,17 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from kresilient._ratelimit import RateLimiter
 from kresilient.aio._producer import AsyncResilientProducer
 from kresilient.config import consumer_config
-from kresilient.consumer import CircuitBreaker, ConsumerHealth, RetryPolicy, poison
+from kresilient.consumer import (
+    OUTAGE_RETRY,
+    CircuitBreaker,
+    ConsumerHealth,
+    OutageDecision,
+    OutageDetector,
+    RetryPolicy,
+    is_outage,
+    outage_classification,
+    poison,
+)
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
     DeadLetterPolicy,
@@ -98,6 +108,11 @@ _DEAD_LETTER_RETRY_S: Final = (0.5, 1.0, 2.0, 5.0, 10.0)
 _HANDLE: Final = 0
 _SKIP: Final = 1
 _STOP: Final = 2
+#: Records after a held one tried as probes when each proves nothing (poison, a duplicate),
+#: as the sync consumer's _MAX_PROBES.
+_MAX_PROBES: Final = 10
+#: Characters of an exception's (redacted) text in the outage and final-failure lines.
+_ERROR_TEXT: Final = 500
 
 
 class _Partition:
@@ -150,6 +165,16 @@ class AsyncResilientConsumer:
             under ``retry`` (the partition paused, the consumer polling on), then the record
             is dead-lettered. A plain function is refused with ``TypeError``.
         retry: a :class:`~kresilient.RetryPolicy` (tenacity stop/wait/retry).
+        outage_retry: a bad record or a bad dependency? As in
+            :class:`~kresilient.ResilientConsumer` (docs/consumer.md, "Bad record or bad
+            dependency"): distinct records failing in a row with a retriable error and no
+            success between is a dependency outage; each record it holds is retried under
+            this policy (default :data:`~kresilient.OUTAGE_RETRY`: backoff to 10 s, 10
+            minutes per record), nothing is dead-lettered meanwhile; ``health().outage``
+            reports it. A record whose ``retry`` is exhausted with no success anywhere since
+            its first failure is kept (uncommitted) while the next record of its partition is
+            tried (the probe). ``None``: every failure is the record's (dead-lettered once
+            ``retry`` is exhausted).
         dead_letter: a :class:`~kresilient.DeadLetterPolicy`, or ``None`` to stop (raise)
             instead of dead-lettering.
         circuit_breaker: a :class:`~kresilient.CircuitBreakerPolicy`; when it opens,
@@ -204,6 +229,7 @@ class AsyncResilientConsumer:
         *,
         allow_unsafe: Iterable[str] = (),
         retry: RetryPolicy | None = None,
+        outage_retry: RetryPolicy | None = OUTAGE_RETRY,
         dead_letter: DeadLetterPolicy | None = DeadLetterPolicy(),  # noqa: B008 (frozen)
         circuit_breaker: CircuitBreakerPolicy | None = CircuitBreakerPolicy(),  # noqa: B008
         max_concurrency: int = 1,
@@ -270,6 +296,14 @@ class AsyncResilientConsumer:
         self._handler = handler
         self._handler_name = getattr(handler, "__qualname__", type(handler).__qualname__)
         self._retry = retry if retry is not None else RetryPolicy()
+        # record or dependency (kresilient.consumer.OutageDetector, the sync consumer's own):
+        # one per consumer, used on the loop only; None: every failure is the record's
+        self._outage_retry = outage_retry
+        self._detector: OutageDetector | None = (
+            OutageDetector() if outage_retry is not None else None
+        )
+        # set (and replaced) when an outage ends: cuts short the waits of the records it held
+        self._outage_over: asyncio.Event | None = None
         self._dead_letter = dead_letter
         self._breaker = CircuitBreaker(circuit_breaker) if circuit_breaker is not None else None
         self._max_concurrency = max_concurrency
@@ -423,6 +457,7 @@ class AsyncResilientConsumer:
             last_commit_error=self._last_commit_error,
             circuit_breaker=breaker.snapshot() if breaker is not None else None,
             leadership=self._monitor.snapshot(),
+            outage=self._detector.snapshot() if self._detector is not None else None,
         )
 
     def _cut_all(self) -> None:
@@ -864,6 +899,7 @@ class AsyncResilientConsumer:
         assert sem is not None
         handler = self._handler
         dedupe = self._dedupe
+        detector = self._detector
         queue = part.queue
         popleft = queue.popleft
         timing, threshold = self._timing, self._blocking_threshold
@@ -884,7 +920,8 @@ class AsyncResilientConsumer:
                         # the queue only grows meanwhile (a drop on revoke or loss sets
                         # part.revoked first), so popleft never meets an empty queue
                         for _ in range(min(_RUN, len(queue))):
-                            if part.halt:  # revoked, lost, stopping or failed
+                            # not queue: a probe (outage detection) took a record out of turn
+                            if part.halt or not queue:  # revoked, lost, stopping or failed
                                 break
                             msg = popleft()
                             taken += 1
@@ -900,6 +937,8 @@ class AsyncResilientConsumer:
                                     except Exception as exc:  # retries, dead letter
                                         # the breaker is credited with the successes first
                                         self.processed += handled
+                                        if handled and detector is not None:
+                                            self._succeeded()  # before this failure
                                         handled = 0
                                         ok = await self._process(msg, part, exc)
                                     else:
@@ -915,11 +954,14 @@ class AsyncResilientConsumer:
                                 if now - prev > threshold:
                                     self._check_blocked(msg, now - prev)
                                 prev = now
-                            if not ok:
+                            if ok is False:
                                 break  # stopping (or revoked): nothing stored past it
-                            part.last = msg
+                            # a Message: a probe handled that next record (out of turn)
+                            part.last = msg if ok is True else ok
                     finally:
                         self.processed += handled  # the breaker is credited in bulk too
+                        if handled and detector is not None:
+                            self._succeeded()  # the outage detector too, once per run
                         self._queued -= taken
                         if not self._queued:
                             self._drained.set()
@@ -933,7 +975,7 @@ class AsyncResilientConsumer:
         finally:
             part.task = None
 
-    async def _deduped(self, msg: Message, part: _Partition) -> bool:
+    async def _deduped(self, msg: Message, part: _Partition) -> bool | Message:
         """``dedupe`` on: skip a marked copy of a handled id, else handle the record (as the
         fast path of :meth:`_work` does) and remember its id once the handler returned. True:
         its offset may be stored (handled, dead-lettered or skipped)."""
@@ -952,6 +994,8 @@ class AsyncResilientConsumer:
             self.processed += 1
             assert self._dedupe is not None
             self._dedupe.processed(msg)
+            if self._detector is not None:
+                self._succeeded()
             return True
         finally:
             if key is not None:  # handled, failed or interrupted: a waiting copy re-checks
@@ -1043,18 +1087,29 @@ class AsyncResilientConsumer:
 
     async def _process(
         self, msg: Message, part: _Partition, first: Exception | None = None
-    ) -> bool:
-        """Handle one record (retries, dead letter). True: its offset may be stored.
+    ) -> bool | Message:
+        """Handle one record (retries, dead letter). True: its offset may be stored; a
+        Message: the offset after that later record may be stored (a probe handled it).
 
         ``first``: the exception of a first attempt already made (the untraced fast path).
+        Record or dependency (the :class:`~kresilient.consumer.OutageDetector`): poison is
+        dead-lettered at once; a retriable failure during a dependency outage (or starting
+        one) is held under ``outage_retry``; otherwise the ``RetryPolicy`` applies, and once
+        it is exhausted the detector decides (dead letter, hold, or probe the next record).
         """
+        detector = self._detector
         retrying: tenacity.Retrying | None = None
         state: tenacity.RetryCallState | None = None
+        outage_state: tenacity.RetryCallState | None = None
+        outages = 0  # outage-policy waits so far
+        base = 0  # attempts before the RetryPolicy's budget was given afresh (an outage ended)
+        mark = 0
         attempt = 0
         while True:
             attempt += 1
             failure: Exception | None = None
             delay: float | None = None  # None: no further attempt
+            retriable = False
             with self._tel.process_span(msg, group=self.group_id):
                 try:
                     if first is not None:
@@ -1064,16 +1119,21 @@ class AsyncResilientConsumer:
                     await self._handler(msg)
                 except Exception as exc:
                     failure = exc
-                    classification = classify(exc)
+                    registry = outage_classification(exc) if detector is not None else None
+                    classification = registry if registry is not None else classify(exc)
                     self._tel.set_error(exc, classification)
                     if retrying is None or state is None:  # built on the first failure only
                         retrying = self._retry.retrying()
                         state = tenacity.RetryCallState(retrying, None, (), {})
-                    state.attempt_number = attempt
+                        mark = detector.mark() if detector is not None else 0
+                    state.attempt_number = max(attempt - base, 1)
                     state.set_exception((type(exc), exc, exc.__traceback__))
-                    if not retrying.retry(state):
+                    if registry is not None and not is_outage(registry):
+                        pass  # the registry said 4xx (schema unknown): poison, at once
+                    elif registry is None and not retrying.retry(state):
                         classification = poison(classification)
                     else:
+                        retriable = True
                         wait = float(retrying.wait(state))
                         state.upcoming_sleep = wait
                         if not retrying.stop(state):
@@ -1085,18 +1145,74 @@ class AsyncResilientConsumer:
                 self.processed += 1  # the breaker is credited in bulk (_credit_breaker)
                 if self._dedupe is not None:
                     self._dedupe.processed(msg)
+                if detector is not None:
+                    self._succeeded()
                 return True
             if self._signal_interrupted:
                 # A 2nd signal cancelled the handler and it turned the CancelledError into
                 # another exception (as a KeyboardInterrupt can be turned in the sync
                 # consumer): the interruption, never retried or dead-lettered; uncommitted.
                 return False
+            outage = False  # held by the outage policy (not the RetryPolicy) this time
+            if retriable and detector is not None:
+                if detector.failure(
+                    (msg.topic(), msg.partition(), msg.offset()),
+                    error_type=type(failure).__name__,
+                    error=self._error_text(failure),
+                    classified=registry is not None,
+                ):
+                    self._outage_started(msg)
+                decision: OutageDecision | None = None
+                if detector.active:
+                    decision = OutageDecision.HOLD
+                elif delay is None:
+                    decision = detector.exhausted(mark)
+                if decision is OutageDecision.PROBE:
+                    verdict = await self._probe(msg, part, failure, mark)
+                    if verdict is False or verdict is None:
+                        if verdict is False or self._stop or part.revoked:
+                            return False  # stopping: uncommitted, read again later
+                        # the probe proved an outage, or there was no record to probe: the
+                        # held record's next attempt after the outage policy's wait
+                        decision = OutageDecision.HOLD
+                    else:
+                        # the probe was handled: the held record kept failing while another
+                        # record succeeded, it is bad
+                        done = await self._give_up(msg, part, failure, classify(failure), attempt)
+                        if done and verdict is not True:
+                            return verdict
+                        return done
+                if decision is OutageDecision.HOLD:
+                    outage = detector.active
+                    if outage:
+                        self._note_outage()
+                    retrying_o = self._outage_retry
+                    assert retrying_o is not None
+                    o_retrying = retrying_o.retrying()
+                    if outage_state is None:
+                        outage_state = tenacity.RetryCallState(o_retrying, None, (), {})
+                    outages += 1
+                    outage_state.attempt_number = outages
+                    outage_state.set_exception((type(failure), failure, failure.__traceback__))
+                    wait = float(o_retrying.wait(outage_state))
+                    outage_state.upcoming_sleep = wait
+                    if o_retrying.stop(outage_state):
+                        return await self._give_up(
+                            msg, part, failure, classification, attempt, limit=True
+                        )
+                    outage_state.idle_for += wait
+                    delay = wait
+                elif decision is OutageDecision.DEAD_LETTER:
+                    return await self._give_up(msg, part, failure, classification, attempt)
             if delay is None:
+                if detector is not None:
+                    return await self._give_up(msg, part, failure, classification, attempt)
                 return await self._dead_letter_record(msg, part, failure, classification, attempt)
             if self._stop or part.revoked:
                 return False  # shutting down mid-retries: uncommitted, read again later
             assert state is not None
-            state.idle_for += delay
+            if not outage:
+                state.idle_for += delay
             self.retries += 1
             self._log.debug(
                 "message_retry_scheduled",
@@ -1106,24 +1222,206 @@ class AsyncResilientConsumer:
                 attempt=attempt,
                 delay_s=round(delay, 3),
                 error_type=type(failure).__name__,
+                outage=outage,
             )
             part.held = True  # paused while it waits; the consumer keeps polling
             part.hold = (msg.offset() or 0, attempt)
             try:
-                await self._idle(delay, part)
+                ended = await self._idle(delay, part, outage=outage)
             finally:
                 part.held = False
             if self._stop or part.revoked:
                 return False
+            if ended and detector is not None:
+                # the outage ended while it waited: a fresh RetryPolicy budget, and the
+                # evidence starts again (successes after now say it is bad)
+                retrying, state, outage_state, outages = None, None, None, 0
+                base = attempt
 
-    async def _idle(self, delay: float, part: _Partition) -> None:
-        """Wait without holding a concurrency slot (other partitions' handlers run)."""
+    async def _probe(
+        self, held: Message, part: _Partition, exc: Exception, mark: int
+    ) -> bool | Message | None:
+        """No evidence whether ``held`` (its RetryPolicy exhausted) is bad: try the next
+        record(s) of its partition, ``held`` kept uncommitted.
+
+        Returns True or the probe's Message when a probe was handled (``held`` is bad; the
+        Message: the probe was removed from the queue out of order, store after it only
+        once ``held`` is settled, see :meth:`_work`); None when the probe failed as
+        ``held`` did (an outage: ``held`` is retried under ``outage_retry``, the probe
+        handled again after it) or there was no record to probe; False when stopping.
+        Each probe is retried under its own RetryPolicy first (a record failing once is no
+        outage); a probe that proves nothing (poison, a duplicate ``dedupe`` skips) moves
+        on to the next, up to ``_MAX_PROBES``.
+        """
+        detector = self._detector
+        assert detector is not None
+        queue = part.queue
+        dedupe = self._dedupe
+        for index in range(_MAX_PROBES):
+            if index >= len(queue) or part.revoked or self._stop:
+                break
+            probe = queue[index]
+            if dedupe is not None:
+                ident, marked = record_id(probe)
+                if ident is not None and marked and dedupe.is_duplicate(probe):
+                    continue  # a skip proves nothing: handled (skipped) in its turn
+            retrying = self._retry.retrying()
+            state = tenacity.RetryCallState(retrying, None, (), {})
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    await self._handler(probe)
+                except Exception as failure:
+                    if self._signal_interrupted:
+                        return False
+                    registry = outage_classification(failure)
+                    state.attempt_number = attempt
+                    state.set_exception((type(failure), failure, failure.__traceback__))
+                    if (registry is not None and not is_outage(registry)) or (
+                        registry is None and not retrying.retry(state)
+                    ):
+                        break  # poison: proves nothing, dead-lettered in its turn
+                    wait = float(retrying.wait(state))
+                    state.upcoming_sleep = wait
+                    if registry is None and not detector.active and not retrying.stop(state):
+                        state.idle_for += wait  # the probe's own retry, the held one waiting
+                        self.retries += 1
+                        part.held = True
+                        part.hold = (held.offset() or 0, attempt)
+                        try:
+                            await self._idle(wait, part)
+                        finally:
+                            part.held = False
+                        if self._stop or part.revoked:
+                            return False
+                        continue
+                    if registry is None and detector.exhausted(mark) is (
+                        OutageDecision.DEAD_LETTER
+                    ):
+                        return True  # others succeeded since held's first failure: bad
+                    if detector.failure(
+                        (probe.topic(), probe.partition(), probe.offset()),
+                        error_type=type(failure).__name__,
+                        error=self._error_text(failure),
+                        classified=registry is not None,
+                    ):
+                        self._outage_started(probe)
+                    return None  # an outage: held retried, the probe handled after it
+                # the probe was handled: taken out of the queue (not handled again)
+                if part.revoked or index >= len(queue) or queue[index] is not probe:
+                    return False  # revoked meanwhile (its queue dropped): read again later
+                del queue[index]
+                self._queued -= 1
+                if not self._queued:
+                    self._drained.set()
+                self.processed += 1
+                if dedupe is not None:
+                    dedupe.processed(probe)
+                self._succeeded()
+                return probe if index == 0 else True
+        return None
+
+    async def _give_up(
+        self,
+        msg: Message,
+        part: _Partition,
+        exc: Exception,
+        classification: Classification,
+        attempts: int,
+        *,
+        limit: bool = False,
+    ) -> bool:
+        """The final failure of a record (one WARNING line with its redacted exception
+        text), then its dead letter."""
+        self._log.warning(
+            "message_failed",
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+            attempts=attempts,
+            error_type=type(exc).__name__,
+            error=self._error_text(exc),
+            category=classification.category.value,
+            reason=(
+                "the dependency outage limit (outage_retry) was reached"
+                if limit
+                else "poison (not retried)"
+                if classification.category.name == "POISON"
+                else "failed while other records succeeded"
+            ),
+        )
+        return await self._dead_letter_record(msg, part, exc, classification, attempts)
+
+    def _error_text(self, exc: BaseException) -> str:
+        text = self._scrub(str(exc) or type(exc).__name__)
+        return text if len(text) <= _ERROR_TEXT else text[:_ERROR_TEXT] + "..."
+
+    def _succeeded(self) -> None:
+        """Records were handled: evidence the dependency works (ends an outage)."""
+        detector = self._detector
+        if detector is None or not detector.success():
+            return
+        self._log.warning(
+            "dependency_outage_ended",
+            lasted_s=round(detector.last_duration or 0.0, 3),
+            failures=detector.last_failures,
+            error_type=detector.error_type,
+            note="the records it held are retried now, with their whole RetryPolicy again",
+        )
+        over = self._outage_over
+        self._outage_over = None
+        if over is not None:
+            over.set()  # cut short the waits of the records it held
+
+    def _outage_started(self, msg: Message) -> None:
+        detector = self._detector
+        assert detector is not None
+        self._log.warning(
+            "dependency_outage_started",
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+            error_type=detector.error_type,
+            error=detector.error,
+            note="distinct records fail in a row: held and retried (outage_retry), nothing "
+            "is dead-lettered until a record succeeds",
+        )
+
+    def _note_outage(self) -> None:
+        detector = self._detector
+        assert detector is not None
+        held = detector.reminder()
+        if held is not None:
+            self._log.warning(
+                "dependency_outage_continues",
+                since_s=round(detector.duration(), 1),
+                failures=detector.failures,
+                held_back=held,
+                error_type=detector.error_type,
+            )
+
+    async def _idle(self, delay: float, part: _Partition, *, outage: bool = False) -> bool:
+        """Wait without holding a concurrency slot (other partitions' handlers run).
+        ``outage``: held by a dependency outage, cut short when it ends (True then)."""
         sem = self._sem
         assert sem is not None
         part.slot = False
         sem.release()
         try:
-            await self._sleep(delay, part)
+            if not outage:
+                await self._sleep(delay, part)
+                return False
+            over = self._outage_over
+            if over is None:
+                over = self._outage_over = asyncio.Event()
+            waits = [asyncio.ensure_future(part.cut.wait()), asyncio.ensure_future(over.wait())]
+            try:
+                await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+            return over.is_set()
         finally:
             await sem.acquire()  # cancelled here: no slot held (part.slot stays False)
             part.slot = True

@@ -1,0 +1,227 @@
+"""A bad record or a bad dependency, asyncio consumer (issue 36, item 1; acceptance 1).
+
+The same mechanism as ``ResilientConsumer`` (tests/test_consumer_outage.py): the
+:class:`kresilient.consumer.OutageDetector`, DEFAULT policies, on the real cluster. A handler
+whose dependency is down for a while (every record fails with a ``ConnectionError``), then
+back:
+
+* nothing is dead-lettered, every record is handled exactly once afterwards;
+* ``health().outage`` shows the outage while it lasts (the asyncio consumer serves no
+  ``/ready`` of its own: the application serves ``health()``);
+* the whole outage logs at most 5 lines at WARNING or above, none with the secret;
+* with poison records mixed in (``ValueError``), exactly those are dead-lettered;
+* three partitions at once (``max_concurrency=3``: records of different partitions failing in
+  a row, one detector shared) and one partition (the probe path: the first record's
+  RetryPolicy exhausted with nothing else handled, the next record probed).
+
+The negative control (``outage_retry=None``) dead-letters records of the same outage: the
+fault is real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+import uuid
+from typing import Any
+
+import pytest
+import tenacity
+from _producer_helpers import read_back
+from confluent_kafka import Message
+from test_consumer_integration import TopicFactory, produce, with_dlq
+from test_consumer_outage import SECRET, Dependency, LogRecorder, _items
+
+from kresilient.aio import AsyncResilientConsumer
+from kresilient.consumer import RetryPolicy
+from kresilient.deadletter import CircuitBreakerPolicy
+from kresilient.testing import KafkaCluster
+
+
+async def _until(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+class Scenario:
+    def __init__(self, dependency: Dependency) -> None:
+        self.dep = dependency
+        self.handled: list[bytes] = []
+        self.attempts: dict[tuple[int, int], int] = collections.Counter()
+
+    async def handle(self, msg: Message) -> None:
+        self.attempts[(msg.partition(), msg.offset())] += 1  # type: ignore[index]
+        value: bytes = msg.value()  # type: ignore[assignment]
+        if value.startswith(b"poison"):
+            raise ValueError(f"invalid order {value!r}")
+        self.dep.call()
+        self.handled.append(value)
+
+
+async def _run_outage(
+    kafka_cluster: KafkaCluster,
+    topic_factory: TopicFactory,
+    *,
+    partitions: int,
+    per_partition: int,
+    down_for: float,
+    poison_every: int | None,
+) -> dict[str, Any]:
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory, partitions=partitions)
+    items = _items(partitions, per_partition, poison_every)
+    produce(bootstrap, topic, items)
+    good = {v for _, v, _, _ in items if v.startswith(b"ok")}
+    poison = {v for _, v, _, _ in items if v.startswith(b"poison")}
+    scenario = Scenario(Dependency(down_for))
+    log = LogRecorder()
+    consumer = AsyncResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:10]}"},
+        [topic],
+        scenario.handle,
+        logger=log,
+        handle_signals=False,
+        max_concurrency=partitions,
+    )
+    task = asyncio.create_task(consumer.run())
+    try:
+        await _until(lambda: consumer.health().outage is not None or task.done(), 90, "the outage")
+        outage_during = consumer.health().outage
+        assert not scenario.dep.up, "the outage was reported only after the dependency was up"
+        await _until(
+            lambda: good <= set(scenario.handled) or task.done(),
+            down_for + 120,
+            "every good record",
+        )
+        await _until(
+            lambda: (
+                consumer.health().dead_letters_pending == 0 and consumer.health().outage is None
+            ),
+            60,
+            "dead letters acknowledged, the outage over",
+        )
+        health = consumer.health()
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, 60)
+    dead = read_back(bootstrap, dlq)
+    return {
+        "scenario": scenario,
+        "log": log,
+        "good": good,
+        "poison": poison,
+        "dead": dead,
+        "health": health,
+        "outage_during": outage_during,
+    }
+
+
+def _check_common(result: dict[str, Any]) -> None:
+    scenario: Scenario = result["scenario"]
+    log: LogRecorder = result["log"]
+    assert scenario.dep.failures >= 5, scenario.dep.failures  # the fault was real
+    counts = collections.Counter(scenario.handled)
+    assert set(counts) == result["good"]
+    assert max(counts.values()) == 1, [v for v, c in counts.items() if c > 1][:5]
+    assert sorted(m.value() for m in result["dead"]) == sorted(result["poison"])
+    assert result["health"].dead_lettered == len(result["poison"])
+    outage = result["outage_during"]
+    assert outage is not None and outage["error_type"] == "ConnectionError", outage
+    assert "connection refused" in outage["error"] and SECRET not in outage["error"]
+    loud = [
+        line for line in log.loud() if line[1] not in ("message_failed", "message_dead_lettered")
+    ]
+    assert len(loud) <= 5, loud
+    events = [e for _, e, _ in loud]
+    assert events.count("dependency_outage_started") >= 1, events
+    assert events.count("dependency_outage_ended") >= 1, events
+    started = next(kw for _, e, kw in loud if e == "dependency_outage_started")
+    assert "connection refused" in started["error"]
+    assert SECRET not in repr(log.lines)
+    assert all(level == "debug" for level, e, _ in log.lines if e == "message_retry_scheduled")
+    failed = [kw for _, e, kw in log.loud() if e == "message_failed"]
+    assert len(failed) == len(result["poison"])
+    assert all("invalid order" in kw["error"] for kw in failed)
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_aio_dependency_down_three_partitions_nothing_dead_lettered(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Records of different partitions (handled at once) fail in a row: an outage; the
+    records held in every partition resume at the first success."""
+    result = await _run_outage(
+        kafka_cluster,
+        topic_factory,
+        partitions=3,
+        per_partition=50,
+        down_for=15.0,
+        poison_every=None,
+    )
+    _check_common(result)
+    assert result["dead"] == []
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_aio_dependency_down_one_partition_with_poison(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """One partition: the probe path (the first probe is poison: proves nothing, the probe
+    moves on; the next fails too under its own RetryPolicy: an outage). Exactly the poison
+    records dead-lettered."""
+    result = await _run_outage(
+        kafka_cluster,
+        topic_factory,
+        partitions=1,
+        per_partition=200,
+        down_for=20.0,
+        poison_every=100,
+    )
+    _check_common(result)
+    assert len(result["poison"]) == 2
+    assert result["scenario"].attempts[(0, 1)] == 2  # the poison probe, then its own turn
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio
+async def test_aio_control_without_outage_detection_the_same_outage_dead_letters(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Negative control: ``outage_retry=None`` dead-letters good records of the same kind of
+    outage (the fault is real)."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory, partitions=1)
+    produce(bootstrap, topic, [(b"k", b"ok-%d" % i, None, 0) for i in range(20)])
+    dep = Dependency(down_for=6.0)
+    handled: list[bytes] = []
+
+    async def handle(msg: Message) -> None:
+        dep.call()
+        handled.append(msg.value())  # type: ignore[arg-type]
+
+    consumer = AsyncResilientConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex[:10]}"},
+        [topic],
+        handle,
+        retry=RetryPolicy(stop=tenacity.stop_after_attempt(2), wait=tenacity.wait_fixed(0.2)),
+        outage_retry=None,
+        circuit_breaker=CircuitBreakerPolicy(max_consecutive=None, max_ratio=None),
+        handle_signals=False,
+    )
+    task = asyncio.create_task(consumer.run())
+    try:
+        await _until(
+            lambda: len(handled) + consumer.health().dead_lettered >= 20 or task.done(), 90, "all"
+        )
+        await _until(lambda: consumer.health().dead_letters_pending == 0, 30, "acks")
+        assert consumer.health().outage is None
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, 60)
+    assert len(read_back(bootstrap, dlq)) >= 3  # good records dead-lettered: the fault is real
