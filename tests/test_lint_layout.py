@@ -44,11 +44,18 @@ def test_no_import_cycle_between_lint_modules() -> None:
         visit(name, ())
 
 
+#: The one deliberate exception: ``cli`` builds the ``lint``/``audit`` parsers from the
+#: standard library alone and imports the commands' module only when a command runs, so
+#: ``kresilient lint --help`` stays quick (issue 36). It imports nothing else inside functions.
+LAZY = {"cli": {"kresilient.lint._commands"}}
+
+
 def test_lint_modules_import_each_other_at_module_level_only() -> None:
     for name, tree in _modules().items():
         for func in ast.walk(tree):
             if isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
-                inner = [i.module for i in _lint_imports(func)]
+                allowed = LAZY.get(name, set())
+                inner = [i.module for i in _lint_imports(func) if i.module not in allowed]
                 assert not inner, f"{name}.{func.name} imports {inner} inside the function"
 
 
