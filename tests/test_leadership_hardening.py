@@ -143,6 +143,10 @@ def test_delivery_reports_after_deleting_the_topic_on_the_real_cluster_are_not_l
             "bootstrap.servers": kafka_cluster.bootstrap_servers,
             "message.timeout.ms": 5000,
             "topic.metadata.refresh.interval.ms": 500,
+            # The broker's UNKNOWN_TOPIC_OR_PART reaches the delivery report once librdkafka
+            # gives up on the vanished topic, after topic.metadata.propagation.max.ms (30 s
+            # by default, which this test used to wait for).
+            "topic.metadata.propagation.max.ms": 2000,
         }
     )
     producer.produce(topic, b"before")
