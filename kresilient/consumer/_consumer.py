@@ -528,6 +528,7 @@ class ResilientConsumer:
                 window=crash_probe_records,
                 log=log,
                 redact=self._redact,
+                offset_reset=str(conf.get("auto.offset.reset", "largest")),  # librdkafka's default
             )
             offsets.clean_marker = CLEAN
         self._guarded: Callable[[Any], object] = (

@@ -6,8 +6,15 @@ every restart and stalls its partition forever. The count is kept where the part
 progress already is: the committed offset's metadata.
 
 * A clean end (revoke, close) commits the stored offsets with the ``clean`` marker.
-* A partition never committed (a new group) gets one commit of its first record's offset,
-  without the clean marker, before that record is handled.
+* The partitions of an assignment never committed (a new group) are *seeded*: ONE synchronous
+  commit for all of them, without the clean marker, made in the assignment callback, before
+  librdkafka fetches any of them (it starts them after the callback returns, from the
+  committed offsets it then reads). Each is committed at the offset it starts from without a
+  commit (``auto.offset.reset``'s earliest or latest offset, asked in one request), so the
+  seed moves no start; a death from then on leaves them committed without the clean marker,
+  and the next start probes them. Where that cannot be done (another reset policy, the
+  offsets or the commit failed) a partition gets one commit of its first record's offset
+  before that record is handled (the seed in :meth:`CrashGuard.wrap`).
 * A partition assigned without the clean marker (the previous owner died or was cut off) is
   *probed*: for its next ``window`` records, before each handler call the
   record's offset, its deaths so far and the time of its first attempt are committed
@@ -40,7 +47,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from confluent_kafka import OFFSET_INVALID, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
+    KafkaException,
+    TopicPartition,
+)
 
 from kresilient.consumer._holds import TP
 from kresilient.errors import Classification, CrashLoopError, classify
@@ -60,6 +73,16 @@ CLEAN: Final = PREFIX + '{"clean":1}'
 _PROBE_END: Final = PREFIX + "{}"
 #: Committed-offset lookups on assignment.
 _COMMITTED_TIMEOUT: Final = 10.0
+#: Where librdkafka starts a never-committed partition, per ``auto.offset.reset`` (the logical
+#: offset ``offsets_for_times`` resolves); a policy not listed (``error``) is seeded per record.
+_RESET_OFFSETS: Final = {
+    "smallest": OFFSET_BEGINNING,
+    "earliest": OFFSET_BEGINNING,
+    "beginning": OFFSET_BEGINNING,
+    "largest": OFFSET_END,
+    "latest": OFFSET_END,
+    "end": OFFSET_END,
+}
 #: Up to this many probed partitions, each batch asks librdkafka which of them it holds
 #: records of (one position() call); beyond it the guard checks every record (cheaper then).
 _POSITION_CHECK_MAX: Final = 64
@@ -125,7 +148,8 @@ class Probe:
     suspect: int | None = None  #: the record that was in flight at the last death
     deaths: int = 0  #: the suspect's deaths, this one included
     first_ms: int | None = None
-    seed: bool = False  #: never committed: commit the first record's offset, then stop
+    #: never committed, and not seeded on assignment: commit the first record's offset, then stop
+    seed: bool = False
     position: int = OFFSET_INVALID  #: the consumer's position at the last batch check
     #: (offset, deaths of its own, first attempt ms) of the record whose marker is committed
     inflight: tuple[int, int, int] | None = None
@@ -147,9 +171,12 @@ class CrashGuard:
         window: int,
         log: Any,
         redact: Callable[[str], str],
+        offset_reset: str = "latest",
     ) -> None:
         self._consumer = consumer
         self._offsets = offsets
+        #: the start of a never-committed partition (``None``: seeded per record)
+        self._reset_to: int | None = _RESET_OFFSETS.get(str(offset_reset).lower())
         self.max_deaths = max_deaths
         self.window = window
         self._log = log
@@ -170,6 +197,7 @@ class CrashGuard:
             # cannot tell how the previous owner ended: probe (costs a commit per record)
             self._log.warning("crash_marker_unknown", error=self._redact(str(exc)), note="probing")
             committed = [TopicPartition(p.topic, p.partition, 0) for p in asked]
+        seeds: list[TP] = []
         for part in committed:
             tp = (part.topic, part.partition)
             marker = parse_marker(part.metadata)
@@ -177,11 +205,12 @@ class CrashGuard:
                 self.probes.pop(tp, None)
                 continue
             if part.offset < 0 and marker is None:
-                # never committed (a new group): no probe, one commit of the first record's
-                # offset without the clean marker, so a death before the first regular commit
-                # makes the next start probe (a per-record probe here would cost every new
-                # group a synchronous commit per record)
+                # never committed (a new group): no probe, a commit without the clean marker,
+                # so a death before the first regular commit makes the next start probe (a
+                # per-record probe here would cost every new group a synchronous commit per
+                # record); seeded below, all at once, or else at its first record
                 self.probes[tp] = Probe(tp=tp, remaining=0, base=0, seed=True)
+                seeds.append(tp)
                 continue
             probe = Probe(tp=tp, remaining=self.window, base=1)
             if (
@@ -210,6 +239,29 @@ class CrashGuard:
                     max_process_deaths=self.max_deaths,
                 )
             self.probes[tp] = probe
+        if seeds and self._reset_to is not None:
+            self._seed(seeds, self._reset_to)
+
+    def _seed(self, tps: list[TP], reset_to: int) -> None:
+        """One synchronous commit of every never-committed partition of this assignment, at
+        the offset librdkafka would start it from (we are in the assignment callback: it
+        starts them after we return, from these commits). What fails stays seeded per record."""
+        asked = [TopicPartition(t, p, reset_to) for t, p in tps]
+        try:
+            found = self._consumer.offsets_for_times(asked, timeout=_COMMITTED_TIMEOUT)
+        except KafkaException as exc:
+            self._log.warning(
+                "crash_seed_offsets_unknown",
+                error=self._redact(str(exc)),
+                partitions=len(tps),
+                note="each partition is seeded at its first record instead",
+            )
+            return
+        starts = {
+            (p.topic, p.partition): p.offset for p in found if p.error is None and p.offset >= 0
+        }
+        for tp in self._offsets.commit_markers(starts, _PROBE_END):
+            del self.probes[tp]
 
     def in_batch(self) -> bool:
         """Whether the batch just consumed may hold records of a probed partition.

@@ -124,6 +124,30 @@ class OffsetKeeper:
             return
         self.stored[tp] = target
 
+    def commit_markers(self, offsets: Mapping[TP, int], metadata: str) -> list[TP]:
+        """Commit every partition of ``offsets`` at its offset with ``metadata`` in ONE
+        synchronous commit; return those committed (a failure is logged).
+
+        Crash-loop protection's seed of a new group's partitions, made in the assignment
+        callback before they are fetched: nothing was stored for them, so nothing is stored
+        here (librdkafka has no stored offset of theirs to commit over the marker). They are
+        remembered as stored, so a clean end before their first record marks them clean."""
+        if not offsets:
+            return []
+        parts = [TopicPartition(t, p, o, metadata=metadata) for (t, p), o in offsets.items()]
+        try:
+            result = self._consumer.commit(offsets=parts, asynchronous=False)
+        except KafkaException as exc:
+            self.commit_failed(exc, "crash_marker", partitions=len(parts))
+            return []
+        failed = [p for p in result or [] if p.error is not None]
+        if failed:
+            self.commit_failed(failed[0].error, "crash_marker", partitions=len(failed))
+        done = [(p.topic, p.partition) for p in result or [] if p.error is None and p.offset >= 0]
+        for tp in done:
+            self.stored[tp] = offsets[tp]
+        return done
+
     def _store_failed(self, exc: KafkaException, tp: TP) -> None:
         # _STATE / UNKNOWN_PARTITION: the partition was revoked meanwhile; its new owner starts
         # from the last commit (at-least-once).
