@@ -1,0 +1,522 @@
+"""Many records of one partition in flight: which may start, what may be committed (issue 40).
+
+Pure bookkeeping, no client calls: the consumer feeds an :class:`InflightWindow` per partition
+with the records it polled (in offset order), starts what :meth:`InflightWindow.ready` gives,
+reports each record finished (handled, dead-lettered, moved to a retry topic, skipped) or
+waiting for a retry, pauses the partition while :attr:`InflightWindow.blocked`, and commits
+:meth:`InflightWindow.committable` with the finished records above it in the metadata.
+
+Ordering modes (which records may run at the same time):
+
+* ``"partition"``: one record of the partition at a time, in offset order (the consumer's
+  behaviour without this module);
+* ``"key"``: records with the same key one at a time, in offset order; different keys at
+  once. Records WITHOUT a key (``None``) are ordered among themselves like one key: a
+  keyless record may come from a producer that relied on partition order, and this mode
+  never reorders what it cannot tell apart (use ``"none"`` for keyless topics);
+* ``"none"``: any record may run as soon as the window has room.
+
+A record waiting for its retry stays the head of its chain: it blocks the later records of
+its key (``"key"``), of the partition (``"partition"``), or nothing else (``"none"``).
+
+Window: at most ``max_records`` records and ``max_bytes`` bytes are *admitted* (started or
+startable, running, or waiting for a retry) per partition. A record over ``max_bytes`` on
+its own is admitted when the window is empty (it would never run otherwise). Records polled
+beyond the window wait in a backlog (at most what one poll returned) and the partition is
+``blocked``: the consumer pauses it, keeps polling, and resumes it when it is not.
+
+Gap-safe commits: the committable offset is the lowest unfinished offset offered (or the
+offset after the last one when all finished), so a commit never passes an unfinished record.
+The finished offsets above it go into the commit metadata (:func:`with_finished`) and a
+member that takes the partition over skips them (:func:`finished_from`): a record redone
+after a crash is one that was unfinished, never one that had finished, unless the list
+did not fit (then the metadata is bare and everything from the committed offset is redone).
+
+Metadata format: kresilient's marker (``kresilient.v1 <json object>``, the crash-loop
+protection's :data:`~kresilient.consumer._crashloop.PREFIX`) with one more field, ``"g"``::
+
+    kresilient.v1 {"clean":1,"g":{"o":1200,"r":"2.3.0.1"}}
+    kresilient.v1 {"x":1201,"d":0,"t":1764403200000,"g":{"o":1200,"b":"Dg"}}
+
+``"o"`` is the committed offset the list belongs to (a list whose ``"o"`` is not the committed
+offset is ignored: a commit that did not carry it moved the offset). The finished offsets
+above ``o``, from ``o + 1``, are either run lengths ``"r"`` (base 36, ``.``-separated,
+alternating not-finished / finished, starting with not-finished, which may be ``0``), or a
+bitmap ``"b"`` (unpadded URL-safe base64, bit ``i`` of byte ``i // 8``, least significant bit
+first, is offset ``o + 1 + i``), whichever is shorter. ``parse_marker`` ignores fields it does
+not know, so a marker with ``"g"`` parses as it did, and a marker without it (older versions)
+has no finished records above its offset. The whole metadata string stays within
+``offset.metadata.max.bytes`` (4096 by default on brokers): when it would not, the list is
+left out (bare offset).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import bisect
+import dataclasses
+import heapq
+import json
+from collections import deque
+from collections.abc import Hashable, Iterable, Iterator
+from typing import Final, Generic, Literal, TypeVar, get_args
+
+from kresilient.consumer._crashloop import PREFIX
+
+__all__ = [
+    "METADATA_MAX_BYTES",
+    "ORDERINGS",
+    "Finished",
+    "InflightWindow",
+    "OffsetTracker",
+    "Ordering",
+    "encode_finished",
+    "finished_from",
+    "with_finished",
+]
+
+Ordering = Literal["partition", "key", "none"]
+#: The ordering modes, for validation.
+ORDERINGS: Final[tuple[str, ...]] = get_args(Ordering)
+#: The brokers' default ``offset.metadata.max.bytes``: a longer metadata string fails the
+#: commit with OFFSET_METADATA_TOO_LARGE.
+METADATA_MAX_BYTES: Final = 4096
+#: The field of the kresilient marker that carries the finished offsets.
+_FIELD: Final = "g"
+
+T = TypeVar("T")
+
+
+class _Partition:
+    """The chain of every record in ``"partition"`` mode (no key compares equal to it)."""
+
+    __slots__ = ()
+
+
+_WHOLE_PARTITION: Final = _Partition()
+
+
+# ---------------------------------------------------------------------- offsets
+
+
+class OffsetTracker:
+    """The lowest unfinished offset of a partition, and the finished offsets above it.
+
+    Offsets are offered in increasing order (not necessarily contiguous: transaction markers
+    and compaction leave holes) and finished in any order.
+    """
+
+    __slots__ = ("_done", "_next", "_offered")
+
+    def __init__(self) -> None:
+        self._offered: deque[int] = deque()  #: offered, not finished below the lowest unfinished
+        self._done: set[int] = set()  #: finished offsets still in ``_offered``
+        self._next: int | None = None  #: the offset after the last one offered
+
+    def offer(self, offset: int) -> None:
+        """``offset`` was polled (it is unfinished until :meth:`finish`)."""
+        if self._next is not None and offset < self._next:
+            raise ValueError(f"offset {offset} offered after {self._next - 1}")
+        self._offered.append(offset)
+        self._next = offset + 1
+
+    def finish(self, offset: int) -> None:
+        """``offset`` is done (handled, dead-lettered, moved, or skipped)."""
+        offered, done = self._offered, self._done
+        if offered and offered[0] == offset:
+            offered.popleft()
+            while offered and offered[0] in done:
+                done.discard(offered.popleft())
+        elif offered and offered[0] < offset < (self._next or 0):
+            done.add(offset)
+        # anything else: finished twice, or never offered here (a seek reset): nothing to do
+
+    def committable(self) -> int | None:
+        """The offset a commit may carry: the lowest unfinished one (``None``: none offered)."""
+        return self._offered[0] if self._offered else self._next
+
+    def finished(self) -> list[int]:
+        """The finished offsets above :meth:`committable`, ascending."""
+        return sorted(self._done)
+
+    def unfinished(self) -> int:
+        """How many offered offsets are not finished."""
+        return len(self._offered) - len(self._done)
+
+    def reset(self) -> None:
+        """Forget everything (a seek moved the partition; revoke; loss)."""
+        self._offered.clear()
+        self._done.clear()
+        self._next = None
+
+
+# ---------------------------------------------------------------------- scheduling
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Entry(Generic[T]):
+    offset: int
+    chain: Hashable
+    size: int
+    item: T
+    running: bool = False
+    due: float = 0.0  #: earliest start (a retry's backoff)
+
+
+class InflightWindow(Generic[T]):
+    """Which records of one partition may start now, under an ordering mode and a window.
+
+    ``item`` is what the consumer gets back from :meth:`ready` (its message). The caller
+    offers records in offset order and reports each started record either finished
+    (:meth:`finish`) or waiting for its next attempt (:meth:`retry`).
+    """
+
+    def __init__(
+        self,
+        ordering: Ordering,
+        *,
+        max_records: int,
+        max_bytes: int,
+        skip: Finished | None = None,
+    ) -> None:
+        if ordering not in ORDERINGS:
+            raise ValueError(f"ordering must be one of {ORDERINGS}, not {ordering!r}")
+        if max_records < 1 or max_bytes < 1:
+            raise ValueError("max_records and max_bytes must be at least 1")
+        self.ordering: Ordering = ordering
+        self.max_records = 1 if ordering == "partition" else max_records
+        self.max_bytes = max_bytes
+        self.offsets = OffsetTracker()
+        self.skip = skip
+        self.skipped = 0  #: records finished from the metadata without running
+        self._backlog: deque[_Entry[T]] = deque()
+        self._entries: dict[int, _Entry[T]] = {}  #: admitted, by offset
+        self._chains: dict[Hashable, deque[_Entry[T]]] = {}
+        self._ready: deque[_Entry[T]] = deque()  #: chain heads that may start now
+        self._delayed: list[tuple[float, int, _Entry[T]]] = []  #: heads waiting for a retry
+        self._bytes = 0
+        self._running = 0
+
+    # ------------------------------------------------------------------ feeding
+
+    def offer(self, offset: int, key: bytes | None, size: int, item: T) -> bool:
+        """A polled record, in offset order. ``False``: it finished before (the metadata of
+        the committed offset lists it) and is not to run; it is finished here already."""
+        self.offsets.offer(offset)
+        skip = self.skip
+        if skip is not None:
+            if offset in skip:
+                self.offsets.finish(offset)
+                self.skipped += 1
+                return False
+            if offset > skip.last:
+                self.skip = None
+        if self.ordering == "key":
+            chain: Hashable = key
+        elif self.ordering == "none":
+            chain = offset
+        else:
+            chain = _WHOLE_PARTITION
+        self._backlog.append(_Entry(offset=offset, chain=chain, size=max(size, 0), item=item))
+        self._admit()
+        return True
+
+    def _admit(self) -> None:
+        backlog = self._backlog
+        while backlog:
+            entry = backlog[0]
+            if self._entries and (
+                len(self._entries) >= self.max_records or self._bytes + entry.size > self.max_bytes
+            ):
+                return
+            backlog.popleft()
+            self._entries[entry.offset] = entry
+            self._bytes += entry.size
+            chain = self._chains.get(entry.chain)
+            if chain is None:
+                self._chains[entry.chain] = deque((entry,))
+                self._ready.append(entry)
+            else:
+                chain.append(entry)
+
+    # ------------------------------------------------------------------ starting
+
+    def ready(self, now: float) -> list[T]:
+        """The records that may start now (each returned once; they count as running)."""
+        delayed = self._delayed
+        while delayed and delayed[0][0] <= now:
+            self._ready.append(heapq.heappop(delayed)[2])
+        out: list[T] = []
+        entries = self._entries
+        while self._ready:
+            entry = self._ready.popleft()
+            if entry.running or entries.get(entry.offset) is not entry:
+                continue  # finished while it waited (a dead letter of a held record)
+            entry.running = True
+            self._running += 1
+            out.append(entry.item)
+        return out
+
+    def next_due(self) -> float | None:
+        """When the earliest record waiting for its retry may start (``None``: none waits)."""
+        delayed, entries = self._delayed, self._entries
+        while delayed and entries.get(delayed[0][1]) is not delayed[0][2]:
+            heapq.heappop(delayed)  # finished while it waited
+        return delayed[0][0] if delayed else None
+
+    # ------------------------------------------------------------------ outcomes
+
+    def finish(self, offset: int) -> None:
+        """The record at ``offset`` (returned by :meth:`ready`) is done."""
+        entry = self._entries.get(offset)
+        chain = self._chains[entry.chain] if entry is not None else None
+        if entry is None or chain is None or chain[0] is not entry:
+            # only a chain's head can have started: a later record finishing first is a bug
+            raise KeyError(f"offset {offset} is not in flight")
+        del self._entries[offset]
+        if entry.running:
+            self._running -= 1
+        self._bytes -= entry.size
+        chain.popleft()
+        if chain:
+            self._ready.append(chain[0])
+        else:
+            del self._chains[entry.chain]
+        self.offsets.finish(offset)
+        self._admit()
+
+    def retry(self, offset: int, due: float) -> None:
+        """The record at ``offset`` failed and waits until ``due`` for its next attempt; it
+        keeps its place, so it still blocks its chain."""
+        entry = self._entries.get(offset)
+        if entry is None or not entry.running:
+            raise KeyError(f"offset {offset} is not running")
+        entry.running = False
+        self._running -= 1
+        entry.due = due
+        heapq.heappush(self._delayed, (due, offset, entry))
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def blocked(self) -> bool:
+        """Whether the partition must be paused: records wait outside the full window."""
+        return bool(self._backlog)
+
+    @property
+    def running(self) -> int:
+        """Records started and not finished nor waiting for a retry."""
+        return self._running
+
+    @property
+    def admitted(self) -> int:
+        """Records in the window (running, startable, or waiting for a retry)."""
+        return len(self._entries)
+
+    @property
+    def admitted_bytes(self) -> int:
+        """Bytes of the records in the window."""
+        return self._bytes
+
+    @property
+    def idle(self) -> bool:
+        """Nothing offered is unfinished."""
+        return not self._entries and not self._backlog
+
+    def unstarted(self) -> Iterator[T]:
+        """Records offered but not running (startable, waiting for a retry, or in the
+        backlog), in offset order: what a revoke abandons."""
+        for entry in sorted(
+            [e for e in self._entries.values() if not e.running] + list(self._backlog),
+            key=lambda e: e.offset,
+        ):
+            yield entry.item
+
+    def clear(self) -> None:
+        """Forget every record (revoke, loss, a seek)."""
+        self._backlog.clear()
+        self._entries.clear()
+        self._chains.clear()
+        self._ready.clear()
+        self._delayed.clear()
+        self._bytes = 0
+        self._running = 0
+        self.offsets.reset()
+        self.skip = None
+
+    def committable(self) -> int | None:
+        """See :meth:`OffsetTracker.committable`."""
+        return self.offsets.committable()
+
+    def metadata(self, marker: str | None, limit: int = METADATA_MAX_BYTES) -> str | None:
+        """``marker`` (kresilient's, or ``None``) with the finished offsets above the
+        committable one (see :func:`with_finished`)."""
+        base = self.offsets.committable()
+        if base is None:
+            return marker
+        return with_finished(marker, base, self.offsets.finished(), limit=limit)
+
+
+# ---------------------------------------------------------------------- metadata
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finished:
+    """Offsets above ``base`` that finished before the commit: ``[start, end)`` ranges,
+    ascending, disjoint, every offset ``> base``."""
+
+    base: int
+    ranges: tuple[tuple[int, int], ...]
+
+    def __contains__(self, offset: object) -> bool:
+        if not isinstance(offset, int) or not self.ranges:
+            return False
+        i = bisect.bisect_right(self.ranges, (offset, _INF)) - 1
+        return i >= 0 and self.ranges[i][0] <= offset < self.ranges[i][1]
+
+    @property
+    def last(self) -> int:
+        """The highest finished offset (``base`` when there is none)."""
+        return self.ranges[-1][1] - 1 if self.ranges else self.base
+
+    def __len__(self) -> int:
+        return sum(end - start for start, end in self.ranges)
+
+    def offsets(self) -> list[int]:
+        """Every finished offset (tests, small lists)."""
+        return [o for start, end in self.ranges for o in range(start, end)]
+
+
+_INF: Final = 1 << 63
+_DIGITS: Final = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _b36(n: int) -> str:
+    if n == 0:
+        return "0"
+    out = []
+    while n:
+        n, r = divmod(n, 36)
+        out.append(_DIGITS[r])
+    return "".join(reversed(out))
+
+
+def _runs(base: int, finished: list[int]) -> list[int]:
+    """Alternating not-finished / finished run lengths from ``base + 1``."""
+    runs: list[int] = []
+    cursor = base + 1
+    for offset in finished:
+        if runs and offset == cursor:
+            runs[-1] += 1
+        else:
+            runs.append(offset - cursor)
+            runs.append(1)
+        cursor = offset + 1
+    return runs
+
+
+def encode_finished(base: int, finished: Iterable[int]) -> dict[str, int | str] | None:
+    """The ``"g"`` value for the finished offsets above ``base`` (``None``: none)."""
+    done = sorted({o for o in finished if o > base})
+    if not done:
+        return None
+    runs = ".".join(_b36(n) for n in _runs(base, done))
+    span = done[-1] - base
+    if span <= 6 * (len(runs) + 2):  # a bitmap could be shorter: build it
+        bits = bytearray((span + 7) // 8)
+        for offset in done:
+            i = offset - base - 1
+            bits[i >> 3] |= 1 << (i & 7)
+        bitmap = base64.urlsafe_b64encode(bytes(bits)).decode().rstrip("=")
+        if len(bitmap) < len(runs):
+            return {"o": base, "b": bitmap}
+    return {"o": base, "r": runs}
+
+
+def with_finished(
+    marker: str | None,
+    base: int,
+    finished: Iterable[int],
+    *,
+    limit: int = METADATA_MAX_BYTES,
+) -> str | None:
+    """The metadata to commit at ``base``: ``marker`` (kresilient's marker, or ``None``)
+    carrying the finished offsets above ``base``. When they would not fit in ``limit``
+    bytes, or ``marker`` is not kresilient's, ``marker`` is returned unchanged (bare)."""
+    value = encode_finished(base, finished)
+    if value is None:
+        return marker
+    if marker:
+        if not marker.startswith(PREFIX):
+            return marker
+        try:
+            data = json.loads(marker[len(PREFIX) :])
+        except ValueError:
+            return marker
+        if not isinstance(data, dict):
+            return marker
+    else:
+        data = {}
+    data[_FIELD] = value
+    out = PREFIX + json.dumps(data, separators=(",", ":"))
+    if len(out.encode()) > limit:
+        return marker
+    return out
+
+
+def finished_from(metadata: str | None, committed: int) -> Finished | None:
+    """The finished offsets above ``committed`` that ``metadata`` lists (``None``: none,
+    the metadata is not kresilient's, malformed, or belongs to another offset)."""
+    if not metadata or not metadata.startswith(PREFIX) or committed < 0:
+        return None
+    try:
+        data = json.loads(metadata[len(PREFIX) :])
+    except ValueError:
+        return None
+    value = data.get(_FIELD) if isinstance(data, dict) else None
+    if not isinstance(value, dict) or value.get("o") != committed:
+        return None
+    runs, bitmap = value.get("r"), value.get("b")
+    try:
+        if isinstance(runs, str):
+            ranges = _decode_runs(committed, runs)
+        elif isinstance(bitmap, str):
+            ranges = _decode_bitmap(committed, bitmap)
+        else:
+            return None
+    except ValueError:
+        return None
+    return Finished(base=committed, ranges=tuple(ranges)) if ranges else None
+
+
+def _decode_runs(base: int, text: str) -> list[tuple[int, int]]:
+    lengths = [int(part, 36) for part in text.split(".")]  # ValueError on junk
+    if any(n < 0 for n in lengths):
+        raise ValueError("negative run")
+    ranges: list[tuple[int, int]] = []
+    cursor = base + 1
+    for i, n in enumerate(lengths):
+        if i % 2 and n:
+            if ranges and ranges[-1][1] == cursor:
+                ranges[-1] = (ranges[-1][0], cursor + n)
+            else:
+                ranges.append((cursor, cursor + n))
+        cursor += n
+    return ranges
+
+
+def _decode_bitmap(base: int, text: str) -> list[tuple[int, int]]:
+    try:
+        bits = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError("bad bitmap") from exc
+    ranges: list[tuple[int, int]] = []
+    for i in range(len(bits) * 8):
+        if bits[i >> 3] >> (i & 7) & 1:
+            offset = base + 1 + i
+            if ranges and ranges[-1][1] == offset:
+                ranges[-1] = (ranges[-1][0], offset + 1)
+            else:
+                ranges.append((offset, offset + 1))
+    return ranges

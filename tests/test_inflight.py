@@ -1,0 +1,344 @@
+"""The in-partition concurrency core (issue 40): scheduling, gap-safe offsets, the metadata.
+
+Pure bookkeeping (kresilient/consumer/_inflight.py), driven here without a client: examples
+for each rule, then hypothesis properties over any interleaving of completions and retries.
+The real-cluster guarantees built on it are tested where the consumer uses it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kresilient.consumer._crashloop import CLEAN, PREFIX, parse_marker
+from kresilient.consumer._inflight import (
+    METADATA_MAX_BYTES,
+    Finished,
+    InflightWindow,
+    OffsetTracker,
+    encode_finished,
+    finished_from,
+    with_finished,
+)
+
+# ---------------------------------------------------------------------- examples
+
+
+def _window(ordering: str = "key", **kw: int) -> InflightWindow[int]:
+    kw.setdefault("max_records", 100)
+    kw.setdefault("max_bytes", 1 << 30)
+    return InflightWindow(ordering, **kw)  # type: ignore[arg-type]
+
+
+def test_key_mode_runs_one_record_per_key_in_offset_order() -> None:
+    w = _window()
+    for offset, key in enumerate([b"a", b"b", b"a", b"c", b"b"]):
+        assert w.offer(offset, key, 1, offset)
+    assert w.ready(0) == [0, 1, 3]  # the second a and b wait for the first
+    w.finish(1)
+    assert w.ready(0) == [4]
+    w.finish(0)
+    assert w.ready(0) == [2]
+
+
+def test_keyless_records_are_one_chain_in_key_mode() -> None:
+    w = _window()
+    for offset in range(3):
+        w.offer(offset, None, 1, offset)
+    w.offer(3, b"k", 1, 3)
+    assert w.ready(0) == [0, 3]
+    w.finish(0)
+    assert w.ready(0) == [1]
+
+
+def test_partition_mode_is_one_at_a_time_and_none_mode_is_unordered() -> None:
+    w = _window("partition")
+    for offset in range(3):
+        w.offer(offset, bytes([offset]), 1, offset)
+    assert w.ready(0) == [0]
+    assert w.blocked  # the window of "partition" is one record
+    w.finish(0)
+    assert w.ready(0) == [1]
+    n = _window("none")
+    for offset in range(3):
+        n.offer(offset, b"same", 1, offset)
+    assert n.ready(0) == [0, 1, 2]
+
+
+def test_a_retry_blocks_only_its_key_until_due() -> None:
+    w = _window()
+    for offset, key in enumerate([b"a", b"b", b"a", b"b"]):
+        w.offer(offset, key, 1, offset)
+    assert w.ready(0) == [0, 1]
+    w.retry(0, due=10.0)
+    w.finish(1)
+    assert w.ready(5.0) == [3]  # b continues, a waits behind its retrying head
+    assert w.next_due() == 10.0
+    assert w.ready(10.0) == [0]
+    w.finish(0)
+    assert w.ready(10.0) == [2]
+
+
+def test_a_waiting_record_finished_by_a_dead_letter_is_not_started_again() -> None:
+    w = _window()
+    w.offer(0, b"a", 1, 0)
+    w.offer(1, b"a", 1, 1)
+    assert w.ready(0) == [0]
+    w.retry(0, due=5.0)
+    w.finish(0)  # given up while waiting: dead-lettered
+    assert w.next_due() is None
+    assert w.ready(100.0) == [1]
+
+
+def test_a_full_window_blocks_the_partition_by_count_and_by_bytes() -> None:
+    w = _window(max_records=2)
+    for offset in range(4):
+        w.offer(offset, bytes([offset]), 1, offset)
+    assert w.admitted == 2 and w.blocked
+    assert w.ready(0) == [0, 1]
+    w.finish(1)
+    assert w.admitted == 2 and w.blocked  # 2 admitted, 3 waits
+    w.finish(0)
+    w.finish(2)
+    assert not w.blocked
+    b = _window(max_bytes=10)
+    b.offer(0, b"a", 6, 0)
+    b.offer(1, b"b", 6, 1)
+    assert b.admitted == 1 and b.blocked
+    big = _window(max_bytes=10)
+    big.offer(0, b"a", 50, 0)  # over the limit alone: admitted when the window is empty
+    assert big.ready(0) == [0]
+
+
+def test_finishing_a_record_that_never_started_is_refused() -> None:
+    w = _window()
+    w.offer(0, b"a", 1, 0)
+    w.offer(1, b"a", 1, 1)
+    with pytest.raises(KeyError):
+        w.finish(1)
+    with pytest.raises(KeyError):
+        w.retry(1, 0.0)
+
+
+def test_the_committable_offset_is_the_lowest_unfinished_one() -> None:
+    t = OffsetTracker()
+    assert t.committable() is None
+    for offset in (5, 7, 8, 9):  # 6: a transaction marker, never delivered
+        t.offer(offset)
+    t.finish(8)
+    t.finish(7)
+    assert t.committable() == 5 and t.finished() == [7, 8]
+    t.finish(5)
+    assert t.committable() == 9 and t.finished() == []
+    t.finish(9)
+    assert t.committable() == 10
+    with pytest.raises(ValueError):
+        t.offer(3)
+
+
+def test_metadata_combines_with_every_crash_loop_marker() -> None:
+    inflight = PREFIX + '{"x":12,"d":1,"t":1764403200000}'
+    waiting = PREFIX + '{"x":12,"d":0,"t":5,"w":1}'
+    for marker in (None, CLEAN, inflight, waiting, PREFIX + "{}"):
+        meta = with_finished(marker, 10, [12, 13, 20])
+        assert meta is not None and meta.startswith(PREFIX)
+        assert parse_marker(meta) == (parse_marker(marker) or parse_marker(PREFIX + "{}"))
+        got = finished_from(meta, 10)
+        assert got is not None and got.offsets() == [12, 13, 20]
+    # an older version's markers carry no list; someone else's metadata is left alone
+    assert finished_from(CLEAN, 10) is None
+    assert finished_from(inflight, 10) is None
+    assert with_finished("their-metadata", 10, [11]) == "their-metadata"
+    # a list belongs to its offset: another committed offset ignores it
+    assert finished_from(with_finished(None, 10, [12]), 11) is None
+
+
+def test_the_shorter_encoding_is_chosen() -> None:
+    dense = encode_finished(0, range(1, 400, 2))  # alternating: the bitmap wins
+    assert dense is not None and "b" in dense
+    sparse = encode_finished(0, [5, 100_000])  # far apart: the run lengths win
+    assert sparse is not None and sparse["r"] == "4.1.255m.1"  # 255m: 99994 in base 36
+    assert encode_finished(7, [3, 7]) is None  # nothing above the base
+
+
+def test_a_list_that_does_not_fit_falls_back_to_the_bare_marker() -> None:
+    spread = list(range(2, 200_000, 7))
+    assert with_finished(CLEAN, 0, spread) == CLEAN
+    assert with_finished(None, 0, spread) is None
+    assert len(with_finished(CLEAN, 0, spread, limit=1 << 20) or "") > METADATA_MAX_BYTES
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        PREFIX + '{"g":{"o":3,"r":"zz.-1"}}',
+        PREFIX + '{"g":{"o":3,"r":"1.!"}}',
+        PREFIX + '{"g":{"o":3,"b":"***"}}',
+        PREFIX + '{"g":{"o":3}}',
+        PREFIX + '{"g":[3]}',
+        PREFIX + '{"g":{"o":3,"r":""}}',
+        PREFIX + "[1]",
+        PREFIX + "{bad json",
+        "",
+    ],
+)
+def test_malformed_lists_are_ignored(meta: str) -> None:
+    """Ignoring a list only redoes records: never a reason to fail an assignment."""
+    assert finished_from(meta, 3) is None
+
+
+def test_a_restarted_window_skips_the_listed_records() -> None:
+    w = _window(skip=finished_from(with_finished(None, 10, [11, 13]), 10))
+    assert [w.offer(o, b"k%d" % o, 1, o) for o in range(10, 16)] == [
+        True,
+        False,
+        True,
+        False,
+        True,
+        True,
+    ]
+    assert w.skipped == 2 and w.skip is None  # the list is dropped once passed
+    assert w.ready(0) == [10, 12, 14, 15]
+
+
+# ---------------------------------------------------------------------- properties
+
+
+@dataclass
+class _Run:
+    """What a fake consumer saw while driving a window."""
+
+    starts: dict[bytes | None, list[int]] = field(default_factory=dict)
+    finished: set[int] = field(default_factory=set)
+
+
+_KEYS = st.sampled_from([b"a", b"b", b"c", b"d", None])
+
+
+@st.composite
+def _workloads(draw: st.DrawFn) -> tuple[list[tuple[int, bytes | None, int]], list[int]]:
+    n = draw(st.integers(1, 60))
+    gaps = draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    offsets, cursor = [], draw(st.integers(0, 1000))
+    for g in gaps:
+        cursor += g
+        offsets.append(cursor)
+    keys = draw(st.lists(_KEYS, min_size=n, max_size=n))
+    sizes = draw(st.lists(st.integers(0, 50), min_size=n, max_size=n))
+    choices = draw(st.lists(st.integers(0, 10_000), min_size=2 * n, max_size=4 * n))
+    return list(zip(offsets, keys, sizes, strict=True)), choices
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    work=_workloads(),
+    ordering=st.sampled_from(["partition", "key", "none"]),
+    max_records=st.integers(1, 8),
+    max_bytes=st.integers(1, 120),
+    poll_batch=st.integers(1, 10),
+)
+def test_any_interleaving_keeps_order_bound_and_gap_safety(
+    work: tuple[list[tuple[int, bytes | None, int]], list[int]],
+    ordering: str,
+    max_records: int,
+    max_bytes: int,
+    poll_batch: int,
+) -> None:
+    records, choices = work
+    key_of = {o: k for o, k, _ in records}
+    size_of = {o: s for o, _, s in records}
+    w: InflightWindow[int] = InflightWindow(
+        ordering,  # type: ignore[arg-type]
+        max_records=max_records,
+        max_bytes=max_bytes,
+    )
+    run = _Run()
+    running: list[int] = []
+    waiting: list[int] = []
+    fed, now = 0, 0.0
+    picks = iter(choices)
+    while len(run.finished) < len(records):
+        # poll: more records only while the partition is not paused
+        if not w.blocked and fed < len(records):
+            for o, k, s in records[fed : fed + poll_batch]:
+                w.offer(o, k, s, o)
+            fed = min(len(records), fed + poll_batch)
+        started = w.ready(now)
+        for o in started:
+            if o not in waiting:  # a first start (a retry restarts the same record)
+                run.starts.setdefault(key_of[o], []).append(o)
+            else:
+                waiting.remove(o)
+        running += started
+        # the window: count and bytes (one oversized record alone is allowed)
+        assert w.admitted <= (1 if ordering == "partition" else max_records)
+        assert w.admitted_bytes <= max_bytes or w.admitted == 1
+        if ordering != "none":  # no two records of one chain at once
+            chains = [key_of[o] if ordering == "key" else 0 for o in running + waiting]
+            assert len(chains) == len(set(chains))
+        if not running:
+            if waiting:
+                now = max(now, w.next_due() or now)
+                continue
+            assert fed < len(records) and not w.blocked, "stalled"
+            continue
+        pick = next(picks, 1)  # choices spent: finish, never retry again
+        o = running.pop(pick % len(running))
+        if pick % 5 == 0 and o not in run.finished:
+            w.retry(o, due=now + (pick % 3))
+            waiting.append(o)
+        else:
+            w.finish(o)
+            run.finished.add(o)
+        # gap safety: the committable offset never passes an unfinished record, and every
+        # finished record above it is listed, or the metadata is bare
+        base = w.committable()
+        assert base is not None
+        offered = [r[0] for r in records[:fed]]
+        assert all(x >= base for x in offered if x not in run.finished)
+        above = sorted(x for x in run.finished if x > base)
+        meta = w.metadata(CLEAN)
+        listed = finished_from(meta, base)
+        assert (listed.offsets() if listed else []) == above or meta == CLEAN
+        assert meta is not None and len(meta.encode()) <= METADATA_MAX_BYTES
+        assert parse_marker(meta) == parse_marker(CLEAN)
+    assert w.committable() == records[-1][0] + 1 and w.idle
+    for key, offsets in run.starts.items():
+        if ordering != "none":
+            assert offsets == sorted(offsets), key
+    assert sum(size_of.values()) >= 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    base=st.integers(0, 1 << 40),
+    rel=st.sets(st.integers(-5, 30_000), max_size=400),
+    marker=st.sampled_from(
+        [None, CLEAN, PREFIX + "{}", PREFIX + '{"x":9,"d":2,"t":1764403200000,"w":1}']
+    ),
+)
+def test_encode_decode_round_trip(base: int, rel: set[int], marker: str | None) -> None:
+    finished = sorted(base + r for r in rel)
+    meta = with_finished(marker, base, finished)
+    above = [o for o in finished if o > base]
+    got = finished_from(meta, base)
+    if meta == marker:  # bare: nothing above, or it did not fit
+        assert got is None or marker is not None
+        assert not above or len(json.dumps(encode_finished(base, above))) > 3000
+    else:
+        assert meta is not None and len(meta.encode()) <= METADATA_MAX_BYTES
+        assert got is not None and got.offsets() == above
+        assert all(o in got for o in above)
+        assert all(o not in got for o in range(base - 2, base + 40) if o not in above)
+        assert parse_marker(meta) == (parse_marker(marker) or parse_marker(PREFIX + "{}"))
+
+
+def test_finished_membership_at_the_edges() -> None:
+    f = Finished(base=10, ranges=((12, 14), (20, 21)))
+    assert [o for o in range(9, 23) if o in f] == [12, 13, 20]
+    assert len(f) == 3 and f.last == 20
+    assert "12" not in f
