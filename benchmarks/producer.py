@@ -12,6 +12,10 @@ Arms (each on a fresh topic per round: ``--partitions`` partitions, RF=3,
 - ``kresilient_otel_1pct``: ``ResilientProducer`` with an SDK ``TracerProvider`` sampling 1%
   of root spans (``ParentBased(TraceIdRatioBased(0.01))``) and a batch processor whose
   exporter drops spans.
+- ``raw_header``: the ``raw`` loop sending one prebuilt 55-byte ``traceparent`` header on every
+  record (the header's own cost, no tracing): the baseline of ``kresilient_otel_1pct``
+  (``--arms raw,raw_header,kresilient_otel_1pct``), as ``benchmarks/peers.py``'s
+  ``raw+header``.
 - ``kresilient_sub`` / ``kresilient_old``: the ``kresilient`` arm in a fresh subprocess, with
   this tree's code / with the tree given by ``--old-tree`` (e.g. a checkout of an older
   commit) first on ``PYTHONPATH``: the layout-regression check, paired in the same run
@@ -27,6 +31,7 @@ pre-built ``bytes`` (no key), 100 B and 1 KiB.
     .venv/bin/python benchmarks/producer.py                       # 1M messages per arm, 10 rounds
     .venv/bin/python benchmarks/producer.py --messages 200000 --rounds 3     # quick look
     .venv/bin/python benchmarks/producer.py --micro               # enqueue cost, no broker
+    .venv/bin/python benchmarks/producer.py --micro --old-tree /path/to/old/checkout  # A/B
 
 Starts a local 3-node cluster (``kresilient.testing.KafkaCluster``) unless
 ``KRESILIENT_BOOTSTRAP_SERVERS`` names one. Prints markdown.
@@ -38,6 +43,7 @@ import argparse
 import gc
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -71,7 +77,10 @@ from _common import (  # noqa: E402
     run_interleaved,
 )
 
-ARMS = ("raw", "kresilient", "kresilient_otel_1pct")
+ARMS = ("raw", "kresilient", "kresilient_otel_1pct", "raw_header")
+DEFAULT_ARMS = ARMS[:3]
+#: What ``raw_header`` sends on every record (a not-sampled W3C trace context).
+TRACEPARENT = [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")]
 SUBPROCESS_ARMS = ("kresilient_sub", "kresilient_old")
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,7 +136,7 @@ def _noop(*_args: Any) -> None:
     return None
 
 
-def run_raw(config: dict[str, Any], topic: str, value: bytes, n: int) -> Timer:
+def run_raw(config: dict[str, Any], topic: str, value: bytes, n: int, headers: Any = None) -> Timer:
     """The hand-written loop; returns its timer."""
     errors = [0]
 
@@ -141,7 +150,7 @@ def run_raw(config: dict[str, Any], topic: str, value: bytes, n: int) -> Timer:
         for i in range(n):
             while True:
                 try:
-                    produce(topic, value, on_delivery=on_delivery)
+                    produce(topic, value, on_delivery=on_delivery, headers=headers)
                     break
                 except BufferError:
                     poll(0.05)
@@ -217,6 +226,8 @@ def end_to_end(args: argparse.Namespace) -> None:
                         else:
                             if name == "raw":
                                 t = run_raw(config, topic, value, n)
+                            elif name == "raw_header":
+                                t = run_raw(config, topic, value, n, TRACEPARENT)
                             elif name == "kresilient":
                                 t = run_kresilient(user, topic, value, n)
                             else:
@@ -287,64 +298,130 @@ def end_to_end(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- micro
 
 
-def micro(args: argparse.Namespace) -> None:
-    """Enqueue cost per produce() call with nothing listening (no delivery, no network)."""
-    _quiet_structlog()
+MICRO_ARMS = ("kresilient", "kresilient_otel_1pct", "kresilient_cb")
+
+
+def _micro_config(n: int) -> dict[str, Any]:
+    """A producer whose broker does not exist: nothing is ever delivered or sent."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    n = args.micro_messages
-    base = {
+    return {
         "bootstrap.servers": f"127.0.0.1:{port}",
         "log_level": 0,
         "queue.buffering.max.messages": n + 10,
         "queue.buffering.max.kbytes": 2**21,
     }
-    config = producer_config(base)
-    value = b"x" * 100
-    results: dict[str, list[float]] = {"raw": [], "kresilient": [], "kresilient_otel_1pct": []}
-    provider = _otel_provider()
 
-    def raw() -> float:
-        p = Producer({**config, "error_cb": _noop, "stats_cb": _noop})
-        produce, poll = p.produce, p.poll
-        errors = [0]
 
-        def cb(err: Any, _m: Any) -> None:
-            if err is not None:
-                errors[0] += 1
+def _micro_raw(n: int, value: bytes) -> float:
+    config = producer_config(_micro_config(n))
+    p = Producer({**config, "error_cb": _noop, "stats_cb": _noop})
+    produce, poll = p.produce, p.poll
+    errors = [0]
 
+    def cb(err: Any, _m: Any) -> None:
+        if err is not None:
+            errors[0] += 1
+
+    gc.collect()
+    t0 = time.process_time()
+    for i in range(n):
+        produce("t", value, on_delivery=cb)
+        if not i & POLL_MASK:
+            poll(0)
+    dt = time.process_time() - t0
+    p.purge()
+    p.poll(0)
+    return dt
+
+
+def _micro_wrapped(arm: str, n: int, value: bytes, provider: Any = None) -> float:
+    """One round of a kresilient arm: ``kresilient`` (``produce(topic, value)``), ``..._otel_1pct``
+    (the same with an SDK sampling 1%), ``kresilient_cb`` (with a per-message ``on_delivery``,
+    the path the asyncio producer takes)."""
+    p = ResilientProducer(_micro_config(n), tracer_provider=provider)
+    produce = p.produce
+    gc.collect()  # the previous round's garbage is not this round's cost
+    if arm == "kresilient_cb":
         t0 = time.process_time()
-        for i in range(n):
-            produce("t", value, on_delivery=cb)
-            if not i & POLL_MASK:
-                poll(0)
+        for _ in range(n):
+            produce("t", value, on_delivery=_noop)
         dt = time.process_time() - t0
-        p.purge()
-        p.poll(0)
-        return dt
-
-    def wrapped(tracer_provider: Any = None) -> float:
-        p = ResilientProducer(base, tracer_provider=tracer_provider)
-        produce = p.produce
+    else:
         t0 = time.process_time()
         for _ in range(n):
             produce("t", value)
         dt = time.process_time() - t0
-        p._producer.purge()
-        p._producer.poll(0)
-        p._closed = True
-        return dt
+    p._producer.purge()
+    p._producer.poll(0)  # each purged report refers to its handle (a cycle): freed below
+    p._reported.clear()
+    p._closed = True
+    del p, produce
+    gc.collect()
+    return dt
 
-    runs: dict[str, Callable[[], float]] = {
-        "raw": raw,
-        "kresilient": wrapped,
-        "kresilient_otel_1pct": lambda: wrapped(provider),
-    }
-    results = {name: results[name] for name in ("raw", *args.arms) if name in runs}
+
+def micro_child(argv: list[str]) -> None:
+    """``--micro-child ARM N``: one timed round of ``ARM`` after a short warm-up, in this
+    interpreter (whose ``PYTHONPATH`` chooses the tree); prints the CPU seconds."""
+    _quiet_structlog()
+    arm, n = argv[0], int(argv[1])
+    value = b"x" * 100
+    provider = _otel_provider() if arm == "kresilient_otel_1pct" else None
+    _micro_wrapped(arm, min(n, 20_000), value, provider)
+    print(json.dumps({"cpu_s": _micro_wrapped(arm, n, value, provider)}))
+
+
+def _micro_in_tree(tree: Path, arm: str, n: int) -> float:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run(
+        [sys.executable, __file__, "--micro-child", arm, str(n)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=str(tree),
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"micro child failed ({tree}):\n{proc.stderr[-2000:]}")
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["cpu_s"])
+
+
+def micro(args: argparse.Namespace) -> None:
+    """Enqueue cost per produce() call with nothing listening (no delivery, no network).
+
+    Every timed loop starts after a full collection, with the previous round's producer and
+    its purged handles freed: the loop's own allocations (one handle per message, all alive
+    since nothing is delivered) still trigger collections inside it, which are its cost; the
+    garbage of the round before is not (it made the kresilient arm look 2 µs dearer).
+
+    With ``--old-tree``, each kresilient arm runs in two child interpreters per round, this
+    tree's and the old tree's (``ARM@new`` / ``ARM@old``, same measuring code), in a shuffled
+    order: the A/B of a change.
+    """
+    _quiet_structlog()
+    n = args.micro_messages
+    value = b"x" * 100
+    provider = _otel_provider()
+    arms = [a for a in args.arms if a in MICRO_ARMS]
+    runs: dict[str, Callable[[], float]] = {"raw": lambda: _micro_raw(n, value)}
+    for arm in arms:
+        if args.old_tree:
+            for tag, tree in (("new", _ROOT), ("old", Path(args.old_tree))):
+                runs[f"{arm}@{tag}"] = lambda a=arm, t=tree: _micro_in_tree(t, a, n)
+        else:
+            prov = provider if arm == "kresilient_otel_1pct" else None
+            runs[arm] = lambda a=arm, p=prov: _micro_wrapped(a, n, value, p)
+    results: dict[str, list[float]] = {name: [] for name in runs}
+    rng = random.Random(args.seed)
+    load = [os.getloadavg()[0]]
     for _ in range(args.rounds):
-        for name in results:
+        order = list(runs)
+        rng.shuffle(order)
+        for name in order:
             results[name].append(runs[name]() / n * 1e6)
+        load.append(os.getloadavg()[0])
     print(f"## produce() enqueue cost, no broker ({n:,} calls x {args.rounds} rounds)\n")
     print("| arm | CPU µs per call median [IQR] | added vs raw (median of paired diffs) |")
     print("|---|---:|---:|")
@@ -353,7 +430,18 @@ def micro(args: argparse.Namespace) -> None:
         diffs = [v - r for v, r in zip(values, results["raw"], strict=True)]
         added = "-" if name == "raw" else f"{median_iqr(diffs)[0]:+.3f}"
         print(f"| {name} | {m:.3f} [{q1:.3f}-{q3:.3f}] | {added} |")
-    print(f"\n1-min load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    if args.old_tree:
+        print("\n| arm | new / old, paired per round: median [IQR] |\n|---|---:|")
+        for arm in arms:
+            ratios = [
+                a / b for a, b in zip(results[f"{arm}@new"], results[f"{arm}@old"], strict=True)
+            ]
+            m, q1, q3 = median_iqr(ratios)
+            print(f"| {arm} | {m:.3f} [{q1:.3f}-{q3:.3f}] |")
+    print(
+        f"\n1-min load average: {min(load):.1f}-{max(load):.1f} (median "
+        f"{sorted(load)[len(load) // 2]:.1f}) on {os.cpu_count()} cores"
+    )
 
 
 def main() -> None:
@@ -364,7 +452,12 @@ def main() -> None:
         "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[100, 1024]
     )
     parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--arms", type=lambda s: s.split(","), default=list(ARMS))
+    parser.add_argument(
+        "--arms",
+        type=lambda s: s.split(","),
+        default=None,
+        help=f"default: {','.join(DEFAULT_ARMS)}; --micro: raw,{','.join(MICRO_ARMS)}",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", help="also write every sample to this file")
     parser.add_argument("--micro", action="store_true", help="enqueue cost only, no broker")
@@ -376,12 +469,19 @@ def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         child(sys.argv[2:])
         return
+    if sys.argv[1:2] == ["--micro-child"]:
+        micro_child(sys.argv[2:])
+        return
     args = parser.parse_args()
-    unknown = set(args.arms) - set(ARMS) - set(SUBPROCESS_ARMS)
+    if args.arms is None:
+        args.arms = ["raw", *MICRO_ARMS] if args.micro else list(DEFAULT_ARMS)
+    unknown = set(args.arms) - set(ARMS) - set(SUBPROCESS_ARMS) - set(MICRO_ARMS)
     if unknown:
         parser.error(
             f"unknown arm(s) {sorted(unknown)}; choose from {', '.join(ARMS + SUBPROCESS_ARMS)}"
         )
+    if not args.micro and "kresilient_cb" in args.arms:
+        parser.error("the kresilient_cb arm is --micro only")
     if "kresilient_old" in args.arms and not args.old_tree:
         parser.error("the kresilient_old arm needs --old-tree")
     if args.micro and set(args.arms) & set(SUBPROCESS_ARMS):

@@ -6,6 +6,7 @@ re-exports its public names.
 
 from __future__ import annotations
 
+from kresilient.producer._handle import delivered_result
 from kresilient.producer._producer import (
     DEFAULT_UNREACHABLE_TIMEOUT,
     DeliveryHandle,
@@ -52,4 +53,5 @@ __all__ = [
     "SpoolError",
     "client_certificate",
     "connect_failure",
+    "delivered_result",
 ]

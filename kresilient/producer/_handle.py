@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 if TYPE_CHECKING:
     from kresilient.errors import ProduceError
 
-__all__ = ["DeliveryHandle", "DeliveryResult", "HandleOwner", "handle_extras"]
+__all__ = ["DeliveryHandle", "DeliveryResult", "HandleOwner", "delivered_result", "handle_extras"]
 
 
 class _Owner(Protocol):
@@ -103,6 +103,24 @@ class DeliveryResult:
     offset: int
 
 
+# DeliveryResult's own (frozen) __init__ stores each field through object.__setattr__ after a
+# keyword call: 0.79 µs; the slot descriptors' setters directly: 0.30 µs. Every awaited asyncio
+# handle and every result() builds one.
+_new_result = object.__new__
+_set_topic = vars(DeliveryResult)["topic"].__set__
+_set_partition = vars(DeliveryResult)["partition"].__set__
+_set_offset = vars(DeliveryResult)["offset"].__set__
+
+
+def delivered_result(msg: Any) -> DeliveryResult:
+    """The :class:`DeliveryResult` of a delivered message (equal to the dataclass's own)."""
+    result: DeliveryResult = _new_result(DeliveryResult)
+    _set_topic(result, msg.topic())
+    _set_partition(result, msg.partition())
+    _set_offset(result, msg.offset())
+    return result
+
+
 class DeliveryHandle:
     """The outcome of one :meth:`~kresilient.ResilientProducer.produce` call.
 
@@ -184,8 +202,7 @@ class DeliveryHandle:
         error = getattr(self, "_error", None)
         if error is not None:
             raise error
-        msg = self._msg
-        return DeliveryResult(topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
+        return delivered_result(self._msg)
 
     def exception(self, timeout: float | None = None) -> ProduceError | None:
         """Wait for the delivery report; return the error if delivery failed, else ``None``."""
@@ -213,6 +230,8 @@ class _FullHandle(DeliveryHandle):
 
     __slots__ = ("_headers", "_on_delivery", "_token")
 
+    # ResilientProducer.produce() sets these five slots itself, without this __init__ (its hot
+    # path): a slot added here must be set there too.
     def __init__(self, owner: _Owner, message_id: int, headers: Any, on_delivery: Any, token: Any):
         self._owner = owner
         self._id = message_id

@@ -501,7 +501,23 @@ class ResilientProducer:
             else:
                 handle = _FullHandle(self._owner, n, None, None, token)
         else:
-            handle, sent = self._full_handle(n, topic, key, value, headers, partition, on_delivery)
+            # Headers, a callback (every asyncio message) or a span: a full handle keeping the
+            # caller's headers (what a failure report shows and a re-send uses); the headers
+            # sent carry the trace context when a span was started. Built inline, without
+            # __init__: a method call, a tuple and an __init__ frame cost 0.2 µs per message.
+            token = None
+            sent = headers
+            if self._tracing:
+                sent, token = self._tel.producer_send(
+                    topic, key, len(value) if value is not None else 0, headers, partition
+                )
+            full: _FullHandle = _new_handle(_FullHandle)
+            full._owner = self._owner
+            full._id = n
+            full._headers = headers
+            full._on_delivery = self._default_cb if on_delivery is None else on_delivery
+            full._token = token
+            handle = full
             if propagate:
                 headers = sent
         part = -1 if partition is None else partition
@@ -519,30 +535,6 @@ class ResilientProducer:
         if not n & _POLL_MASK:
             self._tick()
         return handle
-
-    def _full_handle(
-        self,
-        n: int,
-        topic: str,
-        key: Any,
-        value: Any,
-        headers: Any,
-        partition: int | None,
-        on_delivery: Any,
-    ) -> tuple[_FullHandle, Any]:
-        """A handle for a message with headers, a callback or a span, and the headers to send.
-
-        The handle keeps the caller's headers (what a failure report should show and a re-send
-        should use); the headers sent carry the trace context when a span was started.
-        """
-        token = None
-        sent = headers
-        if self._tracing:
-            sent, token = self._tel.producer_send(
-                topic, key, len(value) if value is not None else 0, headers, partition
-            )
-        cb = self._default_cb if on_delivery is None else on_delivery
-        return _FullHandle(self._owner, n, headers, cb, token), sent
 
     def _tick(self) -> None:
         """Every _POLL_MASK+1 messages: serve delivery reports, pick up a late tracer provider."""

@@ -55,6 +55,8 @@ from kresilient.telemetry._propagation import Headers, HeaderValue, fields, merg
 __all__ = ["DirectW3C", "FastSampler", "fast_sampler_for"]
 
 _MASK64 = (1 << 64) - 1
+#: The trace id's low 64 bits inside route()'s 192-bit draw (trace id, then span id).
+_SAMPLED_BITS = _MASK64 << 64
 _RANDOM_FLAG = 0x02  # W3C trace-context level 2 "random-trace-id"
 _SAMPLED_FLAG = 0x01
 _TRACEPARENT = "traceparent"
@@ -294,6 +296,7 @@ class FastSampler:
     """The sampling decision of a ratio sampler, taken without the SDK for dropped spans."""
 
     __slots__ = (
+        "_bound_ids",
         "_current",
         "_ids",
         "_known",
@@ -307,6 +310,9 @@ class FastSampler:
     def __init__(self, tracer: Any, bound: int, parent_based: bool) -> None:
         self._tracer = tracer
         self.bound = bound
+        # route() draws trace id and span id as one 192-bit int; the bits the ratio sampler
+        # reads (the trace id's low 64) sit at 64..127 there: compared in place, one shift less.
+        self._bound_ids = bound << 64
         self._parent_based = parent_based
         self._lock = threading.RLock()
         self._ids = _PresetIds(tracer.id_generator)
@@ -336,10 +342,9 @@ class FastSampler:
         if ctx:
             return self._in_context(ctx, headers, prop, others)
         ids = _bits(192)  # trace id (128 bits), then span id (64 bits)
-        trace_id = ids >> 64
-        if trace_id & _MASK64 < self.bound:
+        if ids & _SAMPLED_BITS < self._bound_ids:  # (ids >> 64) & _MASK64 < self.bound
             # sampled; an all-zero id (probability 2**-128) is left to the SDK to redraw
-            return trace_id or None
+            return (ids >> 64) or None
         if not ids & _MASK64:  # pragma: no cover - probability 2**-64: span id 0 is invalid
             ids |= 1
         # flags 02: random-trace-id (RandomIdGenerator ids), not sampled -- as the SDK writes.
