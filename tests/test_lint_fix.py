@@ -4,6 +4,8 @@ byte-identical (and unwritten)."""
 
 from __future__ import annotations
 
+import ast
+import configparser
 import os
 import subprocess
 import sys
@@ -296,3 +298,73 @@ def test_kr001_catches_retries_zero_beside_idempotence(key: str) -> None:
     ]
     ok = text.replace(f"{key}=0", f"{key}=3")
     assert "KR001" not in _rules(ok, "p.properties")  # control
+
+
+# ----------------------------------------------------------------------------- Python, INI
+
+
+def test_a_resilient_dict_literal_is_fixed_in_python_keeping_its_quotes() -> None:
+    """A ResilientProducer/ResilientConsumer dict is read by kresilient: its refused values
+    are errors, fixed in place (located with ast; ``False`` becomes ``True``, an int becomes
+    a string in the key's quotes); the file still parses and lints clean of them."""
+    before = (
+        "from kresilient import ResilientProducer, ResilientConsumer\n"
+        "p = ResilientProducer({'bootstrap.servers': 'a:9092,b:9092', 'acks': 1,  # fast\n"
+        "                       \"enable.idempotence\": False}, topic='t')\n"
+        'conf = {"bootstrap.servers": "a:9092,b:9092", "group.id": "g",\n'
+        '        "auto.offset.reset": "latest"}\n'
+        "c = ResilientConsumer(conf, topics=['t'])\n"
+        "c2 = ResilientConsumer(conf, topics=['u'])  # one literal, two clients\n"
+    )
+    found = lint_text(before, "app.py")
+    assert {"KR007", "KR008", "KR021"} <= {
+        f.rule for f in found if f.severity >= Severity.ERROR
+    }  # negative control: errors first
+    fix = fix_text(before, "app.py")
+    assert fix.after == (
+        before.replace("'acks': 1,", "'acks': 'all',")
+        .replace('"enable.idempotence": False', '"enable.idempotence": True')
+        .replace('"auto.offset.reset": "latest"', '"auto.offset.reset": "earliest"')
+    ), fix.notes
+    ast.parse(fix.after)
+    assert not {"KR007", "KR008", "KR021"} & _rules(fix.after, "app.py")
+
+
+def test_a_plain_confluent_kafka_dict_is_a_warning_left_alone_by_default() -> None:
+    """acks=1 in a confluent-kafka Producer dict is a warning (its reader is not kresilient):
+    not edited by default; with the rule made an error it is. acks=0 is an error for every
+    reader: fixed by default."""
+    text = "from confluent_kafka import Producer\np = Producer({'acks': 1})\n"
+    assert fix_text(text, "p.py").after == text
+    assert fix_text(text, "p.py", STRICT).after == text.replace("'acks': 1", "'acks': 'all'")
+    zero = text.replace("'acks': 1", "'acks': 0")
+    assert fix_text(zero, "p.py").after == text.replace("'acks': 1", "'acks': 'all'")
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["ACKS", "f'{n}'", "str(1)", "'''1'''", "b'1'"],
+)
+def test_a_python_value_that_is_not_a_plain_literal_is_left_with_a_note(value: str) -> None:
+    text = (
+        "from kresilient import ResilientProducer\nACKS = '1'\nn = 1\n"
+        f"p = ResilientProducer({{'bootstrap.servers': 'a:9092,b:9092', 'acks': {value}}})\n"
+    )
+    fix = fix_text(text, "p.py", STRICT)
+    assert fix.after == text
+    if "KR007" in _rules(text, "p.py", STRICT):  # a value lint could read: noted, not edited
+        assert any("not a literal" in n for n in fix.notes), fix.notes
+
+
+def test_ini_sections_are_not_keys_and_a_value_under_one_is_fixed() -> None:
+    """A librdkafka program's .conf (Metron's fastcapa) and a configparser .ini hold
+    ``[section]`` headers: they are no keys (no KR005), and the value is fixed in place."""
+    text = (
+        "; a comment\n[kafka-global]\nmetadata.broker.list = a:9092,b:9092\n\n"
+        "[kafka-topic]\nrequest.required.acks = 1\n"
+    )
+    for name in ("fastcapa.conf", "client.ini", "client.cfg"):
+        assert "KR005" not in _rules(text, name), name
+        fix = fix_text(text, name)
+        assert fix.after == text.replace("acks = 1", "acks = all"), (name, fix.notes)
+        configparser.ConfigParser(interpolation=None).read_string(fix.after)

@@ -272,13 +272,21 @@ def not_understood(unit: ConfigUnit) -> str | None:
         return None
     constructor = unit.context.get("constructor", "the client")
     known = sorted(k for k, e in unit.entries.items() if not e.dynamic)
+    unresolved = unit.context.get("unresolved")
+    # A file the config is read from that lint could not follow is named (issue 38).
+    why = (
+        f"is read from a file at run time ({'; '.join(map(str, unresolved))})"
+        if isinstance(unresolved, tuple) and unresolved
+        else "is built at run time"
+    )
     if not known:
+        detail = "" if unresolved else " (a variable, a function's result, **kwargs)"
         return (
-            f"not understood: the config passed to {constructor}() is built at run time "
-            "(a variable, a function's result, **kwargs); nothing in it was checked"
+            f"not understood: the config passed to {constructor}() {why}{detail}; "
+            "nothing in it was checked"
         )
     return (
-        f"partly understood: the config passed to {constructor}() is built at run time; "
+        f"partly understood: the config passed to {constructor}() {why}; "
         f"only its literal keys were checked ({', '.join(known[:6])}"
         f"{' ...' if len(known) > 6 else ''})"
     )

@@ -1,5 +1,6 @@
-"""``kresilient lint --fix`` / ``--diff``: safe, mechanical fixes in ``.properties``, YAML and
-``.env`` files, keeping every other byte (comments, layout, quoting, line endings).
+"""``kresilient lint --fix`` / ``--diff``: safe, mechanical fixes in ``.properties`` (and
+``.conf``/``.cfg``/``.ini``), YAML, ``.env`` and Python files, keeping every other byte
+(comments, layout, quoting, line endings).
 
 What is fixed (only where the rule fired, so suppressions, ``--select``/``--ignore`` and the
 client the file is judged by all apply):
@@ -19,13 +20,17 @@ KR021        ``auto.offset.reset`` latest or unset       ``earliest``
 
 A value is replaced in place (its quotes kept); an unset key is added only to a plain
 ``.properties`` file, after the config's last line. Values on continuation lines, YAML block
-scalars, anchors and tags are left alone (a note says so). Every fixed file is linted again:
+scalars, anchors and tags are left alone (a note says so). In Python only a literal written
+at the key itself is replaced (``'acks': 1`` -> ``'acks': 'all'``, ``False`` -> ``True``),
+located with :mod:`ast`; a value that is a name, an expression, or read from another file
+is left, with a note. Every fixed file is linted again:
 if the fix would add any finding (or a parse error), the file is left unchanged and a note
 names what it would have added. A file with nothing to fix is never written.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
 import re
@@ -43,7 +48,9 @@ __all__ = ["FIXABLE", "FileFix", "fix_text", "plan_paths", "write_fixes"]
 
 #: Rule ids ``--fix`` acts on.
 FIXABLE = frozenset({"KR006", "KR007", "KR008", "KR012", "KR018", "KR021"})
-_FORMATS = frozenset({"properties", "yaml", "env"})
+#: Formats whose values are edited line by line.
+_LINE_FORMATS = frozenset({"properties", "yaml", "env"})
+_FORMATS = _LINE_FORMATS | {"python"}
 _NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
@@ -336,7 +343,7 @@ def _replace(line: str, fmt: str, col: int, value: str) -> str | None:
 
 def _mask_line(line: str, fmt: str, col: int) -> str:
     """``line`` (holding a secret's key at ``col``) with everything after its key masked."""
-    masked = _replace(line, fmt, col, REDACTED) if fmt in _FORMATS else None
+    masked = _replace(line, fmt, col, REDACTED) if fmt in _LINE_FORMATS else None
     if masked is not None:
         return masked
     body = line.rstrip("\r\n")
@@ -389,8 +396,94 @@ def _logical_end(lines: list[str], index: int) -> int:
     return index
 
 
+def _python_values(text: str) -> dict[tuple[int, int], tuple[ast.expr, ast.expr | None]]:
+    """(line, 1-based column) of each key the Python reader records (a dict key, a keyword
+    argument, ``d["k"] = ...``) -> (its value node, the key node when it is a literal)."""
+    out: dict[tuple[int, int], tuple[ast.expr, ast.expr | None]] = {}
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return out
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if key is not None:
+                    out[(key.lineno, key.col_offset + 1)] = (value, key)
+        elif isinstance(node, ast.keyword) and node.arg is not None:
+            out[(node.lineno, node.col_offset + 1)] = (node.value, None)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Subscript):
+                    out[(target.lineno, target.col_offset + 1)] = (node.value, None)
+    return out
+
+
+def _python_literal(line: bytes, value: ast.expr, key: ast.expr | None, new: str) -> str | None:
+    """The Python literal that replaces ``value`` by ``new`` (``True`` for ``true``; a
+    string in the quotes of the old value or of its key), or None when ``value`` is not a
+    one-line literal written at the key (a name, an f-string, a call). Adjacent literals on
+    one line ('1' '0') are one constant: the whole of it is replaced."""
+    if not isinstance(value, ast.Constant) or value.end_lineno != value.lineno:
+        return None
+    if value.end_col_offset is None:
+        return None
+    written = line[value.col_offset : value.end_col_offset].decode("utf-8", "replace")
+    if new in ("true", "false"):
+        return "True" if new == "true" else "False"
+    if isinstance(value.value, str):
+        quote = written[:1]
+        if quote not in ("'", '"') or written.startswith(quote * 3) or written[-1:] != quote:
+            return None  # a prefixed (b'', r'') or triple-quoted string
+    elif isinstance(value.value, bool | int | float):
+        shown = (
+            line[key.col_offset : key.col_offset + 1].decode("utf-8", "replace")
+            if isinstance(key, ast.Constant) and key.lineno == value.lineno
+            else ""
+        )
+        quote = shown if shown in ("'", '"') else "'"
+    else:
+        return None
+    return f"{quote}{new}{quote}"
+
+
+def _apply_python(text: str, changes: list[_Change], notes: list[str]) -> str:
+    """``text`` with the literal values of ``changes`` replaced, located with :mod:`ast`
+    (its offsets are UTF-8 bytes of a line)."""
+    lines = text.splitlines(keepends=True)
+    values = _python_values(text)
+    done: set[tuple[int, int]] = set()  # a literal shared by two clients is edited once
+    # right to left, so an edit never moves the offsets of another on the same line
+    edits: list[tuple[int, int, int, str]] = []
+    for change in changes:
+        entry = change.entry
+        if entry is None or (entry.line, entry.col) in done:
+            continue
+        found = values.get((entry.line, entry.col))
+        index = entry.line - 1
+        literal = None
+        if found is not None and 0 <= index < len(lines):
+            value, key = found
+            literal = _python_literal(lines[index].encode("utf-8"), value, key, change.value)
+        if literal is None or found is None:
+            notes.append(
+                f"{change.rule} at line {entry.line}: not fixed (the value of {entry.key} is "
+                "not a literal written at the key: a name, an expression or another file's)"
+            )
+            continue
+        done.add((entry.line, entry.col))
+        value = found[0]
+        assert value.end_col_offset is not None
+        edits.append((index, value.col_offset, value.end_col_offset, literal))
+    for index, start, end, literal in sorted(edits, reverse=True):
+        raw = lines[index].encode("utf-8")
+        lines[index] = (raw[:start] + literal.encode("utf-8") + raw[end:]).decode("utf-8")
+    return "".join(lines)
+
+
 def _apply(text: str, fmt: str, changes: list[_Change], notes: list[str]) -> str:
     """``text`` with ``changes`` applied (a change that cannot be made is noted)."""
+    if fmt == "python":
+        return _apply_python(text, changes, notes)
     lines = text.splitlines(keepends=True)
     newline = m.group() if (m := _NEWLINE.search(text)) else "\n"
     additions: dict[int, list[str]] = {}

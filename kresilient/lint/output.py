@@ -223,9 +223,10 @@ _DOC_HEADER = """\
        > docs/lint-rules.md
      (tests/test_lint_docs.py fails when this page and the registry differ.) -->
 
-`kresilient lint PATH...` checks Java `.properties`, YAML, JSON, TOML, `.env` (`KAFKA_*`)
-files, Terraform (`.tf`) and Python sources (configs passed to confluent-kafka and
-kresilient clients).
+`kresilient lint PATH...` checks Java `.properties` (and `.conf`, `.cfg`, `.ini`: `key = value`
+lines, `[section]` headers and `;` comments as librdkafka programs and Python's configparser
+write them), YAML, JSON, TOML, `.env` (`KAFKA_*`) files, Terraform (`.tf`) and Python sources
+(configs passed to confluent-kafka and kresilient clients).
 `kresilient audit --bootstrap-servers HOSTS` checks a live cluster through the Admin API:
 durability settings, partition health, leader balance, racks, lag, and the guides' cluster-side
 symptoms: log-dir usage (`--disk-threshold FRACTION`, default 0.8; 0 skips it), records
@@ -237,13 +238,19 @@ that, only the broker's JMX `MaxLag` shows it.
 
 - Output: `--format text` (`path:line:col: ID [severity] message`), `json`, `sarif`
   (SARIF 2.1.0 for code scanning), `github` (workflow annotations); `-o FILE`.
-- `--fix` makes the safe, mechanical fixes in `.properties`, YAML and `.env` files, keeping
+- `--fix` makes the safe, mechanical fixes in `.properties` (`.conf`, `.cfg`, `.ini`), YAML,
+  `.env` and Python files, keeping
   comments, layout, quoting and line endings, then reports what is left: `acks` to `all`
   (KR006, KR007), `enable.idempotence=true` (KR008, unless an explicit setting librdkafka
   refuses beside it is there: then a note), `partitioner=murmur2_random` (KR012), Spring
   `enable-auto-commit: false` (KR018; elsewhere turning auto-commit off needs code that
   commits, so it is not touched) and `auto.offset.reset=earliest` (KR021). A value is changed
-  in place; an unset key is added only to a plain `.properties` file. Suppressed and ignored
+  in place; an unset key is added only to a plain `.properties` file. In Python only a literal
+  written at the key is replaced (`'acks': 1` becomes `'acks': 'all'`, `False` becomes
+  `True`; located with `ast`, the file parsed again); a name, an expression or a value read
+  from another file is left with a note. Only a finding that is an error for the file's
+  reader is fixed (a Java client's `acks=1` is a warning: not edited; make the rule an error
+  in `[tool.kresilient.lint.severity]` to have it fixed). Suppressed and ignored
   findings are not fixed; a fix that would add any finding is not made; a file with nothing
   to fix is not written. `--diff` prints the change as a unified diff and writes nothing
   (exit 1 when there is something to fix).
@@ -251,10 +258,17 @@ that, only the broker's JMX `MaxLag` shows it.
   (an unknown option, rule id or prefix), a file that cannot be parsed (KR000), no Kafka
   configuration found in the paths (`--allow-no-config` makes that 0, for a pre-commit hook
   that passes every changed file) or a cluster that cannot be reached (KR065).
-- A Python client whose config lint cannot resolve statically (read from a file, built by a
-  function, `**kwargs`) is "not understood": a KR055 info finding at the constructor (in
-  text, JSON, SARIF and GitHub output), counted in the text summary, and a SARIF
-  `toolExecutionNotifications` note; "0 findings" never stands for "nothing understood".
+- A Python client whose config is read from a file (`json.load(open("client.json"))`,
+  `yaml.safe_load`, `tomllib.load`, a configparser section after `parser.read("kafka.ini")`,
+  `Path(__file__).parent / "client.json"`) is followed when the path is a literal naming a
+  file in the linted tree, beside the source or in one of its three parent directories: the
+  file's keys are checked as that client's config (configparser's `[DEFAULT]` included) and
+  reported at the line that reads them. A config lint cannot resolve statically (a path
+  known only at run time such as `args.config_file`, a file that is not there, a function's
+  result, `**kwargs`) is "not understood": a KR055 info finding at the constructor naming
+  the file and why it was not followed (in text, JSON, SARIF and GitHub output), counted in
+  the text summary, and a SARIF `toolExecutionNotifications` note; "0 findings" never
+  stands for "nothing understood".
 - The text summary counts the files read, those with Kafka settings, those skipped (no Kafka
   settings; `--verbose` lists them) and those not readable, so "0 findings" never hides
   "0 files understood". An audit

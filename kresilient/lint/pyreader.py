@@ -12,6 +12,12 @@ confluent-kafka ``Producer``/``Consumer``/``AdminClient`` (and the serializing /
 variants, whose keyword arguments are config too), to kresilient ``ResilientProducer``/
 ``ResilientConsumer`` and to ``kresilient.config.producer_config``/``consumer_config``.
 Only names imported from ``confluent_kafka`` or ``kresilient`` count.
+
+A config read from a file (``json.load(open("client.json"))``, ``dict(parser["consumer"])``
+after ``parser.read("kafka.ini")``) is followed when the path is a literal naming a file in
+the linted tree (:mod:`kresilient.lint.pyfiles`): its keys are checked, reported at the
+Python expression that reads them. Otherwise the config is not understood, and KR055 says
+which file could not be followed and why.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from kresilient.lint import pyfiles
 from kresilient.lint.model import ConfigUnit, Entry, Kind, ParseError, ReadResult
 
 __all__ = ["read_python"]
@@ -75,7 +82,13 @@ _CONFIG_KWARGS = ("config", "conf", "configs", "user")
 _SEEKS = frozenset({"seek", "seek_to_beginning", "seek_to_end", "seek_to_committed", "assign"})
 # Constructor arguments that are not librdkafka settings (AIOProducer's thread pool ...).
 _NOT_CONFIG_KWARGS = frozenset({"allow_unsafe", "max_workers", "executor", "loop"})
+#: AIOProducer's own batching arguments (confluent-kafka 2.12 ``AIOProducer(producer_conf,
+#: max_workers, executor, batch_size, buffer_timeout)``): not librdkafka's batch.size.
+_AIO_PRODUCER_KWARGS = frozenset({"batch_size", "buffer_timeout"})
 _MISSING = object()
+#: configparser methods that read a file or a string into a parser.
+_PARSER_READS = frozenset({"read", "read_file", "readfp", "read_string"})
+_OPENERS = frozenset({"open", "io.open", "codecs.open", "Path", "pathlib.Path"})
 
 
 class _Unknown:
@@ -90,6 +103,8 @@ class _Visitor(ast.NodeVisitor):
         self.mutations: dict[str, list[tuple[int, tuple[ast.AST, ...], ast.AST]]] = {}
         self.methods: set[str] = set()
         self.stack: list[ast.AST] = []
+        #: name -> calls that read a file into it (configparser's read/read_file ...)
+        self.parser_reads: dict[str, list[tuple[int, ast.Call]]] = {}
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -117,6 +132,15 @@ class _Visitor(ast.NodeVisitor):
             self._record_target(target, node.value, node)
         self.generic_visit(node)
 
+    def visit_With(self, node: ast.With) -> None:
+        # ``with open("client.json") as fh``: fh is bound to the open() call
+        for item in node.items:
+            if isinstance(item.optional_vars, ast.Name):
+                self.assigns.setdefault(item.optional_vars.id, []).append(
+                    (node.lineno, tuple(self.stack), item.context_expr)
+                )
+        self.generic_visit(node)
+
     def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
         if node.value is not None:
             self._record_target(node.target, node.value, node)
@@ -141,6 +165,8 @@ class _Visitor(ast.NodeVisitor):
                 self.mutations.setdefault(func.value.id, []).append(
                     (node.lineno, tuple(self.stack), node)
                 )
+            if func.attr in _PARSER_READS and isinstance(func.value, ast.Name):
+                self.parser_reads.setdefault(func.value.id, []).append((node.lineno, node))
         if self._sink_name(func) is not None:
             self.calls.append((node, list(self.stack)))
         self.generic_visit(node)
@@ -169,6 +195,17 @@ def _dotted(node: ast.expr) -> str | None:
     return None
 
 
+def _join(head: str, tail: str) -> str:
+    """A relative path joined the way the program joins it ("" is the source's directory)."""
+    return f"{head.rstrip('/')}/{tail}" if head else tail
+
+
+def _shown(node: ast.AST) -> str:
+    """``node``'s source, short enough for a message."""
+    text = ast.unparse(node)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _literal(node: ast.AST) -> object:
     if isinstance(node, ast.Constant):
         return node.value
@@ -187,11 +224,26 @@ def _literal(node: ast.AST) -> object:
 
 
 class _Resolver:
-    """Evaluates a config expression into entries (key -> Entry), following names."""
+    """Evaluates a config expression into entries (key -> Entry), following names and the
+    files a config is read from (:mod:`kresilient.lint.pyfiles`)."""
 
-    def __init__(self, visitor: _Visitor) -> None:
+    def __init__(self, visitor: _Visitor, source: str) -> None:
         self.v = visitor
+        self.source = source  # the Python file's path: files it reads are found beside it
         self.partial = False  # set when part of a config could not be resolved statically
+        self.reasons: list[str] = []  # why a file the config is read from was not followed
+        self.followed: list[str] = []  # the files whose keys were checked
+
+    def reset(self) -> None:
+        self.partial = False
+        self.reasons = []
+        self.followed = []
+
+    def _unresolved(self, reason: str) -> _Unknown:
+        self.partial = True
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+        return _Unknown()
 
     def entries(
         self, expr: ast.AST, line: int, scope: tuple[ast.AST, ...], depth: int = 0
@@ -224,9 +276,177 @@ class _Resolver:
                     out.update(self.entries(kw.value, line, scope, depth + 1))
                 elif expr.func.id == "dict":
                     out[kw.arg] = self._entry(kw.arg, kw.value, kw)
+        elif isinstance(expr, ast.Subscript | ast.Call):
+            data = self._data(expr, line, scope, depth + 1)
+            if isinstance(data, dict):
+                for key, value in data.items():
+                    if isinstance(value, str | int | float | bool):
+                        # reported at the expression that reads the file: that is the line
+                        # of this config in this file
+                        out[key] = Entry(
+                            key=key, value=value, line=expr.lineno, col=expr.col_offset + 1
+                        )
+            else:
+                self.partial = True
         else:
             self.partial = True
         return out
+
+    # ------------------------------------------------------------- configs read from files
+
+    def _assigned(self, name: str, line: int, scope: tuple[ast.AST, ...]) -> ast.expr | None:
+        """The expression last bound to ``name`` before ``line``, visible from ``scope``."""
+        best: tuple[int, tuple[ast.AST, ...], ast.expr] | None = None
+        for candidate in self.v.assigns.get(name, []):
+            cline, cscope, _ = candidate
+            if (
+                cscope == scope[: len(cscope)]
+                and cline <= line
+                and (best is None or (len(cscope), cline) >= (len(best[1]), best[0]))
+            ):
+                best = candidate
+        return best[2] if best else None
+
+    def _path(self, expr: ast.AST, line: int, scope: tuple[ast.AST, ...], depth: int) -> str | None:
+        """The literal path ``expr`` opens or reads ("" is the source's own directory, from
+        ``__file__``), or None when it is known only at run time."""
+        if depth > 8:
+            return None
+        if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+            return expr.value
+        if isinstance(expr, ast.Name):
+            if expr.id == "__file__":
+                return ""
+            bound = self._assigned(expr.id, line, scope)
+            return self._path(bound, line, scope, depth + 1) if bound is not None else None
+        if isinstance(expr, ast.Attribute) and expr.attr == "parent":
+            return "" if self._path(expr.value, line, scope, depth + 1) == "" else None
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):  # Path(...) / "x"
+            left = self._path(expr.left, line, scope, depth + 1)
+            right = self._path(expr.right, line, scope, depth + 1)
+            return None if left is None or right is None else _join(left, right)
+        if not isinstance(expr, ast.Call):
+            return None
+        name = _dotted(expr.func) or ""
+        if name in _OPENERS and expr.args:
+            return self._path(expr.args[0], line, scope, depth + 1)
+        if name in ("os.path.dirname", "os.path.abspath", "os.path.realpath") and expr.args:
+            inner = self._path(expr.args[0], line, scope, depth + 1)
+            return "" if inner == "" else None
+        if name == "os.path.join" and expr.args:
+            parts = [self._path(a, line, scope, depth + 1) for a in expr.args]
+            if any(p is None for p in parts):
+                return None
+            joined = ""
+            for part in parts:
+                joined = _join(joined, part or "")
+            return joined
+        if isinstance(expr.func, ast.Attribute) and expr.func.attr in (
+            "read",
+            "read_text",
+            "open",
+            "resolve",
+            "absolute",
+        ):
+            return self._path(expr.func.value, line, scope, depth + 1)
+        return None
+
+    def _data(self, expr: ast.AST, line: int, scope: tuple[ast.AST, ...], depth: int) -> object:
+        """The mapping ``expr`` evaluates to when it reads a config file (a loader call, a
+        configparser section, a key of either), or an :class:`_Unknown`."""
+        if depth > 8:
+            return _Unknown()
+        if isinstance(expr, ast.Name):
+            bound = self._assigned(expr.id, line, scope)
+            if bound is None:
+                return _Unknown()
+            return self._data(bound, line, scope, depth + 1)
+        if isinstance(expr, ast.Subscript):
+            key = _literal(expr.slice)
+            if not isinstance(key, str):
+                return _Unknown()
+            parser = self._parser_name(expr.value, line, scope)
+            if parser is not None:
+                return self._section(parser, key, line, scope)
+            base = self._data(expr.value, line, scope, depth + 1)
+            if isinstance(base, dict):
+                value = base.get(key)
+                if isinstance(value, dict):
+                    return value
+                return self._unresolved(f"no {key!r} mapping in the file it reads")
+            return base
+        if not isinstance(expr, ast.Call):
+            return _Unknown()
+        func = expr.func
+        if isinstance(func, ast.Attribute) and func.attr == "items" and expr.args:
+            parser = self._parser_name(func.value, line, scope)
+            section = _literal(expr.args[0])
+            if parser is not None and isinstance(section, str):
+                return self._section(parser, section, line, scope)
+        name = _dotted(func) or ""
+        fmt = pyfiles.LOADERS.get(".".join(name.split(".")[-2:]))
+        if fmt is None or not expr.args:
+            return _Unknown()
+        literal = self._path(expr.args[0], line, scope, depth + 1)
+        if literal is None:
+            return self._unresolved(f"{name} of a file named at run time: {_shown(expr.args[0])}")
+        found = pyfiles.find_beside(self.source, literal)
+        if found is None:
+            return self._unresolved(f"{name} of {literal}, which is not in this tree")
+        data = pyfiles.load_mapping(found, fmt)
+        if data is None:
+            return self._unresolved(f"{name} of {literal}, which holds no {fmt} mapping")
+        self.followed.append(literal)
+        return data
+
+    def _parser_name(self, expr: ast.AST, line: int, scope: tuple[ast.AST, ...]) -> str | None:
+        """``expr``'s name when it is bound to a configparser parser."""
+        if not isinstance(expr, ast.Name):
+            return None
+        bound = self._assigned(expr.id, line, scope)
+        if isinstance(bound, ast.Call) and (_dotted(bound.func) or "").endswith("ConfigParser"):
+            return expr.id
+        return None
+
+    def _section(self, parser: str, section: str, line: int, scope: tuple[ast.AST, ...]) -> object:
+        """The keys of ``section`` as ``parser`` holds them at ``line``: every file and
+        string read into it before, configparser's [DEFAULT] included."""
+        paths: list[str] = []
+        texts: list[str] = []
+        for rline, call in self.v.parser_reads.get(parser, []):
+            if rline > line or not call.args or not isinstance(call.func, ast.Attribute):
+                continue
+            method, arg = call.func.attr, call.args[0]
+            if method == "read_string":
+                text = _literal(arg)
+                if not isinstance(text, str):
+                    return self._unresolved("configparser reads a string built at run time")
+                texts.append(text)
+                continue
+            many = method == "read" and isinstance(arg, ast.List | ast.Tuple)
+            names = arg.elts if isinstance(arg, ast.List | ast.Tuple) and many else [arg]
+            for one in names:
+                literal = self._path(one, line, scope, 0)
+                if literal is None:
+                    return self._unresolved(
+                        f"configparser reads a file named at run time: {_shown(one)}"
+                    )
+                found = pyfiles.find_beside(self.source, literal)
+                if found is None:
+                    return self._unresolved(
+                        f"configparser reads {literal}, which is not in this tree"
+                    )
+                paths.append(found)
+                if literal not in self.followed:
+                    self.followed.append(literal)
+        if not paths and not texts:
+            return self._unresolved("configparser reads no file lint can see")
+        sections = pyfiles.ini_sections(paths, texts)
+        if sections is None:
+            return self._unresolved("configparser cannot read the file it is given")
+        if section not in sections:
+            return self._unresolved(f"section [{section}] is not in the file it reads")
+        return sections[section]
 
     @staticmethod
     def _entry(key: str, value: ast.AST, at: ast.AST) -> Entry:
@@ -272,7 +492,7 @@ class _Resolver:
 def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
     visitor = _Visitor()
     visitor.visit(tree)
-    resolver = _Resolver(visitor)
+    resolver = _Resolver(visitor, path)
     for call, stack in visitor.calls:
         sink_name = visitor._sink_name(call.func)
         assert sink_name is not None
@@ -289,14 +509,18 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
             if kw.arg in _CONFIG_KWARGS and config_expr is None:
                 config_expr = kw.value
         entries: dict[str, Entry] = {}
-        resolver.partial = False
+        resolver.reset()
         if config_expr is not None:
             entries.update(resolver.entries(config_expr, call.lineno, scope))
         if sink.kwargs_are_config:
             for kw in call.keywords:
                 if kw.arg is None:
                     entries.update(resolver.entries(kw.value, call.lineno, scope))
-                elif kw.arg not in _CONFIG_KWARGS and kw.arg not in _NOT_CONFIG_KWARGS:
+                elif (
+                    kw.arg not in _CONFIG_KWARGS
+                    and kw.arg not in _NOT_CONFIG_KWARGS
+                    and not (sink_name == "AIOProducer" and kw.arg in _AIO_PRODUCER_KWARGS)
+                ):
                     entries[kw.arg] = resolver._entry(kw.arg, kw.value, kw)
         where = config_expr if isinstance(config_expr, ast.Dict) else call
         context: dict[str, object] = {
@@ -305,6 +529,10 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
             "config_known": not resolver.partial,
             "methods": frozenset(visitor.methods),
         }
+        if resolver.reasons:
+            context["unresolved"] = tuple(resolver.reasons)  # why KR055 (engine)
+        if resolver.followed:
+            context["config_files"] = tuple(resolver.followed)
         allow = _allow_unsafe(call)
         if allow:
             context["allow_unsafe"] = allow  # the runtime's opt-out (kresilient.lint.parity)

@@ -1383,11 +1383,21 @@ def _split_property(logical: str) -> tuple[str, str]:
     return logical, ""
 
 
+#: An INI section header (``[kafka-global]``, ``[consumer]``): librdkafka applications and
+#: Python's configparser read ``.conf``/``.cfg``/``.ini`` files in sections; it is no key.
+_INI_SECTION = re.compile(r"\[[^\]=:]+\]")
+
+
 def _read_properties(text: str, path: str, kind: Kind | None) -> ReadResult:
     result = ReadResult()
     entries: dict[str, Entry] = {}
     try:
         for line, col, logical in _logical_lines(text):
+            if logical[0] == ";" or _INI_SECTION.fullmatch(logical.rstrip()):
+                # An INI comment or section header. Sections are read as one config, the
+                # way the files' readers merge them (configparser's [default] plus
+                # [consumer]; librdkafka takes topic settings at the global level).
+                continue
             raw_key, raw_value = _split_property(logical)
             key = _unescape_properties(raw_key, line)
             entries[key] = _entry(key, _unescape_properties(raw_value, line), line, col)
@@ -1482,6 +1492,7 @@ _EXTENSIONS: dict[str, str] = {
     ".properties": "properties",
     ".conf": "properties",
     ".cfg": "properties",
+    ".ini": "properties",
     ".yaml": "yaml",
     ".yml": "yaml",
     ".json": "json",

@@ -191,8 +191,8 @@ def _unknown(unit: ConfigUnit) -> Iterator[Hit]:
         if is_client(unit) and java:
             # The Java client passes unknown keys on to plugins (serializers, interceptors,
             # schema registry ...) and only logs them: report a likely misspelling only.
-            if catalog.java_client_kinds(key) or "." not in key:
-                continue
+            if catalog.java_client_kinds(key) or "." not in key or key in _STREAMS_KEYS:
+                continue  # a Kafka Streams app's file holds StreamsConfig keys too
             close = [
                 k
                 for kind in ("producer", "consumer", "admin")
@@ -341,9 +341,11 @@ def _reordering(unit: ConfigUnit) -> Iterator[Hit]:
         return
     n_inflight, n_retries = number(unit, "max.in.flight"), number(unit, "retries")
     if n_inflight is not None and n_retries is not None and n_inflight > 1 and n_retries > 0:
+        # A default is shown as one, not as if the file set it (issue 38 #8).
+        in_flight = f"max.in.flight={fmt(n_inflight)}{'' if inflight else ' (default)'}"
+        tries = f"retries={fmt(n_retries)}{'' if retries else ' (default)'}"
         yield (
-            f"max.in.flight={fmt(n_inflight)} and retries={fmt(n_retries)} without "
-            "idempotence: retried batches can be reordered",
+            f"{in_flight} and {tries} without idempotence: retried batches can be reordered",
             inflight or retries,
         )
 

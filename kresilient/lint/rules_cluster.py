@@ -643,9 +643,10 @@ for _meta in (
         why="'0 findings' must never stand for 'nothing understood': a Python client whose "
         "config comes from read_config(...) may use SASL_PLAINTEXT or acks=0 and lint "
         "cannot see it. It is listed in every output format and counted in the summary.",
-        fix="Lint the file the config is read from (a .properties/.ini/.yaml file), or "
-        "build the config from literals where lint can see it; ignore KR055 for files you "
-        "know are covered.",
+        fix="Read the config file by a literal relative path lint can follow (it checks "
+        "JSON, YAML, TOML and configparser files in the linted tree), lint that file itself "
+        "(.properties/.ini/.yaml/.json), or build the config from literals where lint can "
+        "see it; ignore KR055 for files you know are covered.",
     ),
     Rule(
         id="KR099",
