@@ -14,8 +14,22 @@ For each size in ``--sizes`` (default 1, 100, 1,000, 10,000 partitions, spread o
     after a trivial handler), clock from the first handled message to the last;
 
   reporting msgs/s, process CPU µs per message and the RSS the client added (VmRSS with the
-  client alive minus before it was created). Then one statistics document of a producer and
-  one of a consumer that know every partition are **recorded** from the cluster.
+  client alive minus before it was created). The consumers' clock starts at the first record,
+  so each consumer sample also reports its **start**: the seconds from creating the client to
+  its first handled record (group join, assignment, and a new group's crash-loop seed commit,
+  which kresilient makes in the assignment callback). Then one statistics document of a
+  producer and one of a consumer that know every partition are **recorded** from the cluster.
+  Consumers are also compared over the **whole run** (client created to last record, rate and
+  CPU): the clock from the first record favours a client that stalls before its first record
+  while its fetcher already fills the queue (the per-partition seed commits before issue 39),
+  and raw's loop, whose first ``consume(500, 1.0)`` returns once 500 records are queued.
+- ``--old-tree PATH`` (a checkout of an older kresilient; ``--new-tree PATH``: of the newer
+  one, default this checkout): two more consumer arms, each in a fresh interpreter, importing
+  kresilient from the new / the old tree (first on ``PYTHONPATH``; the same function,
+  interpreter start and imports outside the clock), paired and interleaved with the others;
+  the report adds the paired ratios new / old. Compare the two child arms with each other: a
+  fresh interpreter pays first-call costs inside the clock that the in-process arms paid in
+  their warm-up, so against raw (in-process) the child arms read low.
 - **generated** sizes (above ``--real-max``): only the bookkeeping, on a GENERATED statistics
   document (benchmarks/telemetry.py's ``generated_statistics``: every partition entry is the
   field set of a recorded librdkafka 2.16 producer document). Every size also gets a
@@ -30,6 +44,8 @@ smallest to the largest size (flat / linear / worse than linear).
 
     KRESILIENT_BOOTSTRAP_SERVERS=... .venv/bin/python -P benchmarks/scale.py
     .venv/bin/python -P benchmarks/scale.py --real-max 0      # bookkeeping only
+    .venv/bin/python -P benchmarks/scale.py --sizes 3,100 --real-max 100 --rounds 3 \
+        --messages 100000 --old-tree OLD_CHECKOUT               # a new group's start, A/B
 
 Uses ``KRESILIENT_BOOTSTRAP_SERVERS`` or starts a local 3-node cluster (only when a real size
 is asked for). Prints markdown (progress on stderr).
@@ -70,12 +86,16 @@ from _common import (  # noqa: E402
     environment,
     median_iqr,
     paired_ratios,
+    run_child,
     run_interleaved,
 )
 from telemetry import generated_statistics  # noqa: E402
 
 VALUE = b"x" * 100
 INTERVAL_MS = 5000
+#: the --old-tree arms (each in a fresh interpreter)
+NEW_ARM = "kresilient consumer, this tree (child)"
+OLD_ARM = "kresilient consumer, old tree (child)"
 
 
 def _rss_kib() -> int:
@@ -225,6 +245,7 @@ def produce_kresilient(
 
 def consume_raw(bootstrap: str, topics: list[str], n: int) -> dict[str, float]:
     rss0 = _rss_kib()
+    created, created_cpu = time.perf_counter(), time.process_time()
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -256,7 +277,13 @@ def consume_raw(bootstrap: str, topics: list[str], n: int) -> dict[str, float]:
         rss = _rss_kib() - rss0
     finally:
         consumer.close()
-    return {"wall": wall, "cpu": cpu, "rss_kib": rss}
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "rss_kib": rss,
+        "start": first[0] - created,
+        "start_cpu": first[1] - created_cpu,
+    }
 
 
 def consume_kresilient(bootstrap: str, topics: list[str], n: int) -> dict[str, float]:
@@ -274,6 +301,7 @@ def consume_kresilient(bootstrap: str, topics: list[str], n: int) -> dict[str, f
             rss[0] = _rss_kib() - rss0
             consumer.stop()
 
+    created, created_cpu = time.perf_counter(), time.process_time()
     consumer = ResilientConsumer(
         {"bootstrap.servers": bootstrap, "group.id": f"bench-scale-kr-{uuid.uuid4().hex[:8]}"},
         topics,
@@ -283,7 +311,34 @@ def consume_kresilient(bootstrap: str, topics: list[str], n: int) -> dict[str, f
     )
     consumer.run()
     (w0, c0), (w1, c1) = marks
-    return {"wall": w1 - w0, "cpu": c1 - c0, "rss_kib": rss[0]}
+    return {
+        "wall": w1 - w0,
+        "cpu": c1 - c0,
+        "rss_kib": rss[0],
+        "start": w0 - created,
+        "start_cpu": c0 - created_cpu,
+    }
+
+
+def child(argv: list[str]) -> None:
+    """``--child BOOTSTRAP N TOPIC...``: :func:`consume_kresilient` once, in this
+    interpreter (kresilient from ``PYTHONPATH``); prints its figures as one JSON line."""
+    import kresilient
+
+    _quiet()
+    r = consume_kresilient(argv[0], argv[2:], int(argv[1]))
+    print(json.dumps({**r, "kresilient": kresilient.__file__}))
+
+
+def consume_in(tree: Path) -> Callable[[str, list[str], int], dict[str, float]]:
+    """The kresilient consumer arm in a fresh interpreter importing kresilient from
+    ``tree``."""
+
+    def run(bootstrap: str, topics: list[str], n: int) -> dict[str, float]:
+        r = run_child(__file__, tree, [bootstrap, str(n), *topics])
+        return {k: float(v) for k, v in r.items() if k != "kresilient"}
+
+    return run
 
 
 def record_statistics(bootstrap: str, topics: list[str], per: int) -> tuple[str, str]:
@@ -365,7 +420,11 @@ def bookkeeping(doc: str, ticks: int) -> dict[str, float]:
         return (time.thread_time_ns() - c0) / 1e6
 
     res: dict[str, list[float]] = {
-        "loads": [], "monitor": [], "producer": [], "consumer": [], "aio": []
+        "loads": [],
+        "monitor": [],
+        "producer": [],
+        "consumer": [],
+        "aio": [],
     }
     try:
         for _ in range(ticks):
@@ -381,6 +440,42 @@ def bookkeeping(doc: str, ticks: int) -> dict[str, float]:
         producer.close(0)
         consumer.close()
     return {k: statistics.median(v) for k, v in res.items()}
+
+
+def _paired_cpu(samples: list[Sample], arm: str, baseline: str) -> list[float]:
+    """arm's CPU per message / baseline's, for every round where both ran."""
+    by_round: dict[int, dict[str, Sample]] = {}
+    for s in samples:
+        by_round.setdefault(s.round, {})[s.arm] = s
+    return [
+        r[arm].cpu_us_per_msg / r[baseline].cpu_us_per_msg
+        for _, r in sorted(by_round.items())
+        if arm in r and baseline in r and r[baseline].cpu_us_per_msg > 0
+    ]
+
+
+def _paired_whole(
+    samples: list[Sample], arm: str, baseline: str, *, cpu: bool = False
+) -> list[float]:
+    """Over the whole run (client created to last record: the start, a new group's seed
+    included, plus the clocked part), for every round where both ran: the rate of arm /
+    baseline, or (``cpu``) arm's CPU / baseline's. The clocked part alone favours a client
+    that stalls before its first record while its fetcher already fills the queue, and a loop
+    whose first ``consume()`` waits for a full batch."""
+    by_round: dict[int, dict[str, Sample]] = {}
+    for s in samples:
+        by_round.setdefault(s.round, {})[s.arm] = s
+
+    def whole(s: Sample) -> float:
+        if cpu:
+            return s.cpu_s + float(s.extra["start_cpu"])
+        return s.wall_s + float(s.extra["start"])
+
+    return [
+        whole(r[arm]) / whole(r[baseline]) if cpu else whole(r[baseline]) / whole(r[arm])
+        for _, r in sorted(by_round.items())
+        if arm in r and baseline in r
+    ]
 
 
 def growth(sizes: list[int], values: list[float]) -> str:
@@ -434,12 +529,18 @@ def real_size(cluster: Any, args: argparse.Namespace, size: int) -> dict[str, An
                     messages=m,
                     wall_s=r["wall"],
                     cpu_s=r["cpu"],
-                    extra={"rss_kib": r["rss_kib"], "failed": r.get("failed", 0)},
+                    extra={
+                        "rss_kib": r["rss_kib"],
+                        "failed": r.get("failed", 0),
+                        "start": r.get("start", float("nan")),
+                        "start_cpu": r.get("start_cpu", float("nan")),
+                    },
                 )
+                start = f" start {r['start']:.2f} s" if "start" in r else ""
                 _log(
                     f"  {size} p {'warm-up' if rnd < 0 else f'round {rnd}'} {name:20s} "
                     f"{s.rate:9,.0f} msg/s {s.cpu_us_per_msg:6.2f} CPU µs/msg "
-                    f"RSS +{r['rss_kib'] / 1024:.1f} MiB (load {os.getloadavg()[0]:.1f})"
+                    f"RSS +{r['rss_kib'] / 1024:.1f} MiB{start} (load {os.getloadavg()[0]:.1f})"
                 )
                 return s
 
@@ -454,15 +555,20 @@ def real_size(cluster: Any, args: argparse.Namespace, size: int) -> dict[str, An
             },
             rounds=args.rounds,
         )
-        cons = run_interleaved(
-            {
-                "raw consumer": parm("raw consumer", lambda m: consume_raw(bootstrap, topics, m)),
-                "kresilient consumer": parm(
-                    "kresilient consumer", lambda m: consume_kresilient(bootstrap, topics, m)
-                ),
-            },
-            rounds=args.rounds,
-        )
+        cons_arms = {
+            "raw consumer": parm("raw consumer", lambda m: consume_raw(bootstrap, topics, m)),
+            "kresilient consumer": parm(
+                "kresilient consumer", lambda m: consume_kresilient(bootstrap, topics, m)
+            ),
+        }
+        if args.old_tree:
+            new_tree = Path(args.new_tree) if args.new_tree else _HERE.parent
+            for arm, tree in ((NEW_ARM, new_tree), (OLD_ARM, Path(args.old_tree))):
+                run_tree = consume_in(tree)
+                cons_arms[arm] = parm(
+                    arm, lambda m, run_tree=run_tree: run_tree(bootstrap, topics, m)
+                )
+        cons = run_interleaved(cons_arms, rounds=args.rounds)
         pdoc, cdoc = record_statistics(bootstrap, topics, per)
     finally:
         delete_topics(admin, topics)
@@ -470,6 +576,9 @@ def real_size(cluster: Any, args: argparse.Namespace, size: int) -> dict[str, An
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2:])
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 100, 1000, 10000]
@@ -484,6 +593,15 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=50_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ticks", type=int, default=7)
+    ap.add_argument(
+        "--old-tree",
+        help="a checkout whose kresilient two more consumer arms compare with this tree's",
+    )
+    ap.add_argument(
+        "--new-tree",
+        help="with --old-tree: the checkout of the 'this tree' arm (default: this checkout; "
+        "a fixed commit when the working tree is being edited)",
+    )
     args = ap.parse_args()
     _quiet()
     load_before = os.getloadavg()[0]
@@ -525,32 +643,60 @@ def main() -> None:
         )
         print(
             "| partitions | topics | arm | msgs/s median [IQR] | CPU µs/msg | RSS added MiB "
-            "| ratio vs raw (paired) | failed deliveries |"
+            "| ratio vs raw (paired) [IQR] | CPU / raw's (paired) [IQR] | start s median "
+            "[IQR] (consumers: whole-run rate / raw's, paired) | failed deliveries |"
         )
-        print("|---:|---:|---|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        arms = ["raw producer", "kresilient producer", "raw consumer", "kresilient consumer"]
+        if args.old_tree:
+            arms += [NEW_ARM, OLD_ARM]
         for size, r in results.items():
-            for arm in (
-                "raw producer",
-                "kresilient producer",
-                "raw consumer",
-                "kresilient consumer",
-            ):
+            for arm in arms:
                 mine = [s for s in r["samples"] if s.arm == arm]
                 rate, q1, q3 = median_iqr([s.rate for s in mine])
                 cpu = statistics.median(s.cpu_us_per_msg for s in mine)
                 rss = statistics.median(s.extra["rss_kib"] for s in mine) / 1024
-                base = arm.replace("kresilient", "raw")
+                base = "raw producer" if "producer" in arm else "raw consumer"
                 if base == arm:
-                    ratio = "1"
+                    ratio = cpu_ratio = "1"
                 else:
                     m, a, b = median_iqr(paired_ratios(r["samples"], arm, base))
                     ratio = f"{m:.2f} [{a:.2f}-{b:.2f}]"
+                    m, a, b = median_iqr(_paired_cpu(r["samples"], arm, base))
+                    cpu_ratio = f"{m:.2f} [{a:.2f}-{b:.2f}]"
+                st, s1, s3 = median_iqr([s.extra["start"] for s in mine])
+                start = f"{st:.2f} [{s1:.2f}-{s3:.2f}]" if "consumer" in arm else "-"
+                if "consumer" in arm and arm != base:
+                    m, a, b = median_iqr(_paired_whole(r["samples"], arm, base))
+                    c, c1, c3 = median_iqr(_paired_whole(r["samples"], arm, base, cpu=True))
+                    start += (
+                        f"; whole run: rate {m:.2f} [{a:.2f}-{b:.2f}], CPU {c:.2f} "
+                        f"[{c1:.2f}-{c3:.2f}] x raw's"
+                    )
                 failed = sum(s.extra["failed"] for s in mine)
                 print(
                     f"| {size:,} | {r['topics']} | {arm} | {rate:,.0f} [{q1:,.0f}-{q3:,.0f}] "
-                    f"| {cpu:.2f} | {rss:.1f} | {ratio} | {failed} |"
+                    f"| {cpu:.2f} | {rss:.1f} | {ratio} | {cpu_ratio} | {start} | {failed} |"
                 )
         print()
+        if args.old_tree:
+            new_tree = args.new_tree or "this checkout"
+            print(f"This tree ({new_tree}) / the old tree ({args.old_tree}), paired per round:\n")
+            for size, r in results.items():
+                m, a, b = median_iqr(paired_ratios(r["samples"], NEW_ARM, OLD_ARM))
+                c, c1, c3 = median_iqr(_paired_cpu(r["samples"], NEW_ARM, OLD_ARM))
+                w, w1, w3 = median_iqr(_paired_whole(r["samples"], NEW_ARM, OLD_ARM))
+                wc, wc1, wc3 = median_iqr(_paired_whole(r["samples"], NEW_ARM, OLD_ARM, cpu=True))
+                new_st = [s.extra["start"] for s in r["samples"] if s.arm == NEW_ARM]
+                old_st = [s.extra["start"] for s in r["samples"] if s.arm == OLD_ARM]
+                print(
+                    f"- {size:,} partitions: throughput {m:.2f} [IQR {a:.2f}-{b:.2f}], whole "
+                    f"run {w:.2f} [{w1:.2f}-{w3:.2f}] (CPU {wc:.2f} [{wc1:.2f}-{wc3:.2f}]), "
+                    f"CPU per message {c:.2f} "
+                    f"[{c1:.2f}-{c3:.2f}], start {statistics.median(new_st):.2f} s vs "
+                    f"{statistics.median(old_st):.2f} s (medians)"
+                )
+            print()
     print(
         f"Statistics bookkeeping per document (thread CPU ms, median of {args.ticks} ticks); "
         f"% core = the producer's stats_cb path every {INTERVAL_MS / 1000:.0f} s.\n"
