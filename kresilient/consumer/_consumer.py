@@ -63,7 +63,9 @@ from kresilient.consumer._crashloop import CLEAN, CrashGuard
 from kresilient.consumer._events import ClientEvents
 from kresilient.consumer._failures import DeadLetterSink, FailureHandler
 from kresilient.consumer._holds import TP, Hold, Holds, LoopState, Verdict
+from kresilient.consumer._inflight import ORDERINGS, Ordering
 from kresilient.consumer._offsets import OffsetKeeper
+from kresilient.consumer._parallel import ParallelRunner
 from kresilient.consumer._probes import Probes
 from kresilient.consumer._retrytopics import RetryTopicPolicy, RetryView
 from kresilient.consumer._support import (
@@ -205,6 +207,43 @@ class ConsumerHealth:
         return isinstance(key, str) and key in self.__dataclass_fields__
 
 
+def _check_ordering(
+    ordering: str,
+    max_in_flight: int,
+    max_bytes: int,
+    *,
+    batch: bool,
+    retry_topics: bool,
+    span_per_call: bool,
+    crash_loop: bool,
+    outage: bool,
+) -> None:
+    """Refuse what in-partition concurrency does not combine with yet (issue 40)."""
+    if ordering not in ORDERINGS:
+        raise ConfigError(f"ordering must be one of {ORDERINGS}, got {ordering!r}", key="ordering")
+    if max_in_flight < 1 or max_bytes < 1:
+        raise ConfigError("max_in_flight and max_in_flight_bytes must be >= 1", key="ordering")
+    if ordering == "partition":
+        return
+    refused = [
+        name
+        for name, on in (
+            ("batch_handler", batch),
+            ("retry_topics", retry_topics),
+            ('trace_spans="call"', span_per_call),
+            ("crash-loop protection (pass max_process_deaths=None)", crash_loop),
+            ("outage detection (pass outage_retry=None)", outage),
+        )
+        if on
+    ]
+    if refused:
+        raise ConfigError(
+            f"ordering={ordering!r} does not combine with {', '.join(refused)} yet: "
+            "each would lose its per-record guarantee with many records in flight (issue 40)",
+            key="ordering",
+        )
+
+
 def drop_unassigned(msgs: list[Message], assigned: set[TP]) -> tuple[list[Message], list[Message]]:
     """Split fetched messages into (those of ``assigned`` partitions, the others).
 
@@ -319,6 +358,21 @@ class ResilientConsumer:
             (up to the SDK's link limit), as the official confluent-kafka instrumentation
             traces; handler failures are exception events on it, and dead letters are its
             children. Cheaper per record at high sampling ratios (docs/telemetry.md).
+        ordering: how many records of ONE partition are handled at once (docs/parallel.md).
+            ``"partition"`` (default): one at a time, in offset order. ``"key"``: records with
+            the same key one at a time in offset order (keyless records as one key),
+            different keys at once on a thread pool; ``"none"``: any records at once. Commits
+            never pass an unfinished record; the finished records above the committed offset
+            are listed in its metadata and skipped by the next owner. Not yet combined with
+            ``batch_handler``, ``retry_topics``, ``trace_spans="call"``, crash-loop
+            protection or outage detection (pass ``max_process_deaths=None,
+            outage_retry=None``): issue 40.
+        max_in_flight, max_in_flight_bytes: the window per partition for ``"key"``/``"none"``
+            (records and bytes of key + value admitted and not finished); a full window
+            pauses the partition while polling goes on. ``max_in_flight`` is the size of the
+            thread pool too.
+        in_flight_metadata: list the finished records above the committed offset in its
+            metadata (``False``: a restart redoes everything from the committed offset).
     """
 
     def __init__(
@@ -359,6 +413,10 @@ class ResilientConsumer:
         stall_after_s: float = 60.0,
         dedupe: Deduplicator | None = None,
         trace_spans: Literal["message", "call"] = "message",
+        ordering: Ordering = "partition",
+        max_in_flight: int = 64,
+        max_in_flight_bytes: int = 64 << 20,
+        in_flight_metadata: bool = True,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ConfigError("pass exactly one of handler= and batch_handler=")
@@ -373,6 +431,16 @@ class ResilientConsumer:
                 key="trace_spans",
             )
         self._span_per_call = trace_spans == "call"
+        _check_ordering(
+            ordering,
+            max_in_flight,
+            max_in_flight_bytes,
+            batch=batch_handler is not None,
+            retry_topics=retry_topics is not None,
+            span_per_call=self._span_per_call,
+            crash_loop=max_process_deaths is not None,
+            outage=outage_retry is not None,
+        )
         if dedupe is not None and not isinstance(dedupe, Deduplicator):
             raise ConfigError(
                 f"dedupe must be a kresilient.dedupe.Deduplicator, got {type(dedupe).__name__} "
@@ -598,6 +666,30 @@ class ResilientConsumer:
             group=self.group_id,
         )
         self._sink: DeadLetterSink | None = None
+        self._parallel: ParallelRunner | None = None
+        if ordering != "partition":
+            self._parallel = ParallelRunner(
+                consumer=self._consumer,
+                call=self._call,
+                ordering=ordering,
+                max_records=max_in_flight,
+                max_bytes=max_in_flight_bytes,
+                metadata=in_flight_metadata,
+                retrying=retry.retrying(),
+                policy=dead_letter,
+                breaker=self._breaker,
+                dedupe=dedupe,
+                deser=self._deser,
+                tel=self._tel,
+                state=state,
+                offsets=offsets,
+                consume_error=events.consume_error,
+                group=self.group_id,
+                log=log,
+                redact=self._redact,
+                commit_interval=min(self._commit_interval, 1.0),
+                revoke_timeout=shutdown_timeout,
+            )
         log.debug(
             "consumer_created",
             config=redact_config(cfg),
@@ -664,12 +756,22 @@ class ResilientConsumer:
                 propagates=self._user_dlq is not None,
                 tel=self._tel if isinstance(target, DeadLetterWriter) else None,
             )
-        self._consumer.subscribe(
-            self._topics,
-            on_assign=self._events.on_assign,
-            on_revoke=self._events.on_revoke,
-            on_lost=self._events.on_lost,
-        )
+            if self._parallel is not None:
+                self._parallel.sink = self._sink
+        if self._parallel is None:
+            self._consumer.subscribe(
+                self._topics,
+                on_assign=self._events.on_assign,
+                on_revoke=self._events.on_revoke,
+                on_lost=self._events.on_lost,
+            )
+        else:
+            self._consumer.subscribe(
+                self._topics,
+                on_assign=self._assigned_parallel,
+                on_revoke=self._revoked_parallel,
+                on_lost=self._lost_parallel,
+            )
         self._next_commit = time.monotonic() + self._commit_interval
         self._watchdog.start()
         probes = self._probes
@@ -681,6 +783,26 @@ class ResilientConsumer:
             self._health_port = probes.serve(host, port)
             self._log.info("health_probes_serving", host=host, port=self._health_port)
         self._log.debug("consumer_started", topics=self._topics)
+
+    def _assigned_parallel(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        self._events.on_assign(consumer, partitions)
+        assert self._parallel is not None
+        self._parallel.on_assign(partitions)
+
+    def _revoked_parallel(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Wait (bounded) for the revoked partitions' running records, store what is safe,
+        then the usual revoke (its synchronous commit carries it)."""
+        assert self._parallel is not None
+        try:
+            self._parallel.revoke({(p.topic, p.partition) for p in partitions})
+        except Exception as exc:  # never let a callback break consume(); raised by the loop
+            self._parallel.fatal = exc
+        self._events.on_revoke(consumer, partitions)
+
+    def _lost_parallel(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        assert self._parallel is not None
+        self._parallel.lost({(p.topic, p.partition) for p in partitions})
+        self._events.on_lost(consumer, partitions)
 
     def _check_dead_letter_topics(self, policy: DeadLetterPolicy | None) -> None:
         retry = self._retry_map
@@ -737,6 +859,9 @@ class ResilientConsumer:
     def _loop(self) -> None:
         consume = self._consumer.consume
         process = self._batches.process if self._batch_mode else self._process
+        parallel = self._parallel
+        if parallel is not None:
+            process = parallel.process
         watchdog = self._watchdog
         tel = self._tel
         state = self._state
@@ -756,6 +881,8 @@ class ResilientConsumer:
             timeout = self._poll_timeout
             if holds.by_tp:
                 timeout = holds.service(timeout)
+            if parallel is not None:
+                timeout = parallel.service(timeout)
             if offsets.pending:
                 self._release_dead_letters()
             if not self._auto_commit and time.monotonic() >= self._next_commit:
@@ -1141,6 +1268,9 @@ class ResilientConsumer:
             ("commit", lambda: self._offsets.commit_sync("close")),
             ("close_consumer", self._consumer.close),
         ]
+        parallel = self._parallel
+        if parallel is not None:
+            steps.insert(0, ("await_in_flight", lambda: parallel.close(self._shutdown_timeout)))
         if sink is not None and self._offsets.pending:
             steps.insert(
                 0,

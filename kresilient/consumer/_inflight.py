@@ -132,6 +132,11 @@ class OffsetTracker:
             done.add(offset)
         # anything else: finished twice, or never offered here (a seek reset): nothing to do
 
+    @property
+    def next_offset(self) -> int | None:
+        """The offset after the last one offered (``None``: none offered)."""
+        return self._next
+
     def committable(self) -> int | None:
         """The offset a commit may carry: the lowest unfinished one (``None``: none offered)."""
         return self._offered[0] if self._offered else self._next

@@ -94,6 +94,21 @@ class OffsetKeeper:
         else:
             self.stored[tp] = offset
 
+    def store_metadata(self, tp: TP, offset: int, metadata: str | None) -> None:
+        """Store ``offset`` of ``tp`` with ``metadata`` (in-partition concurrency: the lowest
+        unfinished offset, and the finished offsets above it in the metadata)."""
+        part = (
+            TopicPartition(tp[0], tp[1], offset)
+            if metadata is None
+            else TopicPartition(tp[0], tp[1], offset, metadata=metadata)
+        )
+        try:
+            self._consumer.store_offsets(offsets=[part])
+        except KafkaException as exc:
+            self._store_failed(exc, tp)
+        else:
+            self.stored[tp] = offset
+
     def commit_marker(self, tp: TP, offset: int | None, metadata: str) -> None:
         """Commit ``tp`` synchronously with ``metadata`` (crash-loop protection).
 

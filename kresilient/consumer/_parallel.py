@@ -1,0 +1,523 @@
+"""Many records of one partition in flight for :class:`~kresilient.ResilientConsumer` (issue 40).
+
+``ordering="key"`` or ``"none"``: the consumer's loop thread polls, offers each record to
+its partition's :class:`~kresilient.consumer._inflight.InflightWindow`, and hands what may
+start to a thread pool; it never calls a handler itself, so polling never stops
+(no ``max.poll.interval.ms`` rebalance however long handlers take). Outcomes come back on
+a queue and are dealt with on the loop thread:
+
+* success: the record is finished (``dedupe`` records its id);
+* failure: the :class:`~kresilient.RetryPolicy` decides, per record; a retry waits in the
+  window (it blocks only its key in ``"key"`` mode), the partition keeps flowing; a record
+  given up on is written to the dead-letter topic (the same record format and writer as the
+  one-at-a-time path) and finished when the write is ACKNOWLEDGED;
+* a full window pauses its partition (polling goes on) until it has room again.
+
+Offsets: the lowest unfinished offset of each partition is stored, with the finished offsets
+above it in the metadata (:func:`~kresilient.consumer._inflight.with_finished`), and
+committed explicitly every ``commit_interval``, on revoke and on close; a member taking a
+partition over skips the records the metadata lists. On revoke the runner waits (up to
+``revoke_timeout``) for the revoked partitions' running records, then stores what is safe;
+on a lost assignment it stores nothing.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Final
+
+import tenacity
+from confluent_kafka import KafkaException, Message, TopicPartition
+
+from kresilient.consumer._failures import poison
+from kresilient.consumer._holds import TP, LoopState
+from kresilient.consumer._inflight import InflightWindow, Ordering, finished_from
+from kresilient.deadletter import DeadLetterPolicy, build_dead_letter_record
+from kresilient.errors import DeadLetterError, classify
+
+if TYPE_CHECKING:
+    from kresilient.consumer._breaker import CircuitBreaker
+    from kresilient.consumer._failures import DeadLetterSink
+    from kresilient.consumer._offsets import OffsetKeeper
+    from kresilient.consumer._support import Deserializing
+    from kresilient.dedupe import Deduplicator
+    from kresilient.telemetry import Telemetry
+
+__all__ = ["ParallelRunner"]
+
+#: The longest the loop waits in ``consume()`` while records run: a finished record frees
+#: room in its window and is stored without waiting for the next poll timeout.
+_BUSY_POLL: Final = 0.005
+#: Committed-offset lookups on assignment (the finished-offset lists).
+_COMMITTED_TIMEOUT: Final = 10.0
+
+_Outcome = tuple[InflightWindow[Message], TP, Message, BaseException | None]
+
+
+class ParallelRunner:
+    """Runs handlers of many records per partition on a thread pool (see the module)."""
+
+    def __init__(
+        self,
+        *,
+        consumer: Any,
+        call: Callable[[Any], object],
+        ordering: Ordering,
+        max_records: int,
+        max_bytes: int,
+        metadata: bool,
+        retrying: tenacity.Retrying,
+        policy: DeadLetterPolicy | None,
+        breaker: CircuitBreaker | None,
+        dedupe: Deduplicator | None,
+        deser: Deserializing | None,
+        tel: Telemetry,
+        state: LoopState,
+        offsets: OffsetKeeper,
+        consume_error: Callable[[Message], None],
+        group: str,
+        log: Any,
+        redact: Callable[[str], str],
+        commit_interval: float,
+        revoke_timeout: float,
+    ) -> None:
+        self._consumer = consumer
+        self._call = call
+        self.ordering = ordering
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.metadata = metadata
+        self._retrying = retrying
+        self._policy = policy
+        self._breaker = breaker
+        self._dedupe = dedupe
+        self._deser = deser
+        self._tel = tel
+        self._state = state
+        self._offsets = offsets
+        self._consume_error = consume_error
+        self._group = group
+        self._log = log
+        self._redact = redact
+        self._commit_interval = commit_interval
+        self._revoke_timeout = revoke_timeout
+        self.sink: DeadLetterSink | None = None
+        self.windows: dict[TP, InflightWindow[Message]] = {}
+        self._skips: dict[TP, Any] = {}  #: finished-offset lists read at assignment
+        self._attempts: dict[tuple[TP, int], tenacity.RetryCallState] = {}
+        self._dead_letters: list[tuple[InflightWindow[Message], TP, int, Any]] = []
+        self._paused: set[TP] = set()
+        self._duplicates: set[tuple[TP, int]] = set()  #: offered duplicates not finished yet
+        self._dirty: set[TP] = set()  #: partitions whose committable state changed
+        self._uncommitted: set[TP] = set()  #: stored since the last explicit commit
+        self._next_commit = time.monotonic() + commit_interval
+        self._done: queue.SimpleQueue[_Outcome] = queue.SimpleQueue()
+        self._pool = ThreadPoolExecutor(max_workers=max_records, thread_name_prefix="kresilient")
+        self.skipped = 0  #: records finished before a restart, skipped from the metadata
+        self.fatal: BaseException | None = None
+
+    # ------------------------------------------------------------------ the loop
+
+    def process(self, msgs: list[Message]) -> None:
+        """Offer polled records to their windows and start what may start."""
+        dedupe = self._dedupe
+        for msg in msgs:
+            if msg.error() is not None:
+                self._consume_error(msg)
+                continue
+            tp: TP = (msg.topic(), msg.partition())  # type: ignore[assignment]
+            window = self.windows.get(tp)
+            if window is None:
+                window = self.windows[tp] = InflightWindow(
+                    self.ordering,
+                    max_records=self.max_records,
+                    max_bytes=self.max_bytes,
+                    skip=self._skips.pop(tp, None),
+                )
+            offset: int = msg.offset()  # type: ignore[assignment]
+            expected = window.offsets.next_offset
+            if expected is not None and offset < expected:
+                continue  # delivered again (a fetch restarted behind us): already offered
+            key = msg.key()
+            size = len(msg.value() or b"") + len(key or b"")
+            self._dirty.add(tp)
+            if not window.offer(offset, key if isinstance(key, bytes) else None, size, msg):
+                self.skipped += 1
+            elif dedupe is not None and dedupe.is_duplicate(msg):
+                self._duplicates.add((tp, offset))  # finished when it may start, not run
+        self._start_ready()
+
+    def service(self, timeout: float) -> float:
+        """Deal with finished records, due retries and acknowledged dead letters; store and
+        commit; pause and resume; return how long the next poll may wait."""
+        if self.fatal is not None:
+            raise self.fatal
+        self._drain(block=0.0)
+        if self._dead_letters:
+            self._check_dead_letters()
+        self._start_ready()
+        self._store()
+        now = time.monotonic()
+        if self._uncommitted and now >= self._next_commit:
+            self._next_commit = now + self._commit_interval
+            self._commit(list(self._uncommitted), asynchronous=True)
+        running = False
+        due: float | None = None
+        for window in self.windows.values():
+            if window.running:
+                running = True
+            d = window.next_due()
+            if d is not None and (due is None or d < due):
+                due = d
+        if running or self._dead_letters:
+            return min(timeout, _BUSY_POLL)
+        if due is not None:
+            return max(0.0, min(timeout, due - now))
+        return timeout
+
+    @property
+    def in_flight(self) -> int:
+        """Records admitted and not finished, every partition."""
+        return sum(w.admitted for w in self.windows.values())
+
+    # ------------------------------------------------------------------ records
+
+    def _start_ready(self) -> None:
+        now = time.monotonic()
+        for tp, window in self.windows.items():
+            for msg in window.ready(now):
+                self._submit(window, tp, msg)
+            self._flow(tp, window)
+
+    def _submit(self, window: InflightWindow[Message], tp: TP, msg: Message) -> None:
+        if self._duplicates:
+            offset: int = msg.offset()  # type: ignore[assignment]
+            if (tp, offset) in self._duplicates:
+                # its turn came (after the earlier records of its key): skipped, stored
+                self._duplicates.discard((tp, offset))
+                self._state.duplicates += 1
+                window.finish(offset)
+                self._dirty.add(tp)
+                return
+        self._pool.submit(self._run, window, tp, msg)
+
+    def _run(self, window: InflightWindow[Message], tp: TP, msg: Message) -> None:
+        """A worker thread: the handler, inside its process span when traced."""
+        error: BaseException | None = None
+        try:
+            if self._state.traced:
+                with self._tel.process_span(msg, group=self._group):
+                    try:
+                        self._call(msg)
+                    except Exception as exc:
+                        self._tel.set_error(exc, classify(exc))
+                        raise
+            else:
+                self._call(msg)
+        except BaseException as exc:
+            error = exc
+        self._done.put((window, tp, msg, error))
+
+    def _drain(self, block: float) -> bool:
+        """Deal with the outcomes queued; wait up to ``block`` s for the first."""
+        done = self._done
+        try:
+            outcome = done.get(timeout=block) if block > 0 else done.get_nowait()
+        except queue.Empty:
+            return False
+        successes = 0
+        while True:
+            window, tp, msg, error = outcome
+            if self.windows.get(tp) is window:  # else revoked or lost meanwhile
+                if error is None:
+                    successes += 1
+                    self._finished(window, tp, msg)
+                else:
+                    self._failed(window, tp, msg, error)
+            try:
+                outcome = done.get_nowait()
+            except queue.Empty:
+                break
+        if successes:
+            self._state.processed += successes
+            if self._breaker is not None:
+                self._breaker.record_successes(successes)
+        return True
+
+    def _finished(self, window: InflightWindow[Message], tp: TP, msg: Message) -> None:
+        offset: int = msg.offset()  # type: ignore[assignment]
+        self._attempts.pop((tp, offset), None)
+        window.finish(offset)
+        self._dirty.add(tp)
+        if self._dedupe is not None:
+            self._dedupe.processed(msg)
+
+    def _failed(
+        self, window: InflightWindow[Message], tp: TP, msg: Message, exc: BaseException
+    ) -> None:
+        if not isinstance(exc, Exception):
+            self.fatal = exc  # KeyboardInterrupt, SystemExit from a handler: stop
+            return
+        offset: int = msg.offset()  # type: ignore[assignment]
+        retrying = self._retrying
+        state = self._attempts.get((tp, offset))
+        if state is None:
+            state = self._attempts[(tp, offset)] = tenacity.RetryCallState(retrying, None, (), {})
+        else:
+            state.attempt_number += 1
+        state.set_exception((type(exc), exc, exc.__traceback__))
+        classification = classify(exc)
+        if not retrying.retry(state):
+            classification = poison(classification)
+        else:
+            delay = float(retrying.wait(state))
+            state.upcoming_sleep = delay
+            if not retrying.stop(state):
+                state.idle_for += delay
+                self._state.retries += 1
+                window.retry(offset, time.monotonic() + delay)
+                self._log.debug(
+                    "message_retry_scheduled",
+                    topic=tp[0],
+                    partition=tp[1],
+                    offset=offset,
+                    attempt=state.attempt_number,
+                    delay_s=round(delay, 3),
+                )
+                return
+        self._attempts.pop((tp, offset), None)
+        self._give_up(window, tp, msg, exc, classification, state.attempt_number)
+
+    def _give_up(
+        self,
+        window: InflightWindow[Message],
+        tp: TP,
+        msg: Message,
+        exc: Exception,
+        classification: Any,
+        attempts: int,
+    ) -> None:
+        """Dead-letter ``msg``; it is finished when the write is acknowledged."""
+        offset: int = msg.offset()  # type: ignore[assignment]
+        text = self._redact(str(exc) or type(exc).__name__)[:500]
+        self._log.warning(
+            "message_failed",
+            topic=tp[0],
+            partition=tp[1],
+            offset=offset,
+            attempts=attempts,
+            error_type=type(exc).__name__,
+            error=text,
+            category=classification.category.value,
+        )
+        policy, sink = self._policy, self.sink
+        if policy is None or sink is None:
+            self._log.error(
+                "message_failed_without_dead_letter_topic",
+                topic=tp[0],
+                partition=tp[1],
+                offset=offset,
+                note="the consumer stops; the offset is not committed",
+            )
+            self.fatal = exc
+            return
+        if self._breaker is not None:
+            try:
+                self._breaker.check()
+            except Exception as opened:
+                self.fatal = opened
+                return
+        raw = self._deser.raw_bytes(msg) if self._deser is not None else None
+        topic = policy.topic_for(tp[0])
+        try:
+            with self._tel.dead_letter_span(
+                topic,
+                source=msg,
+                reason=exc,
+                classification=classification,
+                attempts=attempts,
+                kind=sink.span_kind,
+            ):
+                carrier = {
+                    k: v.decode("utf-8") if isinstance(v, bytes) else str(v)
+                    for k, v in self._tel.inject_headers(None)
+                    if v
+                }
+                record = build_dead_letter_record(
+                    msg,
+                    policy=policy,
+                    group=self._group,
+                    exc=exc,
+                    attempts=attempts,
+                    classification=classification,
+                    raw_key=raw[0] if raw is not None else None,
+                    raw_value=raw[1] if raw is not None else None,
+                    raw=raw is not None,
+                    trace_context=carrier,
+                    redact=self._redact,
+                )
+                handle = sink.send(record)
+        except Exception as refused:
+            self.fatal = refused
+            return
+        if self._breaker is not None:
+            self._breaker.record_dead_letter()
+        self._dead_letters.append((window, tp, offset, handle))
+
+    def _check_dead_letters(self) -> None:
+        if self.sink is not None:
+            self.sink.poll(0)
+        waiting = []
+        for window, tp, offset, handle in self._dead_letters:
+            if not handle.done():
+                waiting.append((window, tp, offset, handle))
+                continue
+            error = handle.exception(0)
+            if error is not None:
+                raise DeadLetterError(
+                    f"dead-letter write for {tp[0]}[{tp[1]}]@{offset} failed: "
+                    f"{self._redact(str(error))}; the source offset is not committed",
+                    topic=self._policy.topic_for(tp[0]) if self._policy is not None else None,
+                    classification=error.classification,
+                ) from error
+            if self.windows.get(tp) is window:
+                window.finish(offset)
+                self._dirty.add(tp)
+            self._offsets.dead_lettered += 1
+        self._dead_letters = waiting
+
+    # ------------------------------------------------------------------ offsets
+
+    def _flow(self, tp: TP, window: InflightWindow[Message]) -> None:
+        """Pause a partition whose window is full, resume it once it has room."""
+        if window.blocked:
+            if tp not in self._paused:
+                self._pause_resume(tp, pause=True)
+        elif tp in self._paused:
+            self._pause_resume(tp, pause=False)
+
+    def _pause_resume(self, tp: TP, *, pause: bool) -> None:
+        part = [TopicPartition(tp[0], tp[1])]
+        try:
+            if pause:
+                self._consumer.pause(part)
+                self._paused.add(tp)
+            else:
+                self._consumer.resume(part)
+                self._paused.discard(tp)
+        except KafkaException as exc:  # revoked meanwhile: its new owner fetches it
+            self._log.debug("pause_resume_failed", topic=tp[0], partition=tp[1], error=str(exc))
+
+    def _meta(self, tp: TP, window: InflightWindow[Message]) -> str | None:
+        return window.metadata(None) if self.metadata else None
+
+    def _store(self) -> None:
+        for tp in self._dirty:
+            window = self.windows.get(tp)
+            if window is None:
+                continue
+            offset = window.committable()
+            if offset is None:
+                continue
+            self._offsets.store_metadata(tp, offset, self._meta(tp, window))
+            self._uncommitted.add(tp)
+        self._dirty.clear()
+
+    def _commit(self, tps: list[TP], *, asynchronous: bool) -> None:
+        parts = []
+        for tp in tps:
+            window = self.windows.get(tp)
+            offset = window.committable() if window is not None else None
+            if window is None or offset is None:
+                continue
+            meta = self._meta(tp, window)
+            parts.append(
+                TopicPartition(tp[0], tp[1], offset)
+                if meta is None
+                else TopicPartition(tp[0], tp[1], offset, metadata=meta)
+            )
+        self._uncommitted.difference_update(tps)
+        if not parts:
+            return
+        try:
+            self._consumer.commit(offsets=parts, asynchronous=asynchronous)
+        except KafkaException as exc:
+            self._offsets.commit_failed(exc, "in_flight")
+
+    # ------------------------------------------------------------------ rebalance, close
+
+    def on_assign(self, partitions: list[TopicPartition]) -> None:
+        """Read the finished-offset lists of the committed offsets being taken over."""
+        if not self.metadata or not partitions:
+            return
+        asked = [TopicPartition(p.topic, p.partition) for p in partitions]
+        try:
+            committed = self._consumer.committed(asked, timeout=_COMMITTED_TIMEOUT)
+        except KafkaException as exc:  # the records are redone: at-least-once
+            self._log.warning("committed_unknown", error=self._redact(str(exc)))
+            return
+        for part in committed:
+            skip = finished_from(part.metadata, part.offset)
+            if skip is not None:
+                self._skips[(part.topic, part.partition)] = skip
+                self._log.info(
+                    "finished_records_skipped",
+                    topic=part.topic,
+                    partition=part.partition,
+                    committed=part.offset,
+                    finished=len(skip),
+                    note="finished before the previous owner stopped: not handled again",
+                )
+
+    def revoke(self, tps: set[TP], timeout: float | None = None) -> None:
+        """Wait (bounded) for the running records of ``tps``, store what is safe, forget them."""
+        deadline = time.monotonic() + (self._revoke_timeout if timeout is None else timeout)
+        windows = [(tp, w) for tp, w in self.windows.items() if tp in tps]
+        while time.monotonic() < deadline and (
+            any(w.running for _, w in windows) or any(d[1] in tps for d in self._dead_letters)
+        ):
+            self._drain(block=0.05)
+            if self._dead_letters:
+                self._check_dead_letters()
+        if self._dead_letters:
+            self._check_dead_letters()
+        left = sum(w.running for _, w in windows)
+        if left:
+            self._log.warning(
+                "in_flight_abandoned",
+                records=left,
+                partitions=sorted(f"{tp[0]}[{tp[1]}]" for tp, w in windows if w.running),
+                note="still running after the revoke timeout: their new owner handles them again",
+            )
+        self._dirty.update(tp for tp, _ in windows)
+        self._store()
+        self._commit([tp for tp, _ in windows], asynchronous=False)
+        self._forget([tp for tp, _ in windows])
+
+    def lost(self, tps: set[TP]) -> None:
+        """Lost partitions: nothing is stored, their new owner starts from the last commit."""
+        self._forget([tp for tp in self.windows if tp in tps])
+        for tp in tps:
+            self._skips.pop(tp, None)
+
+    def _forget(self, tps: list[TP]) -> None:
+        for tp in tps:
+            window = self.windows.pop(tp, None)
+            if window is not None:
+                window.clear()
+            self._paused.discard(tp)
+            self._dirty.discard(tp)
+            self._uncommitted.discard(tp)
+        self._attempts = {k: v for k, v in self._attempts.items() if k[0] not in tps}
+        self._duplicates = {k for k in self._duplicates if k[0] not in tps}
+        self._dead_letters = [d for d in self._dead_letters if d[1] not in tps]
+
+    def close(self, timeout: float) -> None:
+        """The shutdown: wait for every running record, store and commit what is safe."""
+        try:
+            self.revoke(set(self.windows), timeout)
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,276 @@
+"""Many records of one partition in flight, on the real cluster (issue 40).
+
+``ResilientConsumer(ordering="key")`` hands the records of one partition to a thread pool:
+per key the handling order is the offset order; the committed offset never passes an
+unfinished record, the finished records above it are listed in its metadata, and the next
+owner of the partition skips them. The restart test has a control with the list switched
+off (``in_flight_metadata=False``): the next owner then redoes every record above the
+committed offset.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tenacity
+from _producer_helpers import read_back
+from confluent_kafka import Consumer, Message, TopicPartition
+from test_consumer_integration import (
+    Runner,
+    TopicFactory,
+    config,
+    produce,
+    wait_for,
+    with_dlq,
+)
+
+from kresilient.consumer import ResilientConsumer, RetryPolicy
+from kresilient.consumer._inflight import finished_from
+from kresilient.errors import ConfigError
+from kresilient.testing import KafkaCluster
+
+pytestmark = pytest.mark.integration
+
+KEYED: dict[str, Any] = {
+    "ordering": "key",
+    "max_process_deaths": None,
+    "outage_retry": None,
+    "install_signal_handlers": False,
+}
+
+
+def _committed(cluster: KafkaCluster, group: str, topic: str) -> tuple[int, str | None]:
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": group})
+    try:
+        (part,) = consumer.committed([TopicPartition(topic, 0)], timeout=30)
+        return part.offset, part.metadata
+    finally:
+        consumer.close()
+
+
+class _Recorder:
+    """Handled records by key, and the most records seen running at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_key: dict[bytes | None, list[int]] = {}
+        self.offsets: list[int] = []
+        self.running = 0
+        self.most = 0
+
+    def enter(self) -> None:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+
+    def leave(self, msg: Message) -> None:
+        with self.lock:
+            self.running -= 1
+            self.by_key.setdefault(msg.key(), []).append(msg.offset())  # type: ignore[arg-type]
+            self.offsets.append(msg.offset())  # type: ignore[arg-type]
+
+
+def test_key_order_is_offset_order_with_many_in_flight(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, _ = with_dlq(topic_factory)
+    n, keys = 800, 40
+    produce(
+        kafka_cluster.bootstrap_servers,
+        topic,
+        [(b"k%d" % (i % keys), b"%d" % i, None, 0) for i in range(n)],
+    )
+    rec = _Recorder()
+    gate = threading.Event()
+
+    def handle(msg: Message) -> None:
+        rec.enter()
+        gate.wait(0.002 * (hash(msg.value()) % 3))  # handlers end in a different order
+        rec.leave(msg)
+
+    cfg = config(kafka_cluster)
+    consumer = ResilientConsumer(cfg, [topic], handle, max_in_flight=16, **KEYED)
+    runner = Runner(consumer)
+    wait_for(lambda: len(rec.offsets) >= n, 120, "every record handled")
+    runner.stop()
+    assert runner.error is None
+    assert sorted(rec.offsets) == list(range(n))  # each once
+    for key, offsets in rec.by_key.items():
+        assert offsets == sorted(offsets), key
+    assert 1 < rec.most <= 16  # concurrent, within the window
+    assert _committed(kafka_cluster, cfg["group.id"], topic)[0] == n
+
+
+def _stuck_run(
+    cluster: KafkaCluster,
+    topic: str,
+    group: str,
+    *,
+    stuck: set[int],
+    n: int,
+    metadata: bool,
+) -> tuple[ResilientConsumer, threading.Event, list[int]]:
+    """A consumer whose handler never returns for the offsets in ``stuck``."""
+    release = threading.Event()
+    handled: list[int] = []
+    lock = threading.Lock()
+
+    def handle(msg: Message) -> None:
+        if msg.offset() in stuck:
+            release.wait(120)
+            raise RuntimeError("released at teardown")
+        with lock:
+            handled.append(msg.offset())  # type: ignore[arg-type]
+
+    consumer = ResilientConsumer(
+        config(cluster, group, **{"auto.commit.interval.ms": 200}),
+        [topic],
+        handle,
+        max_in_flight=32,
+        shutdown_timeout=0.5,  # the stuck records are abandoned at the stop
+        in_flight_metadata=metadata,
+        **KEYED,
+    )
+    return consumer, release, handled
+
+
+@pytest.mark.parametrize("metadata", [True, False], ids=["metadata", "control-bare"])
+def test_commit_stops_at_an_unfinished_record_and_a_restart_redoes_only_it(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, metadata: bool
+) -> None:
+    topic, _ = with_dlq(topic_factory)
+    n, stuck = 60, {5, 9}
+    produce(
+        kafka_cluster.bootstrap_servers,
+        topic,
+        [(b"k%d" % i, b"%d" % i, None, 0) for i in range(n)],  # distinct keys
+    )
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    first, release, handled = _stuck_run(
+        kafka_cluster, topic, group, stuck=stuck, n=n, metadata=metadata
+    )
+    runner = Runner(first)
+    try:
+        wait_for(lambda: len(handled) == n - len(stuck), 60, "every other record handled")
+
+        seen: list[Any] = []
+
+        def listed() -> bool:
+            offset, meta = _committed(kafka_cluster, group, topic)
+            seen[:] = [offset, meta]
+            got = finished_from(meta, offset)
+            return offset == 5 and (
+                not metadata or (got is not None and len(got) == n - 7)
+            )  # 6..59 but 9
+
+        try:
+            wait_for(listed, 60, "the commit of the lowest unfinished record")
+        except AssertionError:
+            raise AssertionError(f"committed {seen}") from None
+        offset, meta = _committed(kafka_cluster, group, topic)
+        assert offset == 5  # never past the stuck record, whatever finished above it
+        got = finished_from(meta, offset)
+        if metadata:
+            assert got is not None and got.offsets() == [o for o in range(6, n) if o != 9]
+        else:
+            assert got is None
+        runner.stop()  # 5 and 9 still running: abandoned after shutdown_timeout
+        assert runner.error is None
+        assert _committed(kafka_cluster, group, topic)[0] == 5
+    finally:
+        release.set()
+        first.stop()  # a failed wait leaves no consumer behind
+
+    # the next owner: handles the unfinished records (and, without the list, all above 5)
+    second, release2, redone = _stuck_run(
+        kafka_cluster, topic, group, stuck=set(), n=n, metadata=metadata
+    )
+    expected = sorted(stuck) if metadata else list(range(5, n))
+    runner2 = Runner(second)
+    try:
+        wait_for(lambda: len(redone) >= len(expected), 60, "the redo")
+        wait_for(lambda: _committed(kafka_cluster, group, topic)[0] == n, 60, "the end commit")
+        runner2.stop()
+    finally:
+        release2.set()
+        second.stop()
+    assert runner2.error is None
+    assert sorted(redone) == expected
+
+
+def test_a_retrying_key_blocks_only_itself_and_poison_is_dead_lettered(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    topic, dlq = with_dlq(topic_factory)
+    n = 200
+    produce(
+        kafka_cluster.bootstrap_servers,
+        topic,
+        [(b"k%d" % (i % 10), b"poison" if i == 30 else b"%d" % i, None, 0) for i in range(n)],
+    )
+    flaky_failures: list[int] = []
+    rec = _Recorder()
+
+    def handle(msg: Message) -> None:
+        if msg.value() == b"poison":
+            raise ValueError("not a number")  # not retried: dead-lettered at once
+        if msg.offset() == 3 and len(flaky_failures) < 2:
+            flaky_failures.append(3)
+            raise ConnectionError("flaky")  # retried twice, then handled
+        rec.enter()
+        rec.leave(msg)
+
+    cfg = config(kafka_cluster)
+    consumer = ResilientConsumer(
+        cfg,
+        [topic],
+        handle,
+        retry=RetryPolicy(stop=tenacity.stop_after_attempt(5), wait=tenacity.wait_fixed(0.3)),
+        max_in_flight=8,
+        **KEYED,
+    )
+    runner = Runner(consumer)
+    wait_for(lambda: len(rec.offsets) >= n - 1, 60, "every record but the poison handled")
+    wait_for(lambda: consumer.health().dead_lettered == 1, 30, "the dead letter acknowledged")
+    runner.stop()
+    assert runner.error is None
+    assert flaky_failures == [3, 3]
+    for key, offsets in rec.by_key.items():
+        assert offsets == sorted(offsets), key
+    # key k3 waited behind its retrying record; the other keys did not: some of their
+    # records later than 3 were handled before 3 was
+    assert rec.offsets.index(3) > rec.offsets.index(4)
+    letters = read_back(kafka_cluster.bootstrap_servers, dlq)
+    assert [m.value() for m in letters] == [b"poison"]
+    assert _committed(kafka_cluster, cfg["group.id"], topic)[0] == n
+
+
+def test_orderings_refuse_what_they_do_not_combine_with_yet(
+    kafka_cluster: KafkaCluster,
+) -> None:
+    cfg = config(kafka_cluster)
+    with pytest.raises(ConfigError, match="max_process_deaths=None"):
+        ResilientConsumer(cfg, ["t"], print, ordering="key", outage_retry=None)
+    with pytest.raises(ConfigError, match="ordering must be one of"):
+        ResilientConsumer(cfg, ["t"], print, ordering="keys")  # type: ignore[arg-type]
+
+
+def test_the_keyed_example_keeps_each_accounts_order(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """examples/consumer_keyed.py's consumer, on the session cluster."""
+    path = Path(__file__).resolve().parent.parent / "examples" / "consumer_keyed.py"
+    spec = importlib.util.spec_from_file_location("consumer_keyed", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    topic, _ = with_dlq(topic_factory)
+    example.produce(kafka_cluster.bootstrap_servers, topic)
+    seen = example.consume(kafka_cluster.bootstrap_servers, topic)
+    assert sum(map(len, seen.values())) == example.EVENTS
+    assert all(offsets == sorted(offsets) for offsets in seen.values())
