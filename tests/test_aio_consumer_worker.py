@@ -39,6 +39,10 @@ def main() -> int:
             "bootstrap.servers": args.bootstrap,
             "group.id": args.group,
             "auto.commit.interval.ms": 1000,
+            # A SIGKILLed worker stays in the group until its session times out (45 s by
+            # default): the restarted one's first rebalance waits for that.
+            "session.timeout.ms": 10000,
+            "heartbeat.interval.ms": 1000,
         },
         [args.topic],
         handle,
