@@ -9,7 +9,10 @@ flushes, the process exits 0.
 
     kresilient cluster --port 9092 &                     # or any Kafka
     kresilient topic create orders orders.enriched --dlq
-    python examples/asyncio_service.py --bootstrap 127.0.0.1:9092
+    python examples/asyncio_service.py --bootstrap 127.0.0.1:9092 --health-port 8080
+
+``--health-port``: ``GET /live`` and ``GET /ready`` for Kubernetes probes (``/ready`` is 503
+while a dependency outage holds the records, or a partition is stalled).
 """
 
 from __future__ import annotations
@@ -32,7 +35,14 @@ async def enrich(order: dict[str, Any]) -> dict[str, Any]:
     return {**order, "amount_with_tax": round(order["amount"] * 1.2, 2)}
 
 
-async def serve(bootstrap: str, source: str, target: str, *, stop_after: int = 0) -> int:
+async def serve(
+    bootstrap: str,
+    source: str,
+    target: str,
+    *,
+    stop_after: int = 0,
+    health_port: int | None = None,
+) -> int:
     """Run until SIGTERM/SIGINT (or ``stop_after`` records); return how many were handled."""
     handled = 0
     async with AsyncResilientProducer(
@@ -54,6 +64,7 @@ async def serve(bootstrap: str, source: str, target: str, *, stop_after: int = 0
             [source],
             handle,
             max_concurrency=4,  # up to 4 partitions at once; each one stays in order
+            health_port=health_port,  # /live and /ready (127.0.0.1; health_host= for a pod)
         )
         await consumer.run()  # returns after a graceful stop (SIGTERM, SIGINT, stop())
     return handled
@@ -65,9 +76,16 @@ def main() -> None:
     parser.add_argument("--source", default="orders")
     parser.add_argument("--target", default="orders.enriched")
     parser.add_argument("--stop-after", type=int, default=0, help="stop after N records")
+    parser.add_argument("--health-port", type=int, default=None, help="serve /live, /ready")
     args = parser.parse_args()
     handled = asyncio.run(
-        serve(args.bootstrap, args.source, args.target, stop_after=args.stop_after)
+        serve(
+            args.bootstrap,
+            args.source,
+            args.target,
+            stop_after=args.stop_after,
+            health_port=args.health_port,
+        )
     )
     print(f"handled {handled} records")
 

@@ -6,16 +6,17 @@ whose dependency is down for a while (every record fails with a ``ConnectionErro
 back:
 
 * nothing is dead-lettered, every record is handled exactly once afterwards;
-* ``health().outage`` shows the outage while it lasts (the asyncio consumer serves no
-  ``/ready`` of its own: the application serves ``health()``);
+* ``health().outage`` and ``/ready`` (HTTP on 127.0.0.1: 503 naming the outage, ``/live``
+  200) show the outage while it lasts, and ``/ready`` is 200 again once it is over;
 * the whole outage logs at most 5 lines at WARNING or above, none with the secret;
 * with poison records mixed in (``ValueError``), exactly those are dead-lettered;
 * three partitions at once (``max_concurrency=3``: records of different partitions failing in
   a row, one detector shared) and one partition (the probe path: the first record's
   RetryPolicy exhausted with nothing else handled, the next record probed).
 
-The negative control (``outage_retry=None``) dead-letters records of the same outage: the
-fault is real.
+The checks are the sync consumer's own (``_check_common`` of tests/test_consumer_outage.py,
+one body for both). The negative control (``outage_retry=None``) dead-letters records of the
+same outage: the fault is real.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import tenacity
 from _producer_helpers import read_back
 from confluent_kafka import Message
 from test_consumer_integration import TopicFactory, produce, with_dlq
-from test_consumer_outage import SECRET, Dependency, LogRecorder, _items
+from test_consumer_outage import Dependency, LogRecorder, _check_common, _get, _items
 
 from kresilient.aio import AsyncResilientConsumer
 from kresilient.consumer import RetryPolicy
@@ -86,11 +87,17 @@ async def _run_outage(
         logger=log,
         handle_signals=False,
         max_concurrency=partitions,
+        health_port=0,
     )
     task = asyncio.create_task(consumer.run())
     try:
         await _until(lambda: consumer.health().outage is not None or task.done(), 90, "the outage")
+        port = consumer.health_port
+        assert port is not None
         outage_during = consumer.health().outage
+        # the probe server runs in its own thread: the request must not block the loop
+        ready_during = await asyncio.to_thread(_get, port, "/ready")
+        live_during = await asyncio.to_thread(_get, port, "/live")
         assert not scenario.dep.up, "the outage was reported only after the dependency was up"
         await _until(
             lambda: good <= set(scenario.handled) or task.done(),
@@ -104,6 +111,11 @@ async def _run_outage(
             60,
             "dead letters acknowledged, the outage over",
         )
+        deadline = time.monotonic() + 60  # /ready 200 once the outage is over
+        while (ready_after := await asyncio.to_thread(_get, port, "/ready"))[0] != 200:
+            if time.monotonic() > deadline:
+                break  # _check_common names the reasons
+            await asyncio.sleep(0.1)
         health = consumer.health()
     finally:
         consumer.stop()
@@ -117,35 +129,10 @@ async def _run_outage(
         "dead": dead,
         "health": health,
         "outage_during": outage_during,
+        "ready_during": ready_during,
+        "live_during": live_during,
+        "ready_after": ready_after,
     }
-
-
-def _check_common(result: dict[str, Any]) -> None:
-    scenario: Scenario = result["scenario"]
-    log: LogRecorder = result["log"]
-    assert scenario.dep.failures >= 5, scenario.dep.failures  # the fault was real
-    counts = collections.Counter(scenario.handled)
-    assert set(counts) == result["good"]
-    assert max(counts.values()) == 1, [v for v, c in counts.items() if c > 1][:5]
-    assert sorted(m.value() for m in result["dead"]) == sorted(result["poison"])
-    assert result["health"].dead_lettered == len(result["poison"])
-    outage = result["outage_during"]
-    assert outage is not None and outage["error_type"] == "ConnectionError", outage
-    assert "connection refused" in outage["error"] and SECRET not in outage["error"]
-    loud = [
-        line for line in log.loud() if line[1] not in ("message_failed", "message_dead_lettered")
-    ]
-    assert len(loud) <= 5, loud
-    events = [e for _, e, _ in loud]
-    assert events.count("dependency_outage_started") >= 1, events
-    assert events.count("dependency_outage_ended") >= 1, events
-    started = next(kw for _, e, kw in loud if e == "dependency_outage_started")
-    assert "connection refused" in started["error"]
-    assert SECRET not in repr(log.lines)
-    assert all(level == "debug" for level, e, _ in log.lines if e == "message_retry_scheduled")
-    failed = [kw for _, e, kw in log.loud() if e == "message_failed"]
-    assert len(failed) == len(result["poison"])
-    assert all("invalid order" in kw["error"] for kw in failed)
 
 
 @pytest.mark.integration

@@ -22,11 +22,20 @@ asserts several) and, past a minute, the reminder line.
 
 The negative control (``outage_retry=None``, the pre-issue-36 semantics kept as an explicit
 policy) dead-letters the records of the same kind of outage: the fault is real.
+
+Then the edges, ONE body for both consumers (parametrised ``sync``/``aio``, short policies so
+each takes seconds): an outage longer than the outage limit (one dead letter per limit, the
+outage goes on), a record failing at the tail of a partition (kept uncommitted until a probe
+record arrives or the limit), and a probe handled out of turn when the consumer stops before
+the records before it are settled (handled again after a restart). ``_check_common`` is shared
+with tests/test_aio_consumer_outage.py, and the two consumers' probe options are checked equal.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import inspect
 import itertools
 import json
 import threading
@@ -41,8 +50,16 @@ import pytest
 import tenacity
 from _producer_helpers import read_back
 from confluent_kafka import Message
-from test_consumer_integration import Runner, TopicFactory, produce, wait_for, with_dlq
+from test_consumer_integration import (
+    Runner,
+    TopicFactory,
+    committed,
+    produce,
+    wait_for,
+    with_dlq,
+)
 
+from kresilient.aio import AsyncResilientConsumer
 from kresilient.consumer import (
     BatchItemError,
     OutageDecision,
@@ -333,6 +350,7 @@ def _run_outage(
             "dead letters acknowledged, the outage over",
         )
         wait_for(lambda: _get(port, "/ready")[0] == 200, 60, "/ready 200 after the outage")
+        ready_after = _get(port, "/ready")
         health = consumer.health()
     finally:
         runner.stop()
@@ -347,6 +365,7 @@ def _run_outage(
         "health": health,
         "ready_during": ready_during,
         "live_during": live_during,
+        "ready_after": ready_after,
         "outage_during": outage_during,
         "topic": topic,
     }
@@ -371,11 +390,14 @@ def _check_common(result: dict[str, Any]) -> None:
     status, body = result["ready_during"]
     assert status == 503 and any("dependency outage" in r for r in body["reasons"]), body
     assert result["live_during"][0] == 200  # held, polling: live
-    # at most 5 loud lines for the outage (each poison dead letter has its own lines)
+    status, body = result["ready_after"]  # and clear once it is over
+    assert status == 200 and body["reasons"] == [], body
+    # at most 5 loud lines for the outage (each poison dead letter has its own lines: the
+    # sync consumer's kafka_message_dead_lettered, the asyncio one's message_dead_lettered)
     loud = [
         line
         for line in log.loud()
-        if line[1] not in ("message_failed", "kafka_message_dead_lettered")
+        if line[1] not in ("message_failed", "kafka_message_dead_lettered", "message_dead_lettered")
     ]
     assert len(loud) <= 5, loud
     events = [e for _, e, _ in loud]
@@ -520,3 +542,314 @@ def test_control_without_outage_detection_the_same_outage_dead_letters(
         runner.stop()
     assert runner.error is None, runner.error
     assert len(read_back(bootstrap, dlq)) >= 3  # good records dead-lettered: the fault is real
+
+
+# --------------------------------------------------------------------------- both consumers
+
+#: Short policies so the edge tests take seconds: two tries per record, then the evidence.
+QUICK_RETRY = RetryPolicy(stop=tenacity.stop_after_attempt(2), wait=tenacity.wait_fixed(0.1))
+#: An outage limit of 6 waits of 0.2 s (the default is 10 minutes).
+SHORT_LIMIT = RetryPolicy(stop=tenacity.stop_after_attempt(6), wait=tenacity.wait_fixed(0.2))
+#: The tail test's limit: 3 tries (the sync consumer waits at least 5 s for a probe record
+#: before each retry of a tail record, so every try there costs 5 s).
+TAIL_LIMIT = RetryPolicy(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(0.2))
+#: A limit the tests never reach (the negative control of SHORT_LIMIT).
+NO_LIMIT = RetryPolicy(stop=tenacity.stop_after_attempt(100_000), wait=tenacity.wait_fixed(0.2))
+KINDS = ("sync", "aio")
+
+
+class Running:
+    """A :class:`ResilientConsumer` or an :class:`AsyncResilientConsumer` (its own event loop)
+    run in a thread with the same plain handler, so one test body checks both."""
+
+    def __init__(
+        self, kind: str, conf: dict[str, Any], topic: str, handle: Callable[[Any], None], **kw: Any
+    ) -> None:
+        self.kind = kind
+        self.error: BaseException | None = None
+        self.consumer: Any
+        if kind == "sync":
+            self.consumer = ResilientConsumer(
+                conf, [topic], handle, install_signal_handlers=False, **kw
+            )
+        else:
+
+            async def ahandle(msg: Message) -> None:
+                handle(msg)
+
+            self.consumer = AsyncResilientConsumer(
+                conf, [topic], ahandle, handle_signals=False, **kw
+            )
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            if self.kind == "sync":
+                self.consumer.run()
+            else:
+                asyncio.run(self.consumer.run())
+        except BaseException as exc:
+            self.error = exc
+
+    def health(self) -> Any:
+        return self.consumer.health()
+
+    def stop(self) -> None:
+        self.consumer.stop()
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "consumer did not stop"
+        assert self.error is None, self.error
+
+
+class Switch:
+    """A dependency the test turns on and off (no clock): down, every call is refused."""
+
+    def __init__(self, down: bool = True) -> None:
+        self.down = down
+        self.calls = 0
+
+    def call(self) -> None:
+        self.calls += 1
+        if self.down:
+            raise ConnectionError(f"payments:443 connection refused (password={SECRET})")
+
+
+def _group() -> str:
+    return f"g-{uuid.uuid4().hex[:10]}"
+
+
+def test_probe_options_are_the_same_for_both_consumers() -> None:
+    """Parity: ``health_port``, ``health_host``, ``stall_after_s`` (and ``outage_retry``) exist
+    on both consumers with the same defaults and the same annotation."""
+    sync = inspect.signature(ResilientConsumer.__init__).parameters
+    aio = inspect.signature(AsyncResilientConsumer.__init__).parameters
+    for name in ("health_port", "health_host", "stall_after_s", "outage_retry"):
+        assert name in sync and name in aio, name
+        assert sync[name].default == aio[name].default, name
+        assert sync[name].annotation == aio[name].annotation, name
+        assert sync[name].kind is aio[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+    assert isinstance(AsyncResilientConsumer.health_port, property)
+    assert isinstance(ResilientConsumer.health_port, property)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("limit", ["short", "control"])
+def test_an_outage_longer_than_the_outage_limit_dead_letters_one_record_per_limit(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str, limit: str
+) -> None:
+    """The dependency stays down past the outage limit (``outage_retry``'s stop, here 6 tries
+    of 0.2 s): the held record is dead-lettered (``message_failed`` names the limit), the
+    outage goes on for the next record, held again: one dead letter per limit, in order, not
+    the topic. Control: with a limit not reached, the same outage dead-letters nothing."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    produce(bootstrap, topic, [(b"k", b"ok-%d" % i, None, 0) for i in range(6)])
+    dep = Switch(down=True)
+    handled: list[bytes] = []
+
+    def handle(msg: Message) -> None:
+        dep.call()
+        handled.append(msg.value())  # type: ignore[arg-type]
+
+    log = LogRecorder()
+    running = Running(
+        kind,
+        {"bootstrap.servers": bootstrap, "group.id": _group()},
+        topic,
+        handle,
+        retry=QUICK_RETRY,
+        outage_retry=SHORT_LIMIT if limit == "short" else NO_LIMIT,
+        logger=log,
+    )
+    try:
+        wait_for(lambda: running.health().outage is not None, 60, "the outage")
+        if limit == "control":
+            # as many refused calls as two limits take (6 each, plus the evidence)
+            wait_for(lambda: dep.calls >= 20, 60, "20 refused calls")
+            assert running.health().dead_lettered == 0
+            assert running.health().outage is not None
+        else:
+            wait_for(lambda: running.health().dead_lettered >= 2, 60, "two dead letters")
+            health = running.health()
+            assert health.outage is not None, "the outage ended at the limit"
+            assert health.dead_lettered < 6  # one per limit, not the topic
+        dep.down = False
+        wait_for(
+            lambda: (
+                len(handled) + running.health().dead_lettered >= 6
+                and running.health().dead_letters_pending == 0
+            ),
+            60,
+            "every record settled",
+        )
+        assert running.health().outage is None
+    finally:
+        running.stop()
+    dead = [m.value() for m in read_back(bootstrap, dlq)]
+    if limit == "control":
+        assert dead == []
+        assert handled == [b"ok-%d" % i for i in range(6)]
+        return
+    assert len(dead) >= 2 and dead == [b"ok-%d" % i for i in range(len(dead))], dead
+    assert handled == [b"ok-%d" % i for i in range(len(dead), 6)]
+    failed = [kw for _, e, kw in log.loud() if e == "message_failed"]
+    assert len(failed) == len(dead)
+    assert all("outage limit" in kw["reason"] and SECRET not in kw["error"] for kw in failed)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("ending", ["probe", "limit", "control"])
+def test_a_record_failing_at_the_tail_of_a_partition_is_kept_until_a_probe_or_the_limit(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str, ending: str
+) -> None:
+    """The last record of a partition keeps failing (retriable), nothing else to handle: no
+    evidence either way, so it is kept uncommitted and retried under the outage policy's
+    backoff past its RetryPolicy, until a record after it arrives (the probe: handled, the
+    failed one dead-lettered) or the outage limit (dead-lettered). Control
+    (``outage_retry=None``): dead-lettered once its RetryPolicy is exhausted."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    group = _group()
+    produce(bootstrap, topic, [(b"k", b"bad-0", None, 0)])
+    attempts: collections.Counter[bytes] = collections.Counter()
+    handled: list[bytes] = []
+
+    def handle(msg: Message) -> None:
+        value: bytes = msg.value()  # type: ignore[assignment]
+        attempts[value] += 1
+        if value.startswith(b"bad"):
+            raise ConnectionError(f"payments:443 connection refused (password={SECRET})")
+        handled.append(value)
+
+    outage_retry = {"probe": NO_LIMIT, "limit": TAIL_LIMIT, "control": None}[ending]
+    running = Running(
+        kind,
+        {"bootstrap.servers": bootstrap, "group.id": group},
+        topic,
+        handle,
+        retry=QUICK_RETRY,
+        outage_retry=outage_retry,
+    )
+    try:
+        if ending == "control":
+            wait_for(lambda: running.health().dead_lettered == 1, 60, "the dead letter")
+            assert attempts[b"bad-0"] == 2  # its RetryPolicy only
+        elif ending == "probe":
+            # retried past its RetryPolicy (2 tries), under the outage policy, kept
+            wait_for(lambda: attempts[b"bad-0"] >= 3, 60, "retries under the outage policy")
+            assert running.health().dead_lettered == 0
+            assert running.health().outage is None  # one record: no evidence of an outage
+            produce(bootstrap, topic, [(b"k", b"ok-1", None, 0)])
+            wait_for(lambda: running.health().dead_lettered == 1, 60, "the dead letter")
+        else:
+            wait_for(lambda: running.health().dead_lettered == 1, 60, "the limit")
+            assert attempts[b"bad-0"] >= 3  # kept past its RetryPolicy (2 tries) until then
+            assert running.health().outage is None  # one record: no evidence of an outage
+        wait_for(lambda: running.health().dead_letters_pending == 0, 30, "the ack")
+        if ending == "probe":
+            wait_for(lambda: handled == [b"ok-1"], 30, "the probe handled")
+    finally:
+        running.stop()
+    assert [m.value() for m in read_back(bootstrap, dlq)] == [b"bad-0"]
+    assert handled == ([b"ok-1"] if ending == "probe" else [])
+    end = 2 if ending == "probe" else 1
+    assert committed(bootstrap, group, topic, [0]) == {0: end}
+
+
+#: The sync consumer dead-letters the held record once a probe after a poison probe succeeds,
+#: then continues AFTER the probe: the poison record between them is never handled nor
+#: dead-lettered, and its offset is committed (kresilient/consumer/_failures.py
+#: probe_succeeded; reported to the lead, not this test's files to fix).
+SYNC_SKIPS_THE_POISON_PROBE = pytest.mark.xfail(
+    strict=True,
+    reason="sync consumer: the poison record a probe moved past is lost (probe_succeeded "
+    "continues after the probe); reported, owned by the consumer helper",
+)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", [pytest.param("sync", marks=SYNC_SKIPS_THE_POISON_PROBE), "aio"])
+@pytest.mark.parametrize("stop_early", [True, False])
+def test_a_probe_handled_out_of_turn_is_handled_again_after_a_restart(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str, stop_early: bool
+) -> None:
+    """Record 0 keeps failing (retriable), record 1 is poison (as a probe it proves nothing:
+    left for its turn), record 2 is the probe that is handled, out of turn. The consumer
+    stops while the probe is handled, before record 1 is settled: the stored offset stays
+    before the probe, so a restart handles it again (at-least-once) and dead-letters the
+    poison record then. Control: not stopped, 0 and 1 are dead-lettered, the offset after 2
+    is committed (2 handled once, a restart handles nothing)."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    group = _group()
+    values = [b"bad-0", b"poison-1", b"ok-2"]
+    produce(bootstrap, topic, [(b"k", v, None, 0) for v in values])
+    handled: list[bytes] = []
+    runs: list[Running] = []
+
+    def handle(msg: Message) -> None:
+        value: bytes = msg.value()  # type: ignore[assignment]
+        if value.startswith(b"poison"):
+            raise ValueError(f"invalid order {value!r}")
+        if value.startswith(b"bad") and len(runs) <= 1:
+            raise ConnectionError("payments:443 connection refused")
+        handled.append(value)
+        if value == b"ok-2" and stop_early and len(runs) <= 1:
+            runs[0].consumer.stop()  # stops before record 1 is settled
+
+    conf = {"bootstrap.servers": bootstrap, "group.id": group}
+    runs.append(Running(kind, conf, topic, handle, retry=QUICK_RETRY, outage_retry=NO_LIMIT))
+    try:
+        if stop_early:
+            runs[0].thread.join(60)
+        else:
+            wait_for(lambda: runs[0].health().dead_lettered >= 1, 60, "record 0 dead-lettered")
+            wait_for(  # the poison record follows at once (20 s: the sync defect, xfail)
+                lambda: (
+                    runs[0].health().dead_lettered == 2
+                    and runs[0].health().dead_letters_pending == 0
+                ),
+                20,
+                "0 and 1 dead-lettered",
+            )
+    finally:
+        runs[0].stop()
+    assert handled == [b"ok-2"]  # the probe, handled before the records in front of it
+    first = committed(bootstrap, group, topic, [0])[0]
+    dead_first = sorted(m.value() for m in read_back(bootstrap, dlq))
+    if not stop_early:
+        assert first == 3
+        assert dead_first == [b"bad-0", b"poison-1"]
+    else:
+        # never past the probe (nor the unsettled poison record before it)
+        assert 0 <= first <= 1 or first == -1001, first
+        assert b"poison-1" not in dead_first
+    # the restart (the dependency is up: record 0 succeeds now)
+    runs.append(Running(kind, conf, topic, handle, retry=QUICK_RETRY, outage_retry=NO_LIMIT))
+    try:
+        if stop_early:
+            wait_for(lambda: handled.count(b"ok-2") == 2, 60, "the probe handled again")
+            wait_for(
+                lambda: (
+                    runs[1].health().dead_lettered == 1
+                    and runs[1].health().dead_letters_pending == 0
+                ),
+                60,
+                "the poison record dead-lettered",
+            )
+        else:
+            wait_for(lambda: runs[1].health().rebalances.get("assigned", 0) >= 1, 60, "assigned")
+    finally:
+        runs[1].stop()
+    assert committed(bootstrap, group, topic, [0]) == {0: 3}
+    if not stop_early:
+        assert handled == [b"ok-2"]
+        return
+    again = [b"bad-0"] if first in (0, -1001) else []  # not dead-lettered: handled now
+    assert handled == [b"ok-2", *again, b"ok-2"]  # at-least-once: the probe handled twice
+    assert sorted(m.value() for m in read_back(bootstrap, dlq)) == sorted(
+        [*dead_first, b"poison-1"]
+    )

@@ -4,11 +4,15 @@
   held partition (with its partition attribute) and the other one at 0;
 * a hanging handler on one partition: ``/ready`` turns 503 within 2x ``stall_after_s``
   naming it while ``/live`` is still 200; once the loop has not polled for
-  ``max.poll.interval.ms`` both are 503.
+  ``max.poll.interval.ms`` both are 503;
+* the asyncio consumer serves the same probes (one implementation): a handler awaiting past
+  ``stall_after_s`` turns ``/ready`` 503 naming its partition, one blocking the event loop
+  turns ``/live`` 503; its lag and outage gauges are exported.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -22,8 +26,9 @@ import tenacity
 from test_consumer_integration import Runner, TopicFactory, produce, with_dlq
 from test_telemetry import Otel
 
+from kresilient.aio import AsyncResilientConsumer
 from kresilient.consumer import ResilientConsumer, RetryPolicy
-from kresilient.consumer._probes import LAG_METRIC, PROGRESS_METRIC
+from kresilient.consumer._probes import LAG_METRIC, OUTAGE_METRIC, PROGRESS_METRIC
 from kresilient.testing import KafkaCluster
 
 pytestmark = pytest.mark.integration
@@ -160,3 +165,94 @@ def test_hanging_handler_turns_ready_then_live_unhealthy(
         consumer.stop()
         runner.join(60)
     assert runner.error is None
+
+
+def test_aio_consumer_serves_the_same_probes_and_gauges(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """``AsyncResilientConsumer(health_port=0)``: the sync consumer's probes (one
+    implementation). A handler awaiting on one partition for longer than ``stall_after_s``
+    turns ``/ready`` 503 naming that partition while ``/live`` stays 200 (the loop polls on
+    while handlers await); a handler BLOCKING the event loop turns ``/live`` 503 once the
+    consumer has not polled for ``max.poll.interval.ms``. The lag and outage gauges are
+    exported."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _ = with_dlq(topic_factory, partitions=2)
+    produce(bootstrap, topic, [(b"k", b"v", None, 1) for _ in range(5)])
+    entered, release = threading.Event(), threading.Event()
+    blocked, unblock = threading.Event(), threading.Event()
+    seen: list[bytes] = []
+    otel = Otel()
+
+    async def handle(msg: Any) -> None:
+        seen.append(msg.key())
+        if msg.key() == b"hang":
+            entered.set()
+            while not release.is_set():  # awaits: the event loop runs on
+                await asyncio.sleep(0.05)
+        elif msg.key() == b"block":
+            blocked.set()
+            unblock.wait(60)  # blocks the event loop: nothing polls
+
+    stall = 2.0
+    consumer = AsyncResilientConsumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"g-{uuid.uuid4().hex[:10]}",
+            "max.poll.interval.ms": 6000,
+            "session.timeout.ms": 6000,
+        },
+        [topic],
+        handle,
+        health_port=0,
+        stall_after_s=stall,
+        meter_provider=otel.meter_provider,
+        handle_signals=False,
+        blocking_warning_s=None,
+    )
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(consumer.run())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    port: int | None = None
+    try:
+        wait_for(lambda: len(seen) == 5, 60, "first records")
+        port = consumer.health_port
+        assert port is not None
+        wait_for(lambda: get(port, "/ready")[0] == 200, 30, "/ready 200")
+        assert get(port, "/live")[0] == 200
+        # partition 0 is empty (no position, no figure yet), partition 1 caught up
+        wait_for(lambda: otel.points(LAG_METRIC), 30, "the lag gauge")
+        lag = {a["messaging.destination.partition.id"]: v for a, v in otel.points(LAG_METRIC)}
+        assert lag == {"1": 0}, lag
+        assert [v for _, v in otel.points(OUTAGE_METRIC)] == [0.0]
+        produce(bootstrap, topic, [(b"hang", b"v", None, 0)])
+        assert entered.wait(30)
+        wait_for(lambda: get(port, "/ready")[0] == 503, 2 * stall + 5, "/ready 503")
+        status, body = get(port, "/ready")
+        assert status == 503, body
+        assert any(
+            "a handler has been running" in r and f"{topic}[0]" in r for r in body["reasons"]
+        ), body
+        assert get(port, "/live")[0] == 200  # the loop polls on while the handler awaits
+        release.set()
+        wait_for(lambda: get(port, "/ready")[0] == 200, 30, "/ready 200 again")
+        produce(bootstrap, topic, [(b"block", b"v", None, 1)])
+        assert blocked.wait(30)
+        wait_for(lambda: get(port, "/live")[0] == 503, 30, "/live 503")
+        status, body = get(port, "/live")
+        assert "has not polled" in body["reasons"][0], body
+    finally:
+        release.set()
+        unblock.set()
+        consumer.stop()
+        thread.join(60)
+    assert not thread.is_alive() and errors == [], errors
+    with pytest.raises(urllib.error.URLError):  # the server is gone with the consumer
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/live", timeout=2)

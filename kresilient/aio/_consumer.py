@@ -16,6 +16,11 @@ Why not ``AIOConsumer`` itself: its rebalance callbacks must be coroutines run t
 ``run_coroutine_threadsafe`` from the executor thread, and each call is a separate executor
 round trip; one step function per poll (store + pause/resume + consume) on a worker thread of
 our own costs one round trip per batch. See docs/asyncio.md.
+
+Probes: ``health_port`` serves ``GET /live`` and ``GET /ready`` with the sync consumer's
+implementation (:class:`kresilient.consumer.ConsumerProbes`: same options, reasons and gauges);
+this module only tells it its state (:class:`_ProbeSource`). The worker thread updates the
+figures at each step (lag from cached watermarks, once a second).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import itertools
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Final
 
 import structlog
@@ -44,6 +49,7 @@ from kresilient.consumer import (
     OUTAGE_RETRY,
     CircuitBreaker,
     ConsumerHealth,
+    ConsumerProbes,
     OutageDecision,
     OutageDetector,
     RetryPolicy,
@@ -119,10 +125,13 @@ class _Partition:
     """One assigned partition: its buffered records and its (single) worker task."""
 
     __slots__ = (
+        "ahead",
         "cut",
+        "due",
         "halt",
         "held",
         "hold",
+        "inhand",
         "last",
         "paused",
         "queue",
@@ -139,8 +148,14 @@ class _Partition:
         # the last record handled (or dead-lettered) in order: its offset + 1 is stored next
         # (kept as the message, so the hot path makes no offset() call per record)
         self.last: Message | None = None
-        self.held = False  # a retry wait or an unacknowledged dead letter: paused
+        # a retry wait or an unacknowledged dead letter: paused once a record is queued
+        self.held = False
         self.hold: tuple[int, int] = (0, 0)  # (offset, attempts) of the held record
+        self.due = 0.0  # monotonic time the held record's next attempt is due (/ready)
+        # the record whose handler is in hand, None between runs (/ready samples it)
+        self.inhand: Message | None = None
+        # a probe handled out of turn, still queued: stored (not handled) in its turn
+        self.ahead: Message | None = None
         self.paused = False
         self.revoked = False
         # revoked, lost, or the consumer stopping or failed: the one flag the worker checks
@@ -210,6 +225,19 @@ class AsyncResilientConsumer:
             that handler first, so two copies are never handled at once.
         logger, tracer_provider, meter_provider, propagator, record_message_key: as
             :class:`~kresilient.ResilientConsumer`.
+        health_port: serve ``GET /live`` and ``GET /ready`` on this port while :meth:`run`
+            runs (0: any free port, see :attr:`health_port`); ``None``: no server. The sync
+            consumer's probes (docs/consumer.md, "Probes and lag"): ``/live`` is 503 once the
+            consumer has not polled for ``max.poll.interval.ms`` (an event loop blocked by a
+            handler) or stopped; ``/ready`` is 503 until the group is joined, during a
+            dependency outage, and when a handler, a retry wait or a partition with lag made
+            no progress for ``stall_after_s``. The meter provider gets the same gauges
+            (``messaging.kafka.consumer.lag``, ``kresilient.consumer.time_since_progress``,
+            ``kresilient.consumer.dependency_outage``, ``...duplicates_skipped``).
+        health_host: the address the probe server binds (127.0.0.1 by default; a Kubernetes
+            probe needs the pod's address, e.g. ``"0.0.0.0"``).
+        stall_after_s: ``/ready`` turns 503 when a handler runs, a retry wait is overdue, or
+            a partition with lag makes no progress for this long.
 
     Example::
 
@@ -247,6 +275,9 @@ class AsyncResilientConsumer:
         propagator: Any = None,
         record_message_key: bool = False,
         dedupe: Deduplicator | None = None,
+        health_port: int | None = None,
+        health_host: str = "127.0.0.1",
+        stall_after_s: float = 60.0,
     ) -> None:
         if dedupe is not None and not isinstance(dedupe, Deduplicator):
             raise ConfigError(
@@ -388,6 +419,22 @@ class AsyncResilientConsumer:
         self._unsynced = False
         self._auto_commit = str(cfg.get("enable.auto.commit", "true")).lower() in ("true", "1")
         self._drained = asyncio.Event()  # binds to the loop on first use (3.10+)
+        # /live, /ready and the gauges: the sync consumer's implementation (its consumer is
+        # set once created); the worker thread updates it at each step
+        self._stored: dict[TP, int] = {}  # offsets stored, per partition (worker thread)
+        self._probe_source = _ProbeSource(self)
+        self._probes = ConsumerProbes(
+            None,
+            self._probe_source,
+            stall_after_s=stall_after_s,
+            max_poll_s=ConsumerProbes.max_poll_interval(cfg),
+            group=self.group_id,
+            outage=self._detector,
+        )
+        self._meter_provider = meter_provider
+        self._health_addr = (health_host, health_port)
+        self._health_port: int | None = None
+        self._next_tick = 0.0
 
     # ------------------------------------------------------------------ public API
 
@@ -428,6 +475,12 @@ class AsyncResilientConsumer:
             except RuntimeError:
                 continue
         return self._health()
+
+    @property
+    def health_port(self) -> int | None:
+        """The port ``/live`` and ``/ready`` are served on while :meth:`run` runs (the one
+        picked when ``health_port=0``); ``None`` without a server or before :meth:`run`."""
+        return self._health_port
 
     def _health(self) -> ConsumerHealth:
         breaker = self._breaker
@@ -492,6 +545,7 @@ class AsyncResilientConsumer:
             self._heartbeat()
         try:
             await self._kafka(self._open)
+            self._serve_probes()
             while not self._stop and self._error is None:
                 self._traced = self._tel.enabled  # a provider set late is picked up here
                 self._credit_breaker()
@@ -531,6 +585,17 @@ class AsyncResilientConsumer:
         if self._error is not None:
             raise self._error
 
+    def _serve_probes(self) -> None:
+        """Mark the probes running (polled: live), register the gauges, start the server."""
+        probes = self._probes
+        probes.last_poll = time.monotonic()
+        probes.running = True
+        probes.register_metrics(self._meter_provider)
+        host, port = self._health_addr
+        if port is not None:
+            self._health_port = probes.serve(host, port)
+            self._log.info("health_probes_serving", host=host, port=self._health_port)
+
     # ------------------------------------------------------------------ the worker thread
 
     async def _kafka(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -555,6 +620,7 @@ class AsyncResilientConsumer:
             self._consumer = Consumer(conf)
         except KafkaException as exc:
             raise translate(exc, operation="configure", redactor=self._scrub) from None
+        self._probes.consumer = self._consumer
         policy = self._dead_letter
         if policy is not None and policy.require_topic:
             self._check_dead_letter_topics(self._consumer, policy)
@@ -604,6 +670,12 @@ class AsyncResilientConsumer:
         """On the worker thread: store offsets, pause/resume, then consume one batch."""
         consumer = self._consumer
         assert consumer is not None
+        probes = self._probes
+        probes.last_poll = now = time.monotonic()
+        if now >= self._next_tick:  # lag and progress, about once a second
+            self._next_tick = now + 1.0
+            self._probe_source.sample(now)
+            probes.tick(now)
         store, pause, resume = ops
         self._store(store)
         if store:
@@ -642,6 +714,10 @@ class AsyncResilientConsumer:
             self._consumer.store_offsets(offsets=offsets)
         except KafkaException as exc:  # a partition just lost: its new owner re-reads
             self._log.warning("offset_store_failed", error=self._scrub(str(exc)))
+            return
+        stored = self._stored
+        for p in offsets:
+            stored[(p.topic, p.partition)] = p.offset
 
     def _commit(self, reason: str) -> None:
         consumer = self._consumer
@@ -737,6 +813,7 @@ class AsyncResilientConsumer:
             # librdkafka may keep a pause from a previous assignment of this partition:
             # the next step resumes it (harmless when it was not paused)
             part.paused = True
+        self._probes.on_assign(partitions)
         self._rebalances["assigned"] += 1
         self._log.debug("partitions_assigned", partitions=len(partitions))
 
@@ -763,6 +840,8 @@ class AsyncResilientConsumer:
             self._commit("revoke")
         for tp in tps:
             self._parts.pop(tp, None)
+            self._stored.pop(tp, None)
+        self._probes.forget(tps)
         self._rebalances["revoked"] += 1
         self._log.debug("partitions_revoked", partitions=len(tps))
 
@@ -791,6 +870,8 @@ class AsyncResilientConsumer:
                         loop.call_soon_threadsafe(self._drop_queue, part)
         for tp in tps:
             self._parts.pop(tp, None)  # its handled records: not stored (commits refused)
+            self._stored.pop(tp, None)
+        self._probes.on_lost(tps)
         self._rebalances["lost"] += 1
         self._log.warning("partitions_lost", partitions=len(partitions))
 
@@ -817,11 +898,16 @@ class AsyncResilientConsumer:
         pause: list[TopicPartition] = []
         resume: list[TopicPartition] = []
         for tp, part in list(self._parts.items()):
-            want = part.held or len(part.queue) >= _MAX_BUFFERED
+            # A held partition is paused once a record is queued behind the held one, not
+            # before: a record failing at the tail of a partition (nothing after it yet) is
+            # probed with the next record to arrive, so the partition keeps fetching until
+            # one does (paused at once, it never would: the probe waited for the limit).
+            blocked = part.held and bool(part.queue)
+            want = blocked or len(part.queue) >= _MAX_BUFFERED
             if want and not part.paused:
                 part.paused = True
                 pause.append(TopicPartition(*tp))
-            elif part.paused and not part.held and len(part.queue) <= _MAX_BUFFERED // 2:
+            elif part.paused and not blocked and len(part.queue) <= _MAX_BUFFERED // 2:
                 part.paused = False
                 resume.append(TopicPartition(*tp))
         return self._take_done(), pause, resume
@@ -920,11 +1006,18 @@ class AsyncResilientConsumer:
                         # the queue only grows meanwhile (a drop on revoke or loss sets
                         # part.revoked first), so popleft never meets an empty queue
                         for _ in range(min(_RUN, len(queue))):
-                            # not queue: a probe (outage detection) took a record out of turn
+                            # not queue: defensive (a probe leaves its record queued)
                             if part.halt or not queue:  # revoked, lost, stopping or failed
                                 break
                             msg = popleft()
                             taken += 1
+                            if msg is part.ahead:
+                                # a probe handled out of turn (the records before it settled
+                                # since): its offset is stored now, in partition order
+                                part.ahead = None
+                                part.last = msg
+                                continue
+                            part.inhand = msg  # /ready: a handler stuck on it is named
                             try:
                                 if slow:
                                     if dedupe is not None:
@@ -956,9 +1049,9 @@ class AsyncResilientConsumer:
                                 prev = now
                             if ok is False:
                                 break  # stopping (or revoked): nothing stored past it
-                            # a Message: a probe handled that next record (out of turn)
-                            part.last = msg if ok is True else ok
+                            part.last = msg
                     finally:
+                        part.inhand = None
                         self.processed += handled  # the breaker is credited in bulk too
                         if handled and detector is not None:
                             self._succeeded()  # the outage detector too, once per run
@@ -975,7 +1068,7 @@ class AsyncResilientConsumer:
         finally:
             part.task = None
 
-    async def _deduped(self, msg: Message, part: _Partition) -> bool | Message:
+    async def _deduped(self, msg: Message, part: _Partition) -> bool:
         """``dedupe`` on: skip a marked copy of a handled id, else handle the record (as the
         fast path of :meth:`_work` does) and remember its id once the handler returned. True:
         its offset may be stored (handled, dead-lettered or skipped)."""
@@ -1087,9 +1180,8 @@ class AsyncResilientConsumer:
 
     async def _process(
         self, msg: Message, part: _Partition, first: Exception | None = None
-    ) -> bool | Message:
-        """Handle one record (retries, dead letter). True: its offset may be stored; a
-        Message: the offset after that later record may be stored (a probe handled it).
+    ) -> bool:
+        """Handle one record (retries, dead letter). True: its offset may be stored.
 
         ``first``: the exception of a first attempt already made (the untraced fast path).
         Record or dependency (the :class:`~kresilient.consumer.OutageDetector`): poison is
@@ -1178,10 +1270,7 @@ class AsyncResilientConsumer:
                     else:
                         # the probe was handled: the held record kept failing while another
                         # record succeeded, it is bad
-                        done = await self._give_up(msg, part, failure, classify(failure), attempt)
-                        if done and verdict is not True:
-                            return verdict
-                        return done
+                        return await self._give_up(msg, part, failure, classify(failure), attempt)
                 if decision is OutageDecision.HOLD:
                     outage = detector.active
                     if outage:
@@ -1226,6 +1315,7 @@ class AsyncResilientConsumer:
             )
             part.held = True  # paused while it waits; the consumer keeps polling
             part.hold = (msg.offset() or 0, attempt)
+            part.due = time.monotonic() + delay
             try:
                 ended = await self._idle(delay, part, outage=outage)
             finally:
@@ -1240,13 +1330,15 @@ class AsyncResilientConsumer:
 
     async def _probe(
         self, held: Message, part: _Partition, exc: Exception, mark: int
-    ) -> bool | Message | None:
+    ) -> bool | None:
         """No evidence whether ``held`` (its RetryPolicy exhausted) is bad: try the next
         record(s) of its partition, ``held`` kept uncommitted.
 
-        Returns True or the probe's Message when a probe was handled (``held`` is bad; the
-        Message: the probe was removed from the queue out of order, store after it only
-        once ``held`` is settled, see :meth:`_work`); None when the probe failed as
+        Returns True when a probe was handled (``held`` is bad); the probe stays queued as
+        ``part.ahead``, its offset stored in its turn (:meth:`_work`), after the records
+        before it are settled (those that proved nothing: dead-lettered or skipped in their
+        turn), never before: a stop meanwhile leaves it uncommitted, handled again after a
+        restart (at-least-once). None when the probe failed as
         ``held`` did (an outage: ``held`` is retried under ``outage_retry``, the probe
         handled again after it) or there was no record to probe; False when stopping.
         Each probe is retried under its own RetryPolicy first (a record failing once is no
@@ -1261,6 +1353,8 @@ class AsyncResilientConsumer:
             if index >= len(queue) or part.revoked or self._stop:
                 break
             probe = queue[index]
+            if probe is part.ahead:
+                continue  # handled already (a probe of an earlier record): no new evidence
             if dedupe is not None:
                 ident, marked = record_id(probe)
                 if ident is not None and marked and dedupe.is_duplicate(probe):
@@ -1289,6 +1383,7 @@ class AsyncResilientConsumer:
                         self.retries += 1
                         part.held = True
                         part.hold = (held.offset() or 0, attempt)
+                        part.due = time.monotonic() + wait
                         try:
                             await self._idle(wait, part)
                         finally:
@@ -1308,18 +1403,15 @@ class AsyncResilientConsumer:
                     ):
                         self._outage_started(probe)
                     return None  # an outage: held retried, the probe handled after it
-                # the probe was handled: taken out of the queue (not handled again)
+                # the probe was handled: left queued, stored (not handled again) in its turn
                 if part.revoked or index >= len(queue) or queue[index] is not probe:
                     return False  # revoked meanwhile (its queue dropped): read again later
-                del queue[index]
-                self._queued -= 1
-                if not self._queued:
-                    self._drained.set()
+                part.ahead = probe
                 self.processed += 1
                 if dedupe is not None:
                     dedupe.processed(probe)
                 self._succeeded()
-                return probe if index == 0 else True
+                return True
         return None
 
     async def _give_up(
@@ -1466,6 +1558,7 @@ class AsyncResilientConsumer:
         tries = 0
         part.held = True
         part.hold = (msg.offset() or 0, attempts)
+        part.due = time.monotonic()  # /ready: a write unacknowledged for stall_after_s
         self._dead_letters_pending += 1
         try:
             while True:
@@ -1498,6 +1591,7 @@ class AsyncResilientConsumer:
                 )
                 if self._stop or part.revoked:
                     return False
+                part.due = time.monotonic() + delay
                 await self._idle(delay, part)
         finally:
             part.held = False
@@ -1676,6 +1770,7 @@ class AsyncResilientConsumer:
         A 3rd signal aborts it (:meth:`_on_signal`): KeyboardInterrupt, no final commit, no
         close, no ``consumer_closed`` line."""
         self._stop = True
+        self._probes.running = False  # /live and /ready: 503 from now on
         with contextlib.suppress(asyncio.CancelledError):  # cancelled again: still commit
             await asyncio.shield(self._finish())
         loop = asyncio.get_running_loop()
@@ -1717,6 +1812,7 @@ class AsyncResilientConsumer:
                 await loop.run_in_executor(None, writer.close, 10.0)
         self._kx.shutdown(wait=False)
         self._running = False
+        self._probes.close()
         self._log.debug(
             "consumer_closed", processed=self.processed, dead_lettered=self.dead_lettered
         )
@@ -1725,6 +1821,7 @@ class AsyncResilientConsumer:
         """The aborted shutdown's last act: nothing more is waited for."""
         self._kx.shutdown(wait=False)
         self._running = False
+        self._probes.close()
 
     def _on_signal(self, sig: signal.Signals) -> None:
         """SIGTERM/SIGINT, on the loop (``loop.add_signal_handler``), counted as
@@ -1808,6 +1905,56 @@ class AsyncResilientConsumer:
             f"<AsyncResilientConsumer group={self.group_id!r} topics={self._topics!r} "
             f"processed={self.processed} dead_lettered={self.dead_lettered}>"
         )
+
+
+class _ProbeSource:
+    """The asyncio consumer's state for :class:`~kresilient.consumer.ConsumerProbes`.
+
+    A handler in hand is found by sampling (:meth:`sample`, the worker thread, once a
+    second): the record each partition's worker has in hand, and since when the same one is;
+    the hot path only stores the record it takes (``_Partition.inhand``)."""
+
+    __slots__ = ("_consumer", "_inhand")
+
+    def __init__(self, consumer: AsyncResilientConsumer) -> None:
+        self._consumer = consumer
+        #: partition -> (the record in hand at the last sample, when it was first seen)
+        self._inhand: dict[TP, tuple[Message, float]] = {}
+
+    def sample(self, now: float) -> None:
+        seen: dict[TP, tuple[Message, float]] = {}
+        previous = self._inhand
+        for tp, part in list(self._consumer._parts.items()):
+            msg = part.inhand
+            if msg is None or part.held:  # idle, or a retry wait (retry_waits reports it)
+                continue
+            before = previous.get(tp)
+            seen[tp] = before if before is not None and before[0] is msg else (msg, now)
+        self._inhand = seen
+
+    def stored_offsets(self) -> Mapping[TP, int]:
+        return self._consumer._stored
+
+    def handlers(self) -> list[tuple[float, Collection[str]]]:
+        parts = self._consumer._parts
+        return [
+            (since, [f"{tp[0]}[{tp[1]}]"])
+            for tp, (msg, since) in list(self._inhand.items())
+            if (part := parts.get(tp)) is not None and part.inhand is msg and not part.held
+        ]
+
+    def retry_waits(self) -> list[tuple[TP, int, float]]:
+        return [
+            (tp, part.hold[0], part.due)
+            for tp, part in list(self._consumer._parts.items())
+            if part.held
+        ]
+
+    def held(self) -> Collection[TP]:
+        return [tp for tp, part in list(self._consumer._parts.items()) if part.held]
+
+    def duplicates(self) -> int:
+        return self._consumer.duplicates_skipped
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

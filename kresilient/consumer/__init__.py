@@ -11,16 +11,20 @@ from kresilient.consumer._consumer import *  # noqa: F403
 from kresilient.consumer._consumer import __all__ as _consumer_all
 from kresilient.consumer._failures import poison
 from kresilient.consumer._outage import OutageDecision, OutageDetector
+from kresilient.consumer._probes import ConsumerProbes, ProbeSource
 from kresilient.consumer._registry import is_outage, outage_classification, registry_classification
 
 # CircuitBreaker (the running state of a CircuitBreakerPolicy), poison (the classification
-# of a failure the retry policy does not retry), OutageDetector (record or dependency?) and
-# outage_classification/is_outage (a Schema Registry outage) are shared with kresilient.aio.
+# of a failure the retry policy does not retry), OutageDetector (record or dependency?),
+# outage_classification/is_outage (a Schema Registry outage) and ConsumerProbes/ProbeSource
+# (/live, /ready and the gauges) are shared with kresilient.aio.
 __all__ = [
     *_consumer_all,
     "CircuitBreaker",
+    "ConsumerProbes",
     "OutageDecision",
     "OutageDetector",
+    "ProbeSource",
     "is_outage",
     "outage_classification",
     "poison",

@@ -1,6 +1,8 @@
 """Liveness/readiness probes and per-partition lag metrics (issue 17, item 5).
 
-``ResilientConsumer(..., health_port=8080)`` serves, over plain HTTP:
+``ResilientConsumer(..., health_port=8080)`` and ``AsyncResilientConsumer(...,
+health_port=8080)`` serve, over plain HTTP (one implementation, :class:`ConsumerProbes`; each
+consumer tells it its state through a :class:`ProbeSource`):
 
 * ``GET /live``: 200 while the consume loop polled within ``max.poll.interval.ms`` (a retry
   hold keeps polling, so it stays live); 503 once the loop stopped polling (a hanging handler,
@@ -14,8 +16,9 @@
   lost partitions have no lag figures any more, so nothing else would say it does no work.
 
 The body is JSON (``status``, ``reasons``, per-partition ``lag`` and ``since_progress_s``).
-The loop thread updates the per-partition figures once a second (cheap: cached watermarks,
-no request); the server thread only reads them.
+The thread that calls librdkafka (the sync consume loop; the asyncio consumer's worker thread)
+updates the per-partition figures once a second (cheap: cached watermarks, no request); the
+server thread only reads them.
 
 Metrics (observable gauges, with ``messaging.destination.partition.id``):
 ``messaging.kafka.consumer.lag`` (``{message}``: high watermark minus the stored offset) and
@@ -31,10 +34,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from confluent_kafka import KafkaException, TopicPartition
 
@@ -45,7 +48,15 @@ if TYPE_CHECKING:
     from kresilient.consumer._offsets import OffsetKeeper
     from kresilient.consumer._outage import OutageDetector
 
-__all__ = ["DUPLICATES_METRIC", "LAG_METRIC", "OUTAGE_METRIC", "PROGRESS_METRIC", "Probes"]
+__all__ = [
+    "DUPLICATES_METRIC",
+    "LAG_METRIC",
+    "OUTAGE_METRIC",
+    "PROGRESS_METRIC",
+    "ConsumerProbes",
+    "ProbeSource",
+    "Probes",
+]
 
 #: The consumer-lag gauge (the name the issue and older OTel Kafka conventions use; the current
 #: messaging semantic conventions define no lag metric).
@@ -63,29 +74,50 @@ class _Partition:
     since: float = 0.0  #: monotonic time of the last progress (or of becoming caught up)
 
 
-class Probes:
-    """The figures behind ``/live``, ``/ready`` and the lag gauges of one consumer."""
+class ProbeSource(Protocol):
+    """What a consumer tells its probes. Called from the server thread too: each method
+    returns a copy (or a view read once), never blocks, and takes no lock."""
+
+    def stored_offsets(self) -> Mapping[TP, int]:
+        """The offset stored (to be committed) per partition: the next record to handle."""
+
+    def handlers(self) -> Iterable[tuple[float, Collection[str]]]:
+        """The handler calls in hand: the monotonic time each began (or last made progress)
+        and the partitions it works on (``topic[partition]``)."""
+
+    def retry_waits(self) -> Iterable[tuple[TP, int, float]]:
+        """Records waiting for their next attempt: ``(partition, offset, monotonic due)``."""
+
+    def held(self) -> Collection[TP]:
+        """The partitions held (a retry wait, an outage): no progress is expected of them."""
+
+    def duplicates(self) -> int:
+        """Possible duplicates skipped by ``dedupe`` so far."""
+
+
+class ConsumerProbes:
+    """The figures behind ``/live``, ``/ready`` and the gauges of one consumer (either kind).
+
+    The consumer sets :attr:`last_poll` at every poll, :attr:`running` while it runs, calls
+    :meth:`on_assign` / :meth:`forget` / :meth:`on_lost` from its rebalance callbacks and
+    :meth:`tick` about once a second from the thread that calls librdkafka.
+    """
 
     def __init__(
         self,
         consumer: Any,
-        offsets: OffsetKeeper,
-        holds: Holds,
-        state: LoopState,
+        source: ProbeSource,
         *,
         stall_after_s: float,
         max_poll_s: float,
-        batch_started: Callable[[], float],
         group: str,
         outage: OutageDetector | None = None,
     ) -> None:
-        self._consumer = consumer
-        self._offsets = offsets
-        self._holds = holds
-        self._state = state
+        #: the librdkafka consumer (``None`` until it is created: no lag figures meanwhile)
+        self.consumer = consumer
+        self._source = source
         self.stall_after_s = stall_after_s
         self.max_poll_s = max_poll_s
-        self._batch_started = batch_started
         self._group = group
         self._outage = outage
         self.last_poll = 0.0  #: set by the loop at every iteration
@@ -96,6 +128,11 @@ class Probes:
         self.parts: dict[TP, _Partition] = {}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def max_poll_interval(cfg: Mapping[str, Any]) -> float:
+        """``max.poll.interval.ms`` of a consumer configuration, in seconds (``/live``)."""
+        return float(cfg.get("max.poll.interval.ms", 300000)) / 1000.0
 
     # ------------------------------------------------------------------ loop thread
 
@@ -118,19 +155,21 @@ class Probes:
             self.lost_since = time.monotonic()
 
     def tick(self, now: float) -> None:
-        """Lag and progress per partition (the loop thread, about once a second)."""
-        stored = self._offsets.stored
+        """Lag and progress per partition (the thread calling librdkafka, about once a
+        second)."""
+        consumer = self.consumer
+        if consumer is None:
+            return
+        stored = self._source.stored_offsets()
         for tp, part in list(self.parts.items()):
             offset = stored.get(tp)
             if offset is not None and offset != part.stored:
                 part.stored = offset
                 part.since = now
             try:
-                _, high = self._consumer.get_watermark_offsets(
-                    TopicPartition(tp[0], tp[1]), cached=True
-                )
+                _, high = consumer.get_watermark_offsets(TopicPartition(tp[0], tp[1]), cached=True)
                 if offset is None:  # nothing stored yet: the position handed out so far
-                    (pos,) = self._consumer.position([TopicPartition(tp[0], tp[1])])
+                    (pos,) = consumer.position([TopicPartition(tp[0], tp[1])])
                     offset = pos.offset if pos.offset >= 0 else None
             except (KafkaException, RuntimeError):
                 continue
@@ -169,25 +208,25 @@ class Probes:
                 f"the member lost its partitions {now - lost:.1f} s ago and has not rejoined "
                 "the group (group coordinator unreachable? see the kafka_unreachable logs)"
             )
-        started = self._batch_started()
-        if started and now - started > limit:
-            names = sorted({f"{m.topic()}[{m.partition()}]" for m in list(self._state.batch)})
-            reasons.append(
-                f"a handler has been running for {now - started:.1f} s on {', '.join(names)}"
-            )
-        for hold in list(self._holds.by_tp.values()):
-            if not hold.resumed and now - hold.due > limit:
+        source = self._source
+        for started, names in source.handlers():
+            if started and now - started > limit:
                 reasons.append(
-                    f"{hold.tp[0]}[{hold.tp[1]}] held at {hold.offset}, retry overdue by "
-                    f"{now - hold.due:.1f} s"
+                    f"a handler has been running for {now - started:.1f} s on "
+                    f"{', '.join(sorted(names))}"
                 )
+        for tp, offset, due in source.retry_waits():
+            if now - due > limit:
+                reasons.append(
+                    f"{tp[0]}[{tp[1]}] held at {offset}, retry overdue by {now - due:.1f} s"
+                )
+        held = source.held()
         outage = self._outage
         if outage is not None and outage.active:
             reasons.append(
                 f"dependency outage for {outage.duration():.1f} s ({outage.error_type}): "
-                f"{len(self._holds.by_tp)} partition(s) held, retried, nothing dead-lettered"
+                f"{len(held)} partition(s) held, retried, nothing dead-lettered"
             )
-        held = self._holds.by_tp
         for tp, part in list(self.parts.items()):
             if part.lag and tp not in held and now - part.since > limit:
                 reasons.append(
@@ -266,7 +305,7 @@ class Probes:
         from opentelemetry.metrics import Observation
 
         attrs = {"messaging.system": "kafka", "messaging.consumer.group.name": self._group}
-        return [Observation(self._state.duplicates, attrs)]
+        return [Observation(self._source.duplicates(), attrs)]
 
     def _observe_outage(self, _options: Any) -> list[Any]:
         from opentelemetry.metrics import Observation
@@ -334,3 +373,66 @@ class Probes:
             server.server_close()
         if self._thread is not None:
             self._thread.join(5)
+
+
+class _SyncSource:
+    """:class:`ResilientConsumer`'s state as a :class:`ProbeSource`."""
+
+    __slots__ = ("_batch_started", "_holds", "_offsets", "_state")
+
+    def __init__(
+        self,
+        offsets: OffsetKeeper,
+        holds: Holds,
+        state: LoopState,
+        batch_started: Callable[[], float],
+    ) -> None:
+        self._offsets = offsets
+        self._holds = holds
+        self._state = state
+        self._batch_started = batch_started
+
+    def stored_offsets(self) -> Mapping[TP, int]:
+        return self._offsets.stored
+
+    def handlers(self) -> list[tuple[float, Collection[str]]]:
+        started = self._batch_started()
+        if not started:
+            return []
+        return [(started, {f"{m.topic()}[{m.partition()}]" for m in list(self._state.batch)})]
+
+    def retry_waits(self) -> list[tuple[TP, int, float]]:
+        return [(h.tp, h.offset, h.due) for h in list(self._holds.by_tp.values()) if not h.resumed]
+
+    def held(self) -> Collection[TP]:
+        return self._holds.by_tp.keys()
+
+    def duplicates(self) -> int:
+        return self._state.duplicates
+
+
+class Probes(ConsumerProbes):
+    """:class:`ConsumerProbes` of a :class:`~kresilient.ResilientConsumer`, from its offset
+    keeper, holds and loop state (``batch_started``: when the batch in hand began, 0: none)."""
+
+    def __init__(
+        self,
+        consumer: Any,
+        offsets: OffsetKeeper,
+        holds: Holds,
+        state: LoopState,
+        *,
+        stall_after_s: float,
+        max_poll_s: float,
+        batch_started: Callable[[], float],
+        group: str,
+        outage: OutageDetector | None = None,
+    ) -> None:
+        super().__init__(
+            consumer,
+            _SyncSource(offsets, holds, state, batch_started),
+            stall_after_s=stall_after_s,
+            max_poll_s=max_poll_s,
+            group=group,
+            outage=outage,
+        )
