@@ -1,14 +1,18 @@
 """All three brokers stopped for longer than the delivery timeout while a spooled producer
 keeps producing: nothing is reported lost, everything is delivered after the restart.
 
-Issue 20 acceptance 2: the cluster is down for 3 minutes while the producer keeps producing
-(~1,000 messages a second), with ``message.timeout.ms=10000`` so the outage lasts eighteen
-delivery timeouts (delivery timed out -> kept in the spool -> re-sent). A producer without a
-spool in the same outage is the negative control: it reports the messages failed.
+Issue 20 acceptance 2: the cluster is down while the producer keeps producing (~1,000
+messages a second) for eighteen delivery timeouts (delivery timed out -> kept in the spool ->
+re-sent after its 1 s back-off, again and again for the first messages). What the spool must
+survive is that cycle repeated, not its length: CI runs 36 s at ``message.timeout.ms=2000`` (it ran
+3 minutes at 10 s, 264 s of a CI run, issue 39); ``KRESILIENT_SPOOL_OUTAGE_S=180`` runs the
+acceptance's 3 minutes, the timeout scaled to keep eighteen. A producer without a spool in
+the same outage is the negative control: it reports the messages failed.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import defaultdict
@@ -26,8 +30,8 @@ from kresilient.testing import KafkaCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
-TIMEOUT_MS = 10_000
-DOWN_S = 180.0
+DOWN_S = float(os.environ.get("KRESILIENT_SPOOL_OUTAGE_S", "36"))
+TIMEOUT_MS = round(DOWN_S * 1000 / 18)
 KEYS = 20
 
 
@@ -92,8 +96,12 @@ def test_cluster_down_longer_than_delivery_timeout_loses_nothing(
         while produced < 3_000:
             assert time.monotonic() < deadline and not errors, errors
             time.sleep(0.05)  # waiting for the producer thread's progress (a condition)
-        for node in kafka_cluster.node_ids:
+        *first, last = kafka_cluster.node_ids
+        for node in first:
             kafka_cluster.stop(node)
+        # The last node has no controller quorum left to shut down under: SIGTERM waited
+        # stop()'s 60 s timeout and then SIGKILLed it anyway.
+        kafka_cluster.kill(last)
         down_at = time.monotonic()
         for i in range(100):
             control.produce(control_topic, b"c%d" % i)
