@@ -114,6 +114,23 @@ def test_a_full_window_blocks_the_partition_by_count_and_by_bytes() -> None:
     assert big.ready(0) == [0]
 
 
+def test_a_backlog_blocks_over_its_limit_until_half_of_it_went_in() -> None:
+    w = _window("none", max_records=2, max_backlog=4)
+    for offset in range(6):  # 2 in the window, 4 wait: not over the limit
+        w.offer(offset, None, 1, offset)
+    assert not w.blocked
+    w.offer(6, None, 1, 6)  # 5 wait
+    assert w.blocked
+    assert w.ready(0) == [0, 1]
+    w.finish(0)  # 4 wait
+    assert w.blocked
+    assert w.ready(0) == [2]
+    w.finish(1)  # 3 wait
+    assert w.blocked
+    w.finish(2)  # 2 wait: half
+    assert not w.blocked
+
+
 def test_finishing_a_record_that_never_started_is_refused() -> None:
     w = _window()
     w.offer(0, b"a", 1, 0)
@@ -239,6 +256,7 @@ def _workloads(draw: st.DrawFn) -> tuple[list[tuple[int, bytes | None, int]], li
     ordering=st.sampled_from(["partition", "key", "none"]),
     max_records=st.integers(1, 8),
     max_bytes=st.integers(1, 120),
+    max_backlog=st.integers(0, 6),
     poll_batch=st.integers(1, 10),
 )
 def test_any_interleaving_keeps_order_bound_and_gap_safety(
@@ -246,6 +264,7 @@ def test_any_interleaving_keeps_order_bound_and_gap_safety(
     ordering: str,
     max_records: int,
     max_bytes: int,
+    max_backlog: int,
     poll_batch: int,
 ) -> None:
     records, choices = work
@@ -255,6 +274,7 @@ def test_any_interleaving_keeps_order_bound_and_gap_safety(
         ordering,  # type: ignore[arg-type]
         max_records=max_records,
         max_bytes=max_bytes,
+        max_backlog=max_backlog,
     )
     run = _Run()
     running: list[int] = []
@@ -277,6 +297,9 @@ def test_any_interleaving_keeps_order_bound_and_gap_safety(
         # the window: count and bytes (one oversized record alone is allowed)
         assert w.admitted <= (1 if ordering == "partition" else max_records)
         assert w.admitted_bytes <= max_bytes or w.admitted == 1
+        # held in memory: the window, the backlog allowed, and one poll
+        held = fed - len(run.finished)
+        assert held <= w.admitted + max_backlog + poll_batch
         if ordering != "none":  # no two records of one chain at once
             chains = [key_of[o] if ordering == "key" else 0 for o in running + waiting]
             assert len(chains) == len(set(chains))

@@ -22,8 +22,9 @@ its key (``"key"``), of the partition (``"partition"``), or nothing else (``"non
 Window: at most ``max_records`` records and ``max_bytes`` bytes are *admitted* (started or
 startable, running, or waiting for a retry) per partition. A record over ``max_bytes`` on
 its own is admitted when the window is empty (it would never run otherwise). Records polled
-beyond the window wait in a backlog (at most what one poll returned) and the partition is
-``blocked``: the consumer pauses it, keeps polling, and resumes it when it is not.
+beyond the window wait in a backlog; over ``max_backlog`` of them the partition is
+``blocked`` (until half of them went in): the consumer pauses it, keeps polling, and resumes
+it when it is not. The records held are at most the window, ``max_backlog`` and one poll.
 
 Gap-safe commits: the committable offset is the lowest unfinished offset offered (or the
 offset after the last one when all finished), so a commit never passes an unfinished record.
@@ -183,6 +184,7 @@ class InflightWindow(Generic[T]):
         *,
         max_records: int,
         max_bytes: int,
+        max_backlog: int = 0,
         skip: Finished | None = None,
     ) -> None:
         if ordering not in ORDERINGS:
@@ -192,6 +194,10 @@ class InflightWindow(Generic[T]):
         self.ordering: Ordering = ordering
         self.max_records = 1 if ordering == "partition" else max_records
         self.max_bytes = max_bytes
+        #: ``blocked`` from more than this many records waiting outside the window, until
+        #: half of them went in (0: from the first one until none waits)
+        self.max_backlog = max(max_backlog, 0)
+        self._blocked = False
         self.offsets = OffsetTracker()
         self.skip = skip
         self.skipped = 0  #: records finished from the metadata without running
@@ -229,21 +235,31 @@ class InflightWindow(Generic[T]):
 
     def _admit(self) -> None:
         backlog = self._backlog
-        while backlog:
-            entry = backlog[0]
-            if self._entries and (
-                len(self._entries) >= self.max_records or self._bytes + entry.size > self.max_bytes
-            ):
-                return
-            backlog.popleft()
-            self._entries[entry.offset] = entry
-            self._bytes += entry.size
-            chain = self._chains.get(entry.chain)
-            if chain is None:
-                self._chains[entry.chain] = deque((entry,))
-                self._ready.append(entry)
-            else:
-                chain.append(entry)
+        try:
+            while backlog:
+                entry = backlog[0]
+                if self._entries and (
+                    len(self._entries) >= self.max_records
+                    or self._bytes + entry.size > self.max_bytes
+                ):
+                    return
+                self._admit_one(backlog.popleft())
+        finally:
+            waiting = len(backlog)
+            if waiting > self.max_backlog:
+                self._blocked = True
+            elif waiting <= self.max_backlog // 2:
+                self._blocked = False
+
+    def _admit_one(self, entry: _Entry[T]) -> None:
+        self._entries[entry.offset] = entry
+        self._bytes += entry.size
+        chain = self._chains.get(entry.chain)
+        if chain is None:
+            self._chains[entry.chain] = deque((entry,))
+            self._ready.append(entry)
+        else:
+            chain.append(entry)
 
     # ------------------------------------------------------------------ starting
 
@@ -306,8 +322,10 @@ class InflightWindow(Generic[T]):
 
     @property
     def blocked(self) -> bool:
-        """Whether the partition must be paused: records wait outside the full window."""
-        return bool(self._backlog)
+        """Whether the partition must be paused: more than ``max_backlog`` records wait
+        outside the full window (until no more than half of them wait: a fetch restarted
+        after a pause takes a while, the window keeps running meanwhile)."""
+        return self._blocked
 
     @property
     def running(self) -> int:
@@ -347,6 +365,7 @@ class InflightWindow(Generic[T]):
         self._delayed.clear()
         self._bytes = 0
         self._running = 0
+        self._blocked = False
         self.offsets.reset()
         self.skip = None
 

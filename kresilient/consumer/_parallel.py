@@ -15,7 +15,7 @@ a queue and are dealt with on the loop thread:
 
 Offsets: the lowest unfinished offset of each partition is stored, with the finished offsets
 above it in the metadata (:func:`~kresilient.consumer._inflight.with_finished`), and
-committed explicitly every ``commit_interval``, on revoke and on close; a member taking a
+committed explicitly every ``commit_interval`` (both), on revoke and on close; a member taking a
 partition over skips the records the metadata lists. On revoke the runner waits (up to
 ``revoke_timeout``) for the revoked partitions' running records, then stores what is safe;
 on a lost assignment it stores nothing.
@@ -48,9 +48,11 @@ if TYPE_CHECKING:
 
 __all__ = ["ParallelRunner"]
 
-#: The longest the loop waits in ``consume()`` while records run: a finished record frees
-#: room in its window and is stored without waiting for the next poll timeout.
+#: The longest the loop waits for a finished record while records run (then it polls, without
+#: waiting); also its poll timeout while dead letters wait for their acknowledgement.
 _BUSY_POLL: Final = 0.005
+#: The least backlog a window keeps before its partition is paused (see ``max_backlog``).
+_MIN_BACKLOG: Final = 500
 #: Committed-offset lookups on assignment (the finished-offset lists).
 _COMMITTED_TIMEOUT: Final = 10.0
 
@@ -90,6 +92,10 @@ class ParallelRunner:
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.metadata = metadata
+        #: records polled beyond a full window before its partition is paused: a paused
+        #: partition's fetch restarts from the broker when resumed, so resuming only once the
+        #: backlog is empty would leave the window idle for that round trip at every cycle
+        self.max_backlog = max(2 * max_records, _MIN_BACKLOG)
         self._retrying = retrying
         self._policy = policy
         self._breaker = breaker
@@ -135,6 +141,7 @@ class ParallelRunner:
                     self.ordering,
                     max_records=self.max_records,
                     max_bytes=self.max_bytes,
+                    max_backlog=self.max_backlog,
                     skip=self._skips.pop(tp, None),
                 )
             offset: int = msg.offset()  # type: ignore[assignment]
@@ -155,15 +162,21 @@ class ParallelRunner:
         commit; pause and resume; return how long the next poll may wait."""
         if self.fatal is not None:
             raise self.fatal
-        self._drain(block=0.0)
+        # while records run, wait for the next outcome HERE (woken at once by it), not in
+        # consume(): a finished record frees its window's room without a poll timeout's delay
+        busy = any(w.running for w in self.windows.values())
+        self._drain(block=_BUSY_POLL if busy else 0.0)
         if self._dead_letters:
             self._check_dead_letters()
         self._start_ready()
-        self._store()
         now = time.monotonic()
-        if self._uncommitted and now >= self._next_commit:
+        if now >= self._next_commit:
+            # stored and committed once per interval, not per outcome: the list is encoded
+            # once a second instead of once per loop turn (a crash redoes what finished since)
             self._next_commit = now + self._commit_interval
-            self._commit(list(self._uncommitted), asynchronous=True)
+            self._store()
+            if self._uncommitted:
+                self._commit(list(self._uncommitted), asynchronous=True)
         running = False
         due: float | None = None
         for window in self.windows.values():
@@ -172,7 +185,9 @@ class ParallelRunner:
             d = window.next_due()
             if d is not None and (due is None or d < due):
                 due = d
-        if running or self._dead_letters:
+        if running:
+            return 0.0  # waited for outcomes above
+        if self._dead_letters:
             return min(timeout, _BUSY_POLL)
         if due is not None:
             return max(0.0, min(timeout, due - now))
