@@ -274,3 +274,61 @@ def test_the_keyed_example_keeps_each_accounts_order(
     seen = example.consume(kafka_cluster.bootstrap_servers, topic)
     assert sum(map(len, seen.values())) == example.EVENTS
     assert all(offsets == sorted(offsets) for offsets in seen.values())
+
+
+def test_key_order_holds_across_a_member_joining_and_leaving(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Acceptance 2 (rebalance half): a second member joins, then leaves, mid-stream."""
+    topic, _ = with_dlq(topic_factory, partitions=4)
+    n, keys = 6000, 50
+    produce(
+        kafka_cluster.bootstrap_servers,
+        topic,
+        [(b"k%d" % (i % keys), b"%d" % i, None, None) for i in range(n)],
+    )
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    lock = threading.Lock()
+    order: dict[tuple[int, bytes | None], list[int]] = {}
+    handled = {"a": 0, "b": 0}
+    gate = threading.Event()
+
+    def handler(member: str) -> Any:
+        def handle(msg: Message) -> None:
+            gate.wait(0.01)  # slow enough for the rebalances to land mid-stream
+            with lock:
+                key = (msg.partition() or 0, msg.key())
+                order.setdefault(key, []).append(msg.offset())  # type: ignore[arg-type]
+                handled[member] += 1
+
+        return handle
+
+    def member(name: str) -> ResilientConsumer:
+        return ResilientConsumer(
+            config(kafka_cluster, group), [topic], handler(name), max_in_flight=4, **KEYED
+        )
+
+    a, b = member("a"), member("b")
+    run_a = Runner(a)
+    try:
+        wait_for(lambda: handled["a"] >= 500, 60, "member A to start")
+        run_b = Runner(b)
+        try:
+            wait_for(lambda: handled["b"] >= 300, 60, "member B to get partitions")
+        finally:
+            run_b.stop()  # B leaves: A takes its partitions back
+        assert run_b.error is None
+        wait_for(lambda: sum(map(len, order.values())) >= n, 120, "every record handled")
+    finally:
+        run_a.stop()
+    assert run_a.error is None
+    assert a.health().rebalances["revoked"] >= 1 or b.health().rebalances["assigned"] >= 1
+    everything = sorted(o for (p, _), offsets in order.items() for o in set(offsets))
+    assert len(everything) == n  # every record (each partition's offsets are distinct)
+    failures = a.health().commit_failures + b.health().commit_failures
+    for key, offsets in order.items():
+        # per key, handling order == offset order across both members; a record handled
+        # twice (only after a failed commit) comes again in its key's order
+        firsts = list(dict.fromkeys(offsets))
+        assert firsts == sorted(firsts), key
+        assert offsets == firsts or failures > 0, key
