@@ -11,6 +11,8 @@ committed offset.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -332,3 +334,90 @@ def test_key_order_holds_across_a_member_joining_and_leaving(
         firsts = list(dict.fromkeys(offsets))
         assert firsts == sorted(firsts), key
         assert offsets == firsts or failures > 0, key
+
+
+_WORKER = """
+import os, sys, time
+from kresilient.consumer import ResilientConsumer
+bootstrap, topic, group, out, metadata = sys.argv[1:6]
+fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+def handle(msg):
+    time.sleep(1.0 if msg.offset() % 97 == 0 else 0.01)  # a few slow records hold the offset
+    os.write(fd, b"%d\\n" % msg.offset())
+
+ResilientConsumer(
+    {"bootstrap.servers": bootstrap, "group.id": group, "auto.commit.interval.ms": 100,
+     "session.timeout.ms": 6000},
+    [topic], handle, ordering="key", max_in_flight=64, in_flight_metadata=metadata == "1",
+    max_process_deaths=None, outage_retry=None, install_signal_handlers=False,
+).run()
+"""
+
+
+@pytest.mark.parametrize("metadata", [True, False], ids=["metadata", "control-bare"])
+def test_sigkill_redoes_only_records_not_listed_as_finished(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path, metadata: bool
+) -> None:
+    """Acceptance 3, reduced: SIGKILL the consumer process 5 times with 64 in flight. After
+    each kill, the records handled again are only records at or above the committed offset
+    that its metadata does not list as finished; at the end none was never handled. The
+    control (list off) redoes finished records above the committed offset too."""
+    topic, _ = with_dlq(topic_factory)
+    n = 3000
+    produce(
+        kafka_cluster.bootstrap_servers,
+        topic,
+        [(b"k%d" % (i % 300), b"%d" % i, None, 0) for i in range(n)],
+    )
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    out = tmp_path / "handled.txt"
+    out.touch()
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+
+    def lines() -> list[int]:
+        return [int(x) for x in out.read_text().split()]
+
+    def start() -> subprocess.Popen[bytes]:
+        args = [kafka_cluster.bootstrap_servers, topic, group, str(out), "1" if metadata else "0"]
+        return subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    listed_total = 0
+    saved_by_a_list = 0  # control: redone records a list would have skipped
+    last: tuple[set[int], int, Any, int] | None = None  # at the previous kill
+    for _run in range(6):  # 5 kills, each judged by the run after it
+        mark = len(lines())
+        proc = start()
+        try:
+            wait_for(lambda m=mark: len(lines()) >= m + 250, 90, "the worker's progress")
+        finally:
+            proc.kill()  # SIGKILL, 64 records in flight
+            proc.wait(30)
+        if last is not None:
+            handled, offset, listed, since = last
+            redone = {o for o in lines()[since:] if o in handled}
+            for o in redone:
+                assert o >= offset, (o, offset)  # never a record below the committed offset
+                assert listed is None or o not in listed, o  # never one listed as finished
+            if not metadata:
+                saved_by_a_list += sum(1 for o in redone if o > offset)
+        offset, meta = _committed(kafka_cluster, group, topic)
+        listed = finished_from(meta, offset)
+        listed_total += len(listed) if listed is not None else 0
+        last = (set(lines()), offset, listed, len(lines()))
+    proc = start()
+    try:
+        wait_for(lambda: set(lines()) >= set(range(n)), 120, "every record handled")
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert set(lines()) == set(range(n))  # 0 records never handled
+    if metadata:
+        assert listed_total > 0  # the lists were written (and honoured above)
+    else:
+        assert listed_total == 0 and saved_by_a_list > 0
