@@ -1,0 +1,655 @@
+"""ResilientShareConsumer: a share group (KIP-932) worker queue with kresilient's guarantees.
+
+A share group hands the records of a partition to many members; each record is *acquired* by
+one member for the group's lock duration (``share.record.lock.duration.ms``) and acknowledged
+on its own: ACCEPT (done), RELEASE (deliver again, the broker counts the delivery) or REJECT
+(never again). A record whose lock expires is released by the broker. A record whose delivery
+count reaches ``share.delivery.count.limit`` is *archived* when it is released again: dropped,
+with no trace. The loop here keeps the guarantees of :class:`~kresilient.ResilientConsumer`
+on top of that:
+
+* the handler returned -> ACCEPT;
+* a failure its :class:`~kresilient.RetryPolicy` retries -> RELEASE after the policy's wait
+  (held locked meanwhile, never past the lock), the broker's delivery count being the attempt
+  number, so the next attempt may run on any member;
+* poison (not retried), or retries exhausted (the policy's ``stop`` at the delivery count, or
+  the count at the group's limit, where a RELEASE would archive it) -> the dead letter is
+  written with the one :class:`~kresilient.deadletter.DeadLetterWriter` (original bytes,
+  kresilient's headers, ``kresilient.attempts`` = the delivery count) and the record is
+  ACCEPTed only once the dead letter is acknowledged; a failed dead-letter write RELEASEs it
+  (or REJECTs nothing: it stays the broker's). Without a dead-letter policy it is REJECTed;
+* a dependency outage (:class:`~kresilient.consumer.OutageDetector`: distinct records failing
+  with no success between) holds the failing record and retries it in place under the outage
+  policy, fetching nothing meanwhile (every fetch is a delivery), and dead-letters nothing for
+  it; a hold that would outlive the lock RELEASEs the held records (one delivery each) and
+  waits before fetching again;
+* a handler that returns after its record's lock expired is reported (``lock_expired``, a
+  WARNING) and its result is not acknowledged as ACCEPT: the broker redelivered the record
+  (or will), and the member holding it then acknowledges it once.
+
+The client's share consumer is not thread-safe and has no asyncio form; see
+docs/share-groups.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+import structlog
+import tenacity
+from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, Message, ShareConsumer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin._resource import ResourceType
+
+from kresilient.config import consumer_config
+from kresilient.consumer import (
+    OUTAGE_RETRY,
+    OutageDecision,
+    OutageDetector,
+    RetryPolicy,
+    poison,
+)
+from kresilient.deadletter import (
+    DeadLetterPolicy,
+    DeadLetterWriter,
+    build_dead_letter_record,
+)
+from kresilient.errors import (
+    Classification,
+    ConfigError,
+    DeadLetterError,
+    DeliveryError,
+    UnsafeConfigError,
+    classify,
+    exception_type_name,
+)
+from kresilient.redaction import Redactor, redact_config
+from kresilient.telemetry import Telemetry
+
+__all__ = [
+    "ResilientShareConsumer",
+    "ShareConsumerStats",
+    "configure_share_group",
+    "share_consumer_config",
+]
+
+#: Defaults of the broker/group when they cannot be read (Kafka 4.x).
+DEFAULT_LOCK_DURATION_S: Final = 30.0
+DEFAULT_DELIVERY_COUNT_LIMIT: Final = 5
+#: Share-consumer keys that would weaken "acknowledged only after processing".
+_IMPLICIT = "share.acknowledgement.mode"
+#: Consumer-only defaults of :func:`kresilient.config.consumer_config` the share consumer
+#: refuses ("not applicable for share consumer") or ignores: offsets belong to the broker.
+_NOT_SHARE: Final = frozenset(
+    {
+        "enable.auto.commit",
+        "enable.auto.offset.store",
+        "auto.offset.reset",
+        "partition.assignment.strategy",
+        "auto.commit.interval.ms",
+        "group.protocol",
+        "group.instance.id",
+        "isolation.level",
+        "session.timeout.ms",
+        "heartbeat.interval.ms",
+        "max.poll.interval.ms",
+    }
+)
+
+
+def share_consumer_config(
+    user: Mapping[str, Any], *, allow_unsafe: Iterable[str] = (), logger: Any = None
+) -> dict[str, Any]:
+    """The share consumer's librdkafka config: ``user`` checked by kresilient's consumer
+    refusals (security, conflicts), explicit acknowledgement forced, consumer-only keys refused.
+
+    ``share.acknowledgement.mode=implicit`` (ACCEPT on the next poll, before the handler's
+    outcome is known) is refused with :class:`~kresilient.UnsafeConfigError`; so are the
+    consumer's offset keys, which a share consumer does not read (the broker keeps the
+    share-partition state): the group's own settings (``share.auto.offset.reset``,
+    ``share.record.lock.duration.ms``, ``share.delivery.count.limit``) are group configs.
+    """
+    mode = str(user.get(_IMPLICIT, "explicit")).lower()
+    if mode != "explicit":
+        raise UnsafeConfigError(
+            f"{_IMPLICIT}={mode} acknowledges records before the handler's outcome is known; "
+            "ResilientShareConsumer acknowledges each record itself (remove the key)",
+            key=_IMPLICIT,
+            value=user.get(_IMPLICIT),
+        )
+    for key in user:
+        if key in _NOT_SHARE:
+            raise ConfigError(
+                f"{key} is a consumer-group setting a share consumer does not take; share "
+                "groups keep their state on the broker (set share.* group configs instead)",
+                key=key,
+            )
+    checked = {k: v for k, v in user.items() if k != _IMPLICIT}
+    # kresilient's consumer refusals apply to the keys both clients read (security, sizes).
+    consumer_config(checked, allow_unsafe=allow_unsafe, logger=logger)
+    out = dict(checked)
+    out.setdefault("client.id", "kresilient-share-consumer")
+    out[_IMPLICIT] = "explicit"
+    return out
+
+
+def configure_share_group(
+    config: Mapping[str, Any], group: str, settings: Mapping[str, str | int], *, timeout: float = 30
+) -> None:
+    """Set share-group configs (IncrementalAlterConfigs on the GROUP resource, Kafka 4.2+).
+
+    ``settings`` e.g. ``{"share.auto.offset.reset": "earliest"}`` (a new share group starts
+    at the *latest* offset otherwise), ``"share.record.lock.duration.ms"`` (bounded by the
+    brokers' ``group.share.min/max.record.lock.duration.ms``), ``"share.delivery.count.limit"``.
+    ``config`` gives the connection (``bootstrap.servers``, security); errors are redacted.
+    """
+    admin_keys = {k: v for k, v in config.items() if not k.startswith("share.") and k != "group.id"}
+    entries = [
+        ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
+        for name, value in settings.items()
+    ]
+    res = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+    admin = AdminClient(admin_keys)  # kept alive until the result: a dropped client fails it
+    try:
+        admin.incremental_alter_configs([res])[res].result(timeout)
+    except KafkaException as exc:
+        redact = Redactor.for_config(config)
+        raise ConfigError(
+            redact(f"share group {group}: setting {sorted(settings)} failed: {exc}")
+        ) from None
+
+
+@dataclasses.dataclass
+class ShareConsumerStats:
+    """Counters of one :class:`ResilientShareConsumer` (read from any thread)."""
+
+    accepted: int = 0  #: records ACCEPTed after the handler returned
+    released: int = 0  #: RELEASEs for a retry (one per failed retriable attempt)
+    dead_lettered: int = 0  #: dead letters acknowledged, their records then ACCEPTed
+    rejected: int = 0  #: records REJECTed (no dead-letter policy)
+    lock_expired: int = 0  #: handler results not acknowledged: the lock had expired
+    outage_holds: int = 0  #: retries of a held record during a dependency outage
+    outage_releases: int = 0  #: records released because an outage outlived their lock
+    ack_errors: int = 0  #: partitions whose acknowledgement the broker refused
+
+
+class _Stop(Exception):
+    """Internal: the consumer was asked to stop while holding records."""
+
+
+class ResilientShareConsumer:
+    """A share-group member: a handler per record, acknowledgement after the outcome.
+
+    Args:
+        config: librdkafka settings (``bootstrap.servers``, ``group.id`` = the share group,
+            security); see :func:`share_consumer_config`.
+        topics: topics to subscribe to.
+        handler: called with each ``confluent_kafka.Message``; returning is success.
+        retry: which failures are retried and how long to wait before the RELEASE; the
+            broker's delivery count is the attempt number (default :class:`RetryPolicy`:
+            5 attempts, capped by the group's ``share.delivery.count.limit``).
+        dead_letter: where poison and exhausted records go (default ``<topic>.dlq``);
+            ``None``: they are REJECTed (the broker archives them).
+        outage: the outage hold's policy (its ``wait`` paces the retries of the held
+            record); ``None`` turns outage detection off.
+        lock_duration: seconds a record stays acquired (default: the group's
+            ``share.record.lock.duration.ms``, read from the cluster at start).
+        delivery_count_limit: the group's ``share.delivery.count.limit`` (default: read).
+        telemetry: a :class:`~kresilient.telemetry.Telemetry` (default: one for the config).
+        logger: structlog logger.
+
+    Example::
+
+        def handle(msg):
+            charge(json.loads(msg.value()))
+
+        with ResilientShareConsumer(
+            {"bootstrap.servers": "localhost:9092", "group.id": "payments"},
+            ["payments"], handle,
+        ) as consumer:
+            consumer.run()          # until consumer.stop() or SIGTERM handling of the app
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        topics: Iterable[str],
+        handler: Callable[[Message], object],
+        *,
+        retry: RetryPolicy | None = None,
+        dead_letter: DeadLetterPolicy | None = DeadLetterPolicy(),  # noqa: B008 (frozen)
+        outage: RetryPolicy | None = OUTAGE_RETRY,
+        lock_duration: float | None = None,
+        delivery_count_limit: int | None = None,
+        allow_unsafe: Iterable[str] = (),
+        telemetry: Telemetry | None = None,
+        logger: Any = None,
+    ) -> None:
+        base = logger if logger is not None else structlog.get_logger("kresilient.share")
+        self._cfg = share_consumer_config(config, allow_unsafe=allow_unsafe, logger=base)
+        self._redact = Redactor.for_config(self._cfg)
+        self.group: str = str(self._cfg["group.id"])
+        self._log = base.bind(client_id=self._cfg["client.id"], group=self.group)
+        self.topics = list(topics)
+        self._handler = handler
+        self._retry = retry if retry is not None else RetryPolicy()
+        self._retrying = self._retry.retrying()
+        self._outage_policy = outage
+        self._dlq = dead_letter
+        self._detector = OutageDetector()
+        self._marks: dict[tuple[str, int, int], int] = {}
+        self.stats = ShareConsumerStats()
+        self._stopping = threading.Event()
+        self._tel = telemetry if telemetry is not None else Telemetry.for_client(self._cfg)
+        group_lock, group_limit = self._group_settings()
+        self.lock_duration: float = lock_duration if lock_duration is not None else group_lock
+        self.delivery_count_limit: int = (
+            delivery_count_limit if delivery_count_limit is not None else group_limit
+        )
+        self._writer: DeadLetterWriter | None = None
+        if dead_letter is not None:
+            self._writer = DeadLetterWriter(
+                self._cfg,
+                client_id=str(self._cfg["client.id"]),
+                logger=self._log,
+            )
+        rdk = dict(self._cfg)
+        try:
+            self._consumer = ShareConsumer(rdk)
+        except KafkaException as exc:
+            if self._writer is not None:
+                self._writer.close(0)
+            text = self._redact(f"the share consumer refused its config: {exc}")
+            raise ConfigError(text) from None
+        self._consumer.subscribe(self.topics)
+        self._closed = False
+        self._acquired: tuple[Message, ...] = ()
+        self._log.info(
+            "share_consumer_started",
+            topics=self.topics,
+            lock_duration_s=self.lock_duration,
+            delivery_count_limit=self.delivery_count_limit,
+            dead_letter=dead_letter is not None,
+        )
+
+    # ------------------------------------------------------------------ cluster settings
+
+    def _group_settings(self) -> tuple[float, int]:
+        """The group's lock duration (s) and delivery-count limit, read with DescribeConfigs
+        (Kafka 4.2+ has them as group configs); the broker defaults when that fails."""
+        lock, limit = DEFAULT_LOCK_DURATION_S, DEFAULT_DELIVERY_COUNT_LIMIT
+        admin_keys = {
+            k: v
+            for k, v in self._cfg.items()
+            if not k.startswith("share.") and k not in ("group.id", "client.id")
+        }
+        try:
+            admin = AdminClient(admin_keys)
+            res = ConfigResource(ResourceType.GROUP, self.group)
+            entries = admin.describe_configs([res], request_timeout=10)[res].result(15)
+            if "share.record.lock.duration.ms" in entries:
+                lock = float(entries["share.record.lock.duration.ms"].value) / 1000.0
+            if "share.delivery.count.limit" in entries:
+                limit = int(entries["share.delivery.count.limit"].value)
+        except Exception as exc:  # an older broker, no DescribeConfigs right: the defaults
+            self._log.warning(
+                "share_group_config_unread",
+                error=self._redact(str(exc)),
+                lock_duration_s=lock,
+                delivery_count_limit=limit,
+            )
+        return lock, limit
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return after the current record (any thread)."""
+        self._stopping.set()
+
+    def health(self) -> dict[str, Any]:
+        """The counters and the current outage (``None`` when there is none)."""
+        return {
+            "stats": dataclasses.asdict(self.stats),
+            "outage": self._detector.snapshot(),
+            "lock_duration_s": self.lock_duration,
+            "delivery_count_limit": self.delivery_count_limit,
+        }
+
+    @property
+    def acquired(self) -> tuple[Message, ...]:
+        """The records of the batch being handled: acquired by this member from the last poll
+        until the batch's acknowledgements are committed. If the process dies, these are the
+        records the broker delivers again once their lock expires."""
+        return self._acquired
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The share consumer's configuration, secrets redacted."""
+        return redact_config(self._cfg)
+
+    def close(self) -> None:
+        """Leave the group (records not acknowledged go back to it) and flush dead letters."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._consumer.close()
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+
+    def __enter__(self) -> ResilientShareConsumer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, *, timeout: float | None = None, poll_timeout: float = 0.5) -> None:
+        """Poll and handle until :meth:`stop` (or ``timeout`` seconds)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._stopping.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            self.poll_once(poll_timeout)
+
+    def poll_once(self, timeout: float = 0.5) -> int:
+        """Fetch one batch, handle and acknowledge every record of it; return its size."""
+        batch = list(self._consumer.poll(timeout))
+        if not batch:
+            return 0
+        self._acquired = tuple(batch)
+        acquired = time.monotonic()
+        lock_end = acquired + self.lock_duration
+        releases: list[tuple[float, Message]] = []
+        pending = list(batch)
+        i = 0
+        while i < len(pending):
+            msg = pending[i]
+            i += 1
+            err = msg.error()
+            if err is not None and err.code() not in (
+                KafkaError._KEY_DESERIALIZATION,
+                KafkaError._VALUE_DESERIALIZATION,
+            ):
+                self._log.warning("share_fetch_error", error=self._redact(str(err)))
+                continue
+            if time.monotonic() >= lock_end:
+                # the batch's lock is gone: the broker released it; run nothing more of it
+                self._late(msg, ran=False)
+                continue
+            if self._stopping.is_set():
+                self._ack(msg, AcknowledgeType.RELEASE)
+                continue
+            self._one(msg, lock_end, releases)
+        if releases:
+            self._due_releases(releases, lock_end)
+        self._commit()
+        self._acquired = ()
+        return len(batch)
+
+    def _key(self, msg: Message) -> tuple[str, int, int]:
+        return (msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
+
+    def _one(self, msg: Message, lock_end: float, releases: list[tuple[float, Message]]) -> None:
+        count = msg.delivery_count() or 1
+        with self._tel.process_span(msg, group=self.group):
+            exc = self._call(msg)
+            if time.monotonic() >= lock_end:
+                self._late(msg, ran=True, exc=exc)
+                return
+            if exc is None:
+                self._success(msg)
+                return
+            self._tel.set_error(exc)
+            self._failed(msg, exc, count, lock_end, releases)
+
+    def _call(self, msg: Message) -> BaseException | None:
+        err = msg.error()
+        if err is not None:  # a deserialization failure left in the batch: poison
+            return ValueError(f"deserialization failed: {err.str()}")
+        try:
+            self._handler(msg)
+        except Exception as exc:
+            return exc
+        return None
+
+    def _success(self, msg: Message) -> None:
+        self._ack(msg, AcknowledgeType.ACCEPT)
+        self.stats.accepted += 1
+        self._marks.pop(self._key(msg), None)
+        if self._detector.success():
+            self._log.warning(
+                "share_dependency_outage_ended",
+                duration_s=round(self._detector.last_duration or 0.0, 3),
+                failures=self._detector.last_failures,
+            )
+
+    def _state(self, exc: BaseException, attempt: int) -> tenacity.RetryCallState:
+        state = tenacity.RetryCallState(self._retrying, None, (), {})
+        state.attempt_number = attempt
+        state.outcome = _failed_future(exc, attempt)
+        return state
+
+    def _failed(
+        self,
+        msg: Message,
+        exc: BaseException,
+        count: int,
+        lock_end: float,
+        releases: list[tuple[float, Message]],
+    ) -> None:
+        key = self._key(msg)
+        state = self._state(exc, count)
+        if not self._retry.retry(state):
+            self._give_up(msg, exc, poison(classify(exc)), count)
+            return
+        classification = classify(exc)
+        mark = self._marks.setdefault(key, self._detector.mark())
+        if self._outage_policy is not None:
+            text = self._redact(str(exc))
+            if self._detector.failure(key, error_type=exception_type_name(exc), error=text):
+                self._log.warning(
+                    "share_dependency_outage_started",
+                    topic=key[0],
+                    partition=key[1],
+                    offset=key[2],
+                    error_type=exception_type_name(exc),
+                    error=text,
+                )
+        exhausted = bool(self._retry.stop(state)) or count >= self.delivery_count_limit
+        if self._outage_policy is not None and self._detector.active:
+            self._hold(msg, lock_end, releases)
+            return
+        if exhausted:
+            decision = (
+                self._detector.exhausted(mark)
+                if self._outage_policy is not None
+                else OutageDecision.DEAD_LETTER
+            )
+            # PROBE: nothing else was handled since its first failure. A share group cannot
+            # keep it back behind the next record as a partition does; when the broker would
+            # still deliver it again, RELEASE it (more evidence then), else dead-letter it:
+            # a RELEASE at the limit archives it, with no trace.
+            if decision is OutageDecision.DEAD_LETTER or count >= self.delivery_count_limit:
+                self._give_up(msg, exc, classification, count)
+                return
+        delay = float(self._retry.wait(state))
+        self._tel.retry_event(None, count, exc, classification=classification, delay_s=delay)
+        due = min(time.monotonic() + delay, lock_end - _margin(self.lock_duration))
+        releases.append((due, msg))
+
+    def _hold(self, msg: Message, lock_end: float, releases: list[tuple[float, Message]]) -> None:
+        """An outage: retry ``msg`` in place (fetch nothing) until it succeeds or its lock
+        is about to end; then RELEASE it (one delivery) and pause before the next fetch."""
+        assert self._outage_policy is not None
+        state = tenacity.RetryCallState(self._outage_policy.retrying(), None, (), {})
+        margin = _margin(self.lock_duration)
+        while not self._stopping.is_set():
+            state.attempt_number += 1
+            wait = float(self._outage_policy.wait(state))
+            if time.monotonic() + wait >= lock_end - margin:
+                break
+            self._stopping.wait(wait)
+            self.stats.outage_holds += 1
+            exc = self._call(msg)
+            if exc is None:
+                self._success(msg)
+                return
+            self._detector.failure(self._key(msg))
+            held = self._detector.reminder()
+            if held is not None:
+                self._log.warning(
+                    "share_dependency_outage_continues",
+                    duration_s=round(self._detector.duration(), 1),
+                    failures_since_last=held,
+                )
+        self.stats.outage_releases += 1
+        releases.append((time.monotonic(), msg))
+
+    def _give_up(
+        self, msg: Message, exc: BaseException, classification: Classification, count: int
+    ) -> None:
+        self._marks.pop(self._key(msg), None)
+        if self._dlq is None or self._writer is None:
+            self._ack(msg, AcknowledgeType.REJECT)
+            self.stats.rejected += 1
+            self._log.warning(
+                "share_record_rejected",
+                topic=msg.topic(),
+                partition=msg.partition(),
+                offset=msg.offset(),
+                delivery_count=count,
+                error_type=exception_type_name(exc),
+                error=self._redact(str(exc)),
+            )
+            return
+        dlq_topic = self._dlq.topic_for(msg.topic() or "")
+        try:
+            with self._tel.dead_letter_span(
+                dlq_topic,
+                source=msg,
+                reason=exc,
+                classification=classification,
+                attempts=count,
+                kind="producer",
+            ):
+                record = build_dead_letter_record(
+                    msg,
+                    policy=self._dlq,
+                    group=self.group,
+                    exc=exc,
+                    attempts=count,
+                    classification=classification,
+                    trace_context=self._tel.trace_carrier(),
+                    redact=self._redact,
+                )
+                self._writer.write(record)
+                self._writer.flush(max(self.lock_duration - _margin(self.lock_duration), 1.0))
+        except (DeadLetterError, DeliveryError) as err:
+            # not acknowledged: the record goes back to the group, nothing is lost here
+            self._ack(msg, AcknowledgeType.RELEASE)
+            self._log.error(
+                "share_dead_letter_failed",
+                topic=msg.topic(),
+                partition=msg.partition(),
+                offset=msg.offset(),
+                dlq_topic=dlq_topic,
+                error=self._redact(str(err)),
+            )
+            return
+        self._ack(msg, AcknowledgeType.ACCEPT)
+        self.stats.dead_lettered += 1
+        # commit this ACCEPT now, not with the batch: a member dying between the dead letter's
+        # acknowledgement and the batch's commit would have its broker deliver every dead
+        # letter of the batch again (one duplicate dead letter per member at most, not many)
+        self._commit()
+
+    def _late(self, msg: Message, *, ran: bool, exc: BaseException | None = None) -> None:
+        """The record's lock expired: the broker released it, and any ACCEPT now would be
+        refused (INVALID_RECORD_STATE) or, worse, taken after another member's; report it."""
+        self.stats.lock_expired += 1
+        self._log.warning(
+            "share_lock_expired",
+            topic=msg.topic(),
+            partition=msg.partition(),
+            offset=msg.offset(),
+            delivery_count=msg.delivery_count(),
+            handler_ran=ran,
+            handler_failed=exc is not None,
+            lock_duration_s=self.lock_duration,
+        )
+        # the client wants every record of the batch acknowledged before the next poll; a
+        # RELEASE of an expired record is refused by the broker and changes nothing
+        self._ack(msg, AcknowledgeType.RELEASE, counted=False)
+
+    def _due_releases(self, releases: list[tuple[float, Message]], lock_end: float) -> None:
+        for due, msg in sorted(releases, key=lambda r: r[0]):
+            now = time.monotonic()
+            if due > now:
+                self._stopping.wait(due - now)
+            if time.monotonic() >= lock_end:
+                self._late(msg, ran=True)
+                continue
+            self._ack(msg, AcknowledgeType.RELEASE)
+            self.stats.released += 1
+        if self._detector.active and self._outage_policy is not None:
+            # stop fetching for a while: every fetch during an outage spends a delivery
+            self._stopping.wait(min(float(self._outage_policy.wait(self._outage_wait())), 10.0))
+
+    def _outage_wait(self) -> tenacity.RetryCallState:
+        assert self._outage_policy is not None
+        state = tenacity.RetryCallState(self._outage_policy.retrying(), None, (), {})
+        state.attempt_number = max(self._detector.failures, 1)
+        return state
+
+    def _ack(self, msg: Message, kind: AcknowledgeType, *, counted: bool = True) -> None:
+        try:
+            self._consumer.acknowledge(msg, kind)
+        except KafkaException as exc:
+            if counted:
+                self.stats.ack_errors += 1
+            self._log.warning(
+                "share_acknowledge_failed",
+                topic=msg.topic(),
+                partition=msg.partition(),
+                offset=msg.offset(),
+                ack=kind.name,
+                error=self._redact(str(exc)),
+            )
+
+    def _commit(self) -> None:
+        try:
+            results = self._consumer.commit_sync(30)
+        except KafkaException as exc:
+            self.stats.ack_errors += 1
+            self._log.warning("share_commit_failed", error=self._redact(str(exc)))
+            return
+        for tp, err in results.items():
+            if err is None:
+                continue
+            self.stats.ack_errors += 1
+            # INVALID_RECORD_STATE: the lock had expired; the records are delivered again
+            self._log.warning(
+                "share_acknowledgement_refused",
+                topic=tp.topic,
+                partition=tp.partition,
+                error=self._redact(str(err)),
+            )
+
+
+def _margin(lock_duration: float) -> float:
+    """Time kept before a lock ends for the RELEASE to reach the broker."""
+    return min(max(lock_duration * 0.1, 0.2), 2.0)
+
+
+def _failed_future(exc: BaseException, attempt: int) -> tenacity.Future:
+    fut = tenacity.Future(attempt)
+    fut.set_exception(exc)
+    return fut
