@@ -3,14 +3,27 @@ every test here must really run there (pyspark, the SDK and the cluster are all 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 _skipped: list[str] = []
+_file_seconds: dict[str, float] = {}
+
+# Worker-seconds per test file (setup, calls and teardown of a CI run with --durations=0).
+# Under `-n 2 --dist loadfile --no-loadscope-reorder` (.ci/test) xdist hands out files in
+# collection order, each worker taking the next when it runs dry: the costliest go first, so
+# the last files handed out are short and neither worker idles long at the end. By default
+# xdist orders files by their number of tests, which put the few-test chaos files (minutes
+# each) last. A file not in the table counts _UNKNOWN_FILE_COST_S per test.
+_FILE_COSTS = Path(__file__).with_name("file_costs.json")
+_UNKNOWN_FILE_COST_S = 1.5
 
 
 # The host's environment must not decide a test: OTEL_* variables (OTEL_SDK_DISABLED,
@@ -39,9 +52,23 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker, order the test files costliest first (the tests of a file keep
+    their order; equal costs keep collection order). Both workers compute the same order."""
+    if not hasattr(config, "workerinput") or not _FILE_COSTS.exists():
+        return
+    known: dict[str, float] = json.loads(_FILE_COSTS.read_text())["seconds"]
+    counts = Counter(item.nodeid.split("::", 1)[0] for item in items)
+    paths = sorted(counts, key=lambda p: -known.get(p, counts[p] * _UNKNOWN_FILE_COST_S))
+    rank = {path: i for i, path in enumerate(paths)}
+    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and not hasattr(report, "wasxfail"):
         _skipped.append(report.nodeid)
+    path = report.nodeid.split("::", 1)[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -50,6 +77,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if terminalreporter.config.getoption("durations", None) is not None and _file_seconds:
+        costly = sorted(_file_seconds.items(), key=lambda kv: -kv[1])
+        terminalreporter.write_sep("=", "worker-seconds per test file (setup+call+teardown)")
+        terminalreporter.write_line(f"{sum(_file_seconds.values()):.0f}s in all")
+        for path, seconds in costly[:40]:
+            terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+    out = os.environ.get("KRESILIENT_FILE_COSTS_OUT")
+    if out and _file_seconds:  # a new table for pytest_collection_modifyitems
+        table = {p: round(t, 1) for p, t in sorted(_file_seconds.items(), key=lambda kv: -kv[1])}
+        Path(out).write_text(json.dumps({"seconds": table}, indent=1) + "\n")
     if os.environ.get("KRESILIENT_NO_SKIPS") == "1" and _skipped:
         terminalreporter.write_line(
             f"KRESILIENT_NO_SKIPS=1: {len(_skipped)} test(s) skipped, which fails this run: "
