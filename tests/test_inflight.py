@@ -222,6 +222,17 @@ def test_a_restarted_window_skips_the_listed_records() -> None:
     assert w.ready(0) == [10, 12, 14, 15]
 
 
+def test_a_restarted_window_keeps_listing_what_it_has_not_fetched_again() -> None:
+    """The previous owner's list reaches beyond what the new owner fetched so far: its
+    commits keep those records listed, or a second crash would redo them."""
+    w = _window(skip=finished_from(with_finished(None, 10, [11, 13, 40, 41]), 10))
+    for o in range(10, 13):
+        w.offer(o, b"k%d" % o, 1, o)
+    meta = w.metadata(None)
+    got = finished_from(meta, 10)
+    assert got is not None and got.offsets() == [11, 13, 40, 41]
+
+
 # ---------------------------------------------------------------------- properties
 
 

@@ -409,6 +409,10 @@ def test_sigkill_redoes_only_records_not_listed_as_finished(
         offset, meta = _committed(kafka_cluster, group, topic)
         listed = finished_from(meta, offset)
         listed_total += len(listed) if listed is not None else 0
+        if last is not None and last[2] is not None and offset == last[1]:
+            # the same committed offset: what was listed is still finished, still listed
+            # (also the records the restarted member had not fetched again when it died)
+            assert listed is not None and set(last[2].offsets()) <= set(listed.offsets())
         last = (set(lines()), offset, listed, len(lines()))
     proc = start()
     try:

@@ -379,7 +379,13 @@ class InflightWindow(Generic[T]):
         base = self.offsets.committable()
         if base is None:
             return marker
-        return with_finished(marker, base, self.offsets.finished(), limit=limit)
+        finished = self.offsets.finished()
+        skip, upcoming = self.skip, self.offsets.next_offset
+        if skip is not None and upcoming is not None:
+            # listed by the previous owner and not fetched again yet: still finished (a list
+            # without them would make the next crash redo them)
+            finished += [o for o in skip.offsets() if o >= upcoming]
+        return with_finished(marker, base, finished, limit=limit)
 
 
 # ---------------------------------------------------------------------- metadata
