@@ -78,6 +78,8 @@ __all__ = [
     "share_consumer_config",
 ]
 
+_ACCEPT: Final = AcknowledgeType.ACCEPT
+
 #: Defaults of the broker/group when they cannot be read (Kafka 4.x).
 DEFAULT_LOCK_DURATION_S: Final = 30.0
 DEFAULT_DELIVERY_COUNT_LIMIT: Final = 5
@@ -398,7 +400,6 @@ class ResilientShareConsumer:
         return (msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
 
     def _one(self, msg: Message, lock_end: float, releases: list[tuple[float, Message]]) -> None:
-        count = msg.delivery_count() or 1
         with self._tel.process_span(msg, group=self.group):
             exc = self._call(msg)
             if time.monotonic() >= lock_end:
@@ -408,7 +409,7 @@ class ResilientShareConsumer:
                 self._success(msg)
                 return
             self._tel.set_error(exc)
-            self._failed(msg, exc, count, lock_end, releases)
+            self._failed(msg, exc, msg.delivery_count() or 1, lock_end, releases)
 
     def _call(self, msg: Message) -> BaseException | None:
         err = msg.error()
@@ -421,9 +422,13 @@ class ResilientShareConsumer:
         return None
 
     def _success(self, msg: Message) -> None:
-        self._ack(msg, AcknowledgeType.ACCEPT)
+        try:  # the per-record path: _ack's body inlined
+            self._consumer.acknowledge(msg, _ACCEPT)
+        except KafkaException:
+            self._ack(msg, _ACCEPT)  # again, to count and log the refusal
         self.stats.accepted += 1
-        self._marks.pop(self._key(msg), None)
+        if self._marks:
+            self._marks.pop(self._key(msg), None)
         if self._detector.success():
             self._log.warning(
                 "share_dependency_outage_ended",

@@ -1,0 +1,398 @@
+"""ResilientShareConsumer on a real share group (issue 43), reduced sizes.
+
+One 3-node cluster on the newest Kafka 4.x served, for this module only (share groups are GA
+from 4.2; the brokers' minimum lock duration is lowered so a group may use a short lock).
+
+* acceptance 1: 3 member processes, 3,000 records, 1 % poison, one member SIGKILLed mid-stream;
+* acceptance 2: a handler that outlives the lock;
+* acceptance 3: a short dependency outage (and its negative control: outage hold off);
+* config refusals (no cluster).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tenacity
+from confluent_kafka import Consumer, Message, Producer
+
+from kresilient.consumer import RetryPolicy
+from kresilient.deadletter import parse_dead_letter_headers
+from kresilient.errors import ConfigError, UnsafeConfigError
+from kresilient.share import ResilientShareConsumer, configure_share_group, share_consumer_config
+from kresilient.testing import KafkaCluster
+
+NEWEST = "4.4.0"
+N_RECORDS = 3000
+POISON_EVERY = 100  # 1 %
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(name="share_cluster", scope="module")
+def _share_cluster() -> Iterator[KafkaCluster]:
+    with KafkaCluster(
+        3,
+        version=NEWEST,
+        broker_config={"group.share.min.record.lock.duration.ms": 1000},
+    ) as cluster:
+        yield cluster
+
+
+def _wait(cond: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _group(cluster: KafkaCluster, prefix: str, lock_ms: int) -> str:
+    group = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    configure_share_group(
+        {"bootstrap.servers": cluster.bootstrap_servers},
+        group,
+        {"share.auto.offset.reset": "earliest", "share.record.lock.duration.ms": lock_ms},
+    )
+    return group
+
+
+def _produce(cluster: KafkaCluster, topic: str, values: list[tuple[bytes, bytes]]) -> None:
+    p = Producer({"bootstrap.servers": cluster.bootstrap_servers, "linger.ms": 20})
+    for key, value in values:
+        p.produce(topic, value, key)
+        if len(p) > 5000:
+            p.poll(0)
+    assert p.flush(60) == 0
+
+
+def _dead_letters(cluster: KafkaCluster, topic: str, expect: int) -> list[Message]:
+    """Everything in ``topic`` (read until ``expect`` records, then up to the end)."""
+    c = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "group.id": f"dlq-reader-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    c.subscribe([topic])
+    out: list[Message] = []
+    eof: set[int] = set()
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == -191:  # _PARTITION_EOF
+                    eof.add(m.partition() or 0)
+                    if len(out) >= expect and eof:
+                        break
+                continue
+            out.append(m)
+    finally:
+        c.close()
+    return out
+
+
+# --------------------------------------------------------------------------- member process
+
+
+def _member(bootstrap: str, group: str, topic: str, log: str) -> None:
+    """One share-group member (run as ``python thisfile member ...``): logs A (the keys of a
+    batch acquired), S (started) and H (handled) lines ``<kind> <key> <delivery count>``."""
+    out = open(log, "a", buffering=1)  # noqa: SIM115 (lives as long as the process)
+    batch: list[tuple[Message, ...]] = [()]
+
+    def handle(msg: Message) -> None:
+        if consumer.acquired is not batch[0]:  # a new batch: log every record it acquired
+            batch[0] = consumer.acquired
+            out.write("A " + " ".join((m.key() or b"").decode() for m in batch[0]) + "\n")
+        key = (msg.key() or b"").decode()
+        out.write(f"S {key} {msg.delivery_count()}\n")
+        if (msg.value() or b"").startswith(b"poison"):
+            raise ValueError(f"record {key} is poison")
+        out.write(f"H {key} {msg.delivery_count()}\n")
+
+    consumer = ResilientShareConsumer(
+        {"bootstrap.servers": bootstrap, "group.id": group}, [topic], handle
+    )
+    signal.signal(signal.SIGTERM, lambda *_: consumer.stop())
+    out.write("READY\n")
+    try:
+        consumer.run()
+    finally:
+        consumer.close()
+        out.write("STATS " + json.dumps(consumer.health()["stats"]) + "\n")
+
+
+def _lines(path: Path) -> list[list[str]]:
+    if not path.exists():
+        return []
+    return [line.split() for line in path.read_text().splitlines() if line]
+
+
+# --------------------------------------------------------------------------- acceptance 1
+
+
+def test_three_members_one_killed_nothing_lost_poison_dead_lettered_once(
+    share_cluster: KafkaCluster, tmp_path: Path
+) -> None:
+    topic = share_cluster.create_topic(f"share-a1-{uuid.uuid4().hex[:6]}", partitions=6)
+    share_cluster.create_topic(topic + ".dlq", partitions=1)
+    group = _group(share_cluster, "a1", lock_ms=8000)
+    records = [
+        (
+            str(i).encode(),
+            (b"poison" if i % POISON_EVERY == 0 else b"ok") + b"-" + str(i).encode(),
+        )
+        for i in range(N_RECORDS)
+    ]
+    poison = {str(i) for i in range(N_RECORDS) if i % POISON_EVERY == 0}
+    good = {str(i) for i in range(N_RECORDS)} - poison
+    logs = [tmp_path / f"member{n}.log" for n in range(3)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "member",
+                share_cluster.bootstrap_servers,
+                group,
+                topic,
+                str(log),
+            ],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        for log in logs
+    ]
+    try:
+        _wait(lambda: all(["READY"] in _lines(log) for log in logs), "3 members ready")
+        _produce(share_cluster, topic, records)
+
+        def handled() -> set[str]:
+            return {w[1] for log in logs for w in _lines(log) if w[0] == "H"}
+
+        # kill member 0 mid-stream, once it has handled some records
+        _wait(lambda: sum(w[0] == "H" for w in _lines(logs[0])) >= 50, "member 0 handling")
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(30)
+        assert len(handled()) < len(good), "the kill was not mid-stream"
+        _wait(lambda: good <= handled(), "every non-poison record handled", timeout=180)
+    finally:
+        for p in procs[1:]:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    dlq = _dead_letters(share_cluster, topic + ".dlq", len(poison))
+    dlq_keys = Counter((m.key() or b"").decode() for m in dlq)
+    # byte-identical, kresilient's headers, the delivery count as the attempts
+    for m in dlq:
+        info = parse_dead_letter_headers(m.headers())
+        assert info.original_topic == topic
+        assert info.attempts is not None and info.attempts >= 1
+        assert m.value() == b"poison-" + (m.key() or b"")
+    assert set(dlq_keys) == poison
+    # in flight at the kill: every record of the batches the killed member had acquired
+    killed = {k for w in _lines(logs[0]) if w[0] == "A" for k in w[1:]}
+    duplicates = {k for k, n in dlq_keys.items() if n > 1}
+    # a dead letter acknowledged but not its ACCEPT when the member died: in flight at the kill
+    assert duplicates <= killed, duplicates - killed
+    assert len(duplicates) <= 1, duplicates  # the one being committed at the kill
+    # every redelivery (delivery count > 1) was of a record the killed member had acquired
+    seen = [w for log in logs[1:] for w in _lines(log) if w[0] == "S"]
+    redelivered = {w[1] for w in seen if int(w[2]) > 1}
+    print(
+        f"acceptance 1: {len(good)} handled, {len(redelivered)} redelivered after the kill, "
+        f"{len(dlq)} dead letters for {len(poison)} poison ({len(duplicates)} duplicates)"
+    )
+    assert redelivered <= killed | poison, sorted(redelivered - killed - poison)[:10]
+    stats = [
+        json.loads(" ".join(w[1:])) for log in logs[1:] for w in _lines(log) if w[0] == "STATS"
+    ]
+    assert len(stats) == 2 and sum(s["dead_lettered"] for s in stats) >= 1
+
+
+# --------------------------------------------------------------------------- acceptance 3
+
+
+def _outage_run(
+    cluster: KafkaCluster, *, outage: bool
+) -> tuple[ResilientShareConsumer, list[Message], dict[str, int]]:
+    topic = cluster.create_topic(f"share-a3-{uuid.uuid4().hex[:6]}", partitions=1)
+    cluster.create_topic(topic + ".dlq", partitions=1)
+    group = _group(cluster, "a3", lock_ms=15000)
+    n = 200
+    _produce(cluster, topic, [(str(i).encode(), b"v") for i in range(n)])
+    down, went_down = threading.Event(), threading.Event()
+    handled: dict[str, int] = {}
+    max_count = Counter[str]()
+
+    def handle(msg: Message) -> None:
+        key = (msg.key() or b"").decode()
+        max_count[key] = max(max_count[key], msg.delivery_count() or 0)
+        if len(handled) == 50 and not went_down.is_set():
+            went_down.set()  # the dependency goes down after 50 records, in mid-batch
+            down.set()
+        if down.is_set():
+            raise ConnectionError("payments service unreachable")
+        handled[key] = handled.get(key, 0) + 1
+
+    kwargs: dict[str, Any] = {
+        "retry": RetryPolicy(stop=tenacity.stop_after_attempt(2), wait=tenacity.wait_fixed(0.05)),
+    }
+    # the hold retries every 0.1 s (the default backs off to 10 s: slow for a test)
+    kwargs["outage"] = (
+        RetryPolicy(wait=tenacity.wait_fixed(0.1), retry=tenacity.retry_always) if outage else None
+    )
+    consumer = ResilientShareConsumer(
+        {"bootstrap.servers": cluster.bootstrap_servers, "group.id": group},
+        [topic],
+        handle,
+        **kwargs,
+    )
+    runner = threading.Thread(target=consumer.run, daemon=True)
+    runner.start()
+    try:
+        _wait(went_down.is_set, "50 records handled, the dependency down")
+        if outage:
+            _wait(lambda: consumer.stats.outage_holds >= 20, "the outage hold retrying (~2 s)")
+            assert consumer.health()["outage"] is not None
+        else:
+            _wait(lambda: consumer.stats.dead_lettered >= 1, "a dead letter for the outage")
+        down.clear()
+        _wait(lambda: len(handled) + consumer.stats.dead_lettered >= n, "every record settled")
+    finally:
+        consumer.stop()
+        runner.join(60)
+        consumer.close()
+    dlq = _dead_letters(cluster, topic + ".dlq", consumer.stats.dead_lettered)
+    return consumer, dlq, dict(max_count)
+
+
+def test_dependency_outage_dead_letters_nothing_and_spends_no_delivery_count(
+    share_cluster: KafkaCluster,
+) -> None:
+    consumer, dlq, max_count = _outage_run(share_cluster, outage=True)
+    assert consumer.stats.dead_lettered == 0 and dlq == []
+    assert max(max_count.values()) < consumer.delivery_count_limit
+    assert consumer.health()["outage"] is None  # ended by the first success
+
+
+def test_negative_control_without_outage_hold_the_outage_fills_the_dlq(
+    share_cluster: KafkaCluster,
+) -> None:
+    consumer, dlq, _ = _outage_run(share_cluster, outage=False)
+    assert consumer.stats.dead_lettered >= 1 and len(dlq) == consumer.stats.dead_lettered
+    assert parse_dead_letter_headers(dlq[0].headers()).attempts == 2
+
+
+# --------------------------------------------------------------------------- acceptance 2
+
+
+def test_handler_outliving_the_lock_is_redelivered_and_acknowledged_once(
+    share_cluster: KafkaCluster,
+) -> None:
+    topic = share_cluster.create_topic(f"share-a2-{uuid.uuid4().hex[:6]}", partitions=1)
+    share_cluster.create_topic(topic + ".dlq", partitions=1)
+    group = _group(share_cluster, "a2", lock_ms=2000)
+    deliveries: list[tuple[str, str, int]] = []
+    lock = threading.Lock()
+
+    def handler(member: str) -> Callable[[Message], None]:
+        def handle(msg: Message) -> None:
+            key = (msg.key() or b"").decode()
+            with lock:
+                deliveries.append((member, key, msg.delivery_count() or 0))
+            if key == "slow" and msg.delivery_count() == 1:
+                time.sleep(3.0)  # the record's lock (2 s) runs out under the handler
+
+        return handle
+
+    members = [
+        ResilientShareConsumer(
+            {"bootstrap.servers": share_cluster.bootstrap_servers, "group.id": group},
+            [topic],
+            handler(name),
+        )
+        for name in ("a", "b")
+    ]
+    threads = [threading.Thread(target=m.run, daemon=True) for m in members]
+    for t in threads:
+        t.start()
+    try:
+        _produce(share_cluster, topic, [(b"slow", b"v")])
+        _wait(lambda: any(k == "slow" and c == 2 for _, k, c in deliveries), "the redelivery")
+        _wait(lambda: sum(m.stats.lock_expired for m in members) >= 1, "the report")
+        # a marker after it: once handled, anything due for the slow record was delivered
+        _produce(share_cluster, topic, [(b"after", b"v")])
+        _wait(lambda: any(k == "after" for _, k, _c in deliveries), "the next record")
+        _wait(lambda: sum(m.stats.accepted for m in members) >= 2, "both accepted")
+    finally:
+        for m in members:
+            m.stop()
+        for t in threads:
+            t.join(60)
+        for m in members:
+            m.close()
+    slow = [(m, c) for m, k, c in deliveries if k == "slow"]
+    print(f"acceptance 2: deliveries of the slow record {slow}")
+    assert [c for _, c in slow] == [1, 2], slow  # redelivered once, never a third time
+    assert sum(m.stats.lock_expired for m in members) == 1
+    # the late result was not ACCEPTed: one ACCEPT for the slow record, one for the marker
+    assert sum(m.stats.accepted for m in members) == 2
+
+
+# --------------------------------------------------------------------------- the example
+
+
+def test_example_share_consumer_settles_every_job(share_cluster: KafkaCluster) -> None:
+    path = Path(__file__).resolve().parent.parent / "examples" / "share_consumer.py"
+    spec = importlib.util.spec_from_file_location("share_consumer_example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    totals = example.run(share_cluster.bootstrap_servers, replication=3, cluster=share_cluster)
+    assert totals["dead_lettered"] == 6  # the 1 % poison jobs
+    assert totals["accepted"] == example.JOBS - 6
+    assert totals["released"] >= 1  # the flaky jobs' first deliveries
+    assert totals["rejected"] == 0
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_config_refuses_implicit_acknowledgement_and_consumer_offset_keys() -> None:
+    base = {"bootstrap.servers": "127.0.0.1:9", "group.id": "g"}
+    with pytest.raises(UnsafeConfigError) as exc:
+        share_consumer_config({**base, "share.acknowledgement.mode": "implicit"})
+    assert exc.value.key == "share.acknowledgement.mode"
+    with pytest.raises(ConfigError) as cexc:
+        share_consumer_config({**base, "enable.auto.commit": True})
+    assert cexc.value.key == "enable.auto.commit"
+    cfg = share_consumer_config(base)
+    assert cfg["share.acknowledgement.mode"] == "explicit"
+
+
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "member":
+    _member(*sys.argv[2:])
