@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import tenacity
-from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka import AcknowledgeType, Consumer, Message, Producer, ShareConsumer
 
 from kresilient.consumer import RetryPolicy
 from kresilient.deadletter import parse_dead_letter_headers
@@ -361,6 +361,85 @@ def test_handler_outliving_the_lock_is_redelivered_and_acknowledged_once(
     assert sum(m.stats.lock_expired for m in members) == 1
     # the late result was not ACCEPTed: one ACCEPT for the slow record, one for the marker
     assert sum(m.stats.accepted for m in members) == 2
+
+
+def _batch_of_three(cluster: KafkaCluster) -> tuple[str, str]:
+    """A topic holding fast, slow, after (one batch for a member joining later), a group with
+    a 2 s lock."""
+    topic = cluster.create_topic(f"share-a2b-{uuid.uuid4().hex[:6]}", partitions=1)
+    cluster.create_topic(topic + ".dlq", partitions=1)
+    _produce(cluster, topic, [(b"fast", b"v"), (b"slow", b"v"), (b"after", b"v")])
+    return topic, _group(cluster, "a2b", lock_ms=2000)
+
+
+def test_slow_handler_does_not_take_the_batch_earlier_accepts_past_the_lock(
+    share_cluster: KafkaCluster,
+) -> None:
+    topic, group = _batch_of_three(share_cluster)
+    deliveries: list[tuple[str, int]] = []
+    batch_of_slow: list[str] = []
+
+    def handle(msg: Message) -> None:
+        key = (msg.key() or b"").decode()
+        deliveries.append((key, msg.delivery_count() or 0))
+        if key == "fast":
+            time.sleep(0.1)  # some work: its ACCEPT is sent when it returns (> 50 ms)
+        if key == "slow" and msg.delivery_count() == 1:
+            batch_of_slow.extend((m.key() or b"").decode() for m in consumer.acquired)
+            time.sleep(3.0)  # the batch's 2 s lock runs out under the handler
+
+    consumer = ResilientShareConsumer(
+        {"bootstrap.servers": share_cluster.bootstrap_servers, "group.id": group},
+        [topic],
+        handle,
+    )
+    runner = threading.Thread(target=consumer.run, daemon=True)
+    runner.start()
+    try:
+        _wait(lambda: ("slow", 2) in deliveries, "the slow record delivered again")
+        _produce(share_cluster, topic, [(b"end", b"v")])
+        _wait(lambda: any(k == "end" for k, _ in deliveries), "the marker after it")
+    finally:
+        consumer.stop()
+        runner.join(60)
+        consumer.close()
+    print(f"acceptance 2 (batch): {deliveries}, batch of the slow record {batch_of_slow}")
+    assert batch_of_slow[:3] == ["fast", "slow", "after"]
+    got = Counter(k for k, _ in deliveries)
+    assert got["fast"] == 1  # its ACCEPT left before the slow handler outlived the lock
+    assert got["slow"] == 2 and got["after"] == 1 and got["end"] == 1
+    assert consumer.stats.lock_expired == 2  # the slow result and "after", not run late
+
+
+def test_negative_control_raw_loop_loses_the_batch_accepts_to_a_slow_handler(
+    share_cluster: KafkaCluster,
+) -> None:
+    topic, group = _batch_of_three(share_cluster)
+    raw = ShareConsumer(
+        {
+            "bootstrap.servers": share_cluster.bootstrap_servers,
+            "group.id": group,
+            "share.acknowledgement.mode": "explicit",
+        }
+    )
+    raw.subscribe([topic])
+    deliveries: list[tuple[str, int]] = []
+    refused: list[object] = []
+    deadline = time.monotonic() + 90
+    try:
+        while ("fast", 2) not in deliveries and time.monotonic() < deadline:
+            for msg in raw.poll(0.5):
+                key = (msg.key() or b"").decode()
+                deliveries.append((key, msg.delivery_count() or 0))
+                if key == "slow" and msg.delivery_count() == 1:
+                    time.sleep(3.0)
+                raw.acknowledge(msg, AcknowledgeType.ACCEPT)
+            refused += [e for e in raw.commit_sync(30).values() if e is not None]
+    finally:
+        raw.close()
+    print(f"negative control (raw): {deliveries}, refused {refused}")
+    assert ("fast", 2) in deliveries  # handled in time, still delivered again
+    assert any("INVALID_RECORD_STATE" in str(e) for e in refused)
 
 
 # --------------------------------------------------------------------------- the example

@@ -23,6 +23,10 @@ on top of that:
   policy, fetching nothing meanwhile (every fetch is a delivery), and dead-letters nothing for
   it; a hold that would outlive the lock RELEASEs the held records (one delivery each) and
   waits before fetching again;
+* the records of a poll share one lock: once a batch has run 50 ms, acknowledgements are sent
+  (``commit_async``) after a handler returns whenever 50 ms passed since the last send, so one
+  slow handler does not take the batch's earlier ACCEPTs past the lock (only those of the last
+  50 ms); no record is run once the lock ended;
 * a handler that returns after its record's lock expired is reported (``lock_expired``, a
   WARNING) and its result is not acknowledged as ACCEPT: the broker redelivered the record
   (or will), and the member holding it then acknowledges it once.
@@ -41,7 +45,14 @@ from typing import Any, Final
 
 import structlog
 import tenacity
-from confluent_kafka import AcknowledgeType, KafkaError, KafkaException, Message, ShareConsumer
+from confluent_kafka import (
+    AcknowledgeType,
+    KafkaError,
+    KafkaException,
+    Message,
+    ShareConsumer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourceType
@@ -79,6 +90,10 @@ __all__ = [
 ]
 
 _ACCEPT: Final = AcknowledgeType.ACCEPT
+#: Acknowledgements are sent (``commit_async``) when a handler returns this long after the
+#: last send (the batch's start counts as one), not only with the batch's ``commit_sync``:
+#: a quick batch costs no extra request.
+_SEND_ACKS_EVERY: Final = 0.05
 
 #: Defaults of the broker/group when they cannot be read (Kafka 4.x).
 DEFAULT_LOCK_DURATION_S: Final = 30.0
@@ -268,6 +283,7 @@ class ResilientShareConsumer:
                 self._writer.close(0)
             text = self._redact(f"the share consumer refused its config: {exc}")
             raise ConfigError(text) from None
+        self._consumer.set_acknowledgement_commit_callback(self._on_acknowledged)
         self._consumer.subscribe(self.topics)
         self._closed = False
         self._acquired: tuple[Message, ...] = ()
@@ -370,6 +386,7 @@ class ResilientShareConsumer:
         acquired = time.monotonic()
         lock_end = acquired + self.lock_duration
         releases: list[tuple[float, Message]] = []
+        sent = acquired  # acknowledgements of a quick batch go with its final commit
         pending = list(batch)
         i = 0
         while i < len(pending):
@@ -390,6 +407,12 @@ class ResilientShareConsumer:
                 self._ack(msg, AcknowledgeType.RELEASE)
                 continue
             self._one(msg, lock_end, releases)
+            now = time.monotonic()
+            if now - sent >= _SEND_ACKS_EVERY:
+                # send the acknowledgements so far: all of a batch share its lock, and one slow
+                # handler would otherwise take the batch's earlier ACCEPTs past it (refused)
+                self._consumer.commit_async()
+                sent = now
         if releases:
             self._due_releases(releases, lock_end)
         self._commit()
@@ -628,6 +651,21 @@ class ResilientShareConsumer:
                 ack=kind.name,
                 error=self._redact(str(exc)),
             )
+
+    def _on_acknowledged(
+        self, offsets: dict[TopicPartition, set[int]], error: KafkaException | None
+    ) -> None:
+        """Acknowledgement commits' results (``commit_async``), on the polling thread."""
+        if error is None:
+            return
+        self.stats.ack_errors += 1
+        # INVALID_RECORD_STATE: the lock had expired; the records are delivered again
+        self._log.warning(
+            "share_acknowledgement_refused",
+            partitions=sorted(f"{tp.topic}[{tp.partition}]" for tp in offsets),
+            records=sum(len(v) for v in offsets.values()),
+            error=self._redact(str(error)),
+        )
 
     def _commit(self) -> None:
         try:
