@@ -90,6 +90,8 @@ __all__ = [
 ]
 
 _ACCEPT: Final = AcknowledgeType.ACCEPT
+#: Errors a record of a batch may carry and still be handled (as poison).
+_DESERIALIZATION: Final = (KafkaError._KEY_DESERIALIZATION, KafkaError._VALUE_DESERIALIZATION)
 #: Acknowledgements are sent (``commit_async``) when a handler returns this long after the
 #: last send (the batch's start counts as one), not only with the batch's ``commit_sync``:
 #: a quick batch costs no extra request.
@@ -387,32 +389,42 @@ class ResilientShareConsumer:
         lock_end = acquired + self.lock_duration
         releases: list[tuple[float, Message]] = []
         sent = acquired  # acknowledgements of a quick batch go with its final commit
-        pending = list(batch)
-        i = 0
-        while i < len(pending):
-            msg = pending[i]
-            i += 1
+        traced = self._tel.enabled  # untraced: the per-record path below skips the span scope
+        handler = self._handler
+        now = acquired
+        for msg in batch:
             err = msg.error()
-            if err is not None and err.code() not in (
-                KafkaError._KEY_DESERIALIZATION,
-                KafkaError._VALUE_DESERIALIZATION,
-            ):
+            if err is not None and err.code() not in _DESERIALIZATION:
                 self._log.warning("share_fetch_error", error=self._redact(str(err)))
                 continue
-            if time.monotonic() >= lock_end:
+            if now >= lock_end:
                 # the batch's lock is gone: the broker released it; run nothing more of it
                 self._late(msg, ran=False)
                 continue
-            if self._stopping.is_set():
-                self._ack(msg, AcknowledgeType.RELEASE)
-                continue
-            self._one(msg, lock_end, releases)
-            now = time.monotonic()
             if now - sent >= _SEND_ACKS_EVERY:
                 # send the acknowledgements so far: all of a batch share its lock, and one slow
                 # handler would otherwise take the batch's earlier ACCEPTs past it (refused)
                 self._consumer.commit_async()
                 sent = now
+            if self._stopping.is_set():
+                self._ack(msg, AcknowledgeType.RELEASE)
+                continue
+            if traced or err is not None:
+                self._one(msg, lock_end, releases)
+            else:
+                try:
+                    handler(msg)
+                except Exception as exc:
+                    if time.monotonic() >= lock_end:
+                        self._late(msg, ran=True, exc=exc)
+                    else:
+                        self._failed(msg, exc, msg.delivery_count() or 1, lock_end, releases)
+                else:
+                    if time.monotonic() >= lock_end:
+                        self._late(msg, ran=True)
+                    else:
+                        self._success(msg)
+            now = time.monotonic()
         if releases:
             self._due_releases(releases, lock_end)
         self._commit()
