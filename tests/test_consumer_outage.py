@@ -560,7 +560,9 @@ KINDS = ("sync", "aio")
 
 class Running:
     """A :class:`ResilientConsumer` or an :class:`AsyncResilientConsumer` (its own event loop)
-    run in a thread with the same plain handler, so one test body checks both."""
+    run in a thread with the same plain handler, so one test body checks both. ``batch``: the
+    sync consumer with a batch handler calling it per record (``BatchItemError`` names the
+    record that failed)."""
 
     def __init__(
         self, kind: str, conf: dict[str, Any], topic: str, handle: Callable[[Any], None], **kw: Any
@@ -571,6 +573,18 @@ class Running:
         if kind == "sync":
             self.consumer = ResilientConsumer(
                 conf, [topic], handle, install_signal_handlers=False, **kw
+            )
+        elif kind == "batch":
+
+            def batch(msgs: list[Message]) -> None:
+                for i, msg in enumerate(msgs):
+                    try:
+                        handle(msg)
+                    except Exception as exc:
+                        raise BatchItemError(index=i) from exc
+
+            self.consumer = ResilientConsumer(
+                conf, [topic], None, batch_handler=batch, install_signal_handlers=False, **kw
             )
         else:
 
@@ -585,7 +599,7 @@ class Running:
 
     def _run(self) -> None:
         try:
-            if self.kind == "sync":
+            if self.kind != "aio":
                 self.consumer.run()
             else:
                 asyncio.run(self.consumer.run())
@@ -759,19 +773,8 @@ def test_a_record_failing_at_the_tail_of_a_partition_is_kept_until_a_probe_or_th
     assert committed(bootstrap, group, topic, [0]) == {0: end}
 
 
-#: The sync consumer dead-letters the held record once a probe after a poison probe succeeds,
-#: then continues AFTER the probe: the poison record between them is never handled nor
-#: dead-lettered, and its offset is committed (kresilient/consumer/_failures.py
-#: probe_succeeded; reported to the lead, not this test's files to fix).
-SYNC_SKIPS_THE_POISON_PROBE = pytest.mark.xfail(
-    strict=True,
-    reason="sync consumer: the poison record a probe moved past is lost (probe_succeeded "
-    "continues after the probe); reported, owned by the consumer helper",
-)
-
-
 @pytest.mark.integration
-@pytest.mark.parametrize("kind", [pytest.param("sync", marks=SYNC_SKIPS_THE_POISON_PROBE), "aio"])
+@pytest.mark.parametrize("kind", [*KINDS, "batch"])
 @pytest.mark.parametrize("stop_early", [True, False])
 def test_a_probe_handled_out_of_turn_is_handled_again_after_a_restart(
     kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str, stop_early: bool
@@ -781,7 +784,8 @@ def test_a_probe_handled_out_of_turn_is_handled_again_after_a_restart(
     stops while the probe is handled, before record 1 is settled: the stored offset stays
     before the probe, so a restart handles it again (at-least-once) and dead-letters the
     poison record then. Control: not stopped, 0 and 1 are dead-lettered, the offset after 2
-    is committed (2 handled once, a restart handles nothing)."""
+    is committed (2 handled once, a restart handles nothing). The same with a batch handler
+    (its probe is a run of records)."""
     bootstrap = kafka_cluster.bootstrap_servers
     topic, dlq = with_dlq(topic_factory)
     group = _group()
@@ -807,7 +811,7 @@ def test_a_probe_handled_out_of_turn_is_handled_again_after_a_restart(
             runs[0].thread.join(60)
         else:
             wait_for(lambda: runs[0].health().dead_lettered >= 1, 60, "record 0 dead-lettered")
-            wait_for(  # the poison record follows at once (20 s: the sync defect, xfail)
+            wait_for(  # the poison record follows at once
                 lambda: (
                     runs[0].health().dead_lettered == 2
                     and runs[0].health().dead_letters_pending == 0
@@ -853,3 +857,70 @@ def test_a_probe_handled_out_of_turn_is_handled_again_after_a_restart(
     assert sorted(m.value() for m in read_back(bootstrap, dlq)) == sorted(
         [*dead_first, b"poison-1"]
     )
+
+
+#: Three tries a second apart: the other partition's record is handled meanwhile.
+SLOW_RETRY = RetryPolicy(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(1.0))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", [*KINDS, "batch"])
+def test_a_failed_probe_after_a_poison_probe_leaves_the_poison_record_to_its_turn(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str
+) -> None:
+    """Partition 0: record 0 keeps failing (retriable), record 1 is poison (as a probe it
+    proves nothing), record 2 fails its three tries as the probe. A record of partition 1
+    (produced when the probing starts) succeeds meanwhile, so record 0 is bad: dead-lettered
+    once the probe gave up; the probe was not handled. The partition goes on from record 1,
+    each in its turn: 1 dead-lettered (poison), 2 handled (its 4th try succeeds), the offset
+    after 2 committed. Before, the partition went on at the probe: record 1 was neither
+    handled nor dead-lettered, and its offset committed."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory, partitions=2)
+    group = _group()
+    produce(bootstrap, topic, [(b"k", v, None, 0) for v in (b"bad-0", b"poison-1", b"flaky-2")])
+    attempts: collections.Counter[bytes] = collections.Counter()
+    handled: list[bytes] = []
+
+    def handle(msg: Message) -> None:
+        value: bytes = msg.value()  # type: ignore[assignment]
+        attempts[value] += 1
+        if value.startswith(b"poison"):
+            if attempts[value] == 1:  # the first probe: a success elsewhere from now on
+                produce(bootstrap, topic, [(b"k", b"ok-other", None, 1)])
+            raise ValueError(f"invalid order {value!r}")
+        if value.startswith(b"bad") or (value.startswith(b"flaky") and attempts[value] <= 3):
+            raise ConnectionError("payments:443 connection refused")
+        handled.append(value)
+
+    log = LogRecorder()
+    running = Running(
+        kind,
+        {"bootstrap.servers": bootstrap, "group.id": group},
+        topic,
+        handle,
+        retry=SLOW_RETRY,
+        outage_retry=NO_LIMIT,
+        logger=log,
+    )
+    try:
+        wait_for(
+            lambda: (
+                running.health().dead_lettered == 2
+                and running.health().dead_letters_pending == 0
+                and b"flaky-2" in handled
+            ),
+            60,
+            "0 and 1 dead-lettered, 2 handled",
+        )
+        assert running.health().outage is None
+    finally:
+        running.stop()
+    assert attempts[b"bad-0"] == 3  # its RetryPolicy, then the probe
+    assert attempts[b"poison-1"] == 2  # as a probe, then in its turn
+    assert attempts[b"flaky-2"] == 4  # three as the probe, then once in its turn
+    assert handled == [b"ok-other", b"flaky-2"]
+    assert sorted(m.value() for m in read_back(bootstrap, dlq)) == [b"bad-0", b"poison-1"]
+    failed = {kw["offset"]: kw["reason"] for _, e, kw in log.loud() if e == "message_failed"}
+    assert failed == {0: "failed while other records succeeded", 1: "poison (not retried)"}
+    assert committed(bootstrap, group, topic, [0, 1]) == {0: 3, 1: 1}

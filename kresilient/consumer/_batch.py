@@ -96,15 +96,23 @@ class BatchProcessor:
         tp: TP = (first.topic(), first.partition())  # type: ignore[assignment]
         holds = self.holds.by_tp
         hold = holds.get(tp)
-        if hold is not None:
+        if hold is not None and hold.catchup:
+            if not hold.resumed:
+                return  # fetched before the seek back to the records a probe ran past
+            self._passed(tp, first.offset())  # type: ignore[arg-type]
+            hold = None  # records in their turn (those handled out of turn taken out below)
+        elif hold is not None:
             verdict = hold.verdict(first.offset())  # type: ignore[arg-type]
             if verdict is Verdict.SKIP:
                 return
             if verdict is Verdict.RELEASE:
-                del holds[tp]
+                self.holds.done(tp)
                 hold = None
         dedupe = self.dedupe
         todo = group
+        ahead = self.holds.ahead.get(tp)
+        if ahead:  # handled out of turn (a probe): stored with the run, not handled again
+            todo = [m for m in group if m.offset() not in ahead]
         if dedupe is not None:
             todo, duplicates = dedupe.split(group)
             if duplicates and self.skipped is not None:
@@ -129,7 +137,6 @@ class BatchProcessor:
 
     def _run(self, group: list[Message], todo: list[Message], tp: TP, hold: Hold | None) -> None:
         """The handler call for one partition's run and what follows its result."""
-        holds = self.holds.by_tp
         dedupe = self.dedupe
         on_failure = self.failures.on_failure
         if hold is not None and hold.probe is not None:
@@ -149,14 +156,16 @@ class BatchProcessor:
                 self._remember(todo[:index])
             failed = todo[index]
             on_failure(failed, exc.failure())
-            if tp not in holds:
-                # dead-lettered: the items after it were not handled, fetch them again (the
-                # duplicates among them too: their offsets are not stored yet)
-                after = failed.offset()
-                assert after is not None
+            after = failed.offset()
+            assert after is not None
+            if self._dead_lettered(tp):
+                # the items after it were not handled, fetch them again (the duplicates
+                # among them too: their offsets are not stored yet)
                 rest = [m for m in group if m.offset() > after]  # type: ignore[operator]
                 if rest:
                     self.holds.give_back(rest)
+                after += 1
+            self._passed(tp, after)
         except Exception as exc:
             self._fail(exc)
             on_failure(todo[0], exc, batch=todo)
@@ -168,7 +177,8 @@ class BatchProcessor:
             if dedupe is not None:
                 self._remember(todo)
             if hold is not None:
-                del holds[tp]
+                self.holds.done(tp)
+            self._passed(tp, last + 1)
         finally:
             self.holds.excluded.clear()
 
@@ -176,7 +186,13 @@ class BatchProcessor:
         """The run after a held record whose retries are exhausted, tried as evidence
         (:mod:`kresilient.consumer._outage`): handled (or items before a
         :class:`BatchItemError`), the held record is dead-lettered; failed at its first item,
-        the held record is held as an outage and this run fetched again after it."""
+        the held record is held as an outage and this run fetched again after it.
+
+        A run the probe reached past records that proved nothing (poison, skipped
+        duplicates) is handled out of turn: the partition goes back to those records, and
+        the run's handled offsets are stored in their turn, not handled again
+        (:meth:`FailureHandler.probe_succeeded`); an item it failed on is handled in its turn
+        too."""
         failures = self.failures
         try:
             if not todo:  # all skipped duplicates: nothing learnt, the probe moves on
@@ -192,27 +208,54 @@ class BatchProcessor:
                     return
                 self._credit(index)
                 self._remember(todo[:index])
-                failures.probe_succeeded(hold, todo[0])
                 failed = todo[index]
+                after = failed.offset()
+                assert after is not None
+                handled = [o for m in group if (o := m.offset()) is not None and o < after]
+                failures.probe_succeeded(hold, todo[0], handled)
+                if tp in self.holds.by_tp and not self.holds.by_tp[tp].resumed:
+                    return  # out of turn: the failed item is handled again in its turn
                 failures.on_failure(failed, exc.failure())
-                if tp not in self.holds.by_tp:
-                    after = failed.offset()
-                    assert after is not None
+                if self._dead_lettered(tp):
                     rest = [m for m in group if m.offset() > after]  # type: ignore[operator]
                     if rest:
                         self.holds.give_back(rest)
+                    after += 1
+                self._passed(tp, after)
             except Exception as exc:
                 self._fail(exc)
                 failures.probe_failed(hold, todo[0], exc)
             else:
-                failures.probe_succeeded(hold, todo[0])  # its dead letter first, then past it
+                handled = [o for m in group if (o := m.offset()) is not None]
+                # its dead letter first, then past it (or back to the records it ran past)
+                failures.probe_succeeded(hold, todo[0], handled)
+                self._credit(len(todo))
+                self._remember(todo)
+                if tp in self.holds.by_tp and not self.holds.by_tp[tp].resumed:
+                    return  # out of turn: stored in its turn
                 last = group[-1].offset()
                 assert last is not None
                 self.offsets.store(tp, last + 1, group[-1].leader_epoch())
-                self._credit(len(todo))
-                self._remember(todo)
+                self._passed(tp, last + 1)
         finally:
             self.holds.excluded.clear()
+
+    def _dead_lettered(self, tp: TP) -> bool:
+        """The record that just failed was dead-lettered (not held): its partition flows."""
+        hold = self.holds.by_tp.get(tp)
+        return hold is None or hold.catchup
+
+    def _passed(self, tp: TP, offset: int) -> None:
+        """The records of ``tp`` before ``offset`` are settled: those among them handled out
+        of turn are stored with them; once none is left the partition flows as usual."""
+        ahead = self.holds.ahead.get(tp)
+        if not ahead:
+            return
+        ahead.difference_update([o for o in ahead if o < offset])
+        if not ahead:
+            hold = self.holds.by_tp.get(tp)
+            if hold is None or (hold.catchup and hold.resumed):
+                self.holds.done(tp)
 
     def _fail(self, exc: BaseException) -> None:
         """Record the handler's failure on the current span (traced calls only)."""

@@ -1118,7 +1118,6 @@ class ResilientConsumer:
             self._holds.excluded.add(hold.tp)
             state.nonsuccess += 1
             return
-        holds = self._holds.by_tp
         if verdict is Verdict.RELEASE:
             self._log.warning(
                 "retry_hold_released",
@@ -1128,17 +1127,21 @@ class ResilientConsumer:
                 offset=msg.offset(),
                 reason="the held offset is no longer in the log (retention or truncation)",
             )
-            del holds[hold.tp]
+            self._holds.done(hold.tp)
         keys = self._failures.keys
         if verdict is Verdict.PROBE:
             self._probe(hold, msg)
+            return
+        if verdict is Verdict.AHEAD:  # a probe handled out of turn: stored now, in its turn
+            self._holds.done(hold.tp)
+            state.nonsuccess += 1  # counted when it was handled
             return
         if self._dedupe is not None and self._dedupe.is_duplicate(self._original(msg)):
             # the held record's next attempt, or a retry-topic record deferred to its due time
             # (whose first delivery never reached the dedupe check): a marked copy whose id was
             # processed meanwhile is skipped here as at its first delivery (issue 35)
             if verdict is Verdict.RETRY:
-                holds.pop(hold.tp, None)
+                self._holds.done(hold.tp)
                 self._holds.excluded.discard(hold.tp)
             self._skipped([msg])
             if keys is not None and keys.blocked:
@@ -1161,7 +1164,7 @@ class ResilientConsumer:
         if keys is not None and keys.blocked:
             keys.done(msg)
         if verdict is Verdict.RETRY:
-            holds.pop(hold.tp, None)
+            self._holds.done(hold.tp)
             self._holds.excluded.discard(hold.tp)
             self._log.debug(
                 "message_retry_succeeded",

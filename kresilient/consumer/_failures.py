@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import tenacity
@@ -94,6 +94,13 @@ def poison(classification: Classification) -> Classification:
         action=Action.DEAD_LETTER,
         remedy=_POISON_REMEDY,
     )
+
+
+def _after(hold: Hold) -> int:
+    """The first offset after the held record (or after the run a batch handler failed as
+    one): where its probe starts, and where the partition continues once it is settled."""
+    last = hold.batch[-1].offset() if hold.batch else None
+    return (last if last is not None else hold.offset) + 1
 
 
 class _Ack:
@@ -298,15 +305,14 @@ class FailureHandler:
         now = time.monotonic()
         detector = self.detector
         hold = holds.get(tp)
-        if hold is None or hold.offset != offset:
-            hold = Hold(
-                tp=tp,
-                offset=offset,
+        if hold is None or hold.offset != offset or hold.catchup:
+            hold = self.holds.new(
+                tp,
+                offset,
                 first_failure=now,
                 state=tenacity.RetryCallState(self.retrying, None, (), {}),
                 mark=detector.mark() if detector is not None else 0,
             )
-            holds[tp] = hold
         hold.attempts += 1
         hold.failed, hold.exc, hold.batch = msg, exc, batch
         # only the registry's own failures (its client, the deserialization step): the same
@@ -351,7 +357,7 @@ class FailureHandler:
                         self._give_up(hold, was_excluded, exc, classification, limit=True)
                     return
             if to_topic:
-                del holds[tp]
+                self.holds.done(tp)
                 self._move(tp, msg, exc, hold.attempts)
                 if not was_excluded:
                     excluded.discard(tp)
@@ -388,7 +394,7 @@ class FailureHandler:
     ) -> None:
         """Dead-letter the held record (its final failure, logged at WARNING)."""
         tp = hold.tp
-        self.holds.by_tp.pop(tp, None)
+        self.holds.done(tp)
         msgs = hold.batch or [hold.failed]
         self._final_failure(hold, exc, classification, limit=limit)
         self._dead_letter(tp, hold.attempts, msgs, exc, classification)
@@ -506,13 +512,11 @@ class FailureHandler:
         delay = self._outage_wait(hold, exc, outage=False)
         if delay is None:
             return False
-        # after the held record, or after the whole run a batch handler failed as one
-        last = hold.batch[-1].offset() if hold.batch else None
         self.state.retries += 1
         # the probe's record is fetched within milliseconds when there is one: the wait is
         # for a partition with nothing after the held record (at least _PROBE_MIN_WAIT)
         until = now + max(delay, _PROBE_MIN_WAIT)
-        self._probe_at(hold, (last if last is not None else hold.offset) + 1, now, until)
+        self._probe_at(hold, _after(hold), now, until)
         self.log.debug(
             "message_probe_scheduled",
             topic=hold.tp[0],
@@ -525,9 +529,19 @@ class FailureHandler:
         )
         return True
 
-    def probe_succeeded(self, hold: Hold, msg: Message) -> None:
+    def probe_succeeded(
+        self, hold: Hold, msg: Message, handled: Iterable[int] | None = None
+    ) -> None:
         """The probe ``msg`` was handled: the held record kept failing while another record
-        succeeded, so it is dead-lettered; the partition continues after the probe."""
+        succeeded, so it is dead-lettered.
+
+        The probe right after the held record: the partition continues after it. A probe that
+        ran past records proving nothing (poison, skipped duplicates) was handled out of turn:
+        those records are not settled, so the partition is seeked back to the first of them;
+        they are handled (dead-lettered) in their turn, and the probe's offset is stored in
+        its own, the probe not handled again (``handled``: the offsets handled out of turn,
+        by default the probe's). Nothing is stored past an unsettled record meanwhile; a stop
+        or a revoke before then hands the probe again to the next run (at-least-once)."""
         tp = hold.tp
         self.report_successes(msg)
         self.succeeded()
@@ -537,6 +551,12 @@ class FailureHandler:
         classification = classify(exc)
         self._final_failure(hold, exc, classification, limit=False)
         self._dead_letter(tp, hold.attempts, hold.batch or [hold.failed], exc, classification)
+        offset, after = msg.offset(), _after(hold)
+        assert offset is not None
+        if offset > after:
+            self.holds.catch_up(tp, after, [offset] if handled is None else handled)
+            return
+        self.holds.done(tp)
         self.holds.excluded.discard(tp)
 
     def probe_failed(self, hold: Hold, msg: Message, exc: BaseException | None) -> None:
@@ -597,7 +617,9 @@ class FailureHandler:
             if detector.exhausted(hold.mark) is OutageDecision.DEAD_LETTER:
                 hold.probe = None
                 self._give_up(hold, False, held_exc, classification)
-                self.holds.give_back([msg])  # not handled yet: fetched again, handled anew
+                # the probe and the records it moved past are not handled yet: from the
+                # first record after the held one, each in its turn
+                self.holds.catch_up(tp, _after(hold))
                 return
         hold.probe = hold.probe_state = None
         if (
@@ -615,7 +637,7 @@ class FailureHandler:
         wait = self._outage_wait(hold, held_exc)
         if wait is None:
             self._give_up(hold, False, held_exc, classification, limit=True)
-            self.holds.give_back([msg])  # the probe was not handled: fetch it again
+            self.holds.catch_up(tp, _after(hold))  # the probe was not handled: in its turn
             return
         self._schedule_retry(hold, held_exc, classification, now + wait, wait)
 

@@ -10,6 +10,12 @@ A dead-lettered message does not hold its partition: the messages after it are p
 once, but the partition's stored offset stays at the dead-lettered offset until the dead-letter
 write is ACKNOWLEDGED (:class:`PendingDeadLetters`), so a crash before the acknowledgement
 re-delivers it.
+
+A probe (:mod:`kresilient.consumer._outage`) that moved past records proving nothing (poison,
+skipped duplicates) and then decided is followed by a *catch-up*: the partition is seeked back
+to the first record after the held one and each record is handled in its turn; a probe handled
+out of turn (:attr:`Holds.ahead`) is not handled again, its offset stored in its turn
+(``Verdict.AHEAD``), so no offset passes a record not settled yet.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ class Verdict(enum.Enum):
     RETRY = "retry"  #: the held message itself, redelivered after resume: run the handler
     RELEASE = "release"  #: the held offset is gone (retention, truncation): drop the hold
     PROBE = "probe"  #: a record after the held one, tried as evidence (see ``_outage``)
+    #: catching up with a probe handled out of turn: a record before it, handled as any record
+    TURN = "turn"
+    #: the probe handled out of turn, in its turn: its offset is stored, it is not handled again
+    AHEAD = "ahead"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -66,15 +76,34 @@ class Hold:
     failed: Any = None  #: the failed message (dead-lettered if a probe succeeds)
     exc: BaseException | None = None  #: its last exception
     batch: list[Any] | None = None  #: batch mode: the group that failed with it
+    #: offsets of this partition handled out of turn (probes that succeeded after records
+    #: that proved nothing), stored in their turn and not handled again; the one set of
+    #: :attr:`Holds.ahead` for this partition, shared by its successive holds
+    ahead: set[int] | None = None
+    #: no failed record: the partition was seeked back to ``offset`` and catches up with the
+    #: records handled out of turn (``ahead``) before it flows again
+    catchup: bool = False
 
     def verdict(self, offset: int) -> Verdict:
         """Decide about a message at ``offset`` that arrived for this partition."""
         if not self.resumed:
             return Verdict.SKIP
+        ahead = self.ahead
+        if self.catchup:
+            if ahead:
+                if offset in ahead:
+                    ahead.discard(offset)
+                    return Verdict.AHEAD
+                # records come in order: one handled out of turn before ``offset`` is gone
+                # (compaction, retention), nothing to skip for it
+                ahead.difference_update([o for o in ahead if o < offset])
+                if not ahead:
+                    return Verdict.RELEASE
+            return Verdict.TURN
         probe = self.probe
         if probe is not None:
-            if offset < probe:
-                return Verdict.SKIP
+            if offset < probe or (ahead and offset in ahead):
+                return Verdict.SKIP  # stale, or handled out of turn already: no new evidence
             self.probe = offset  # the probe offset itself may be gone (compaction)
             return Verdict.PROBE
         if offset == self.offset:
@@ -162,6 +191,10 @@ class Holds:
         self._seek_retry = seek_retry
         self.by_tp: dict[TP, Hold] = {}
         self.excluded: set[TP] = set()
+        #: per partition, the offsets handled out of turn (probes) not yet stored: each is
+        #: stored when its turn comes (``Verdict.AHEAD``), never before the records before it
+        #: are settled; forgotten on revoke (handled again by the next owner: at-least-once)
+        self.ahead: dict[TP, set[int]] = {}
 
     def pause(self, tp: TP, offset: int) -> None:
         """Pause ``tp`` and seek it to ``offset`` (drops what was fetched beyond it)."""
@@ -198,6 +231,7 @@ class Holds:
         A probe (``Hold.probe``) that found no record by ``probe_until`` gives way to the next
         attempt of the held message itself (nothing after it to learn from yet)."""
         now = time.monotonic()
+        caught_up: list[TP] = []
         for tp, hold in self.by_tp.items():
             if hold.resumed:
                 if hold.probe is None:
@@ -211,18 +245,51 @@ class Holds:
             if hold.due <= now:
                 if self.resume(tp, hold.position()):
                     hold.resumed = True
+                    if hold.catchup and not hold.ahead:
+                        caught_up.append(tp)  # seeked back, nothing to skip: it flows
                 else:
                     hold.due = now + self._seek_retry
                     timeout = min(timeout, self._seek_retry)
             else:
                 timeout = min(timeout, hold.due - now)
+        for tp in caught_up:
+            self.done(tp)
         return max(timeout, 0.0)
+
+    def new(self, tp: TP, offset: int, **kw: Any) -> Hold:
+        """A hold for the record at ``offset`` that failed (it knows what is ``ahead``)."""
+        hold = self.by_tp[tp] = Hold(tp=tp, offset=offset, ahead=self.ahead.get(tp), **kw)
+        return hold
+
+    def catch_up(self, tp: TP, offset: int, ahead: Iterable[int] = ()) -> None:
+        """The record(s) held before ``offset`` are settled, but a probe ran past records that
+        proved nothing (poison, skipped duplicates): seek ``tp`` back to ``offset``; those
+        records are handled in their turn, and the ``ahead`` offsets (handled out of turn)
+        are stored, not handled, in theirs. What was fetched beyond ``offset`` is skipped."""
+        known = self.ahead.setdefault(tp, set())
+        known.update(ahead)
+        self.by_tp[tp] = Hold(tp=tp, offset=offset, ahead=known, catchup=True, due=time.monotonic())
+        self.excluded.add(tp)  # nothing of it stored by this batch (its offset is behind)
+        self.pause(tp, offset)
+
+    def done(self, tp: TP) -> None:
+        """The hold of ``tp`` ended (its record handled or dead-lettered, or the last record
+        handled out of turn reached in its turn): the partition flows, catching up with what
+        is still ``ahead`` first."""
+        hold = self.by_tp.pop(tp, None)
+        ahead = self.ahead.get(tp)
+        if not ahead:
+            self.ahead.pop(tp, None)
+            return
+        offset = hold.offset + 1 if hold is not None else min(ahead)
+        self.by_tp[tp] = Hold(tp=tp, offset=offset, ahead=ahead, catchup=True, resumed=True)
 
     def release(self, tps: Iterable[TP]) -> None:
         """Forget the holds of ``tps`` (revoked or lost) and resume them: librdkafka keeps an
         application pause across unassign/assign, so a re-assigned partition would otherwise
         never be fetched again (issue 11, defect 2)."""
         for tp in tps:
+            self.ahead.pop(tp, None)
             if self.by_tp.pop(tp, None) is not None:
                 with contextlib.suppress(KafkaException):
                     self._consumer.resume([TopicPartition(tp[0], tp[1])])
@@ -245,8 +312,9 @@ class Holds:
             if m.error() is None:
                 first.setdefault((m.topic(), m.partition()), m.offset())
         for tp, offset in first.items():
-            if tp in self.by_tp:
-                continue
+            hold = self.by_tp.get(tp)
+            if hold is not None and not (hold.catchup and hold.resumed):
+                continue  # seeked to its held record (or its catch-up point) already
             try:
                 self._consumer.seek(TopicPartition(tp[0], tp[1], offset))
             except KafkaException as exc:
