@@ -1,5 +1,6 @@
 """Issue 38: a Python client whose config is read from a file. lint follows a literal
-relative path to a file in the linted tree (beside the source or in a parent directory) and
+relative path to a file beside the source or in one of its parent directories (never through
+`..` or a symbolic link leading out) and
 checks its keys at the line that reads them, so a SASL_PLAINTEXT config in client.json or
 kafka.ini is found; a path known only at run time, or a file that is not there, leaves the
 config "not understood" (KR055) with the file and the reason named."""
@@ -122,3 +123,39 @@ def test_a_file_lint_cannot_follow_is_named_in_kr055(tmp_path: Path, source: str
     [kr055] = [f for f in findings if f.rule == "KR055"]
     assert why in kr055.message and "read from a file at run time" in kr055.message
     assert [(p, m) for p, _, m in stats.not_understood] == [(kr055.path, kr055.message)]
+
+
+@pytest.mark.parametrize("way", ["dotdot", "symlink"])
+def test_a_path_leading_out_of_the_source_directories_is_not_read(tmp_path: Path, way: str) -> None:
+    """Review of issue 38: `../outside/client.json` and a symbolic link to a file elsewhere
+    were followed, and lint echoed what that file held (a broker address). Neither is read
+    now: the config is not understood, and nothing of the outside file is in the findings."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "client.json").write_text(CLIENT_JSON.replace("k1:9092", "secret-host:9092"))
+    project = tmp_path / "a" / "b" / "c" / "d" / "project"
+    project.mkdir(parents=True)
+    if way == "dotdot":
+        literal = "../../../../../outside/client.json"
+    else:
+        (project / "client.json").symlink_to(outside / "client.json")
+        literal = "client.json"
+    (project / "producer.py").write_text(
+        "import json\nfrom confluent_kafka import Producer\n"
+        f"producer = Producer(json.load(open({literal!r})))\n"
+    )
+    findings, stats = _lint(project)
+    from_source = [f for f in findings if f.path.endswith("producer.py")]
+    assert "KR040" not in {f.rule for f in from_source}
+    assert not any("secret-host" in f.message for f in from_source)
+    assert [line for p, line, _ in stats.not_understood if p.endswith("producer.py")] == [3]
+    # control: the same file copied beside the source is followed
+    if way == "symlink":
+        (project / "client.json").unlink()
+    (project / "client.json").write_text((outside / "client.json").read_text())
+    (project / "producer.py").write_text(
+        "import json\nfrom confluent_kafka import Producer\n"
+        "producer = Producer(json.load(open('client.json')))\n"
+    )
+    findings, stats = _lint(project)
+    assert ("KR040", 3) in _in(findings, "producer.py")

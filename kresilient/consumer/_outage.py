@@ -25,7 +25,8 @@ since its first failure (one partition, everything behind it waiting). It may be
 the first victim of an outage. :meth:`OutageDetector.exhausted` answers
 :attr:`OutageDecision.PROBE`: the consumer tries the NEXT record of that partition once,
 keeping the failed one held (its offset is not passed). The probe succeeding is the evidence
-that the failed record is bad (dead-lettered, the partition continues after the probe); the probe
+that the failed record is bad (dead-lettered; the partition goes back to the record after it,
+each record in its turn, and the probe, handled out of turn, is not handled again); the probe
 failing too (a distinct record) is the evidence of an outage (the failed record is held and
 retried; the probe record is fetched again after it). A probe that proves nothing (itself
 poison, a skipped duplicate) moves the probe on to the record after it; when there is no next

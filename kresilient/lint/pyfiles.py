@@ -1,8 +1,9 @@
 """The files a Python client's config is read from: ``json.load(open("client.json"))``, a
 ``configparser`` section, ``yaml.safe_load``, ``tomllib.load``.
 
-lint follows a literal relative path to a file in the linted tree (beside the source, or in
-one of its parent directories, as a script run from the project root opens it) and checks
+lint follows a literal relative path to a file beside the source, or in one of its three
+parent directories (as a script run from the project root opens it); a path that climbs with
+``..``, or a symbolic link leading out of the directory it was found in, is not followed and checks
 what the file holds as the client's config. A path known only at run time
 (``args.config_file``) or a file that is not there leaves the config "not understood",
 saying why (issue 38). Only the standard library's parsers (and PyYAML, which the YAML reader
@@ -46,13 +47,20 @@ _PARENTS = 3
 def find_beside(source: str, literal: str) -> str | None:
     """The file ``literal`` (a relative path written in ``source``) names: in ``source``'s
     directory or one of its ``_PARENTS`` parents, the nearest first; None when it is not
-    there or is absolute (outside the linted tree)."""
+    there, is absolute, climbs with ``..`` or resolves (through a symbolic link) outside the
+    directory it was found in: lint never reads, and so never echoes, a file the path
+    does not plainly place under the source's own project directories."""
     if not literal or "\0" in literal or os.path.isabs(literal):
+        return None
+    if ".." in literal.replace("\\", "/").split("/"):
         return None
     base = os.path.dirname(os.path.abspath(source))
     for _ in range(_PARENTS + 1):
         candidate = os.path.normpath(os.path.join(base, literal))
         if os.path.isfile(candidate):
+            real_base = os.path.realpath(base)
+            if os.path.commonpath([real_base, os.path.realpath(candidate)]) != real_base:
+                return None
             return candidate
         parent = os.path.dirname(base)
         if parent == base:
