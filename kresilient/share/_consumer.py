@@ -16,20 +16,29 @@ on top of that:
   the count at the group's limit, where a RELEASE would archive it) -> the dead letter is
   written with the one :class:`~kresilient.deadletter.DeadLetterWriter` (original bytes,
   kresilient's headers, ``kresilient.attempts`` = the delivery count) and the record is
-  ACCEPTed only once the dead letter is acknowledged; a failed dead-letter write RELEASEs it
-  (or REJECTs nothing: it stays the broker's). Without a dead-letter policy it is REJECTed;
+  ACCEPTed only once the dead letter is acknowledged (an acknowledgement after the lock's
+  end: no ACCEPT, reported as ``lock_expired``); a failed dead-letter write RELEASEs it below
+  the limit. Without a dead-letter policy it is REJECTed;
+* a record at its last delivery is never RELEASEd (nor is it safe unacknowledged: the lock's
+  expiry archives it too): the outage hold and ``stop()`` dead-letter it instead, its
+  dead-letter write is retried until the lock's end, and if that fails it is reported
+  (``share_record_lost_at_limit`` ERROR) and :meth:`ResilientShareConsumer.poll_once` raises a
+  :class:`~kresilient.DeadLetterError` naming it once the batch is settled;
 * a dependency outage (:class:`~kresilient.consumer.OutageDetector`: distinct records failing
   with no success between) holds the failing record and retries it in place under the outage
   policy, fetching nothing meanwhile (every fetch is a delivery), and dead-letters nothing for
-  it; a hold that would outlive the lock RELEASEs the held records (one delivery each) and
-  waits before fetching again;
-* the records of a poll share one lock: once a batch has run 50 ms, acknowledgements are sent
-  (``commit_async``) after a handler returns whenever 50 ms passed since the last send, so one
-  slow handler does not take the batch's earlier ACCEPTs past the lock (only those of the last
-  50 ms); no record is run once the lock ended;
+  it; a hold that would outlive the lock RELEASEs the held records (one delivery each; one at
+  its limit is dead-lettered) and waits before fetching again;
+* the lock is counted from before the poll call (records prefetched earlier were acquired
+  earlier still: a margin is kept, no guarantee); the records of a poll share one lock: once
+  a batch has run 50 ms, acknowledgements are sent (``commit_async``) after a handler returns
+  whenever 50 ms passed since the last send, so one slow handler does not take the batch's
+  earlier ACCEPTs past the lock (only those of the last 50 ms); no record is run once the lock
+  ended;
 * a handler that returns after its record's lock expired is reported (``lock_expired``, a
-  WARNING) and its result is not acknowledged as ACCEPT: the broker redelivered the record
-  (or will), and the member holding it then acknowledges it once.
+  WARNING; an ERROR at the last delivery, where the broker archives it) and its result is not
+  acknowledged as ACCEPT: below the limit the broker redelivers the record, and the member
+  holding it then acknowledges it once.
 
 The client's share consumer is not thread-safe and has no asyncio form; see
 docs/share-groups.md.
@@ -67,6 +76,7 @@ from kresilient.consumer import (
 )
 from kresilient.deadletter import (
     DeadLetterPolicy,
+    DeadLetterRecord,
     DeadLetterWriter,
     build_dead_letter_record,
 )
@@ -195,10 +205,14 @@ class ShareConsumerStats:
     outage_holds: int = 0  #: retries of a held record during a dependency outage
     outage_releases: int = 0  #: records released because an outage outlived their lock
     ack_errors: int = 0  #: partitions whose acknowledgement the broker refused
+    #: records at ``share.delivery.count.limit`` whose dead letter was not acknowledged
+    #: before their lock's end: the broker archives them (each logged as an ERROR)
+    lost_at_limit: int = 0
 
 
 class _Stop(Exception):
-    """Internal: the consumer was asked to stop while holding records."""
+    """The consumer was stopped while holding a record at its last delivery (the reason
+    its dead letter gives: a RELEASE there would have the broker archive it)."""
 
 
 class ResilientShareConsumer:
@@ -289,6 +303,8 @@ class ResilientShareConsumer:
         self._consumer.subscribe(self.topics)
         self._closed = False
         self._acquired: tuple[Message, ...] = ()
+        #: raised by poll_once once the batch is settled: a record at its limit was lost
+        self._fatal: DeadLetterError | None = None
         self._log.info(
             "share_consumer_started",
             topics=self.topics,
@@ -380,18 +396,30 @@ class ResilientShareConsumer:
             self.poll_once(poll_timeout)
 
     def poll_once(self, timeout: float = 0.5) -> int:
-        """Fetch one batch, handle and acknowledge every record of it; return its size."""
-        batch = list(self._consumer.poll(timeout))
+        """Fetch one batch, handle and acknowledge every record of it; return its size.
+
+        ``timeout`` is capped at a tenth of the lock duration: the lock is counted from before
+        the poll, so a long wait would shorten the time left to handle the batch.
+
+        Raises the :class:`~kresilient.DeadLetterError` naming a record at its last delivery
+        whose dead letter could not be written in time (the broker archives it), once the
+        batch is settled, and again on every later call: close the consumer."""
+        if self._fatal is not None:
+            raise self._fatal
+        # the lock is counted from *before* the poll: the broker acquired the records at some
+        # point during it (or earlier, see docs/share-groups.md), never after it returned
+        # (the wait is capped at a tenth of the lock so that it cannot eat a batch's lock)
+        acquired = time.monotonic()
+        batch = list(self._consumer.poll(min(timeout, self.lock_duration / 10)))
         if not batch:
             return 0
         self._acquired = tuple(batch)
-        acquired = time.monotonic()
         lock_end = acquired + self.lock_duration
         releases: list[tuple[float, Message]] = []
         sent = acquired  # acknowledgements of a quick batch go with its final commit
         traced = self._tel.enabled  # untraced: the per-record path below skips the span scope
         handler = self._handler
-        now = acquired
+        now = time.monotonic()  # a poll that took the whole lock runs nothing
         for msg in batch:
             err = msg.error()
             if err is not None and err.code() not in _DESERIALIZATION:
@@ -407,7 +435,7 @@ class ResilientShareConsumer:
                 self._consumer.commit_async()
                 sent = now
             if self._stopping.is_set():
-                self._ack(msg, AcknowledgeType.RELEASE)
+                self._release(msg, lock_end, _stopped(msg, self.delivery_count_limit))
                 continue
             if traced or err is not None:
                 self._one(msg, lock_end, releases)
@@ -429,7 +457,18 @@ class ResilientShareConsumer:
             self._due_releases(releases, lock_end)
         self._commit()
         self._acquired = ()
+        if self._fatal is not None:
+            raise self._fatal
         return len(batch)
+
+    def _release(self, msg: Message, lock_end: float, exc: BaseException) -> None:
+        """RELEASE ``msg`` (the broker delivers it again), unless it is at its last delivery:
+        a RELEASE there has the broker archive it, so it is dead-lettered instead."""
+        count = msg.delivery_count() or 1
+        if count < self.delivery_count_limit:
+            self._ack(msg, AcknowledgeType.RELEASE)
+            return
+        self._give_up(msg, exc, classify(exc), count, lock_end)
 
     def _key(self, msg: Message) -> tuple[str, int, int]:
         return (msg.topic() or "", msg.partition() or 0, msg.offset() or 0)
@@ -488,7 +527,7 @@ class ResilientShareConsumer:
         key = self._key(msg)
         state = self._state(exc, count)
         if not self._retry.retry(state):
-            self._give_up(msg, exc, poison(classify(exc)), count)
+            self._give_up(msg, exc, poison(classify(exc)), count, lock_end)
             return
         classification = classify(exc)
         mark = self._marks.setdefault(key, self._detector.mark())
@@ -505,7 +544,7 @@ class ResilientShareConsumer:
                 )
         exhausted = bool(self._retry.stop(state)) or count >= self.delivery_count_limit
         if self._outage_policy is not None and self._detector.active:
-            self._hold(msg, lock_end, releases)
+            self._hold(msg, exc, lock_end, releases)
             return
         if exhausted:
             decision = (
@@ -518,16 +557,23 @@ class ResilientShareConsumer:
             # still deliver it again, RELEASE it (more evidence then), else dead-letter it:
             # a RELEASE at the limit archives it, with no trace.
             if decision is OutageDecision.DEAD_LETTER or count >= self.delivery_count_limit:
-                self._give_up(msg, exc, classification, count)
+                self._give_up(msg, exc, classification, count, lock_end)
                 return
         delay = float(self._retry.wait(state))
         self._tel.retry_event(None, count, exc, classification=classification, delay_s=delay)
         due = min(time.monotonic() + delay, lock_end - _margin(self.lock_duration))
         releases.append((due, msg))
 
-    def _hold(self, msg: Message, lock_end: float, releases: list[tuple[float, Message]]) -> None:
+    def _hold(
+        self,
+        msg: Message,
+        exc: BaseException,
+        lock_end: float,
+        releases: list[tuple[float, Message]],
+    ) -> None:
         """An outage: retry ``msg`` in place (fetch nothing) until it succeeds or its lock
-        is about to end; then RELEASE it (one delivery) and pause before the next fetch."""
+        is about to end; then RELEASE it (one delivery) and pause before the next fetch. A
+        record at its last delivery is dead-lettered instead (a RELEASE would archive it)."""
         assert self._outage_policy is not None
         state = tenacity.RetryCallState(self._outage_policy.retrying(), None, (), {})
         margin = _margin(self.lock_duration)
@@ -538,10 +584,11 @@ class ResilientShareConsumer:
                 break
             self._stopping.wait(wait)
             self.stats.outage_holds += 1
-            exc = self._call(msg)
-            if exc is None:
+            again = self._call(msg)
+            if again is None:
                 self._success(msg)
                 return
+            exc = again
             self._detector.failure(self._key(msg))
             held = self._detector.reminder()
             if held is not None:
@@ -550,11 +597,20 @@ class ResilientShareConsumer:
                     duration_s=round(self._detector.duration(), 1),
                     failures_since_last=held,
                 )
+        count = msg.delivery_count() or 1
+        if count >= self.delivery_count_limit:
+            self._give_up(msg, exc, classify(exc), count, lock_end)
+            return
         self.stats.outage_releases += 1
         releases.append((time.monotonic(), msg))
 
     def _give_up(
-        self, msg: Message, exc: BaseException, classification: Classification, count: int
+        self,
+        msg: Message,
+        exc: BaseException,
+        classification: Classification,
+        count: int,
+        lock_end: float,
     ) -> None:
         self._marks.pop(self._key(msg), None)
         if self._dlq is None or self._writer is None:
@@ -570,39 +626,39 @@ class ResilientShareConsumer:
                 error=self._redact(str(exc)),
             )
             return
+        last = count >= self.delivery_count_limit
+        deadline = lock_end - _margin(self.lock_duration)
+        if not last and time.monotonic() >= deadline:
+            # no time left to write and ACCEPT: the broker delivers it again after the lock
+            self._late(msg, ran=True, exc=exc)
+            return
         dlq_topic = self._dlq.topic_for(msg.topic() or "")
-        try:
-            with self._tel.dead_letter_span(
-                dlq_topic,
-                source=msg,
-                reason=exc,
-                classification=classification,
+        with self._tel.dead_letter_span(
+            dlq_topic,
+            source=msg,
+            reason=exc,
+            classification=classification,
+            attempts=count,
+            kind="producer",
+        ):
+            record = build_dead_letter_record(
+                msg,
+                policy=self._dlq,
+                group=self.group,
+                exc=exc,
                 attempts=count,
-                kind="producer",
-            ):
-                record = build_dead_letter_record(
-                    msg,
-                    policy=self._dlq,
-                    group=self.group,
-                    exc=exc,
-                    attempts=count,
-                    classification=classification,
-                    trace_context=self._tel.trace_carrier(),
-                    redact=self._redact,
-                )
-                self._writer.write(record)
-                self._writer.flush(max(self.lock_duration - _margin(self.lock_duration), 1.0))
-        except (DeadLetterError, DeliveryError) as err:
-            # not acknowledged: the record goes back to the group, nothing is lost here
-            self._ack(msg, AcknowledgeType.RELEASE)
-            self._log.error(
-                "share_dead_letter_failed",
-                topic=msg.topic(),
-                partition=msg.partition(),
-                offset=msg.offset(),
-                dlq_topic=dlq_topic,
-                error=self._redact(str(err)),
+                classification=classification,
+                trace_context=self._tel.trace_carrier(),
+                redact=self._redact,
             )
+            failure = self._write_dead_letter(record, deadline, retry=last)
+        if failure is not None:
+            self._dead_letter_failed(msg, failure, dlq_topic, count, last, lock_end)
+            return
+        if time.monotonic() >= lock_end:
+            # acknowledged after the lock: an ACCEPT would be refused and, below the limit,
+            # the broker delivers the record again (a second dead letter may follow)
+            self._late(msg, ran=True, exc=exc, dead_lettered=True)
             return
         self._ack(msg, AcknowledgeType.ACCEPT)
         self.stats.dead_lettered += 1
@@ -611,11 +667,93 @@ class ResilientShareConsumer:
         # letter of the batch again (one duplicate dead letter per member at most, not many)
         self._commit()
 
-    def _late(self, msg: Message, *, ran: bool, exc: BaseException | None = None) -> None:
-        """The record's lock expired: the broker released it, and any ACCEPT now would be
-        refused (INVALID_RECORD_STATE) or, worse, taken after another member's; report it."""
+    def _write_dead_letter(
+        self, record: DeadLetterRecord, deadline: float, *, retry: bool
+    ) -> DeadLetterError | DeliveryError | None:
+        """Write and flush ``record`` until ``deadline``; the last failure, or None once it
+        is acknowledged. ``retry`` (a record at its last delivery): a failed write is written
+        again while time is left, and at least one flush of 1 s is made even past the lock
+        (the dead letter is then the record's only trace)."""
+        assert self._writer is not None
+        written = False
+        while True:
+            try:
+                if not written:
+                    self._writer.write(record)
+                    written = True
+                left = deadline - time.monotonic()
+                self._writer.flush(max(left, 1.0) if retry else max(left, 0.01))
+                return None
+            except (DeadLetterError, DeliveryError) as err:
+                if not isinstance(err, DeliveryError) or not err.failures:
+                    written = isinstance(err, DeliveryError)  # a timeout: still pending
+                else:
+                    written = False  # failed for good: write it again
+                left = deadline - time.monotonic()
+                if not retry or left <= 0 or self._closed:
+                    return err
+                time.sleep(min(0.25, left))
+
+    def _dead_letter_failed(
+        self,
+        msg: Message,
+        err: DeadLetterError | DeliveryError,
+        dlq_topic: str,
+        count: int,
+        last: bool,
+        lock_end: float,
+    ) -> None:
+        fields = {
+            "topic": msg.topic(),
+            "partition": msg.partition(),
+            "offset": msg.offset(),
+            "delivery_count": count,
+            "dlq_topic": dlq_topic,
+            "error": self._redact(str(err)),
+        }
+        if not last:
+            # not acknowledged, and below the limit: the record goes back to the group
+            self._log.error("share_dead_letter_failed", **fields)
+            if time.monotonic() < lock_end:
+                self._ack(msg, AcknowledgeType.RELEASE)
+            else:
+                self._ack(msg, AcknowledgeType.RELEASE, counted=False)
+            return
+        # at its last delivery no acknowledgement keeps it: RELEASE, REJECT and the lock's
+        # expiry all have the broker archive it. Left unacknowledged (the lock's end archives
+        # it, unless a dead letter still pending is delivered later), reported, and the member
+        # stops once the batch is settled rather than lose more records the same way.
+        self.stats.lost_at_limit += 1
+        self._log.error("share_record_lost_at_limit", **fields)
+        if self._fatal is None:
+            where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
+            self._fatal = DeadLetterError(
+                self._redact(
+                    f"share group {self.group}: record {where} is at its last delivery "
+                    f"(delivery count {count}, share.delivery.count.limit "
+                    f"{self.delivery_count_limit}) and its dead letter to {dlq_topic} was not "
+                    f"acknowledged before its lock's end; the broker archives it: {err}"
+                ),
+                topic=dlq_topic,
+                classification=err.classification,
+            )
+        self._stopping.set()
+
+    def _late(
+        self,
+        msg: Message,
+        *,
+        ran: bool,
+        exc: BaseException | None = None,
+        dead_lettered: bool = False,
+    ) -> None:
+        """The record's lock expired: the broker released it (archived it, at its last
+        delivery), and any ACCEPT now would be refused (INVALID_RECORD_STATE) or, worse,
+        taken after another member's; report it (an ERROR when archived, not dead-lettered)."""
         self.stats.lock_expired += 1
-        self._log.warning(
+        archived = (msg.delivery_count() or 1) >= self.delivery_count_limit
+        log = self._log.error if archived and not dead_lettered else self._log.warning
+        log(
             "share_lock_expired",
             topic=msg.topic(),
             partition=msg.partition(),
@@ -623,6 +761,8 @@ class ResilientShareConsumer:
             delivery_count=msg.delivery_count(),
             handler_ran=ran,
             handler_failed=exc is not None,
+            dead_lettered=dead_lettered,
+            archived=archived,
             lock_duration_s=self.lock_duration,
         )
         # the client wants every record of the batch acknowledged before the next poll; a
@@ -697,6 +837,14 @@ class ResilientShareConsumer:
                 partition=tp.partition,
                 error=self._redact(str(err)),
             )
+
+
+def _stopped(msg: Message, limit: int) -> _Stop:
+    return _Stop(
+        f"the share consumer stopped holding the record at its last delivery (delivery count "
+        f"{msg.delivery_count()}, share.delivery.count.limit {limit}): a RELEASE would have "
+        "the broker archive it"
+    )
 
 
 def _margin(lock_duration: float) -> float:
