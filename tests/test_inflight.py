@@ -8,7 +8,10 @@ The real-cluster guarantees built on it are tested where the consumer uses it.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -21,6 +24,7 @@ from kresilient.consumer._inflight import (
     InflightWindow,
     OffsetTracker,
     encode_finished,
+    encode_ranges,
     finished_from,
     with_finished,
 )
@@ -148,7 +152,8 @@ def test_the_committable_offset_is_the_lowest_unfinished_one() -> None:
         t.offer(offset)
     t.finish(8)
     t.finish(7)
-    assert t.committable() == 5 and t.finished() == [7, 8]
+    # the hole (6) counts as finished: no record has it, and it keeps the ranges merged
+    assert t.committable() == 5 and t.finished() == [6, 7, 8]
     t.finish(5)
     assert t.committable() == 9 and t.finished() == []
     t.finish(9)
@@ -337,7 +342,8 @@ def test_any_interleaving_keeps_order_bound_and_gap_safety(
         above = sorted(x for x in run.finished if x > base)
         meta = w.metadata(CLEAN)
         listed = finished_from(meta, base)
-        assert (listed.offsets() if listed else []) == above or meta == CLEAN
+        listed_offered = [x for x in (listed.offsets() if listed else []) if x in offered]
+        assert listed_offered == above or meta == CLEAN
         assert meta is not None and len(meta.encode()) <= METADATA_MAX_BYTES
         assert parse_marker(meta) == parse_marker(CLEAN)
     assert w.committable() == records[-1][0] + 1 and w.idle
@@ -376,3 +382,241 @@ def test_finished_membership_at_the_edges() -> None:
     assert [o for o in range(9, 23) if o in f] == [12, 13, 20]
     assert len(f) == 3 and f.last == 20
     assert "12" not in f
+
+
+# ---------------------------------------------------------------------- bounds (review finding 4)
+
+
+def test_finished_offsets_behind_a_stuck_record_stay_one_range() -> None:
+    t = OffsetTracker()
+    t.offer(0)  # waits for its retries
+    for offset in range(1, 10_001):
+        t.offer(offset)
+        t.finish(offset)
+    assert t.committable() == 0 and t.unfinished() == 1
+    assert t.finished_ranges() == [(1, 10_001)]  # not 10 000 ints
+    assert t.ahead() == 10_000
+    t.finish(0)
+    assert t.committable() == 10_001 and t.finished_ranges() == [] and t.ahead() == 0
+
+
+def test_out_of_order_finishes_merge_into_ranges() -> None:
+    t = OffsetTracker()
+    for offset in (0, 1, 2, 3, 5, 6):  # 4: a hole, counted finished
+        t.offer(offset)
+    for offset in (3, 1, 5, 2):
+        t.finish(offset)
+    assert t.finished_ranges() == [(1, 6)] and t.committable() == 0
+    assert encode_ranges(0, t.finished_ranges()) == encode_finished(0, range(1, 6))
+
+
+def test_a_partition_too_far_past_its_stuck_record_is_blocked_until_it_finishes() -> None:
+    w = _window(max_records=8, max_ahead=100)
+    w.offer(0, b"stuck", 1, 0)
+    assert w.ready(0.0) == [0]
+    w.retry(0, due=1e18)
+    for offset in range(1, 102):
+        w.offer(offset, b"k%d" % (offset % 5), 1, offset)
+        for item in w.ready(0.0):
+            w.finish(item)
+        assert w.blocked == (offset > 100)
+    w.ready(2e18)
+    w.finish(0)
+    assert not w.blocked and w.committable() == 102
+    meta = w.metadata(None)
+    assert meta is None  # nothing finished above the committable offset
+
+
+# ---------------------------------------------------------------------- the runner, with fakes
+# (review findings 2, 3, 5 and the dead-letter re-raise; no client: the guarantees on a
+# real cluster are in tests/test_inflight_consumer.py)
+
+
+class _Msg:
+    def __init__(
+        self,
+        partition: int,
+        offset: int,
+        key: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        self._p, self._o, self._k, self._h = partition, offset, key, headers
+
+    def error(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def key(self) -> bytes:
+        return self._k
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._h
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.commits: list[list[tuple[str, int, int]]] = []
+
+    def pause(self, parts: object) -> None:
+        pass
+
+    def resume(self, parts: object) -> None:
+        pass
+
+    def commit(self, offsets: list[Any], asynchronous: bool = True) -> None:
+        self.commits.append([(p.topic, p.partition, p.offset) for p in offsets])
+
+
+class _Offsets:
+    dead_lettered = 0
+
+    def store_metadata(self, tp: object, offset: int, meta: object) -> None:
+        pass
+
+    def commit_failed(self, *args: object) -> None:
+        raise AssertionError(args)
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **kw: self.events.append(event)
+
+
+def _runner(call: Any, *, max_records: int = 4, dedupe: Any = None) -> Any:
+    import tenacity
+
+    from kresilient.consumer._holds import LoopState
+    from kresilient.consumer._parallel import ParallelRunner
+
+    return ParallelRunner(
+        consumer=_Client(),
+        call=call,
+        ordering="key",
+        max_records=max_records,
+        max_bytes=1 << 20,
+        metadata=True,
+        retrying=tenacity.Retrying(stop=tenacity.stop_after_attempt(1)),
+        policy=None,
+        breaker=None,
+        dedupe=dedupe,
+        deser=None,
+        tel=object(),
+        state=LoopState(),
+        offsets=_Offsets(),
+        consume_error=lambda msg: None,
+        group="g",
+        log=_Log(),
+        redact=lambda text: text,
+        commit_interval=60.0,
+        revoke_timeout=30.0,
+    )
+
+
+def _until(condition: Any, runner: Any, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met"
+        runner.service(0.01)
+
+
+def test_a_resent_copy_right_behind_its_original_is_skipped_at_its_turn() -> None:
+    from kresilient.dedupe import MESSAGE_ID_HEADER, POSSIBLE_DUPLICATE_HEADER, Deduplicator
+
+    calls: list[int] = []
+    r = _runner(lambda msg: calls.append(msg.offset()), dedupe=Deduplicator())
+    original = _Msg(0, 0, b"k", [(MESSAGE_ID_HEADER, b"id-1")])
+    copy = _Msg(0, 1, b"k", [(MESSAGE_ID_HEADER, b"id-1"), (POSSIBLE_DUPLICATE_HEADER, b"true")])
+    try:
+        r.process([original, copy])  # one poll: the copy is polled before the original ran
+        _until(lambda: r.windows[("t", 0)].idle, r)
+        assert calls == [0] and r._state.duplicates == 1
+        assert r.windows[("t", 0)].committable() == 2
+    finally:
+        r.close(5.0)
+
+
+def test_records_of_a_revoked_partition_queued_in_the_pool_never_run() -> None:
+    release = threading.Event()
+    calls: list[tuple[int, int]] = []
+
+    def call(msg: Any) -> None:
+        calls.append((msg.partition(), msg.offset()))
+        if msg.partition() == 1:
+            assert release.wait(30)
+
+    r = _runner(call, max_records=1)  # one worker: t[0]'s records queue behind t[1]'s
+    try:
+        r.process([_Msg(1, 0, b"a"), _Msg(0, 0, b"x")])
+        r.revoke({("t", 0)})
+        assert ("t", 0) not in r.windows
+        assert "in_flight_abandoned" not in r._log.events  # not started: nothing abandoned
+        assert r._consumer.commits[-1] == [("t", 0, 0)]
+        release.set()
+        _until(lambda: r.windows[("t", 1)].idle, r)
+        r._pool.shutdown(wait=True)  # anything still queued has run now
+        assert calls == [(1, 0)]  # negative control: t[1]'s record ran; t[0]'s never did
+    finally:
+        release.set()
+        r.close(5.0)
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, ValueError])  # fatal / no dead-letter policy
+def test_a_fatal_outcome_leaves_nothing_running_for_close_to_wait_for(
+    raised: type[BaseException],
+) -> None:
+    def call(msg: Any) -> None:
+        raise raised("boom")
+
+    r = _runner(call)
+    r.process([_Msg(0, 0, b"k"), _Msg(0, 1, b"k")])
+    with pytest.raises(raised):
+        _until(lambda: False, r)
+    window = r.windows[("t", 0)]
+    assert window.running == 0 and window.committable() == 0  # stays uncommitted
+    r.close(30.0)
+    assert "in_flight_abandoned" not in r._log.events
+    assert r._consumer.commits[-1] == [("t", 0, 0)]
+
+
+def test_a_failed_dead_letter_write_is_raised_once_and_the_revoke_still_commits() -> None:
+    from kresilient.errors import DeadLetterError
+
+    class _Handle:
+        def done(self) -> bool:
+            return True
+
+        def exception(self, timeout: float) -> Exception:
+            failed = RuntimeError("broker down")
+            failed.classification = None  # type: ignore[attr-defined]
+            return failed
+
+    r = _runner(lambda msg: None)
+    try:
+        r.process([_Msg(0, 0, b"k")])
+        _until(lambda: r.windows[("t", 0)].idle, r)
+        r.process([_Msg(0, 1, b"k")])
+        window = r.windows[("t", 0)]
+        r._dead_letters.append((window, ("t", 0), 1, _Handle()))
+        with pytest.raises(DeadLetterError):
+            r._check_dead_letters()
+        r._check_dead_letters()  # raised once, not at every later call
+        _until(lambda: window.running == 0, r)
+        r.revoke({("t", 0)})
+        assert ("t", 0) not in r.windows
+        assert r._consumer.commits[-1][0][:2] == ("t", 0)
+    finally:
+        r.close(5.0)

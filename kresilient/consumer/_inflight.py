@@ -25,6 +25,10 @@ its own is admitted when the window is empty (it would never run otherwise). Rec
 beyond the window wait in a backlog; over ``max_backlog`` of them the partition is
 ``blocked`` (until half of them went in): the consumer pauses it, keeps polling, and resumes
 it when it is not. The records held are at most the window, ``max_backlog`` and one poll.
+A record waiting for its retries lets the rest of its partition flow (``"key"``, ``"none"``):
+the finished offsets above it are kept as merged ranges (memory grows with the unfinished
+records, not with the distance), and past ``max_ahead`` offsets beyond the lowest unfinished
+one the partition is ``blocked`` too, until that record finishes.
 
 Gap-safe commits: the committable offset is the lowest unfinished offset offered (or the
 offset after the last one when all finished), so a commit never passes an unfinished record.
@@ -73,6 +77,7 @@ __all__ = [
     "OffsetTracker",
     "Ordering",
     "encode_finished",
+    "encode_ranges",
     "finished_from",
     "with_finished",
 ]
@@ -105,33 +110,67 @@ class OffsetTracker:
     """The lowest unfinished offset of a partition, and the finished offsets above it.
 
     Offsets are offered in increasing order (not necessarily contiguous: transaction markers
-    and compaction leave holes) and finished in any order.
+    and compaction leave holes) and finished in any order. Memory is bounded by the
+    unfinished offsets, not by how far the partition went past the lowest one: the finished
+    offsets above it are kept as merged ``[start, end)`` ranges (a hole between two offered
+    offsets counts as finished: no record has it), at most one more range than unfinished
+    offsets, updated as records finish (never sorted again).
     """
 
-    __slots__ = ("_done", "_next", "_offered")
+    __slots__ = ("_low", "_next", "_ranges", "_unfinished")
 
     def __init__(self) -> None:
-        self._offered: deque[int] = deque()  #: offered, not finished below the lowest unfinished
-        self._done: set[int] = set()  #: finished offsets still in ``_offered``
+        #: offered and not finished, in offset order (insertion order: offered ascending)
+        self._unfinished: dict[int, None] = {}
+        self._low: int | None = None  #: the lowest unfinished offset (``None``: none)
+        #: finished offsets above ``_low``: disjoint ``[start, end)`` ranges, ascending
+        self._ranges: list[list[int]] = []
         self._next: int | None = None  #: the offset after the last one offered
 
     def offer(self, offset: int) -> None:
         """``offset`` was polled (it is unfinished until :meth:`finish`)."""
         if self._next is not None and offset < self._next:
             raise ValueError(f"offset {offset} offered after {self._next - 1}")
-        self._offered.append(offset)
+        if self._low is None:
+            self._low = offset
+        elif self._next is not None and offset > self._next:
+            self._add(self._next, offset)  # a hole above an unfinished record: no record
+        self._unfinished[offset] = None
         self._next = offset + 1
 
     def finish(self, offset: int) -> None:
         """``offset`` is done (handled, dead-lettered, moved, or skipped)."""
-        offered, done = self._offered, self._done
-        if offered and offered[0] == offset:
-            offered.popleft()
-            while offered and offered[0] in done:
-                done.discard(offered.popleft())
-        elif offered and offered[0] < offset < (self._next or 0):
-            done.add(offset)
-        # anything else: finished twice, or never offered here (a seek reset): nothing to do
+        if offset not in self._unfinished:
+            return  # finished twice, or never offered here (a seek reset): nothing to do
+        del self._unfinished[offset]
+        if offset != self._low:
+            self._add(offset, offset + 1)
+            return
+        low = next(iter(self._unfinished), None)
+        self._low = low
+        ranges = self._ranges
+        if low is None:
+            ranges.clear()
+            return
+        drop = 0
+        while drop < len(ranges) and ranges[drop][1] <= low:
+            drop += 1
+        if drop:
+            del ranges[:drop]
+
+    def _add(self, start: int, end: int) -> None:
+        """Mark ``[start, end)`` finished (above ``_low``, not finished before)."""
+        ranges = self._ranges
+        i = bisect.bisect_right(ranges, [start, _INF])
+        if i and ranges[i - 1][1] == start:
+            ranges[i - 1][1] = end
+            if i < len(ranges) and ranges[i][0] == end:
+                ranges[i - 1][1] = ranges[i][1]
+                del ranges[i]
+        elif i < len(ranges) and ranges[i][0] == end:
+            ranges[i][0] = start
+        else:
+            ranges.insert(i, [start, end])
 
     @property
     def next_offset(self) -> int | None:
@@ -140,20 +179,32 @@ class OffsetTracker:
 
     def committable(self) -> int | None:
         """The offset a commit may carry: the lowest unfinished one (``None``: none offered)."""
-        return self._offered[0] if self._offered else self._next
+        return self._next if self._low is None else self._low
+
+    def ahead(self) -> int:
+        """How far the partition went past the lowest unfinished offset (0: none unfinished)."""
+        if self._low is None or self._next is None:
+            return 0
+        return self._next - 1 - self._low
+
+    def finished_ranges(self) -> list[tuple[int, int]]:
+        """The finished offsets above :meth:`committable`: ``[start, end)`` ranges, ascending
+        (holes between offered offsets included)."""
+        return [(start, end) for start, end in self._ranges]
 
     def finished(self) -> list[int]:
-        """The finished offsets above :meth:`committable`, ascending."""
-        return sorted(self._done)
+        """The finished offsets above :meth:`committable`, ascending (tests, small lists)."""
+        return [o for start, end in self._ranges for o in range(start, end)]
 
     def unfinished(self) -> int:
         """How many offered offsets are not finished."""
-        return len(self._offered) - len(self._done)
+        return len(self._unfinished)
 
     def reset(self) -> None:
         """Forget everything (a seek moved the partition; revoke; loss)."""
-        self._offered.clear()
-        self._done.clear()
+        self._unfinished.clear()
+        self._ranges.clear()
+        self._low = None
         self._next = None
 
 
@@ -185,6 +236,7 @@ class InflightWindow(Generic[T]):
         max_records: int,
         max_bytes: int,
         max_backlog: int = 0,
+        max_ahead: int = 0,
         skip: Finished | None = None,
     ) -> None:
         if ordering not in ORDERINGS:
@@ -198,6 +250,11 @@ class InflightWindow(Generic[T]):
         #: half of them went in (0: from the first one until none waits)
         self.max_backlog = max(max_backlog, 0)
         self._blocked = False
+        #: ``blocked`` while the partition went more than this many offsets past its lowest
+        #: unfinished record (0: no limit): what a crash may redo when the list of finished
+        #: records does not fit the metadata, and what a record waiting for its retries
+        #: lets through behind it
+        self.max_ahead = max(max_ahead, 0)
         self.offsets = OffsetTracker()
         self.skip = skip
         self.skipped = 0  #: records finished from the metadata without running
@@ -208,6 +265,9 @@ class InflightWindow(Generic[T]):
         self._delayed: list[tuple[float, int, _Entry[T]]] = []  #: heads waiting for a retry
         self._bytes = 0
         self._running = 0
+        #: set when the partition is revoked or lost (and by :meth:`clear`): records handed
+        #: to a worker and not started yet are not to run (the consumer checks it)
+        self.closed = False
 
     # ------------------------------------------------------------------ feeding
 
@@ -307,6 +367,15 @@ class InflightWindow(Generic[T]):
         self.offsets.finish(offset)
         self._admit()
 
+    def abandon(self, offset: int) -> None:
+        """The record at ``offset`` stopped running without an outcome (a fatal error in its
+        handler, its partition revoked before it started): it no longer counts as running,
+        and stays unfinished (a commit stays below it) and blocks its chain."""
+        entry = self._entries.get(offset)
+        if entry is not None and entry.running:
+            entry.running = False
+            self._running -= 1
+
     def retry(self, offset: int, due: float) -> None:
         """The record at ``offset`` failed and waits until ``due`` for its next attempt; it
         keeps its place, so it still blocks its chain."""
@@ -324,8 +393,10 @@ class InflightWindow(Generic[T]):
     def blocked(self) -> bool:
         """Whether the partition must be paused: more than ``max_backlog`` records wait
         outside the full window (until no more than half of them wait: a fetch restarted
-        after a pause takes a while, the window keeps running meanwhile)."""
-        return self._blocked
+        after a pause takes a while, the window keeps running meanwhile); or more than
+        ``max_ahead`` offsets were offered past the lowest unfinished one (until its record
+        finishes)."""
+        return self._blocked or (0 < self.max_ahead < self.offsets.ahead())
 
     @property
     def running(self) -> int:
@@ -368,6 +439,7 @@ class InflightWindow(Generic[T]):
         self._blocked = False
         self.offsets.reset()
         self.skip = None
+        self.closed = True
 
     def committable(self) -> int | None:
         """See :meth:`OffsetTracker.committable`."""
@@ -379,13 +451,13 @@ class InflightWindow(Generic[T]):
         base = self.offsets.committable()
         if base is None:
             return marker
-        finished = self.offsets.finished()
+        ranges = self.offsets.finished_ranges()
         skip, upcoming = self.skip, self.offsets.next_offset
         if skip is not None and upcoming is not None:
             # listed by the previous owner and not fetched again yet: still finished (a list
-            # without them would make the next crash redo them)
-            finished += [o for o in skip.offsets() if o >= upcoming]
-        return with_finished(marker, base, finished, limit=limit)
+            # without them would make the next crash redo them); all above the tracker's
+            ranges += [(max(s, upcoming), e) for s, e in skip.ranges if e > upcoming]
+        return _with_value(marker, encode_ranges(base, ranges), limit)
 
 
 # ---------------------------------------------------------------------- metadata
@@ -432,36 +504,54 @@ def _b36(n: int) -> str:
     return "".join(reversed(out))
 
 
-def _runs(base: int, finished: list[int]) -> list[int]:
-    """Alternating not-finished / finished run lengths from ``base + 1``."""
-    runs: list[int] = []
-    cursor = base + 1
-    for offset in finished:
-        if runs and offset == cursor:
-            runs[-1] += 1
+def _to_ranges(base: int, finished: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted distinct offsets above ``base`` as merged ``[start, end)`` ranges."""
+    ranges: list[tuple[int, int]] = []
+    for offset in sorted({o for o in finished if o > base}):
+        if ranges and ranges[-1][1] == offset:
+            ranges[-1] = (ranges[-1][0], offset + 1)
         else:
-            runs.append(offset - cursor)
-            runs.append(1)
-        cursor = offset + 1
-    return runs
+            ranges.append((offset, offset + 1))
+    return ranges
 
 
 def encode_finished(base: int, finished: Iterable[int]) -> dict[str, int | str] | None:
     """The ``"g"`` value for the finished offsets above ``base`` (``None``: none)."""
-    done = sorted({o for o in finished if o > base})
-    if not done:
+    return encode_ranges(base, _to_ranges(base, finished))
+
+
+def encode_ranges(base: int, ranges: Iterable[tuple[int, int]]) -> dict[str, int | str] | None:
+    """The ``"g"`` value for finished ``[start, end)`` ranges above ``base`` (ascending,
+    disjoint; ``None``: none). Linear in the number of ranges: the bitmap, whose size is the
+    span, is built only when the span is short enough for it to win."""
+    runs: list[int] = []
+    cursor = base + 1
+    for start, end in ranges:
+        start = max(start, cursor)
+        if end <= start:
+            continue
+        if runs and start == cursor:
+            runs[-1] += end - start
+        else:
+            runs.append(start - cursor)
+            runs.append(end - start)
+        cursor = end
+    if not runs:
         return None
-    runs = ".".join(_b36(n) for n in _runs(base, done))
-    span = done[-1] - base
-    if span <= 6 * (len(runs) + 2):  # a bitmap could be shorter: build it
+    text = ".".join(_b36(n) for n in runs)
+    span = cursor - 1 - base
+    if span <= 6 * (len(text) + 2):  # a bitmap could be shorter: build it
         bits = bytearray((span + 7) // 8)
-        for offset in done:
-            i = offset - base - 1
-            bits[i >> 3] |= 1 << (i & 7)
+        i = 0
+        for n_not, n_done in zip(runs[::2], runs[1::2], strict=True):
+            i += n_not
+            for j in range(i, i + n_done):
+                bits[j >> 3] |= 1 << (j & 7)
+            i += n_done
         bitmap = base64.urlsafe_b64encode(bytes(bits)).decode().rstrip("=")
-        if len(bitmap) < len(runs):
+        if len(bitmap) < len(text):
             return {"o": base, "b": bitmap}
-    return {"o": base, "r": runs}
+    return {"o": base, "r": text}
 
 
 def with_finished(
@@ -474,7 +564,10 @@ def with_finished(
     """The metadata to commit at ``base``: ``marker`` (kresilient's marker, or ``None``)
     carrying the finished offsets above ``base``. When they would not fit in ``limit``
     bytes, or ``marker`` is not kresilient's, ``marker`` is returned unchanged (bare)."""
-    value = encode_finished(base, finished)
+    return _with_value(marker, encode_finished(base, finished), limit)
+
+
+def _with_value(marker: str | None, value: dict[str, int | str] | None, limit: int) -> str | None:
     if value is None:
         return marker
     if marker:

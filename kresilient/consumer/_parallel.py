@@ -11,14 +11,19 @@ a queue and are dealt with on the loop thread:
   window (it blocks only its key in ``"key"`` mode), the partition keeps flowing; a record
   given up on is written to the dead-letter topic (the same record format and writer as the
   one-at-a-time path) and finished when the write is ACKNOWLEDGED;
-* a full window pauses its partition (polling goes on) until it has room again.
+* a full window pauses its partition (polling goes on) until it has room again, and so does
+  a partition that went ``max_ahead`` offsets past its lowest unfinished record;
+* dedupe is checked when a record's turn comes (not when polled): a re-sent copy behind its
+  original of the same key is skipped.
 
 Offsets: the lowest unfinished offset of each partition is stored, with the finished offsets
 above it in the metadata (:func:`~kresilient.consumer._inflight.with_finished`), and
 committed explicitly every ``commit_interval`` (both), on revoke and on close; a member taking a
 partition over skips the records the metadata lists. On revoke the runner waits (up to
 ``revoke_timeout``) for the revoked partitions' running records, then stores what is safe;
-on a lost assignment it stores nothing.
+on a lost assignment it stores nothing. Either way the partitions' records queued in the
+shared pool and not started are dropped (their window is ``closed``): they never start after
+the partition left. A fatal outcome leaves its record unfinished and not running.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
 import tenacity
@@ -53,8 +58,19 @@ __all__ = ["ParallelRunner"]
 _BUSY_POLL: Final = 0.005
 #: The least backlog a window keeps before its partition is paused (see ``max_backlog``).
 _MIN_BACKLOG: Final = 500
+#: The least distance (offsets) a partition may go past its lowest unfinished record before it
+#: is paused (see ``max_ahead``).
+_MIN_AHEAD: Final = 10_000
 #: Committed-offset lookups on assignment (the finished-offset lists).
 _COMMITTED_TIMEOUT: Final = 10.0
+
+
+class _NotStarted(BaseException):
+    """The outcome of a record whose partition was revoked or lost before a worker started
+    it: the handler was not called."""
+
+
+_NOT_STARTED: Final = _NotStarted()
 
 _Outcome = tuple[InflightWindow[Message], TP, Message, BaseException | None]
 
@@ -96,6 +112,10 @@ class ParallelRunner:
         #: partition's fetch restarts from the broker when resumed, so resuming only once the
         #: backlog is empty would leave the window idle for that round trip at every cycle
         self.max_backlog = max(2 * max_records, _MIN_BACKLOG)
+        #: offsets a partition may go past its lowest unfinished record (one waiting for its
+        #: retries while the other keys flow) before it is paused: bounds what a crash redoes
+        #: when the finished list does not fit the metadata
+        self.max_ahead = max(20 * max_records, _MIN_AHEAD)
         self._retrying = retrying
         self._policy = policy
         self._breaker = breaker
@@ -116,11 +136,12 @@ class ParallelRunner:
         self._attempts: dict[tuple[TP, int], tenacity.RetryCallState] = {}
         self._dead_letters: list[tuple[InflightWindow[Message], TP, int, Any]] = []
         self._paused: set[TP] = set()
-        self._duplicates: set[tuple[TP, int]] = set()  #: offered duplicates not finished yet
         self._dirty: set[TP] = set()  #: partitions whose committable state changed
         self._uncommitted: set[TP] = set()  #: stored since the last explicit commit
         self._next_commit = time.monotonic() + commit_interval
         self._done: queue.SimpleQueue[_Outcome] = queue.SimpleQueue()
+        #: records handed to the pool, by window and offset, until their outcome is dealt with
+        self._futures: dict[tuple[InflightWindow[Message], int], Future[None]] = {}
         self._pool = ThreadPoolExecutor(max_workers=max_records, thread_name_prefix="kresilient")
         self.skipped = 0  #: records finished before a restart, skipped from the metadata
         self.fatal: BaseException | None = None
@@ -129,7 +150,6 @@ class ParallelRunner:
 
     def process(self, msgs: list[Message]) -> None:
         """Offer polled records to their windows and start what may start."""
-        dedupe = self._dedupe
         for msg in msgs:
             if msg.error() is not None:
                 self._consume_error(msg)
@@ -142,6 +162,7 @@ class ParallelRunner:
                     max_records=self.max_records,
                     max_bytes=self.max_bytes,
                     max_backlog=self.max_backlog,
+                    max_ahead=self.max_ahead,
                     skip=self._skips.pop(tp, None),
                 )
             offset: int = msg.offset()  # type: ignore[assignment]
@@ -153,8 +174,6 @@ class ParallelRunner:
             self._dirty.add(tp)
             if not window.offer(offset, key if isinstance(key, bytes) else None, size, msg):
                 self.skipped += 1
-            elif dedupe is not None and dedupe.is_duplicate(msg):
-                self._duplicates.add((tp, offset))  # finished when it may start, not run
         self._start_ready()
 
     def service(self, timeout: float) -> float:
@@ -208,20 +227,23 @@ class ParallelRunner:
             self._flow(tp, window)
 
     def _submit(self, window: InflightWindow[Message], tp: TP, msg: Message) -> None:
-        if self._duplicates:
+        if self._dedupe is not None and self._dedupe.is_duplicate(msg):
+            # checked at its turn, not when polled: in "key" mode the earlier records of its
+            # key (a re-sent copy's original) finished and were recorded by now
             offset: int = msg.offset()  # type: ignore[assignment]
-            if (tp, offset) in self._duplicates:
-                # its turn came (after the earlier records of its key): skipped, stored
-                self._duplicates.discard((tp, offset))
-                self._state.duplicates += 1
-                window.finish(offset)
-                self._dirty.add(tp)
-                return
-        self._pool.submit(self._run, window, tp, msg)
+            self._state.duplicates += 1
+            window.finish(offset)
+            self._dirty.add(tp)
+            return
+        offset = msg.offset()  # type: ignore[assignment]
+        self._futures[(window, offset)] = self._pool.submit(self._run, window, tp, msg)
 
     def _run(self, window: InflightWindow[Message], tp: TP, msg: Message) -> None:
         """A worker thread: the handler, inside its process span when traced."""
         error: BaseException | None = None
+        if window.closed:  # revoked or lost while queued: its new owner handles it
+            self._done.put((window, tp, msg, _NOT_STARTED))
+            return
         try:
             if self._state.traced:
                 with self._tel.process_span(msg, group=self._group):
@@ -246,7 +268,10 @@ class ParallelRunner:
         successes = 0
         while True:
             window, tp, msg, error = outcome
-            if self.windows.get(tp) is window:  # else revoked or lost meanwhile
+            self._futures.pop((window, msg.offset()), None)  # type: ignore[arg-type]
+            if error is _NOT_STARTED:
+                window.abandon(msg.offset())  # type: ignore[arg-type]
+            elif self.windows.get(tp) is window:  # else revoked or lost meanwhile
                 if error is None:
                     successes += 1
                     self._finished(window, tp, msg)
@@ -273,10 +298,12 @@ class ParallelRunner:
     def _failed(
         self, window: InflightWindow[Message], tp: TP, msg: Message, exc: BaseException
     ) -> None:
-        if not isinstance(exc, Exception):
-            self.fatal = exc  # KeyboardInterrupt, SystemExit from a handler: stop
-            return
         offset: int = msg.offset()  # type: ignore[assignment]
+        if not isinstance(exc, Exception):
+            # KeyboardInterrupt, SystemExit from a handler: stop; the record ran, it is not
+            # running any more (close() does not wait for it) and stays uncommitted
+            self._fatal(window, offset, exc)
+            return
         retrying = self._retrying
         state = self._attempts.get((tp, offset))
         if state is None:
@@ -337,13 +364,13 @@ class ParallelRunner:
                 offset=offset,
                 note="the consumer stops; the offset is not committed",
             )
-            self.fatal = exc
+            self._fatal(window, offset, exc)
             return
         if self._breaker is not None:
             try:
                 self._breaker.check()
             except Exception as opened:
-                self.fatal = opened
+                self._fatal(window, offset, opened)
                 return
         raw = self._deser.raw_bytes(msg) if self._deser is not None else None
         topic = policy.topic_for(tp[0])
@@ -376,11 +403,17 @@ class ParallelRunner:
                 )
                 handle = sink.send(record)
         except Exception as refused:
-            self.fatal = refused
+            self._fatal(window, offset, refused)
             return
         if self._breaker is not None:
             self._breaker.record_dead_letter()
         self._dead_letters.append((window, tp, offset, handle))
+
+    def _fatal(self, window: InflightWindow[Message], offset: int, exc: BaseException) -> None:
+        """Stop the consumer at its next turn; the record stays unfinished, not running."""
+        window.abandon(offset)
+        if self.fatal is None:
+            self.fatal = exc
 
     def _check_dead_letters(self) -> None:
         if self.sink is not None:
@@ -392,6 +425,8 @@ class ParallelRunner:
                 continue
             error = handle.exception(0)
             if error is not None:
+                # raised once: later calls (a revoke, the close) go on with the others
+                self._dead_letters = [d for d in self._dead_letters if d[3] is not handle]
                 raise DeadLetterError(
                     f"dead-letter write for {tp[0]}[{tp[1]}]@{offset} failed: "
                     f"{self._redact(str(error))}; the source offset is not committed",
@@ -491,6 +526,24 @@ class ParallelRunner:
         """Wait (bounded) for the running records of ``tps``, store what is safe, forget them."""
         deadline = time.monotonic() + (self._revoke_timeout if timeout is None else timeout)
         windows = [(tp, w) for tp, w in self.windows.items() if tp in tps]
+        for _, w in windows:
+            w.closed = True  # records queued in the shared pool and not started: not run
+        self._cancel_closed()
+        try:
+            self._settle(tps, windows, deadline)
+        finally:
+            self._dirty.update(tp for tp, _ in windows)
+            try:
+                self._store()
+                self._commit([tp for tp, _ in windows], asynchronous=False)
+            finally:
+                self._forget([tp for tp, _ in windows])
+                for tp in tps:  # read at assignment, never fetched: not for a later one
+                    self._skips.pop(tp, None)
+
+    def _settle(
+        self, tps: set[TP], windows: list[tuple[TP, InflightWindow[Message]]], deadline: float
+    ) -> None:
         while time.monotonic() < deadline and (
             any(w.running for _, w in windows) or any(d[1] in tps for d in self._dead_letters)
         ):
@@ -507,10 +560,6 @@ class ParallelRunner:
                 partitions=sorted(f"{tp[0]}[{tp[1]}]" for tp, w in windows if w.running),
                 note="still running after the revoke timeout: their new owner handles them again",
             )
-        self._dirty.update(tp for tp, _ in windows)
-        self._store()
-        self._commit([tp for tp, _ in windows], asynchronous=False)
-        self._forget([tp for tp, _ in windows])
 
     def lost(self, tps: set[TP]) -> None:
         """Lost partitions: nothing is stored, their new owner starts from the last commit."""
@@ -518,17 +567,25 @@ class ParallelRunner:
         for tp in tps:
             self._skips.pop(tp, None)
 
+    def _cancel_closed(self) -> None:
+        """Take the records of closed windows out of the pool's queue (not started)."""
+        for (window, offset), future in list(self._futures.items()):
+            if window.closed and future.cancel():
+                window.abandon(offset)
+                del self._futures[(window, offset)]
+
     def _forget(self, tps: list[TP]) -> None:
         for tp in tps:
             window = self.windows.pop(tp, None)
             if window is not None:
-                window.clear()
+                window.clear()  # closed: its records queued in the pool do not start
+            self._skips.pop(tp, None)
             self._paused.discard(tp)
             self._dirty.discard(tp)
             self._uncommitted.discard(tp)
         self._attempts = {k: v for k, v in self._attempts.items() if k[0] not in tps}
-        self._duplicates = {k for k in self._duplicates if k[0] not in tps}
         self._dead_letters = [d for d in self._dead_letters if d[1] not in tps]
+        self._cancel_closed()
 
     def close(self, timeout: float) -> None:
         """The shutdown: wait for every running record, store and commit what is safe."""
