@@ -392,9 +392,14 @@ def test_a_broker_that_never_answers_gives_a_report_with_timeouts_as_findings(
         for f in report["findings"]
         if f["severity"] in ("warning", "error") and "within 3 s" in f["message"]
     ]
-    assert any(subject == f"broker {hung}" for _, subject, _ in timed_out), [
-        (f["severity"], f["subject"], f["message"]) for f in report["findings"]
-    ]
+    if not any(subject == f"broker {hung}" for _, subject, _ in timed_out):
+        # the whole report, not pytest's truncated repr: this failed once in CI (2da01c8,
+        # the hung broker's settings reported as read) and passed in every re-run since
+        pytest.fail(
+            f"no timeout finding for broker {hung}; dropped responses: "
+            f"{net.dropped_responses(hung)}; report:\n{json.dumps(report, indent=1)}\n"
+            f"stderr:\n{proc.stderr[-3000:]}"
+        )
 
 
 # --------------------------------------------------------------------------- #12 probe topic
