@@ -576,19 +576,31 @@ def _load_configs(run: _Run, topics: Sequence[str]) -> None:
 def _unchecked(run: _Run, section: str, subject: str, request: str, exc: KafkaException) -> None:
     """A request a check needed failed: a finding naming the request and the reason (what
     depends on it is not checked). No answer in time (a hung or overloaded broker) is a
-    warning; a refusal (no DESCRIBE_CONFIGS ACL, an old broker) is information."""
+    warning, and says so in the same words whoever noticed first: the wait for the future,
+    or librdkafka's own request timer ("Failed while waiting for broker: Local: Timed out").
+    A connection lost during the request, to a broker whose address accepted a TCP connect,
+    is a warning too. A refusal (no DESCRIBE_CONFIGS ACL, an old broker) is information."""
     err = _kafka_error(exc)
-    timed_out = err is not None and err.code() == KafkaError._TIMED_OUT
+    code = err.code() if err is not None else None
+    reason = err.str() if err is not None else str(exc)
+    timed_out = code in (KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT)
+    lost = code in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
+    if timed_out:
+        said = "" if reason.startswith("no answer within") else f" ({reason})"
+        message = f"{request} got no answer within {run.timeout:g} s{said}"
+    elif lost:
+        message = f"{request} lost its connection before an answer ({reason})"
+    else:
+        message = f"{request} failed: {reason}"
     run.add(
         section,
-        Severity.WARNING if timed_out else Severity.INFO,
+        Severity.WARNING if timed_out or lost else Severity.INFO,
         subject,
-        f"{request} failed, what depends on it is not checked: "
-        f"{err.str() if err is not None else exc}",
+        f"{message}; what depends on it is not checked",
         symptom="request timeouts" if timed_out else "",
-        causes=("a hung, overloaded or partitioned broker",) if timed_out else (),
+        causes=("a hung, overloaded or partitioned broker",) if timed_out or lost else (),
         fix="run again with a larger --timeout; check the broker's health (GC, disk, CPU)"
-        if timed_out
+        if timed_out or lost
         else "",
     )
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from _producer_helpers import read_back
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from test_consumer_integration import committed
 
@@ -312,6 +312,43 @@ def test_fake_admin_timeout_in_each_check_becomes_a_finding(name: str, closed_po
     said = [f for f in run.report.findings if "no answer within 0.05 s" in f.message]
     assert said, run.report.findings
     assert all(f.severity >= Severity.WARNING for f in said), said
+
+
+@pytest.mark.parametrize(
+    ("code", "text", "severity", "words"),
+    [
+        # librdkafka's own request timer fired before the wait for the future did (CI of
+        # 9176939: the hung broker's finding said only "Failed while waiting for broker")
+        (
+            KafkaError._TIMED_OUT,
+            "Failed while waiting for broker: Local: Timed out",
+            Severity.WARNING,
+            "got no answer within 0.05 s",
+        ),
+        (
+            KafkaError._TRANSPORT,
+            "Failed to get metadata: Local: Broker transport failure",
+            Severity.WARNING,
+            "lost its connection before an answer",
+        ),
+        (
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            "Topic authorization failed",
+            Severity.INFO,
+            "failed: Topic authorization failed",
+        ),
+    ],
+)
+def test_fake_unchecked_request_says_no_answer_whoever_timed_out_first(
+    closed_port: int, code: int, text: str, severity: Severity, words: str
+) -> None:
+    run = _fake_run(closed_port)
+    doctor._unchecked(
+        run, "topics", "broker 1", "DescribeConfigs", KafkaException(KafkaError(code, text))
+    )
+    (finding,) = run.report.findings
+    assert finding.severity == severity and words in finding.message, finding
+    assert text in finding.message and finding.message.endswith("what depends on it is not checked")
 
 
 def test_group_lag_when_list_offsets_times_out_is_unknown_not_a_crash_fake(
