@@ -860,36 +860,66 @@ class FailureHandler:
         classification: Classification,
         attempts: int,
     ) -> Any:
-        raw = self.deser.raw_bytes(msg) if self.deser is not None else None
         if self.retry_map and msg.topic() in self.retry_map:
             # a record failing its last retry tier: its ORIGINAL record, to the original's DLQ
             msg = cast(Message, RetryView(msg))
-        topic = policy.topic_for(msg.topic() or "")
-        with self.tel.dead_letter_span(
-            topic,
-            source=cast(Any, msg),
-            reason=exc,
-            classification=classification,
+        return write_dead_letter(
+            self.tel,
+            self.deser,
+            policy,
+            sink,
+            msg,
+            exc,
+            classification,
+            attempts,
+            group=self.group_id,
+            redact=self.redact,
+        )
+
+
+def write_dead_letter(
+    tel: Any,
+    deser: Any,
+    policy: DeadLetterPolicy,
+    sink: DeadLetterSink,
+    msg: Message,
+    exc: BaseException,
+    classification: Classification,
+    attempts: int,
+    *,
+    group: str | None,
+    redact: Any,
+) -> Any:
+    """Build ``msg``'s dead-letter record (raw bytes as read, the trace context of its span,
+    this consumer's secrets out of the exception text) and queue it on ``sink``: the one
+    dead-letter write of the per-partition and the in-flight (``ordering=``) consumers."""
+    raw = deser.raw_bytes(msg) if deser is not None else None
+    topic = policy.topic_for(msg.topic() or "")
+    with tel.dead_letter_span(
+        topic,
+        source=cast(Any, msg),
+        reason=exc,
+        classification=classification,
+        attempts=attempts,
+        kind=sink.span_kind,
+    ):
+        carrier = {
+            k: v.decode("utf-8") if isinstance(v, bytes) else str(v)
+            for k, v in tel.inject_headers(None)
+            if v
+        }
+        record = build_dead_letter_record(
+            msg,
+            policy=policy,
+            group=group,
+            exc=exc,
             attempts=attempts,
-            kind=sink.span_kind,
-        ):
-            carrier = {
-                k: v.decode("utf-8") if isinstance(v, bytes) else str(v)
-                for k, v in self.tel.inject_headers(None)
-                if v
-            }
-            record = build_dead_letter_record(
-                msg,
-                policy=policy,
-                group=self.group_id,
-                exc=exc,
-                attempts=attempts,
-                classification=classification,
-                raw_key=raw[0] if raw is not None else None,
-                raw_value=raw[1] if raw is not None else None,
-                raw=raw is not None,
-                trace_context=carrier,
-                # this consumer's secrets out of the exception text, whatever writes the record
-                redact=self.redact,
-            )
-            return sink.send(record)
+            classification=classification,
+            raw_key=raw[0] if raw is not None else None,
+            raw_value=raw[1] if raw is not None else None,
+            raw=raw is not None,
+            trace_context=carrier,
+            # this consumer's secrets out of the exception text, whatever writes the record
+            redact=redact,
+        )
+        return sink.send(record)

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any, Final
 import tenacity
 from confluent_kafka import KafkaException, Message, TopicPartition
 
-from kresilient.consumer._failures import poison
+from kresilient.consumer._failures import poison, write_dead_letter
 from kresilient.consumer._holds import TP, LoopState
 from kresilient.consumer._inflight import InflightWindow, Ordering, finished_from
-from kresilient.deadletter import DeadLetterPolicy, build_dead_letter_record
+from kresilient.deadletter import DeadLetterPolicy
 from kresilient.errors import DeadLetterError, classify
 
 if TYPE_CHECKING:
@@ -370,38 +370,24 @@ class ParallelRunner:
             try:
                 self._breaker.check()
             except Exception as opened:
+                self._tel.circuit_breaker_opened(
+                    topic=tp[0], partition=tp[1], offset=offset, **self._breaker.snapshot()
+                )
                 self._fatal(window, offset, opened)
                 return
-        raw = self._deser.raw_bytes(msg) if self._deser is not None else None
-        topic = policy.topic_for(tp[0])
         try:
-            with self._tel.dead_letter_span(
-                topic,
-                source=msg,
-                reason=exc,
-                classification=classification,
-                attempts=attempts,
-                kind=sink.span_kind,
-            ):
-                carrier = {
-                    k: v.decode("utf-8") if isinstance(v, bytes) else str(v)
-                    for k, v in self._tel.inject_headers(None)
-                    if v
-                }
-                record = build_dead_letter_record(
-                    msg,
-                    policy=policy,
-                    group=self._group,
-                    exc=exc,
-                    attempts=attempts,
-                    classification=classification,
-                    raw_key=raw[0] if raw is not None else None,
-                    raw_value=raw[1] if raw is not None else None,
-                    raw=raw is not None,
-                    trace_context=carrier,
-                    redact=self._redact,
-                )
-                handle = sink.send(record)
+            handle = write_dead_letter(
+                self._tel,
+                self._deser,
+                policy,
+                sink,
+                msg,
+                exc,
+                classification,
+                attempts,
+                group=self._group,
+                redact=self._redact,
+            )
         except Exception as refused:
             self._fatal(window, offset, refused)
             return
