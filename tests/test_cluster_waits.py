@@ -9,12 +9,17 @@ broker shows the same state.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kresilient.testing import KafkaCluster
+from kresilient.testing._cluster import _Node
 from kresilient.testing._wire import PartitionView
 
 R = (1, 2, 3)
@@ -183,3 +188,34 @@ def test_admin_request_whose_future_never_completes_ends_at_the_deadline() -> No
     with pytest.raises(ClusterError, match=r"granting x failed: no answer in 0.5 s"):
         _admin_request("granting x", submit, 0.5)
     assert len(sent) >= 1
+
+
+def test_stop_kills_the_node_once_no_controller_quorum_is_left(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """stop() of a node that is the last of its quorum: its controlled shutdown could never
+    finish (a broker waited stop()'s 60 s and was SIGKILLed anyway), so it is SIGKILLed at
+    once. Stand-in processes (``sleep``) record the signal each got. Negative control: while
+    the node and another are a majority of three, stop() sends SIGTERM."""
+    cluster = KafkaCluster()
+    monkeypatch.setattr(cluster._owned.ports, "hold_again", lambda _ports: None)
+    for node_id in (1, 2, 3):
+        node = _Node(node_id, 0, 0, tmp_path / str(node_id))
+        node.process = subprocess.Popen(["sleep", "300"])
+        cluster._nodes[node_id] = node
+    try:
+        cluster.freeze(3)  # a frozen node is no voter that answers
+        cluster.stop(1)  # 1 and 2 alive: a majority, a controlled shutdown
+        cluster.stop(2)  # 2 alone: no quorum
+        cluster.thaw(3)
+        cluster.stop(3)  # alone: no quorum
+        codes = {n: cluster._nodes[n].process.returncode for n in (1, 2, 3)}  # type: ignore[union-attr]
+        assert codes == {1: -signal.SIGTERM, 2: -signal.SIGKILL, 3: -signal.SIGKILL}, codes
+        assert not any(cluster.running(n) for n in (1, 2, 3))
+    finally:
+        for node in cluster._nodes.values():
+            if node.process is not None and node.process.poll() is None:
+                os.kill(node.process.pid, signal.SIGCONT)
+                node.process.kill()
+                node.process.wait(10)
+        cluster._nodes.clear()

@@ -1790,9 +1790,24 @@ class KafkaCluster:
         self._owned.ports.hold_again(node.bound_ports())  # keep its ports for the restart
 
     def stop(self, node_id: int, *, timeout: float = 60.0) -> None:
-        """SIGTERM the node: controlled shutdown moves its leaderships before it exits."""
+        """SIGTERM the node: controlled shutdown moves its leaderships before it exits.
+
+        A controlled shutdown needs the controller quorum: when this node and the other live
+        (not frozen) nodes are no majority of the voters (every node is one), the broker
+        cannot finish it and would only wait out ``timeout`` before the SIGKILL. It is then
+        SIGKILLed at once, as :meth:`kill` does (the same end: a broker that stopped without
+        handing anything over).
+        """
         node = self._node(node_id)
         node.expected_down = True
+        live = [
+            n
+            for n in self._nodes.values()
+            if n.process is not None and n.process.poll() is None and not n.frozen
+        ]
+        if node in live and len(live) <= len(self._nodes) // 2:
+            self.kill(node_id)
+            return
         if node.process is not None and node.process.poll() is None:
             node.process.terminate()
             try:
