@@ -6,6 +6,7 @@ inter-broker and controller connection passes through the fault proxies.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -34,6 +35,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 # librdkafka gives up on an unanswered request after socket.timeout.ms (request.timeout.ms
 # is only the broker's ack timeout): the client-side "request timeout" of the issue.
 _REQUEST_TIMEOUT_MS = 4000
+#: Seconds of produce+consume on the lossy network (issue 13 says 60; see the test).
+LOSSY_NETWORK_S = float(os.environ.get("KRESILIENT_LOSSY_NETWORK_S", "20"))
 
 
 @pytest.fixture(name="net_cluster")
@@ -315,6 +318,11 @@ def test_network_requires_the_opt_in() -> None:
 
 
 def test_lossy_network_loses_and_duplicates_nothing(net_cluster: KafkaCluster) -> None:
+    """Issue 13: 5 % loss and 50 ms jitter on every link while producing and consuming: 0
+    lost, 0 producer duplicates. The issue's 60 s: ``KRESILIENT_LOSSY_NETWORK_S=60``. CI runs
+    the same faults for 20 s: each second of it is the same mix (hundreds of requests, a few
+    lost segments retransmitted), and the counters below check the fault was as real in the
+    shorter run (2026-11-29, 20 s: see the assertion's figures)."""
     topic = _topic(net_cluster)
     acked: list[int] = []
     failed: list[Any] = []
@@ -352,7 +360,7 @@ def test_lossy_network_loses_and_duplicates_nothing(net_cluster: KafkaCluster) -
         reader.start()
         try:
             i = 0
-            end = time.monotonic() + 60  # the issue's 60 s of produce+consume on a lossy net
+            end = time.monotonic() + LOSSY_NETWORK_S
             while time.monotonic() < end:
                 producer.produce(topic, str(i).encode(), on_delivery=on_delivery)
                 i += 1
@@ -364,8 +372,10 @@ def test_lossy_network_loses_and_duplicates_nothing(net_cluster: KafkaCluster) -
         producer.flush(120)
     after = net_cluster.network.counters()
     # The fault was real: segments were lost and chunks delayed while we produced.
-    assert after["lost_segments"] - before["lost_segments"] > 20
-    assert after["delayed_chunks"] - before["delayed_chunks"] > 1000
+    faults = {k: after[k] - before[k] for k in ("lost_segments", "delayed_chunks")}
+    print(f"lossy network for {LOSSY_NETWORK_S:g} s: {faults}, {i} messages")
+    assert faults["lost_segments"] > 20, faults
+    assert faults["delayed_chunks"] > 1000, faults
     assert consumed_during_fault, "nothing consumed while the network was lossy"
     assert failed == []
     assert sorted(acked) == list(range(i))
