@@ -22,6 +22,12 @@ from kresilient.producer._spool import (
     SpoolCorruptError,
     SpoolError,
 )
+from kresilient.producer._transactional import (
+    ProducerFencedError,
+    TransactionAbortedError,
+    TransactionalProducer,
+    TransactionOutcomeUnknownError,
+)
 from kresilient.reachability import (
     AuthFailure,
     LogBridge,
@@ -45,12 +51,16 @@ __all__ = [
     "DeliveryResult",
     "FlushResult",
     "LogBridge",
+    "ProducerFencedError",
     "ProducerHealth",
     "Reachability",
     "ResilientProducer",
     "Spool",
     "SpoolCorruptError",
     "SpoolError",
+    "TransactionAbortedError",
+    "TransactionOutcomeUnknownError",
+    "TransactionalProducer",
     "client_certificate",
     "connect_failure",
     "delivered_result",

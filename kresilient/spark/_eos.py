@@ -58,6 +58,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from kresilient import _catalog as catalog
+from kresilient._txn import TransactionErrorKind, classify_transaction_error
 from kresilient.errors import (
     TOO_LARGE_CODES,
     ConfigError,
@@ -647,20 +648,25 @@ def _produce_dead_letter(
 
 
 def _commit(producer: Producer) -> None:
+    """Commit, calling again on a retriable error (the shared rule, kresilient._txn). A
+    commit that timed out has an unknown outcome: fatal, never called again on this epoch
+    (KIP-890 defence); Spark's retry of the task builds a new producer, whose
+    init_transactions() fences a late EndTxn, and its marker read says what committed."""
     for _ in range(3):
         try:
             producer.commit_transaction(_TIMEOUT)
             return
         except KafkaException as exc:
             err = exc.args[0]
-            if err.fatal():
+            verdict = classify_transaction_error(exc, "commit_transaction")
+            if verdict.kind is TransactionErrorKind.FATAL:
                 raise FatalProducerError(
-                    f"transaction commit failed: {err.str()}",
+                    f"transaction commit failed ({verdict.reason}): {err.str()}",
                     code=err.code(),
                     name=err.name(),
-                    classification=classify(err),
+                    classification=verdict.classification,
                 ) from exc
-            if not err.retriable():
+            if verdict.kind is not TransactionErrorKind.RETRIABLE:
                 raise
     producer.commit_transaction(_TIMEOUT)
 

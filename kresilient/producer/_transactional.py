@@ -1,0 +1,563 @@
+"""TransactionalProducer: Kafka transactions with the errors librdkafka leaves to you handled.
+
+A class of its own rather than ``ResilientProducer(transactional_id=...)``: its lifecycle is
+different (``init_transactions()`` before anything, then begin / produce / send offsets /
+commit or abort, one transaction at a time), and it has states ``ResilientProducer`` has
+not: *fenced* (another instance took the ``transactional.id``: stop for good) and *outcome
+unknown* (a commit timed out: the instance is replaced). Delivery handles, spooling,
+dead-lettering oversized values and ``flush()`` raising per-message failures do not apply
+inside a transaction, where the unit of success is the transaction (docs/transactions.md).
+
+Example (consume-transform-produce)::
+
+    producer = TransactionalProducer(
+        {"bootstrap.servers": servers}, transactional_id="orders-enricher-0"
+    )
+    with producer.transaction():
+        for msg in consumer.consume(500, timeout=1.0):
+            producer.produce("enriched", enrich(msg.value()), key=msg.key())
+        producer.send_offsets(consumer)  # the consumed offsets commit with the records
+
+What each error does (the rule is :func:`kresilient._txn.classify_transaction_error`):
+
+- an exception inside the ``with`` block aborts the transaction and propagates;
+- a retriable error of a call is retried until ``timeout``;
+- an abortable error aborts the transaction and raises :class:`TransactionAbortedError`: run
+  the transaction again (after seeking the consumer back to its committed offsets);
+- fenced: :class:`ProducerFencedError`; the producer is closed and refuses every call;
+- a commit or abort that timed out: :class:`TransactionOutcomeUnknownError`; the librdkafka
+  instance is replaced at once (KIP-890 defence, see the module :mod:`kresilient._txn`);
+- another fatal error: :class:`~kresilient.FatalProducerError`; the instance is replaced when
+  that is safe, else the producer is closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Final
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from kresilient._txn import (
+    TransactionCall,
+    TransactionErrorKind,
+    TransactionVerdict,
+    classify_transaction_error,
+)
+from kresilient.config import producer_config
+from kresilient.errors import (
+    ConfigError,
+    FatalProducerError,
+    KafkaClientError,
+    KResilientError,
+    translate,
+)
+from kresilient.producer._support import drain
+from kresilient.reachability import LogBridge
+from kresilient.redaction import Redactor
+
+__all__ = [
+    "ProducerFencedError",
+    "TransactionAbortedError",
+    "TransactionOutcomeUnknownError",
+    "TransactionalProducer",
+]
+
+#: How many delivery failures of one transaction are kept to name in its error.
+_KEPT_FAILURES: Final = 20
+_CALLBACKS: Final = ("on_delivery", "error_cb", "logger")
+
+
+class TransactionAbortedError(KafkaClientError):
+    """The transaction hit an abortable error and was aborted: nothing of it is visible to
+    ``read_committed`` readers. Run it again (a consumer feeding it must seek back to its
+    committed offsets first). The producer stays usable."""
+
+
+class ProducerFencedError(FatalProducerError):
+    """Another producer instance initialised the same ``transactional.id``: this one is a
+    zombie. Nothing it wrote in its open transaction becomes visible; it is closed and must
+    not be recreated blindly (a new instance would fence the legitimate owner in turn)."""
+
+
+class TransactionOutcomeUnknownError(FatalProducerError):
+    """A commit or abort did not finish within its timeout: the transaction may or may not
+    be committed. The librdkafka instance was replaced (a new epoch fences the late request).
+    For consume-transform-produce, read the consumer's committed offsets (they committed
+    with the transaction, or not) and continue from there."""
+
+
+class _State(enum.Enum):
+    READY = "ready"  #: initialised, no transaction open
+    OPEN = "open"  #: a transaction is open
+    NEEDS_INIT = "needs_init"  #: a new instance whose init_transactions() has not completed
+    FENCED = "fenced"
+    CLOSED = "closed"
+
+
+def _ignore_line(text: str) -> None:
+    return None
+
+
+def _unknown_outcome(verdict: TransactionVerdict, call: str, timeout: float) -> TransactionVerdict:
+    return dataclasses.replace(
+        verdict,
+        kind=TransactionErrorKind.FATAL,
+        outcome_unknown=True,
+        recreate=True,
+        reason=f"{call} kept failing ({verdict.classification.name}) for {timeout:g} s: "
+        "whether the transaction was committed or aborted is unknown; the instance is "
+        "replaced so that a new epoch fences a late EndTxn",
+    )
+
+
+class TransactionalProducer:
+    """A transactional producer: ``with producer.transaction():`` commits or aborts.
+
+    Args:
+        config: a confluent-kafka producer config (never modified); kresilient's safe
+            defaults are applied (:func:`kresilient.producer_config`) and the same refusals
+            (``allow_unsafe`` names the keys allowed to weaken a guarantee). ``on_delivery``,
+            ``error_cb`` and ``logger`` are called after kresilient's own handling.
+        transactional_id: the stable id of this producer's role (e.g. ``<service>-<input
+            partition>``): an instance with the same id fences this one. Must match
+            ``transactional.id`` if the config sets it too.
+        timeout: seconds each transaction call may take, retriable errors included. A commit
+            or abort that is still unfinished then has an unknown outcome (the instance is
+            replaced); keep it above the time to deliver a transaction's records.
+        backpressure_timeout: seconds :meth:`produce` waits for room in a full local queue.
+        logger: a structlog logger (bound with the client id and the transactional id).
+
+    ``init_transactions()`` runs in the constructor: it fences every older instance with the
+    same id and aborts its open transaction. Not thread-safe: one transaction at a time, from
+    one thread (librdkafka's transactional API allows one call at a time).
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        transactional_id: str,
+        timeout: float = 60.0,
+        backpressure_timeout: float = 60.0,
+        allow_unsafe: Iterable[str] = (),
+        logger: Any = None,
+    ) -> None:
+        if not transactional_id:
+            raise ConfigError("transactional_id must be a non-empty string", key="transactional.id")
+        given = config.get("transactional.id")
+        if given is not None and given != transactional_id:
+            raise ConfigError(
+                f"transactional.id {given!r} in the config differs from transactional_id="
+                f"{transactional_id!r}: give it once",
+                key="transactional.id",
+            )
+        if not timeout > 0:
+            raise ConfigError(f"timeout must be positive, not {timeout!r}", key="timeout")
+        base_log = logger if logger is not None else structlog.get_logger("kresilient.producer")
+        allow = tuple([allow_unsafe] if isinstance(allow_unsafe, str) else allow_unsafe)
+        cfg = producer_config(
+            {**config, "transactional.id": transactional_id}, allow_unsafe=allow, logger=base_log
+        )
+        self._user_cb: dict[str, Any] = {name: cfg.pop(name, None) for name in _CALLBACKS}
+        for name, cb in self._user_cb.items():
+            if cb is not None and name != "logger" and not callable(cb):
+                raise ConfigError(f"{name} must be callable", key=name)
+        self._scrub: Callable[[str], str] = Redactor.for_config(cfg)
+        self._cfg = cfg
+        self.transactional_id = transactional_id
+        self.client_id = str(cfg.get("client.id", ""))
+        self._log = base_log.bind(
+            client_id=self.client_id,
+            kafka_role="producer",
+            transactional_id=self._scrub(transactional_id),
+        )
+        self._timeout = float(timeout)
+        self._backpressure_timeout = float(backpressure_timeout)
+        self._bridge = LogBridge(
+            self._log, _ignore_line, self._scrub, user_logger=self._user_cb["logger"]
+        )
+        self._failures: list[tuple[str, int, KafkaError]] = []
+        self._failed = 0
+        #: transactions committed / aborted, librdkafka instances replaced, over its life
+        self.committed = 0
+        self.aborted = 0
+        self.recreations = 0
+        self._state = _State.NEEDS_INIT
+        self._producer: Any = self._new_instance()
+        self._init()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def fenced(self) -> bool:
+        """True once another instance took the ``transactional.id`` (the producer is closed)."""
+        return self._state is _State.FENCED
+
+    @property
+    def in_transaction(self) -> bool:
+        """True between :meth:`transaction`'s begin and its commit or abort."""
+        return self._state is _State.OPEN
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[TransactionalProducer]:
+        """Begin a transaction; commit it when the block ends, abort it on an exception.
+
+        Raises (on commit) :class:`TransactionAbortedError` (aborted: run it again),
+        :class:`ProducerFencedError`, :class:`TransactionOutcomeUnknownError` or
+        :class:`~kresilient.FatalProducerError`. An exception of the block is re-raised
+        after the abort; a failure of the abort itself is logged and added to its notes.
+        """
+        self._ready()
+        self._call("begin_transaction", lambda t: self._producer.begin_transaction())
+        self._state = _State.OPEN
+        self._failures = []
+        self._failed = 0
+        try:
+            yield self
+        except BaseException as exc:
+            if self._state is _State.OPEN:
+                try:
+                    self._abort(f"the transaction's block raised {type(exc).__name__}")
+                except KResilientError as abort_failure:
+                    exc.add_note(f"kresilient: the abort failed too: {abort_failure}")
+            raise
+        if self._state is not _State.OPEN:
+            raise KResilientError(
+                "the transaction ended inside its block (the producer was fenced, failed or "
+                "closed there): nothing was committed"
+            )
+        self._commit()
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        *,
+        partition: int | None = None,
+        headers: Sequence[tuple[str, bytes | str | None]] | Mapping[str, Any] | None = None,
+        timestamp: int = 0,
+    ) -> None:
+        """Queue a record in the open transaction (visible to ``read_committed`` readers
+        only once it commits). A full local queue is waited out for ``backpressure_timeout``.
+        A record refused locally raises :class:`~kresilient.ProduceError`: leaving the block
+        with it aborts the transaction."""
+        if self._state is not _State.OPEN:
+            raise self._outside("produce()")
+        kwargs: dict[str, Any] = {"key": key, "timestamp": timestamp}
+        if partition is not None:
+            kwargs["partition"] = partition
+        if headers is not None:
+            kwargs["headers"] = headers
+        deadline: float | None = None
+        while True:
+            try:
+                self._producer.produce(topic, value, **kwargs)
+                self._producer.poll(0)
+                return
+            except BufferError as exc:
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + self._backpressure_timeout
+                if now >= deadline:
+                    raise translate(exc, topic=topic, operation="produce") from exc
+                self._producer.poll(0.1)
+            except KafkaException as exc:
+                verdict = classify_transaction_error(exc, "produce")
+                if verdict.kind is TransactionErrorKind.FATAL:
+                    self._fatal(verdict, exc, "produce")
+                raise translate(
+                    exc, topic=topic, partition=partition, operation="produce", redactor=self._scrub
+                ) from exc
+
+    def send_offsets(self, consumer: Any, offsets: Sequence[TopicPartition] | None = None) -> None:
+        """Commit ``consumer``'s offsets with the open transaction (consume-transform-produce).
+
+        ``offsets`` default to the consumer's positions on its assignment (the next record to
+        read of each partition). The group metadata goes with them (KIP-447): a consumer
+        that lost its partitions in a rebalance cannot commit them (an abortable error). The
+        consumer needs ``enable.auto.commit=false`` and should read with
+        ``isolation.level=read_committed``. Nothing to send (nothing consumed) is a no-op.
+        """
+        if self._state is not _State.OPEN:
+            raise self._outside("send_offsets()")
+        if offsets is None:
+            offsets = consumer.position(consumer.assignment())
+        chosen = [tp for tp in offsets if tp.offset >= 0]
+        if not chosen:
+            return
+        metadata = consumer.consumer_group_metadata()
+        self._call(
+            "send_offsets_to_transaction",
+            lambda t: self._producer.send_offsets_to_transaction(chosen, metadata, t),
+        )
+
+    def close(self, timeout: float | None = None) -> None:
+        """Abort an open transaction, deliver what is queued outside one, release the client.
+        Idempotent."""
+        if self._state in (_State.CLOSED, _State.FENCED):
+            return
+        try:
+            if self._state is _State.OPEN:
+                with contextlib.suppress(KResilientError):
+                    self._abort("close() with a transaction open")
+        finally:
+            producer, self._producer = self._producer, None
+            self._state = _State.CLOSED
+            if producer is not None:
+                producer.flush(self._timeout if timeout is None else timeout)
+            self._log.debug(
+                "transactional_producer_closed",
+                committed=self.committed,
+                aborted=self.aborted,
+                recreations=self.recreations,
+            )
+
+    def __enter__(self) -> TransactionalProducer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"TransactionalProducer(transactional_id={self._scrub(self.transactional_id)!r}, "
+            f"state={self._state.value})"
+        )
+
+    # ------------------------------------------------------------------ the instance
+
+    def _new_instance(self) -> Any:
+        return Producer(
+            {
+                **self._cfg,
+                "on_delivery": self._on_delivery,
+                "error_cb": self._on_error,
+                "logger": self._bridge,
+            }
+        )
+
+    def _init(self) -> None:
+        """``init_transactions()`` on the current instance (retried within ``timeout``)."""
+        self._call("init_transactions", lambda t: self._producer.init_transactions(t))
+        self._state = _State.READY
+
+    def _ready(self) -> None:
+        if self._state is _State.OPEN:
+            raise KResilientError(
+                "a transaction is already open on this producer: one at a time (nested "
+                "transaction() blocks are not supported)"
+            )
+        if self._state is _State.FENCED:
+            raise ProducerFencedError(
+                f"transactional.id {self._scrub(self.transactional_id)!r} was taken over by "
+                "another producer instance: this one is fenced and closed",
+                code=KafkaError._FENCED,
+            )
+        if self._state is _State.CLOSED or self._producer is None:
+            raise KResilientError("the transactional producer is closed")
+        if self._state is _State.NEEDS_INIT:
+            self._init()
+
+    def _replace(self, why: str) -> None:
+        """Drop the librdkafka instance and build a new one with the same transactional.id.
+
+        The new instance's ``init_transactions()`` bumps the producer epoch: the coordinator
+        then refuses every request of the old one (a late EndTxn included) and aborts its
+        open transaction, unless the old commit already reached the coordinator. When the
+        init cannot complete now (the coordinator unreachable), the next transaction()
+        retries it: no transaction ever starts on the old epoch."""
+        old, self._producer = self._producer, None
+        self._state = _State.NEEDS_INIT
+        if old is not None:
+            drain(old)  # purge what it still holds; never close(): that would abort/flush
+        self._producer = self._new_instance()
+        self.recreations += 1
+        self._log.warning("transactional_producer_recreated", why=why, recreations=self.recreations)
+        try:
+            self._init()
+        except ProducerFencedError:
+            raise
+        except KResilientError as exc:
+            self._log.warning(
+                "transactional_producer_init_deferred",
+                error=str(exc),
+                note="init_transactions() of the new instance did not complete; the next "
+                "transaction() calls it again",
+            )
+
+    # ------------------------------------------------------------------ the calls
+
+    def _call(self, call: TransactionCall, fn: Callable[[float], None]) -> None:
+        """Run one transaction call; retriable errors again until ``timeout``; an abortable
+        one aborts (after a commit) or raises :class:`TransactionAbortedError`."""
+        deadline = time.monotonic() + self._timeout
+        delay = 0.05
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                fn(max(remaining, 0.001))
+                return
+            except KafkaException as exc:
+                verdict = classify_transaction_error(exc, call)
+                if verdict.kind is TransactionErrorKind.FATAL:
+                    self._fatal(verdict, exc, call)
+                if verdict.kind is TransactionErrorKind.ABORTABLE:
+                    self._abortable(verdict, exc, call)
+                if time.monotonic() + delay >= deadline:
+                    if call in ("commit_transaction", "abort_transaction"):
+                        # retried until the deadline: its EndTxn may have been sent meanwhile
+                        self._fatal(_unknown_outcome(verdict, call, self._timeout), exc, call)
+                    raise self._error(
+                        KafkaClientError,
+                        exc,
+                        verdict,
+                        f"{call} still failing after {self._timeout:g} s",
+                    ) from exc
+                self._log.debug(
+                    "transaction_call_retried", call=call, error=verdict.classification.name
+                )
+                time.sleep(delay)  # backoff between attempts, bounded by the deadline
+                delay = min(delay * 2, 1.0)
+
+    def _commit(self) -> None:
+        self._producer.poll(0)
+        self._call("commit_transaction", lambda t: self._producer.commit_transaction(t))
+        self._state = _State.READY
+        self.committed += 1
+
+    def _abort(self, why: str) -> None:
+        self._call("abort_transaction", lambda t: self._producer.abort_transaction(t))
+        self._state = _State.READY
+        self.aborted += 1
+        self._log.info("transaction_aborted", why=why)
+
+    def _abortable(self, verdict: TransactionVerdict, exc: KafkaException, call: str) -> None:
+        if call == "commit_transaction" or self._state is _State.OPEN:
+            self._abort(f"{call}: {verdict.classification.name}")
+        raise self._error(
+            TransactionAbortedError,
+            exc,
+            verdict,
+            f"{call} failed, the transaction was aborted (nothing of it is visible to "
+            "read_committed readers): run it again",
+        ) from exc
+
+    def _fatal(self, verdict: TransactionVerdict, exc: KafkaException, call: str) -> None:
+        """Stop (fenced, or nothing a new instance would fix) or replace the instance."""
+        if verdict.fenced:
+            self._state = _State.FENCED
+            old, self._producer = self._producer, None
+            if old is not None:
+                drain(old)
+            error = self._error(ProducerFencedError, exc, verdict, f"{call}: {verdict.reason}")
+            self._log.error(
+                "transactional_producer_fenced",
+                call=call,
+                error=verdict.classification.name,
+                note="another instance initialised this transactional.id: this one is a zombie "
+                "and stops; its open transaction was aborted by the broker",
+            )
+            raise error from exc
+        if verdict.outcome_unknown:
+            error = self._error(
+                TransactionOutcomeUnknownError, exc, verdict, f"{call}: {verdict.reason}"
+            )
+        else:
+            error = self._error(
+                FatalProducerError,
+                exc,
+                verdict,
+                f"{call}: {verdict.reason}"
+                + (
+                    "" if call == "abort_transaction" else "; the open transaction is not committed"
+                ),
+            )
+        self._log.error(
+            "transactional_producer_fatal",
+            call=call,
+            error=verdict.classification.name,
+            outcome_unknown=verdict.outcome_unknown,
+            recreate=verdict.recreate,
+        )
+        if verdict.recreate:
+            self._replace(f"{call}: {verdict.classification.name}")
+        else:
+            old, self._producer = self._producer, None
+            self._state = _State.CLOSED
+            if old is not None:
+                drain(old)
+        raise error from exc
+
+    def _error(
+        self,
+        cls: type[KafkaClientError],
+        exc: KafkaException,
+        verdict: TransactionVerdict,
+        what: str,
+    ) -> KafkaClientError:
+        kerr = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        text = self._scrub(kerr.str() if kerr is not None else str(exc))
+        failed = ""
+        if self._failures:
+            topic, partition, err = self._failures[0]
+            failed = (
+                f"; {self._failed} record(s) not delivered, the first to {topic}[{partition}]: "
+                f"{err.name()}"
+            )
+        return cls(
+            f"transactional.id {self._scrub(self.transactional_id)!r}: {what} ({text}){failed}",
+            code=verdict.classification.code,
+            name=verdict.classification.name,
+            classification=verdict.classification,
+        )
+
+    def _outside(self, what: str) -> KResilientError:
+        if self._state is _State.FENCED:
+            return ProducerFencedError(
+                f"{what}: the producer was fenced (transactional.id "
+                f"{self._scrub(self.transactional_id)!r} taken over)",
+                code=KafkaError._FENCED,
+            )
+        return KResilientError(
+            f"{what} outside a transaction: call it inside `with producer.transaction():`"
+        )
+
+    # ------------------------------------------------------------------ callbacks
+
+    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self._failed += 1
+            if len(self._failures) < _KEPT_FAILURES:
+                self._failures.append((msg.topic(), msg.partition(), err))
+            self._log.debug(
+                "transaction_record_failed",
+                topic=msg.topic(),
+                partition=msg.partition(),
+                error=err.name(),
+            )
+        user = self._user_cb["on_delivery"]
+        if user is not None:
+            user(err, msg)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._log.error(
+                "kafka_fatal_error", error=err.name(), message=self._scrub(err.str() or "")
+            )
+        else:
+            self._log.debug("kafka_error", error=err.name(), message=self._scrub(err.str() or ""))
+        user = self._user_cb["error_cb"]
+        if user is not None:
+            user(err)

@@ -1,0 +1,274 @@
+"""TransactionalProducer on a real 3-node cluster: commit, abort, send_offsets, a fenced
+zombie, and a commit whose response is lost (the KIP-890 defence).
+
+Every visibility check reads with ``isolation.level=read_committed``; each carries a negative
+control read with ``read_uncommitted`` (or the high watermark) showing that the hidden records
+did reach the log, so a test cannot pass because nothing was written.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import structlog
+from _producer_helpers import read_back
+from confluent_kafka import Consumer, TopicPartition
+
+from kresilient.producer import (
+    ProducerFencedError,
+    TransactionalProducer,
+    TransactionOutcomeUnknownError,
+)
+from kresilient.testing import KafkaCluster
+
+pytestmark = pytest.mark.integration
+
+TopicFactory = Callable[..., str]
+
+
+def _tid() -> str:
+    return f"txn-test-{uuid.uuid4().hex[:10]}"
+
+
+def _high(bootstrap: str, topic: str, partition: int = 0) -> int:
+    """The high watermark: records of open and aborted transactions count (read_uncommitted)."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"hw-{uuid.uuid4().hex[:6]}",
+            "isolation.level": "read_uncommitted",  # librdkafka's default is read_committed
+        }
+    )
+    try:
+        return int(c.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)[1])
+    finally:
+        c.close()
+
+
+def _wait_for(what: str, condition: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)  # polling interval of a condition wait, not a fixed delay
+
+
+def _values(bootstrap: str, topic: str) -> list[bytes]:
+    return [m.value() or b"" for m in read_back(bootstrap, topic)]
+
+
+def _uncommitted_values(bootstrap: str, topic: str) -> list[bytes]:
+    end = _high(bootstrap, topic)
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"ru-{uuid.uuid4().hex[:6]}",
+            "isolation.level": "read_uncommitted",
+            "enable.auto.commit": False,
+        }
+    )
+    out: list[bytes] = []
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 60
+        while True:
+            for m in c.consume(1000, 0.5):
+                if m.error() is None:
+                    out.append(m.value() or b"")
+            (pos,) = c.position([TopicPartition(topic, 0)])
+            if pos.offset >= end:
+                return out
+            assert time.monotonic() < deadline, f"read_uncommitted stopped at {pos.offset}/{end}"
+    finally:
+        c.close()
+
+
+def test_commit_makes_records_visible_and_an_exception_aborts(
+    kafka_cluster: KafkaCluster, topic: str
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    with TransactionalProducer({"bootstrap.servers": bootstrap}, transactional_id=_tid()) as p:
+        with pytest.raises(ValueError, match="handler failed"), p.transaction():
+            for i in range(5):
+                p.produce(topic, b"aborted-%d" % i)
+            # the records reached the log before the abort (the negative control below)
+            _wait_for("the aborted records in the log", lambda: _high(bootstrap, topic) >= 5)
+            raise ValueError("handler failed")
+        assert p.aborted == 1 and not p.in_transaction
+        with p.transaction():
+            for i in range(3):
+                p.produce(topic, b"committed-%d" % i, key=b"k")
+        assert p.committed == 1
+    assert _values(bootstrap, topic) == [b"committed-0", b"committed-1", b"committed-2"]
+    # negative control: the aborted ones are in the log, hidden by their abort marker
+    raw = _uncommitted_values(bootstrap, topic)
+    assert [v for v in raw if v.startswith(b"aborted")] == [b"aborted-%d" % i for i in range(5)]
+
+
+def test_send_offsets_commits_the_consumer_offsets_only_with_the_transaction(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    source, target = topic_factory(), topic_factory()
+    group = f"txn-group-{uuid.uuid4().hex[:8]}"
+    seed = TransactionalProducer({"bootstrap.servers": bootstrap}, transactional_id=_tid())
+    with seed, seed.transaction():
+        for i in range(10):
+            seed.produce(source, b"%d" % i)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+    )
+
+    def committed() -> int:
+        (tp,) = consumer.committed([TopicPartition(source, 0)], timeout=30)
+        return int(tp.offset)
+
+    try:
+        consumer.subscribe([source])
+        got: list[Any] = []
+        deadline = time.monotonic() + 60
+        while len(got) < 10:
+            assert time.monotonic() < deadline, f"consumed {len(got)} of 10"
+            got += [m for m in consumer.consume(100, 0.5) if m.error() is None]
+        with TransactionalProducer({"bootstrap.servers": bootstrap}, transactional_id=_tid()) as p:
+            with pytest.raises(RuntimeError), p.transaction():
+                for m in got:
+                    p.produce(target, b"x" + (m.value() or b""))
+                p.send_offsets(consumer)
+                raise RuntimeError("before the commit")
+            assert committed() < 0  # aborted: no offset committed for the group
+            with p.transaction():
+                for m in got:
+                    p.produce(target, b"x" + (m.value() or b""))
+                p.send_offsets(consumer)
+            # the position past the last record read: 10 records and the seeding
+            # transaction's commit marker
+            assert committed() == _high(bootstrap, source) == 11
+    finally:
+        consumer.close()
+    assert sorted(_values(bootstrap, target)) == sorted(b"x%d" % i for i in range(10))
+
+
+def test_a_fenced_zombie_writes_nothing_visible_and_says_it_was_fenced(
+    kafka_cluster: KafkaCluster, topic: str
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    tid = _tid()
+    zombie = TransactionalProducer({"bootstrap.servers": bootstrap}, transactional_id=tid)
+    successor: TransactionalProducer | None = None
+    try:
+        with (
+            structlog.testing.capture_logs() as logs,
+            pytest.raises(ProducerFencedError) as caught,
+            zombie.transaction(),
+        ):
+            for i in range(5):
+                zombie.produce(topic, b"zombie-%d" % i)
+            _wait_for("the zombie's records in the log", lambda: _high(bootstrap, topic) >= 5)
+            # the process "pauses" here; a new instance takes the transactional.id over
+            successor = TransactionalProducer(
+                {"bootstrap.servers": bootstrap}, transactional_id=tid
+            )
+            zombie.produce(topic, b"zombie-late")  # resumed: goes on as if nothing happened
+        assert "fenced" in str(caught.value)
+        assert zombie.fenced and zombie.recreations == 0  # never fights back for the id
+        assert any(e["event"] == "transactional_producer_fenced" for e in logs), logs
+        with pytest.raises(ProducerFencedError), zombie.transaction():
+            zombie.produce(topic, b"zombie-again")
+        with successor.transaction():
+            successor.produce(topic, b"successor")
+    finally:
+        zombie.close()
+        if successor is not None:
+            successor.close()
+    assert _values(bootstrap, topic) == [b"successor"]
+    # negative control: the zombie's records did reach the log and are hidden by the abort
+    assert sum(v.startswith(b"zombie-") for v in _uncommitted_values(bootstrap, topic)) >= 5
+
+
+def _java_hash(text: str) -> int:
+    h = 0
+    for ch in text:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= (1 << 31) else h
+
+
+def _coordinator(cluster: KafkaCluster, tid: str) -> int:
+    """The broker coordinating ``tid``: leader of its __transaction_state partition (the
+    owned clusters have 6, kresilient/testing/_cluster.py)."""
+    h = _java_hash(tid)
+    partition = (0 if h == -(1 << 31) else abs(h)) % 6
+    return cluster.leader("__transaction_state", partition)
+
+
+def _lost_commit_response_run(cluster: KafkaCluster, *, fault: bool) -> dict[str, Any]:
+    bootstrap = cluster.bootstrap_servers
+    topic = cluster.create_topic(
+        f"txn-net-{uuid.uuid4().hex[:8]}", 1, 3, {"min.insync.replicas": 2}
+    )
+    leader = cluster.leader(topic)
+    config = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 4000}
+    for _ in range(20):  # a transactional.id coordinated by another broker than the data's
+        tid = _tid()
+        producer = TransactionalProducer(config, transactional_id=tid, timeout=6)
+        coordinator = _coordinator(cluster, tid)
+        if coordinator != leader:
+            break
+        producer.close()
+    else:
+        pytest.fail("no transactional.id found whose coordinator is not the data leader")
+    net = cluster.network
+    outcome: BaseException | None = None
+    try:
+        try:
+            with producer.transaction():
+                for i in range(5):
+                    producer.produce(topic, b"first-%d" % i)
+                _wait_for("the records in the log", lambda: _high(bootstrap, topic) >= 5)
+                if fault:  # the EndTxn reaches the coordinator; its answer never comes back
+                    net.drop_responses(coordinator)
+        except TransactionOutcomeUnknownError as exc:
+            outcome = exc
+        finally:
+            net.heal(coordinator)
+        with producer.transaction():  # the recreated instance initialises here if it could not
+            producer.produce(topic, b"second")
+        recreations = producer.recreations
+    finally:
+        producer.close()
+    return {
+        "outcome": outcome,
+        "recreations": recreations,
+        "values": _values(bootstrap, topic),
+        "dropped": net.dropped_responses(coordinator),
+    }
+
+
+def test_a_commit_whose_answer_is_lost_replaces_the_instance(
+    kafka_network_cluster: KafkaCluster,
+) -> None:
+    run = _lost_commit_response_run(kafka_network_cluster, fault=True)
+    assert isinstance(run["outcome"], TransactionOutcomeUnknownError), run
+    assert "unknown" in str(run["outcome"])
+    assert run["recreations"] == 1 and run["dropped"] > 0
+    first = [v for v in run["values"] if v.startswith(b"first")]
+    # the first transaction committed whole or not at all; never twice
+    assert first in ([], [b"first-%d" % i for i in range(5)]), run["values"]
+    assert run["values"].count(b"second") == 1
+
+
+def test_a_commit_answered_in_time_keeps_the_instance_negative_control(
+    kafka_network_cluster: KafkaCluster,
+) -> None:
+    run = _lost_commit_response_run(kafka_network_cluster, fault=False)
+    assert run["outcome"] is None and run["recreations"] == 0
+    assert run["values"] == [*(b"first-%d" % i for i in range(5)), b"second"]

@@ -1,0 +1,344 @@
+"""Every transaction error librdkafka returns, and the action TransactionalProducer takes.
+
+A real cluster cannot be made to return most of these codes on demand, so a fake
+``confluent_kafka.Producer`` raises each one (with the flags librdkafka sets on it) from the
+call of ``kresilient._txn.TRANSACTION_ERRORS`` that returns it; each test checks what the
+producer did: the call made again, the transaction aborted, the instance replaced, or the
+producer stopped. The real-cluster behaviour is in tests/test_transactions.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from kresilient import FatalProducerError, KResilientError, ProduceError
+from kresilient._txn import (
+    FENCED_CODES,
+    TRANSACTION_CALLS,
+    TRANSACTION_ERRORS,
+    TransactionErrorKind,
+    TransactionErrorRow,
+    classify_transaction_error,
+)
+from kresilient.producer import (
+    ProducerFencedError,
+    TransactionAbortedError,
+    TransactionalProducer,
+    TransactionOutcomeUnknownError,
+)
+from kresilient.producer import _transactional as txn_module
+
+_R, _A, _F = (
+    TransactionErrorKind.RETRIABLE,
+    TransactionErrorKind.ABORTABLE,
+    TransactionErrorKind.FATAL,
+)
+
+
+class FakeProducer:
+    """Records every call; raises the scripted error once from the scripted call."""
+
+    instances: list[FakeProducer] = []  # reset by the fixture
+    script: dict[str, list[KafkaError]] = {}
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.calls: list[str] = []
+        FakeProducer.instances.append(self)
+
+    def _step(self, name: str) -> None:
+        self.calls.append(name)
+        pending = FakeProducer.script.get(name)
+        if pending:
+            raise KafkaException(pending.pop(0))
+
+    def init_transactions(self, timeout: float) -> None:
+        self._step("init_transactions")
+
+    def begin_transaction(self) -> None:
+        self._step("begin_transaction")
+
+    def produce(self, topic: str, value: Any = None, **kwargs: Any) -> None:
+        self._step("produce")
+
+    def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+        self._step("send_offsets_to_transaction")
+
+    def commit_transaction(self, timeout: float) -> None:
+        self._step("commit_transaction")
+
+    def abort_transaction(self, timeout: float) -> None:
+        self._step("abort_transaction")
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+    def purge(self, **kwargs: Any) -> None:
+        self.calls.append("purge")
+
+    def __len__(self) -> int:
+        return 0
+
+
+class FakeConsumer:
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition("in", 0)]
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, 7) for tp in partitions]
+
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+
+@pytest.fixture(autouse=True)
+def _fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    FakeProducer.instances = []
+    FakeProducer.script = {}
+    monkeypatch.setattr(txn_module, "Producer", FakeProducer)
+    monkeypatch.setattr(txn_module.time, "sleep", lambda s: None)  # the retry backoff
+    yield
+
+
+def _error(row: TransactionErrorRow) -> KafkaError:
+    return KafkaError(
+        getattr(KafkaError, row.name),
+        f"{row.name} (scripted)",
+        fatal=row.fatal,
+        retriable=row.retriable,
+        txn_requires_abort=row.abort,
+    )
+
+
+def _producer() -> TransactionalProducer:
+    return TransactionalProducer(
+        {"bootstrap.servers": "127.0.0.1:1"}, transactional_id="t-fake", timeout=5
+    )
+
+
+def _fenced(row: TransactionErrorRow) -> bool:
+    return getattr(KafkaError, row.name) in FENCED_CODES and (
+        row.fatal or row.name != "INVALID_PRODUCER_EPOCH"
+    )
+
+
+def _run_one_transaction(producer: TransactionalProducer, *, fail_block: bool) -> None:
+    with producer.transaction():
+        producer.produce("out", b"v", b"k")
+        producer.send_offsets(FakeConsumer())
+        if fail_block:
+            raise ValueError("the block failed")
+
+
+_FLAGS = [(True, False, False), (False, True, False), (False, False, True), (False, False, False)]
+
+ROWS = [pytest.param(r, id=f"{r.call}-{r.name}") for r in TRANSACTION_ERRORS]
+
+
+def test_every_row_is_classified_as_the_table_says_fake() -> None:
+    for row in TRANSACTION_ERRORS:
+        verdict = classify_transaction_error(_error(row), row.call)
+        assert (verdict.kind, verdict.recreate) == (row.kind, row.recreate), row
+        assert verdict.fenced == _fenced(row), row
+        assert verdict.reason and verdict.classification.name, row
+
+
+def test_every_code_and_call_gets_a_coherent_verdict_fake() -> None:
+    """Totality: any code librdkafka may return, with any flags, on any call."""
+    codes = sorted(
+        {getattr(KafkaError, n) for n in dir(KafkaError) if isinstance(getattr(KafkaError, n), int)}
+    )
+    for code in codes:
+        for call in TRANSACTION_CALLS:
+            for fatal, retriable, abort in _FLAGS:
+                v = classify_transaction_error(
+                    KafkaError(
+                        code, "x", fatal=fatal, retriable=retriable, txn_requires_abort=abort
+                    ),
+                    call,
+                )
+                assert isinstance(v.kind, TransactionErrorKind)
+                if v.fenced:  # a zombie is never recreated
+                    assert v.kind is _F and not v.recreate, (code, call)
+                if v.recreate or v.outcome_unknown:
+                    assert v.kind is _F, (code, call)
+                if fatal and not v.fenced:
+                    assert v.kind is _F, (code, call)
+                if call == "abort_transaction":
+                    assert v.kind is not _A, (code, call)  # an abort is never "abort again"
+                if (
+                    not fatal
+                    and call in ("commit_transaction", "abort_transaction")
+                    and code
+                    in (
+                        KafkaError._TIMED_OUT,
+                        KafkaError.REQUEST_TIMED_OUT,
+                    )
+                ):
+                    assert v.outcome_unknown and v.recreate, (code, call)
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_the_action_taken_for_each_transaction_error_fake(row: TransactionErrorRow) -> None:
+    err = _error(row)
+    if row.call == "init_transactions":
+        FakeProducer.script = {"init_transactions": [err]}
+        if row.kind is _R:
+            producer = _producer()
+            assert FakeProducer.instances[0].calls == ["init_transactions"] * 2
+            _run_one_transaction(producer, fail_block=False)
+            assert producer.committed == 1
+            return
+        expected = ProducerFencedError if _fenced(row) else FatalProducerError
+        with pytest.raises(expected) as caught:
+            _producer()
+        assert row.name in str(caught.value) or caught.value.code == getattr(KafkaError, row.name)
+        # recreate: a second instance was built and initialised; otherwise none
+        assert len(FakeProducer.instances) == (2 if row.recreate else 1), row
+        return
+
+    producer = _producer()
+    first = FakeProducer.instances[0]
+    FakeProducer.script = {row.call: [err]}
+    fail_block = row.call == "abort_transaction"  # an abort happens when the block raises
+
+    raised: BaseException | None = None
+    try:
+        _run_one_transaction(producer, fail_block=fail_block)
+    except BaseException as exc:  # each outcome is checked below
+        raised = exc
+
+    if row.kind is _R:
+        assert first.calls.count(row.call) == 2, first.calls  # the same call, again
+        if fail_block:
+            assert isinstance(raised, ValueError) and producer.aborted == 1
+        else:
+            assert raised is None and producer.committed == 1
+        assert producer.recreations == 0
+    elif row.kind is _A:
+        assert isinstance(raised, TransactionAbortedError | ProduceError), raised
+        assert first.calls[-1] == "abort_transaction", first.calls  # aborted, not committed
+        if row.call != "commit_transaction":  # aborted before any commit was tried
+            assert "commit_transaction" not in first.calls
+        assert producer.aborted == 1 and producer.committed == 0
+        assert producer.recreations == 0
+        _run_one_transaction(producer, fail_block=False)  # the producer stays usable
+        assert producer.committed == 1
+    elif _fenced(row):
+        if fail_block:
+            assert isinstance(raised, ValueError)
+            assert any("fenced" in n for n in raised.__notes__)
+        else:
+            assert isinstance(raised, ProducerFencedError), raised
+            assert "fenced" in str(raised)
+        assert producer.fenced and producer.recreations == 0
+        assert len(FakeProducer.instances) == 1  # never recreated: the new owner keeps the id
+        with pytest.raises(ProducerFencedError):
+            _run_one_transaction(producer, fail_block=False)
+    elif row.recreate:
+        if fail_block:
+            assert isinstance(raised, ValueError)
+            assert any("abort failed" in n for n in raised.__notes__)
+        elif row.call == "commit_transaction" and row.retriable:
+            assert isinstance(raised, TransactionOutcomeUnknownError), raised
+        else:
+            assert isinstance(raised, FatalProducerError), raised
+        assert producer.recreations == 1
+        second = FakeProducer.instances[1]
+        assert second.calls[0] == "init_transactions"  # the new epoch fences the old one
+        assert "purge" in first.calls
+        calls_before = len(first.calls)
+        _run_one_transaction(producer, fail_block=False)  # on the new instance only
+        assert len(first.calls) == calls_before and "commit_transaction" in second.calls
+    else:  # fatal, nothing a new instance would fix: stopped
+        assert isinstance(raised, FatalProducerError | ValueError), raised
+        assert producer.recreations == 0
+        with pytest.raises(KResilientError):
+            _run_one_transaction(producer, fail_block=False)
+
+
+def test_a_commit_retried_until_its_timeout_has_an_unknown_outcome_fake() -> None:
+    producer = _producer()
+    busy = KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE, "busy", retriable=True)
+    FakeProducer.script = {"commit_transaction": [busy] * 10_000}
+    clock = iter(range(0, 10_000))
+    real = txn_module.time.monotonic
+    try:
+        txn_module.time.monotonic = lambda: float(next(clock))  # type: ignore[assignment]
+        with pytest.raises(TransactionOutcomeUnknownError, match="unknown"):
+            _run_one_transaction(producer, fail_block=False)
+    finally:
+        txn_module.time.monotonic = real  # type: ignore[assignment]
+    assert producer.recreations == 1 and producer.committed == 0
+
+
+def test_the_spark_sink_commit_uses_the_shared_rule_fake() -> None:
+    """Spark's exactly-once commit: a retriable error is committed again; a timed-out commit
+    (outcome unknown) is fatal, not retried on the same epoch."""
+    from kresilient.spark import _eos
+
+    class Committer:
+        def __init__(self, errors: list[KafkaError]) -> None:
+            self.errors = errors
+            self.calls = 0
+
+        def commit_transaction(self, timeout: float) -> None:
+            self.calls += 1
+            if self.errors:
+                raise KafkaException(self.errors.pop(0))
+
+    retried = Committer([KafkaError(KafkaError.NOT_COORDINATOR, "moved", retriable=True)])
+    _eos._commit(retried)  # type: ignore[arg-type]
+    assert retried.calls == 2
+    timed_out = Committer([KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True)])
+    with pytest.raises(FatalProducerError, match="unknown"):
+        _eos._commit(timed_out)  # type: ignore[arg-type]
+    assert timed_out.calls == 1
+
+
+def test_errors_leaving_the_producer_are_redacted_fake() -> None:
+    secret = "s3cr3t-Passw0rd-value"
+    producer = TransactionalProducer(
+        {
+            "bootstrap.servers": "127.0.0.1:1",
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "u",
+            "sasl.password": secret,
+        },
+        transactional_id="t-fake",
+        timeout=5,
+    )
+    FakeProducer.script = {
+        "commit_transaction": [KafkaError(KafkaError._FENCED, f"fenced, {secret}", fatal=True)]
+    }
+    with pytest.raises(ProducerFencedError) as caught:
+        _run_one_transaction(producer, fail_block=False)
+    assert secret not in str(caught.value) and secret not in repr(producer)
+    assert "fenced" in str(caught.value)
+
+
+def test_misuse_is_refused_fake() -> None:
+    producer = _producer()
+    with pytest.raises(KResilientError, match="outside a transaction"):
+        producer.produce("out", b"v")
+    with (
+        producer.transaction(),
+        pytest.raises(KResilientError, match="already open"),
+        producer.transaction(),
+    ):
+        pass
+    with pytest.raises(KResilientError, match="differs"):
+        TransactionalProducer(
+            {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "a"}, transactional_id="b"
+        )
+    producer.close()
+    with pytest.raises(KResilientError, match="closed"):
+        _run_one_transaction(producer, fail_block=False)
