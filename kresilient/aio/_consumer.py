@@ -43,6 +43,7 @@ import tenacity
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from kresilient._ratelimit import RateLimiter
+from kresilient._watchdog import bounded_call
 from kresilient.aio._producer import AsyncResilientProducer
 from kresilient.config import consumer_config
 from kresilient.consumer import (
@@ -209,7 +210,9 @@ class AsyncResilientConsumer:
             ``handler_blocked_event_loop`` (WARNING) naming the handler; ``None`` turns the
             step timing off (one clock read a record, about 0.06 µs).
         shutdown_timeout: seconds a shutdown (stop, SIGTERM, cancellation) or a revoke waits
-            for the handlers in hand before leaving their records uncommitted.
+            for the handlers in hand before leaving their records uncommitted; also the bound
+            of librdkafka's final close (its commit and leaving the group): past it the close
+            is left to a daemon thread and one ``close_timed_out`` WARNING says so.
         handle_signals: on :meth:`run` in the main thread, SIGTERM/SIGINT stop the consumer
             gracefully; a 2nd signal while handlers are in hand interrupts them (their
             records uncommitted, ``run()`` raises ``KeyboardInterrupt``), a 3rd aborts the
@@ -1786,8 +1789,23 @@ class AsyncResilientConsumer:
             self._closing = True
             if consumer is not None:
                 # Leaves the group; the revoke callback it runs commits what was stored
-                # (synchronously), so no separate commit round trip first.
-                consumer.close()
+                # (synchronously), so no separate commit round trip first. Bounded: a
+                # frozen group coordinator can hold it forever (docs/stalls.md).
+                done_in_time, _ = bounded_call(
+                    consumer.close, self._shutdown_timeout, name="kresilient-consumer-close"
+                )
+                if not done_in_time:
+                    self._log.warning(
+                        "close_timed_out",
+                        client="AsyncResilientConsumer",
+                        step="close_consumer",
+                        shutdown_timeout=self._shutdown_timeout,
+                        note=(
+                            "librdkafka did not return in time (a group coordinator that "
+                            "never answers?); left to a daemon thread, the shutdown goes on. "
+                            "Offsets not committed: those records are read again"
+                        ),
+                    )
                 self._consumer = None
 
         try:

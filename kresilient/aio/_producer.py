@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Generator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import structlog
 from confluent_kafka import KafkaError
@@ -53,6 +53,9 @@ from kresilient.producer import (
 )
 
 __all__ = ["AsyncDeliveryHandle", "AsyncResilientProducer"]
+
+#: close() waits this long at most for the poll thread (its poll calls last 0.1 s).
+_POLLER_JOIN_TIMEOUT: Final = 5.0
 
 #: librdkafka's default ``queue.buffering.max.messages`` / ``.kbytes``.
 _DEFAULT_MAX_MESSAGES: Final = 100_000
@@ -244,9 +247,11 @@ class AsyncResilientProducer:
     Args:
         config, allow_unsafe, dead_letter_topic, recreate_on_fatal, logger, tracer_provider,
         meter_provider, propagator, record_message_key, dead_letter_max_bytes, exit_timeout,
-        unreachable_timeout: as :class:`~kresilient.ResilientProducer` (a producer that never
-            reached a broker fails its messages after ``unreachable_timeout`` s, naming the
-            address and the cause; ``None`` waits ``message.timeout.ms``).
+        unreachable_timeout, stall_after_s, on_stall: as :class:`~kresilient.ResilientProducer`
+            (a producer that never reached a broker fails its messages after
+            ``unreachable_timeout`` s, naming the address and the cause; ``None`` waits
+            ``message.timeout.ms``). The progress watchdog runs on the poll thread, so a stall
+            is noticed even while nothing is awaited (docs/stalls.md).
         backpressure_timeout: seconds ``produce()`` awaits room in a full local queue.
     """
 
@@ -266,6 +271,8 @@ class AsyncResilientProducer:
         dead_letter_max_bytes: int = 16 * 1024 * 1024,
         exit_timeout: float = 10.0,
         unreachable_timeout: float | None = DEFAULT_UNREACHABLE_TIMEOUT,
+        stall_after_s: float | None = 60.0,  # ResilientProducer's DEFAULT_STALL_AFTER
+        on_stall: Literal["report", "heal"] = "report",
     ) -> None:
         # The sync producer waits out a full queue by polling on the calling thread (the event
         # loop here): 0 makes that fallback short; this class awaits room before it is needed.
@@ -283,6 +290,8 @@ class AsyncResilientProducer:
             dead_letter_max_bytes=dead_letter_max_bytes,
             exit_timeout=exit_timeout,
             unreachable_timeout=unreachable_timeout,
+            stall_after_s=stall_after_s,
+            on_stall=on_stall,
         )
         self._backpressure_timeout = float(backpressure_timeout)
         max_messages = int(config.get("queue.buffering.max.messages", _DEFAULT_MAX_MESSAGES))
@@ -423,6 +432,8 @@ class AsyncResilientProducer:
         """Flush, then release the producer; raises ``DeliveryError`` like ``flush()``.
 
         Idempotent. Messages still queued at ``timeout`` are purged and reported failed.
+        Bounded as :meth:`kresilient.ResilientProducer.close` is, whatever the brokers do: it
+        runs on this producer's own worker thread, never on the event loop.
         """
         if self._closed:
             return
@@ -434,7 +445,8 @@ class AsyncResilientProducer:
             self._stop.set()
             poller = self._poller
             if poller is not None:
-                await loop.run_in_executor(self._worker, poller.join)
+                # its poll calls last 0.1 s at most; bounded all the same
+                await loop.run_in_executor(self._worker, poller.join, _POLLER_JOIN_TIMEOUT)
             if self._bridge.loop is loop:
                 self._bridge.settle()
             self._worker.shutdown(wait=False)

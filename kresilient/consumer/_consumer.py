@@ -57,6 +57,7 @@ import tenacity
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from kresilient._ratelimit import RateLimiter
+from kresilient._watchdog import bounded_call
 from kresilient.consumer._batch import BatchProcessor
 from kresilient.consumer._breaker import CircuitBreaker
 from kresilient.consumer._crashloop import CLEAN, CrashGuard
@@ -324,7 +325,12 @@ class ResilientConsumer:
         logger: a structlog logger (default ``structlog.get_logger("kresilient.consumer")``).
         tracer_provider, meter_provider, propagator, link_mode: OpenTelemetry (see
             :class:`~kresilient.telemetry.Telemetry`); default: the global providers.
-        shutdown_timeout: seconds to wait for outstanding dead-letter writes on revoke/close.
+        shutdown_timeout: seconds to wait for outstanding dead-letter writes on revoke/close,
+            and the bound of librdkafka's final commit and close together (a frozen group
+            coordinator can hold ``Consumer.close()`` forever): past it they are left to a
+            daemon thread, one ``close_timed_out`` WARNING names what was not done, and the
+            shutdown goes on (docs/stalls.md). The records whose offsets were not committed
+            are read again.
         record_message_key: put the message key on process spans
             (``messaging.kafka.message.key``); off by default, keys often carry personal data.
         metric_partition_attribute: put ``messaging.destination.partition.id`` on metrics too
@@ -1267,9 +1273,10 @@ class ResilientConsumer:
         )
         self._watchdog.stop()
         sink = self._sink
+        ends: list[float] = []  # the final commit and close share one bound
         steps: list[tuple[str, Callable[[], None]]] = [
-            ("commit", lambda: self._offsets.commit_sync("close")),
-            ("close_consumer", self._consumer.close),
+            ("commit", self._bounded("commit", lambda: self._offsets.commit_sync("close"), ends)),
+            ("close_consumer", self._bounded("close_consumer", self._consumer.close, ends)),
         ]
         parallel = self._parallel
         if parallel is not None:
@@ -1309,15 +1316,43 @@ class ResilientConsumer:
             error=type(error).__name__ if error is not None else None,
         )
 
+    def _bounded(self, step: str, call: Callable[[], Any], ends: list[float]) -> Callable[[], None]:
+        """``call`` (a librdkafka commit or close) bounded by ``shutdown_timeout``, counted
+        from the first of the steps sharing ``ends``."""
+
+        def run() -> None:
+            if not ends:
+                ends.append(time.monotonic() + self._shutdown_timeout)
+            done, _ = bounded_call(
+                call, ends[0] - time.monotonic(), name=f"kresilient-consumer-{step}"
+            )
+            if not done:
+                self._log.warning(
+                    "close_timed_out",
+                    client="ResilientConsumer",
+                    step=step,
+                    shutdown_timeout=self._shutdown_timeout,
+                    partitions_with_offsets=len(self._offsets.stored),
+                    note=(
+                        "librdkafka did not return in time (a group coordinator that never "
+                        "answers?); left to a daemon thread, the shutdown goes on. Offsets "
+                        "not committed: those records are read again by the next owner"
+                    ),
+                )
+
+        return run
+
     def close(self) -> None:
-        """Release the consumer without running (``run()`` closes by itself). Idempotent."""
+        """Release the consumer without running (``run()`` closes by itself). Idempotent.
+
+        Bounded by ``shutdown_timeout`` whatever librdkafka does (see ``_shutdown``)."""
         if self._closed:
             return
         if self._started:
             self.stop()
             return
         self._closed = True
-        self._consumer.close()
+        self._bounded("close_consumer", self._consumer.close, [])()
 
     def __enter__(self) -> ResilientConsumer:
         return self

@@ -35,12 +35,12 @@ import json
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from confluent_kafka import KafkaException, TopicPartition
 
+from kresilient._watchdog import NoProgress
 from kresilient.consumer._holds import TP
 
 if TYPE_CHECKING:
@@ -67,11 +67,16 @@ OUTAGE_METRIC: Final = "kresilient.consumer.dependency_outage"
 _INSTRUMENTATION: Final = "kresilient"
 
 
-@dataclass(slots=True)
-class _Partition:
-    lag: int | None = None
-    stored: int | None = None
-    since: float = 0.0  #: monotonic time of the last progress (or of becoming caught up)
+class _Partition(NoProgress):
+    """Lag and stored offset of one assigned partition, and since when it made no progress
+    (the shared rule of :mod:`kresilient._watchdog`: the producer's watchdog asks the same)."""
+
+    __slots__ = ("lag", "stored")
+
+    def __init__(self, now: float) -> None:
+        super().__init__(now)
+        self.lag: int | None = None
+        self.stored: int | None = None
 
 
 class ProbeSource(Protocol):
@@ -141,7 +146,7 @@ class ConsumerProbes:
         self.joined = True
         self.lost_since = None  # a completed rebalance (cooperative: even an empty one)
         for p in partitions:
-            self.parts[(p.topic, p.partition)] = _Partition(since=now)
+            self.parts[(p.topic, p.partition)] = _Partition(now)
 
     def forget(self, tps: Iterable[TP]) -> None:
         for tp in tps:
@@ -165,7 +170,7 @@ class ConsumerProbes:
             offset = stored.get(tp)
             if offset is not None and offset != part.stored:
                 part.stored = offset
-                part.since = now
+                part.moved(now)
             try:
                 _, high = consumer.get_watermark_offsets(TopicPartition(tp[0], tp[1]), cached=True)
                 if offset is None:  # nothing stored yet: the position handed out so far
@@ -177,7 +182,7 @@ class ConsumerProbes:
                 continue
             lag = max(high - offset, 0)
             if lag == 0 or part.lag == 0:
-                part.since = now  # caught up, or work just arrived: not stalled yet
+                part.moved(now)  # caught up, or work just arrived: not stalled yet
             part.lag = lag
 
     # ------------------------------------------------------------------ any thread
@@ -228,9 +233,10 @@ class ConsumerProbes:
                 f"{len(held)} partition(s) held, retried, nothing dead-lettered"
             )
         for tp, part in list(self.parts.items()):
-            if part.lag and tp not in held and now - part.since > limit:
+            if part.lag and tp not in held and part.stalled(now, limit):
                 reasons.append(
-                    f"{tp[0]}[{tp[1]}] lag {part.lag} without progress for {now - part.since:.1f} s"
+                    f"{tp[0]}[{tp[1]}] lag {part.lag} without progress for "
+                    f"{part.quiet_for(now):.1f} s"
                 )
         return not reasons, reasons
 
@@ -240,7 +246,7 @@ class ConsumerProbes:
             "partitions": {
                 f"{tp[0]}[{tp[1]}]": {
                     "lag": part.lag,
-                    "since_progress_s": round(now - part.since, 3),
+                    "since_progress_s": round(part.quiet_for(now), 3),
                 }
                 for tp, part in list(self.parts.items())
             }
@@ -319,7 +325,7 @@ class ConsumerProbes:
 
         now = time.monotonic()
         return [
-            Observation(0.0 if not part.lag else round(now - part.since, 3), self._attrs(tp))
+            Observation(0.0 if not part.lag else round(part.quiet_for(now), 3), self._attrs(tp))
             for tp, part in list(self.parts.items())
         ]
 

@@ -49,7 +49,9 @@ class ProducerHealth:
     and ``brokers_total=None``. Both are ``None`` once closed. ``leadership`` maps
     ``"topic[partition]"`` to the :class:`~kresilient.LeadershipState` name. ``healthy`` is
     False when the producer is closed, hit a fatal error, sees no broker up, or a partition
-    is in sustained churn.
+    is in sustained churn, or while the progress watchdog reports a stall (``stalled``: what
+    stopped; ``stalled_since``: wall-clock time the last delivery report was seen;
+    ``stalls``: stalls reported so far; docs/stalls.md).
     """
 
     client_id: str
@@ -72,16 +74,24 @@ class ProducerHealth:
     last_error_at: float | None
     #: With a spool: messages stored and not acknowledged yet (``None`` without a spool).
     spooled: int | None = None
+    #: The progress watchdog: what stopped while a stall lasts (``None``: no stall).
+    stalled: str | None = None
+    #: Wall-clock time (``time.time()``) of the last progress, while a stall lasts.
+    stalled_since: float | None = None
+    #: Stalls reported over the producer's life.
+    stalls: int = 0
     monitor: dict[str, Any] = field(repr=False, default_factory=dict)
 
     @property
     def healthy(self) -> bool:
-        """True unless closed, fatally failed, cut off from every broker, or churning."""
+        """True unless closed, fatally failed, cut off from every broker, churning, or
+        stalled."""
         return (
             not self.closed
             and self.fatal_error is None
             and self.brokers_up != 0
             and not self.sustained_churn
+            and self.stalled is None
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -47,12 +47,13 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from types import FrameType, TracebackType
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from kresilient._ratelimit import DEFAULT_INTERVAL, RateLimiter
+from kresilient._watchdog import NoProgress, StallReport, bounded_call
 from kresilient.config import producer_config
 from kresilient.deadletter import DeadLetterWriter
 from kresilient.errors import (
@@ -129,6 +130,17 @@ DEFAULT_UNREACHABLE_TIMEOUT: Final = 10.0
 #: statistics said so yet) at most once per this many seconds, for at most _PROBE_TIMEOUT.
 _PROBE_INTERVAL: Final = 5.0
 _PROBE_TIMEOUT: Final = 0.5
+#: ResilientProducer(stall_after_s=...): seconds with messages queued, a broker up and no
+#: delivery report before the producer is reported stalled (docs/stalls.md).
+DEFAULT_STALL_AFTER: Final = 60.0
+#: Seconds the release of a librdkafka instance (rd_kafka_destroy, at close() or after a
+#: recreation) is waited for; past it the instance is left to a daemon thread and
+#: close_timed_out is logged. Its messages were all reported before: nothing is lost.
+RELEASE_TIMEOUT: Final = 5.0
+#: The gauge of the producer's watchdog: seconds since the last delivery report while messages
+#: are queued (0: nothing queued at the last statistics).
+STALL_METRIC: Final = "kresilient.producer.time_since_delivery"
+_ON_STALL: Final = ("report", "heal")
 
 
 _new_handle = object.__new__
@@ -235,6 +247,22 @@ class ResilientProducer:
             applies again (an outage then waits ``message.timeout.ms`` as before). ``None``:
             wait ``message.timeout.ms`` (services that start before their cluster). Not
             applied with a ``spool`` (spooled messages stay stored through an outage).
+        stall_after_s: the progress watchdog (docs/stalls.md): messages queued, a broker up
+            and no delivery report (success or failure) for longer than this many seconds is a
+            stall: one ``producer_stalled`` WARNING naming what stopped and since when,
+            ``health().healthy`` False and ``health().stalled`` naming it, the gauge
+            ``kresilient.producer.time_since_delivery``; one ``producer_stalled_cleared``
+            INFO when reports resume. Checked when statistics are served
+            (``statistics.interval.ms``, 5 s by default, during ``poll()``/``flush()``/
+            ``produce()``), so a stall is reported within ``stall_after_s`` plus that
+            interval. ``None`` turns the watchdog off; statistics switched off
+            (``statistics.interval.ms=0``) turn it off too.
+        on_stall: ``"report"`` (default): say so, change nothing. ``"heal"``: also recreate
+            the underlying librdkafka producer at the next ``poll()``/``flush()``: every
+            message it held is reported failed with its classification (``_PURGE_INFLIGHT``,
+            possibly persisted: re-send only with deduplication; ``_PURGE_QUEUE``: never sent)
+            and listed by the next ``flush()``, never dropped; the old instance is released
+            in a daemon thread waited for at most ``RELEASE_TIMEOUT`` seconds.
     """
 
     def __init__(
@@ -255,7 +283,19 @@ class ResilientProducer:
         exit_timeout: float = 10.0,
         spool: Spool | None = None,
         unreachable_timeout: float | None = DEFAULT_UNREACHABLE_TIMEOUT,
+        stall_after_s: float | None = DEFAULT_STALL_AFTER,
+        on_stall: Literal["report", "heal"] = "report",
     ) -> None:
+        if stall_after_s is not None and not stall_after_s > 0:
+            raise ConfigError(
+                f"stall_after_s must be a positive number of seconds or None, "
+                f"not {stall_after_s!r}",
+                key="stall_after_s",
+            )
+        if on_stall not in _ON_STALL:
+            raise ConfigError(
+                f"on_stall must be 'report' or 'heal', not {on_stall!r}", key="on_stall"
+            )
         if unreachable_timeout is not None and not unreachable_timeout > 0:
             raise ConfigError(
                 f"unreachable_timeout must be a positive number of seconds or None, "
@@ -397,6 +437,19 @@ class ResilientProducer:
             on_failure=weak_callback(self._proxy, "_callback_raised"),
             reachability=self._reach,
         )
+
+        # The progress watchdog, fed by statistics (_watch_progress): the delivery reports
+        # librdkafka has made so far (its counters, one snapshot: no per-message cost).
+        self._stall_after = stall_after_s
+        # a spooled producer keeps its messages stored through a stall: never recreated for it
+        self._heal_on_stall = on_stall == "heal" and spool is None
+        self._heal_wanted = False
+        self._progress = NoProgress()
+        self._settled_mark: int | None = None
+        self._queued_seen = 0  # messages in librdkafka at the last statistics (msg_cnt)
+        self._stall = StallReport(self._log, "producer_stalled")
+        if stall_after_s is not None:
+            self._register_stall_gauge(meter_provider)
 
         self._producer: Any = None
         self._produce: Callable[..., None] = _closed_produce
@@ -738,10 +791,12 @@ class ResilientProducer:
             if not self._recreate_on_fatal:
                 self._fatal = fatal
                 raise fatal from exc
-            self._recreate(fatal)
+            self._recreate(fatal.name)
 
-    def _recreate(self, cause: FatalProducerError) -> None:
-        """Replace the underlying producer; account for every message the old one held."""
+    def _recreate(self, cause: str) -> None:
+        """Replace the underlying producer; account for every message the old one held.
+
+        ``cause``: what the recreation is for (a fatal error's name, ``"stall"``)."""
         # librdkafka already failed what was queued (_PURGE_QUEUE: never sent); purge what is
         # left: in flight (_PURGE_INFLIGHT: possibly persisted) or queued meanwhile.
         old = self._producer
@@ -757,9 +812,14 @@ class ResilientProducer:
             self._log.error("producer_recreate_unaccounted", messages=lost)
         self._install(self._new_producer())
         self._recreations += 1
+        self._settled_mark = None  # the new instance's statistics count from zero
+        self._progress.moved(time.monotonic())
+        held = [old]
+        del old  # the daemon thread drops the last reference: rd_kafka_destroy runs there
+        self._release(held, "recreate")
         self._log.warning(
             "producer_recreated",
-            cause=cause.name,
+            cause=cause,
             recreations=self._recreations,
             note="messages queued or in flight were reported failed (possibly persisted)",
         )
@@ -960,11 +1020,138 @@ class ResilientProducer:
             self._monitor.on_stats(doc)
             self._brokers = brokers = broker_stats(doc)
             self._reach.up(brokers.up)
+            if self._stall_after is not None:
+                self._watch_progress(doc, brokers.up)
             cb = self._user_cb["stats_cb"]
             if cb is not None:
                 cb(stats_json)
         except Exception as exc:
             self._callback_raised(exc)
+
+    # ------------------------------------------------------------------ the progress watchdog
+
+    def _watch_progress(self, doc: Mapping[str, Any], brokers_up: int) -> None:
+        """One statistics snapshot: did librdkafka make a delivery report since the last one?
+
+        Its per-partition counters, all from the same snapshot: messages produced minus those
+        still queued or in flight are the messages whose report was made (delivered or
+        failed). Only a new high counts as progress. A stall begins when messages are queued
+        (``msg_cnt``), a broker is up (an outage is reported as one already) and nothing
+        settled for ``stall_after_s``; it ends at the next report, or when nothing is queued.
+        """
+        now = time.monotonic()
+        self._queued_seen = queued = int(doc.get("msg_cnt", 0))
+        settled = 0
+        for topic in (doc.get("topics") or {}).values():
+            for part in (topic.get("partitions") or {}).values():
+                settled += (
+                    int(part.get("msgs", 0))
+                    - int(part.get("msgq_cnt", 0))
+                    - int(part.get("xmit_msgq_cnt", 0))
+                    - int(part.get("msgs_inflight", 0))
+                )
+        mark = self._settled_mark
+        moved = mark is None or settled > mark
+        if moved:
+            self._settled_mark = settled
+        if moved or queued <= 0:
+            self._progress.moved(now)
+            if self._stall.active:
+                self._stall.end(queued=queued, recreations=self._recreations)
+            return
+        limit = self._stall_after
+        if limit is None or self._stall.active or not self._progress.stalled(now, limit):
+            return
+        if brokers_up <= 0:
+            return  # not a stall: no broker is up (Reachability reports the outage)
+        quiet = self._progress.quiet_for(now)
+        self._stall.begin(
+            f"{queued} message(s) queued, {brokers_up} broker(s) up and no delivery report "
+            f"for {quiet:.0f} s",
+            quiet,
+            queued=queued,
+            brokers_up=brokers_up,
+            stall_after_s=limit,
+            remedy=(
+                "recreating the producer at the next poll()/flush(): its messages are "
+                "reported failed (flush() lists them)"
+                if self._heal_on_stall
+                else "reported only (on_stall='report'): look at the brokers leading the "
+                "partitions produced to; on_stall='heal' recreates the producer"
+            ),
+        )
+        if self._heal_on_stall:
+            self._heal_wanted = True
+
+    def _heal(self) -> None:
+        """on_stall='heal': recreate the producer (outside librdkafka's callbacks)."""
+        self._heal_wanted = False
+        with self._recreate_lock:
+            if self._closed or self._fatal is not None or self._producer is None:
+                return
+            self._recreate("stall")
+        self._stall.end(queued=0, recreations=self._recreations, healed=True)
+
+    def _release(self, held: list[Any], what: str) -> None:
+        """Drop a librdkafka instance (``held``: its only reference) in a daemon thread.
+
+        rd_kafka_destroy can block on a broker that never answers; the caller waits
+        ``RELEASE_TIMEOUT`` at most. Its messages were all reported before (drained): a
+        release cut short loses none; one WARNING says how many were still in it.
+        """
+        left = len(held[0]) if held and held[0] is not None else 0
+        done, _ = bounded_call(held.clear, RELEASE_TIMEOUT, name="kresilient-producer-release")
+        if not done:
+            self._log.warning(
+                "close_timed_out",
+                client="ResilientProducer",
+                step=what,
+                waited_s=RELEASE_TIMEOUT,
+                left_in_librdkafka=left,
+                note=(
+                    "librdkafka did not release the producer in time; it is left to a daemon "
+                    "thread. Its messages were reported before (delivered or failed, listed "
+                    "by flush()/close()): none is dropped silently"
+                ),
+            )
+
+    def _register_stall_gauge(self, meter_provider: Any) -> None:
+        """The gauge STALL_METRIC on ``meter_provider`` (the global one when ``None``)."""
+        proxy = self._proxy
+
+        def observe(_options: Any) -> list[Any]:
+            try:
+                return list(proxy._observe_stall())
+            except ReferenceError:  # the producer is gone
+                return []
+
+        try:
+            from opentelemetry import metrics
+
+            provider = (
+                meter_provider if meter_provider is not None else metrics.get_meter_provider()
+            )
+            provider.get_meter("kresilient").create_observable_gauge(
+                STALL_METRIC,
+                callbacks=[observe],
+                unit="s",
+                description=(
+                    "Seconds since the last delivery report while messages are queued "
+                    "(0: nothing queued at the last statistics)"
+                ),
+            )
+        except Exception:  # telemetry never breaks the producer
+            return
+
+    def _observe_stall(self) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        quiet = 0.0
+        if not self._closed and self._queued_seen > 0:
+            quiet = round(self._progress.quiet_for(time.monotonic()), 3)
+        return [
+            Observation(quiet, {"messaging.system": "kafka", "messaging.client.id": self.client_id})
+        ]
 
     # ------------------------------------------------------------------ public API
 
@@ -987,6 +1174,9 @@ class ResilientProducer:
                 self._fail_unreachable()  # likewise
             if self._reported or self._pending_fatal is not None:
                 self._settle(None, generation)
+            if self._heal_wanted:
+                self._heal()
+                self._process_reported()
         dlq = self._dlq
         if dlq is not None:
             served += dlq.poll(0)
@@ -1039,6 +1229,8 @@ class ResilientProducer:
                 continue
             if self._pending_fatal is not None:
                 self._settle(None, generation)
+            if self._heal_wanted:
+                self._heal()
             if self._recreations == generation:
                 break
         failures = self._take_failures()
@@ -1130,6 +1322,8 @@ class ResilientProducer:
                     continue
             if not remaining or (deadline is not None and time.monotonic() >= deadline):
                 return remaining
+            if self._heal_wanted:
+                return remaining  # flush() recreates the producer, then flushes the new one
 
     def _fail_refused(self) -> bool:
         """Fail the queued messages at once when the cluster refused this producer's login.
@@ -1291,9 +1485,17 @@ class ResilientProducer:
         """Flush, then release the producer. Idempotent.
 
         Messages still queued when ``timeout`` expires are purged and reported in the
-        :class:`~kresilient.DeliveryError` (never dropped silently). If the dead-letter
-        producer fails to close, the producer is closed anyway and that error is raised
-        (chained to the :class:`~kresilient.DeliveryError` when messages failed too).
+        :class:`~kresilient.DeliveryError` (never dropped silently).
+
+        Bounded whatever the brokers do (docs/stalls.md): the flush waits ``timeout`` seconds
+        (``None``: until every message is delivered or failed, which librdkafka bounds by
+        ``message.timeout.ms``), the purge's reports at most 10 s, and the release of the
+        librdkafka instance at most ``RELEASE_TIMEOUT`` (5 s): past that it is left to a daemon
+        thread (the process still exits) and one ``close_timed_out`` WARNING names it.
+
+        If the dead-letter producer fails to close, the producer is closed anyway and that
+        error is raised (chained to the :class:`~kresilient.DeliveryError` when messages
+        failed too).
         """
         if self._closed:
             return
@@ -1355,7 +1557,10 @@ class ResilientProducer:
         self._closed = True
         self._produce = _closed_produce
         self._poll = _no_poll
-        self._producer = None  # destroys the librdkafka instance (its queue is empty)
+        held = [self._producer]
+        self._producer = None
+        # destroys the librdkafka instance (its queue is empty), bounded: see _release
+        self._release(held, "close")
         _LIVE.discard(self)
         if log:
             # counts over the producer's life, so a close() after a flush() that raised says
@@ -1506,6 +1711,9 @@ class ResilientProducer:
                 if self._spooler is not None and not self._closed
                 else None
             ),
+            stalled=self._stall.reason,
+            stalled_since=self._stall.since,
+            stalls=self._stall.stalls,
             monitor=snapshot,
         )
 
