@@ -228,9 +228,9 @@ _COORDINATOR_MOVING = frozenset(
 )
 
 
-def test_group_offsets_gone_as_after_expiry(kafka_cluster: KafkaCluster) -> None:
+def test_group_offsets_expired_after_short_retention(kafka_cluster: KafkaCluster) -> None:
     """An idle group whose committed offsets are gone is a WARNING naming the broker's
-    offsets.retention.minutes and auto.offset.reset.
+    offsets.retention.minutes and auto.offset.reset. (The name is the one docs/ cite.)
 
     The offsets are removed with ``delete_consumer_groups``: when the broker expires the last
     offsets of a group with no members it deletes the group itself, the state this gives at
