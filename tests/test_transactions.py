@@ -8,15 +8,18 @@ did reach the log, so a test cannot pass because nothing was written.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
 from _producer_helpers import read_back
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kresilient.producer import (
     ProducerFencedError,
@@ -272,3 +275,51 @@ def test_a_commit_answered_in_time_keeps_the_instance_negative_control(
     run = _lost_commit_response_run(kafka_network_cluster, fault=False)
     assert run["outcome"] is None and run["recreations"] == 0
     assert run["values"] == [*(b"first-%d" % i for i in range(5)), b"second"]
+
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "transactional_producer.py"
+
+
+def test_transactional_producer_example_doubles_each_record_exactly_once(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    bootstrap = kafka_cluster.bootstrap_servers
+    source, target = topic_factory(partitions=3), topic_factory(partitions=3)
+    seed = Producer({"bootstrap.servers": bootstrap})
+    for i in range(300):
+        seed.produce(source, b"%d" % i, key=b"k%d" % (i % 7))
+    assert seed.flush(30) == 0
+    group = f"doubler-{uuid.uuid4().hex[:6]}"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--bootstrap",
+            bootstrap,
+            "--source",
+            source,
+            "--target",
+            target,
+            "--group",
+            group,
+            "--transactional-id",
+            f"{group}-0",
+            "--stop-after",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "handled 300 records in transactions" in done.stdout
+    values = sorted(int(m.value() or b"") for m in read_back(bootstrap, target))
+    assert values == [2 * i for i in range(300)]  # each exactly once, read_committed
+    checker = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        parts = [TopicPartition(source, p) for p in range(3)]
+        offsets = {tp.partition: tp.offset for tp in checker.committed(parts, timeout=30)}
+    finally:
+        checker.close()
+    assert offsets == {p: _high(bootstrap, source, p) for p in range(3)}
