@@ -48,7 +48,15 @@ def _share_cluster() -> Iterator[KafkaCluster]:
     with KafkaCluster(
         3,
         version=NEWEST,
-        broker_config={"group.share.min.record.lock.duration.ms": 1000},
+        broker_config={
+            "group.share.min.record.lock.duration.ms": 1000,
+            # A SIGKILLed member keeps its share partitions until its session times out (45 s
+            # by default, the floor too): 10 s here, heartbeats every second.
+            "group.share.session.timeout.ms": 10000,
+            "group.share.min.session.timeout.ms": 6000,
+            "group.share.heartbeat.interval.ms": 1000,
+            "group.share.min.heartbeat.interval.ms": 500,
+        },
     ) as cluster:
         yield cluster
 
