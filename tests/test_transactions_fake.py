@@ -10,6 +10,7 @@ producer stopped. The real-cluster behaviour is in tests/test_transactions.py.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -342,3 +343,42 @@ def test_misuse_is_refused_fake() -> None:
     producer.close()
     with pytest.raises(KResilientError, match="closed"):
         _run_one_transaction(producer, fail_block=False)
+
+
+def render_table() -> str:
+    """The classification table of docs/transactions.md, from kresilient._txn."""
+
+    def action(row: TransactionErrorRow) -> str:
+        if row.kind is _R:
+            return "calls it again (within `timeout`)"
+        if row.kind is _A:
+            if row.call == "produce":
+                return "raises `ProduceError`; leaving the block aborts"
+            return "aborts; raises `TransactionAbortedError`"
+        if _fenced(row):
+            return "stops for good: `ProducerFencedError`, never recreated"
+        if row.call in ("commit_transaction", "abort_transaction") and row.retriable:
+            return "replaces the instance: `TransactionOutcomeUnknownError`"
+        if row.recreate:
+            return "replaces the instance: `FatalProducerError`"
+        return "closes: `FatalProducerError` (fix the config, ACLs or code)"
+
+    lines = [
+        "| call | error | librdkafka flags | kind | TransactionalProducer | why |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in TRANSACTION_ERRORS:
+        named = (("fatal", row.fatal), ("retriable", row.retriable), ("abort", row.abort))
+        flags = ", ".join(n for n, on in named if on)
+        lines.append(
+            f"| `{row.call}` | `{row.name}` | {flags or '-'} | {row.kind.value} | "
+            f"{action(row)} | {row.note} |"
+        )
+    return "\n".join(lines)
+
+
+def test_the_docs_table_is_the_classification_table_fake() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "transactions.md").read_text()
+    start = doc.index("<!-- table:start -->") + len("<!-- table:start -->")
+    end = doc.index("<!-- table:end -->")
+    assert doc[start:end].strip() == render_table(), "regenerate: tests/test_transactions_fake.py"
