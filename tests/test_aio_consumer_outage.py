@@ -15,8 +15,9 @@ back:
   RetryPolicy exhausted with nothing else handled, the next record probed).
 
 The checks are the sync consumer's own (``_check_common`` of tests/test_consumer_outage.py,
-one body for both). The negative control (``outage_retry=None``) dead-letters records of the
-same outage: the fault is real.
+one body for both). The two outages run side by side (a module fixture starts them
+together, each in its own thread and event loop). The negative control
+(``outage_retry=None``) dead-letters records of the same outage: the fault is real.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import asyncio
 import collections
 import time
 import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -135,41 +138,71 @@ async def _run_outage(
     }
 
 
+#: The two outages on the real cluster, by the test that checks each.
+OUTAGES: dict[str, dict[str, Any]] = {
+    "test_aio_dependency_down_three_partitions_nothing_dead_lettered": {
+        "partitions": 3,
+        "per_partition": 50,
+        "down_for": 15.0,
+        "poison_every": None,
+    },
+    "test_aio_dependency_down_one_partition_with_poison": {
+        "partitions": 1,
+        "per_partition": 200,
+        "down_for": 20.0,
+        "poison_every": 100,
+    },
+}
+
+
+@pytest.fixture(scope="module", name="outages")
+def _outages(
+    kafka_cluster: KafkaCluster, request: pytest.FixtureRequest
+) -> Iterator[dict[str, Future[dict[str, Any]]]]:
+    """The outages of the tests selected in this run, started together (each in a thread with
+    its own event loop) when the first of those tests asks: each mostly waits, so side by
+    side they take about the longer one's time. Nothing is shared but the cluster (own
+    topics, group, consumer, health port, logger, dependency clock). A scenario's failure is
+    its own test's; leaving the fixture waits for every scenario to end."""
+
+    def topic_factory(partitions: int = 1, *, name: str | None = None) -> str:
+        topic = name or f"t-aio-outage-{uuid.uuid4().hex[:10]}"
+        return kafka_cluster.create_topic(topic, partitions, 3, {"min.insync.replicas": 2})
+
+    def run(spec: dict[str, Any]) -> dict[str, Any]:
+        return asyncio.run(_run_outage(kafka_cluster, topic_factory, **spec))
+
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    wanted = {name: spec for name, spec in OUTAGES.items() if name in selected}
+    with ThreadPoolExecutor(max(1, len(wanted)), thread_name_prefix="aio-outage") as pool:
+        yield {name: pool.submit(run, spec) for name, spec in wanted.items()}
+
+
+def _outage(outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest) -> Any:
+    """This test's outage, once it is over."""
+    spec = OUTAGES[request.node.name]
+    return outages[request.node.name].result(timeout=spec["down_for"] + 400)
+
+
 @pytest.mark.integration
-@pytest.mark.asyncio
-async def test_aio_dependency_down_three_partitions_nothing_dead_lettered(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+def test_aio_dependency_down_three_partitions_nothing_dead_lettered(
+    outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest
 ) -> None:
     """Records of different partitions (handled at once) fail in a row: an outage; the
     records held in every partition resume at the first success."""
-    result = await _run_outage(
-        kafka_cluster,
-        topic_factory,
-        partitions=3,
-        per_partition=50,
-        down_for=15.0,
-        poison_every=None,
-    )
+    result = _outage(outages, request)
     _check_common(result)
     assert result["dead"] == []
 
 
 @pytest.mark.integration
-@pytest.mark.asyncio
-async def test_aio_dependency_down_one_partition_with_poison(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+def test_aio_dependency_down_one_partition_with_poison(
+    outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest
 ) -> None:
     """One partition: the probe path (the first probe is poison: proves nothing, the probe
     moves on; the next fails too under its own RetryPolicy: an outage). Exactly the poison
     records dead-lettered."""
-    result = await _run_outage(
-        kafka_cluster,
-        topic_factory,
-        partitions=1,
-        per_partition=200,
-        down_for=20.0,
-        poison_every=100,
-    )
+    result = _outage(outages, request)
     _check_common(result)
     assert len(result["poison"]) == 2
     assert result["scenario"].attempts[(0, 1)] == 2  # the poison probe, then its own turn
