@@ -32,13 +32,14 @@ commit (``kresilient/spark/_eos.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Final, Literal, NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException
 
-from kresilient.errors import Classification, classify
+from kresilient.errors import Action, Classification, ErrorCategory, classify
 
 __all__ = [
     "FENCED_CODES",
@@ -253,9 +254,63 @@ def _verdict(
         fenced=fenced,
         outcome_unknown=outcome_unknown,
         recreate=recreate,
-        classification=c,
+        classification=_in_transaction(c, kind, reason, fenced, outcome_unknown, recreate),
         reason=reason,
     )
+
+
+def _in_transaction(
+    c: Classification,
+    kind: TransactionErrorKind,
+    reason: str,
+    fenced: bool,
+    outcome_unknown: bool,
+    recreate: bool,
+) -> Classification:
+    """The code's classification, with what it means in a transaction where that differs
+    (a timed-out commit is not "retry"; an unflagged produce refusal aborts)."""
+    if kind is TransactionErrorKind.RETRIABLE:
+        return c if c.retriable else dataclasses.replace(c, retriable=True, action=Action.RETRY)
+    if kind is TransactionErrorKind.ABORTABLE:
+        if c.category is ErrorCategory.ABORTABLE:
+            return c
+        return dataclasses.replace(
+            c,
+            category=ErrorCategory.ABORTABLE,
+            retriable=False,
+            action=Action.ABORT_TRANSACTION,
+            remedy=f"Abort the transaction and run it again. {c.remedy}",
+        )
+    if fenced:  # stop: a recreated zombie would fence the legitimate owner in turn
+        return dataclasses.replace(
+            c,
+            category=ErrorCategory.FATAL_PRODUCER,
+            retriable=False,
+            fatal=True,
+            action=Action.FAIL,
+            remedy="Fenced: another instance initialised this transactional.id. Stop this "
+            "one; do not recreate it (it would fence the new owner)",
+        )
+    if outcome_unknown:
+        return dataclasses.replace(
+            c,
+            category=ErrorCategory.FATAL_PRODUCER,
+            retriable=False,
+            fatal=True,
+            action=Action.RECREATE_PRODUCER,
+            remedy="The transaction's outcome is unknown; the producer instance is replaced "
+            "(a new epoch fences the late request). Consume-transform-produce: seek the "
+            "consumer to its committed offsets, which committed with the transaction or not",
+        )
+    if recreate and c.action is not Action.RECREATE_PRODUCER:
+        return dataclasses.replace(
+            c,
+            retriable=False,
+            fatal=True,
+            action=Action.RECREATE_PRODUCER,
+            remedy=f"{reason}. {c.remedy}",
+        )
+    return c if not c.retriable else dataclasses.replace(c, retriable=False, action=Action.FAIL)
 
 
 class TransactionErrorRow(NamedTuple):

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from kresilient import FatalProducerError, KResilientError, ProduceError
+from kresilient import Action, FatalProducerError, KResilientError, ProduceError
 from kresilient._txn import (
     FENCED_CODES,
     TRANSACTION_CALLS,
@@ -149,6 +149,17 @@ def test_every_row_is_classified_as_the_table_says_fake() -> None:
         assert (verdict.kind, verdict.recreate) == (row.kind, row.recreate), row
         assert verdict.fenced == _fenced(row), row
         assert verdict.reason and verdict.classification.name, row
+        c = verdict.classification  # what exceptions and logs show says the same
+        if verdict.fenced:
+            assert c.action is Action.FAIL and "do not recreate" in c.remedy, row
+        elif verdict.recreate:
+            assert c.action is Action.RECREATE_PRODUCER and c.fatal, row
+        elif row.kind is _A:
+            assert c.action is Action.ABORT_TRANSACTION and not c.retriable, row
+        elif row.kind is _R:
+            assert c.retriable, row
+        else:
+            assert not c.retriable, row
 
 
 def test_every_code_and_call_gets_a_coherent_verdict_fake() -> None:
