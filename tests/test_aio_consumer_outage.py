@@ -155,33 +155,40 @@ OUTAGES: dict[str, dict[str, Any]] = {
 }
 
 
+#: The negative control (below) runs beside them too.
+CONTROL = "test_aio_control_without_outage_detection_the_same_outage_dead_letters"
+
+
 @pytest.fixture(scope="module", name="outages")
 def _outages(
     kafka_cluster: KafkaCluster, request: pytest.FixtureRequest
 ) -> Iterator[dict[str, Future[dict[str, Any]]]]:
-    """The outages of the tests selected in this run, started together (each in a thread with
-    its own event loop) when the first of those tests asks: each mostly waits, so side by
-    side they take about the longer one's time. Nothing is shared but the cluster (own
-    topics, group, consumer, health port, logger, dependency clock). A scenario's failure is
-    its own test's; leaving the fixture waits for every scenario to end."""
+    """The outages of the tests selected in this run (and the control's), started together
+    (each in a thread with its own event loop) when the first of those tests asks: each
+    mostly waits, so side by side they take about the longest one's time. Nothing is shared
+    but the cluster (own topics, group, consumer, health port, logger, dependency clock). A
+    scenario's failure is its own test's; leaving the fixture waits for every scenario to
+    end."""
 
     def topic_factory(partitions: int = 1, *, name: str | None = None) -> str:
         topic = name or f"t-aio-outage-{uuid.uuid4().hex[:10]}"
         return kafka_cluster.create_topic(topic, partitions, 3, {"min.insync.replicas": 2})
 
-    def run(spec: dict[str, Any]) -> dict[str, Any]:
-        return asyncio.run(_run_outage(kafka_cluster, topic_factory, **spec))
+    def run(name: str) -> dict[str, Any]:
+        if name == CONTROL:
+            return asyncio.run(_run_control(kafka_cluster, topic_factory))
+        return asyncio.run(_run_outage(kafka_cluster, topic_factory, **OUTAGES[name]))
 
     selected = {item.name for item in request.session.items if item.module is request.module}
-    wanted = {name: spec for name, spec in OUTAGES.items() if name in selected}
+    wanted = [name for name in [*OUTAGES, CONTROL] if name in selected]
     with ThreadPoolExecutor(max(1, len(wanted)), thread_name_prefix="aio-outage") as pool:
-        yield {name: pool.submit(run, spec) for name, spec in wanted.items()}
+        yield {name: pool.submit(run, name) for name in wanted}
 
 
 def _outage(outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest) -> Any:
     """This test's outage, once it is over."""
-    spec = OUTAGES[request.node.name]
-    return outages[request.node.name].result(timeout=spec["down_for"] + 400)
+    down_for = OUTAGES[request.node.name]["down_for"] if request.node.name in OUTAGES else 6.0
+    return outages[request.node.name].result(timeout=down_for + 400)
 
 
 @pytest.mark.integration
@@ -208,13 +215,7 @@ def test_aio_dependency_down_one_partition_with_poison(
     assert result["scenario"].attempts[(0, 1)] == 2  # the poison probe, then its own turn
 
 
-@pytest.mark.integration
-@pytest.mark.asyncio
-async def test_aio_control_without_outage_detection_the_same_outage_dead_letters(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
-) -> None:
-    """Negative control: ``outage_retry=None`` dead-letters good records of the same kind of
-    outage (the fault is real)."""
+async def _run_control(kafka_cluster: KafkaCluster, topic_factory: TopicFactory) -> dict[str, Any]:
     bootstrap = kafka_cluster.bootstrap_servers
     topic, dlq = with_dlq(topic_factory, partitions=1)
     produce(bootstrap, topic, [(b"k", b"ok-%d" % i, None, 0) for i in range(20)])
@@ -240,8 +241,19 @@ async def test_aio_control_without_outage_detection_the_same_outage_dead_letters
             lambda: len(handled) + consumer.health().dead_lettered >= 20 or task.done(), 90, "all"
         )
         await _until(lambda: consumer.health().dead_letters_pending == 0, 30, "acks")
-        assert consumer.health().outage is None
+        outage = consumer.health().outage
     finally:
         consumer.stop()
         await asyncio.wait_for(task, 60)
-    assert len(read_back(bootstrap, dlq)) >= 3  # good records dead-lettered: the fault is real
+    return {"outage": outage, "dead": read_back(bootstrap, dlq)}
+
+
+@pytest.mark.integration
+def test_aio_control_without_outage_detection_the_same_outage_dead_letters(
+    outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest
+) -> None:
+    """Negative control: ``outage_retry=None`` dead-letters good records of the same kind of
+    outage (the fault is real)."""
+    result = _outage(outages, request)
+    assert result["outage"] is None
+    assert len(result["dead"]) >= 3  # good records dead-lettered: the fault is real
