@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import inspect
 import itertools
 import json
@@ -458,35 +459,42 @@ OUTAGES: dict[str, dict[str, Any]] = {
 }
 
 
+#: The negative control (below) runs beside them too.
+CONTROL = "test_control_without_outage_detection_the_same_outage_dead_letters"
+
+
 @pytest.fixture(scope="module", name="outages")
 def _outages(
     kafka_cluster: KafkaCluster, request: pytest.FixtureRequest
 ) -> Iterator[dict[str, Future[dict[str, Any]]]]:
-    """The outages of the tests selected in this run, started together when the first of those
-    tests asks: each is mostly waiting (for its dependency's clock, for the outage policy's
-    backoff), so side by side they take about the longest one's time instead of the sum's
-    (each alone: 73 + 41 + 32 + 21 s). Nothing is shared but the cluster: own topics, group,
-    consumer, health port, logger and dependency clock. A scenario's failure is its own test's
-    (``result()`` raises it there); leaving the fixture waits for every scenario to end."""
+    """The outages of the tests selected in this run (and the control's), started together
+    when the first of those tests asks: each is mostly waiting (for its dependency's clock,
+    for the outage policy's backoff), so side by side they take about the longest one's time
+    instead of the sum's (each alone: 73 + 41 + 32 + 21 + 8 s). Nothing is shared but the
+    cluster: own topics, group, consumer, health port, logger and dependency clock. A
+    scenario's failure is its own test's (``result()`` raises it there); leaving the fixture
+    waits for every scenario to end."""
 
     def topic_factory(partitions: int = 1, *, name: str | None = None) -> str:
         topic = name or f"t-outage-{uuid.uuid4().hex[:10]}"
         return kafka_cluster.create_topic(topic, partitions, 3, {"min.insync.replicas": 2})
 
+    runs: dict[str, Callable[[], dict[str, Any]]] = {
+        name: functools.partial(_run_outage, kafka_cluster, topic_factory, **spec)
+        for name, spec in OUTAGES.items()
+    }
+    runs[CONTROL] = functools.partial(_run_control, kafka_cluster, topic_factory)
     selected = {item.name for item in request.session.items if item.module is request.module}
-    wanted = {name: spec for name, spec in OUTAGES.items() if name in selected}
+    wanted = {name: run for name, run in runs.items() if name in selected}
     with ThreadPoolExecutor(max(1, len(wanted)), thread_name_prefix="outage") as pool:
-        yield {
-            name: pool.submit(_run_outage, kafka_cluster, topic_factory, **spec)
-            for name, spec in wanted.items()
-        }
+        yield {name: pool.submit(run) for name, run in wanted.items()}
 
 
 def _outage(outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest) -> Any:
     """This test's outage, once it is over (its own bound: the dependency's time plus the
     waits of ``_run_outage``)."""
-    spec = OUTAGES[request.node.name]
-    return outages[request.node.name].result(timeout=spec["down_for"] + 400)
+    down_for = OUTAGES[request.node.name]["down_for"] if request.node.name in OUTAGES else 6.0
+    return outages[request.node.name].result(timeout=down_for + 400)
 
 
 @pytest.mark.integration
@@ -544,12 +552,7 @@ def test_dependency_down_with_retry_topics_moves_at_most_the_first_record(
     assert result["health"].moved_to_retry <= 1, result["health"]
 
 
-@pytest.mark.integration
-def test_control_without_outage_detection_the_same_outage_dead_letters(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
-) -> None:
-    """Negative control: ``outage_retry=None`` (every failure is the record's, the semantics
-    before issue 36) dead-letters good records during the same kind of outage."""
+def _run_control(kafka_cluster: KafkaCluster, topic_factory: TopicFactory) -> dict[str, Any]:
     bootstrap = kafka_cluster.bootstrap_servers
     topic, dlq = with_dlq(topic_factory, partitions=1)
     produce(bootstrap, topic, [(b"k", b"ok-%d" % i, None, 0) for i in range(20)])
@@ -573,11 +576,22 @@ def test_control_without_outage_detection_the_same_outage_dead_letters(
     try:
         wait_for(lambda: len(handled) + consumer.health().dead_lettered >= 20, 90, "all")
         wait_for(lambda: consumer.health().dead_letters_pending == 0, 30, "acks")
-        assert consumer.health().outage is None
+        outage = consumer.health().outage
     finally:
         runner.stop()
-    assert runner.error is None, runner.error
-    assert len(read_back(bootstrap, dlq)) >= 3  # good records dead-lettered: the fault is real
+    return {"error": runner.error, "outage": outage, "dead": read_back(bootstrap, dlq)}
+
+
+@pytest.mark.integration
+def test_control_without_outage_detection_the_same_outage_dead_letters(
+    outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest
+) -> None:
+    """Negative control: ``outage_retry=None`` (every failure is the record's, the semantics
+    before issue 36) dead-letters good records during the same kind of outage."""
+    result = _outage(outages, request)
+    assert result["outage"] is None
+    assert result["error"] is None, result["error"]
+    assert len(result["dead"]) >= 3  # good records dead-lettered: the fault is real
 
 
 # --------------------------------------------------------------------------- both consumers
