@@ -12,13 +12,16 @@ would stall every other test.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaException
@@ -141,6 +144,23 @@ def _lone_cluster() -> Iterator[KafkaCluster]:
         cluster.close()
 
 
+def _freeze(cluster: KafkaCluster, node_id: int = 1) -> None:
+    """SIGSTOP the node and wait until every thread of it is stopped: the signal is
+    asynchronous, and a JVM thread scheduled late could still answer a request."""
+    cluster.freeze(node_id)
+    tasks = Path(f"/proc/{cluster.pids()[node_id]}/task")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        states = []
+        for task in tasks.iterdir():
+            with contextlib.suppress(OSError):  # a thread that just ended
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        if states and all(state in "Tt" for state in states):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"node {node_id} did not stop within 30 s after SIGSTOP")
+
+
 def _answers(bootstrap: str) -> bool:
     """Does the broker answer a metadata request from a new client within 3 s?"""
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -170,7 +190,7 @@ def test_every_client_closes_within_its_bound_with_the_broker_frozen(
             seen.append(line)
         assert line.strip() == "ready", "".join(seen)[-3000:]
         assert _answers(lone_cluster.bootstrap_servers)  # the control's own control
-        lone_cluster.freeze(1)
+        _freeze(lone_cluster)
         frozen = True
         # negative control: the broker really is frozen, a new client gets no answer
         assert not _answers(lone_cluster.bootstrap_servers)

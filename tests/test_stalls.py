@@ -9,11 +9,13 @@ restarted), with a second, over-eager producer as its control.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,6 +55,23 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     while not condition():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def _freeze(cluster: KafkaCluster, node_id: int = 1) -> None:
+    """SIGSTOP the node and wait until every thread of it is stopped: the signal is
+    asynchronous, and a JVM thread scheduled late could still answer a request."""
+    cluster.freeze(node_id)
+    tasks = Path(f"/proc/{cluster.pids()[node_id]}/task")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        states = []
+        for task in tasks.iterdir():
+            with contextlib.suppress(OSError):  # a thread that just ended
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        if states and all(state in "Tt" for state in states):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"node {node_id} did not stop within 30 s after SIGSTOP")
 
 
 def _answers(bootstrap: str) -> bool:
@@ -113,7 +132,7 @@ def test_a_frozen_broker_is_one_stall_reported_until_deliveries_resume(
     assert producer.health().healthy
     n = 50
     with capture_logs() as logs:
-        lone_cluster.freeze(1)
+        _freeze(lone_cluster)
         try:
             assert not _answers(lone_cluster.bootstrap_servers)  # negative control: frozen
             handles = [producer.produce(topic, b"m-%d" % i) for i in range(n)]
@@ -167,7 +186,7 @@ def test_heal_recreates_the_stalled_producer_and_reports_every_message_it_held(
     producer.flush(30)
     n = 40
     with capture_logs() as logs:
-        lone_cluster.freeze(1)
+        _freeze(lone_cluster)
         try:
             assert not _answers(lone_cluster.bootstrap_servers)  # negative control: frozen
             held = [producer.produce(topic, b"held-%d" % i) for i in range(n)]
