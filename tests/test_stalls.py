@@ -9,6 +9,7 @@ restarted), with a second, over-eager producer as its control.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import threading
@@ -26,6 +27,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from structlog.testing import capture_logs
 
+from kresilient.aio import AsyncResilientProducer
 from kresilient.errors import DeliveryError
 from kresilient.producer import ResilientProducer
 from kresilient.testing import BOOTSTRAP_ENV, KafkaCluster
@@ -216,6 +218,47 @@ def test_heal_recreates_the_stalled_producer_and_reports_every_message_it_held(
     written = len(read_back(lone_cluster.bootstrap_servers, topic))
     # the warm-up and the 20 sent after: written; the held ones possibly (in flight when purged)
     assert 21 <= written <= 21 + n
+
+
+def test_the_asyncio_producer_notices_a_stall_while_nothing_is_awaited(
+    lone_cluster: KafkaCluster,
+) -> None:
+    """Its poll thread serves the statistics: the watchdog runs with the loop idle."""
+    topic = lone_cluster.create_topic(f"astall-{uuid.uuid4().hex[:8]}", 1, 1, {})
+    n = 20
+
+    async def main() -> tuple[list[Any], ResilientProducer]:
+        config = {
+            "bootstrap.servers": lone_cluster.bootstrap_servers,
+            "client.id": f"astall-{uuid.uuid4().hex[:6]}",
+            "statistics.interval.ms": STATS_MS,
+        }
+        async with AsyncResilientProducer(config, stall_after_s=STALL_AFTER_S) as producer:
+            await (await producer.produce(topic, b"warm-up"))
+            _freeze(lone_cluster)
+            try:
+                assert not _answers(lone_cluster.bootstrap_servers)  # negative control
+                handles = [await producer.produce(topic, b"a-%d" % i) for i in range(n)]
+                deadline = time.monotonic() + 30
+                while producer.sync.health().stalled is None:  # only the poll thread polls
+                    assert time.monotonic() < deadline, "the stall was not reported"
+                    await asyncio.sleep(0.1)
+                assert not (await producer.health()).healthy
+            finally:
+                lone_cluster.thaw(1)
+            results = [await h for h in handles]
+            deadline = time.monotonic() + 20
+            while producer.sync.health().stalled is not None:
+                assert time.monotonic() < deadline, "the stall did not clear"
+                await asyncio.sleep(0.1)
+            return results, producer.sync
+
+    with capture_logs() as logs:
+        results, sync = asyncio.run(main())
+    assert len(results) == n
+    assert len(_events(logs, "producer_stalled", sync.client_id)) == 1
+    assert len(_events(logs, "producer_stalled_cleared", sync.client_id)) == 1
+    assert len(read_back(lone_cluster.bootstrap_servers, topic)) == n + 1
 
 
 @pytest.mark.chaos
