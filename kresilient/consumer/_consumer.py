@@ -876,7 +876,7 @@ class ResilientConsumer:
         holds = self._holds
         size = self._max_batch
         probes = self._probes
-        recheck = tick = 0.0
+        recheck = tick = advance = 0.0
         while not state.stop_requested:
             if events.fatal is not None:
                 raise events.fatal
@@ -911,6 +911,10 @@ class ResilientConsumer:
                 # committed past on revoke and belong to their new owner now (issue 11, 10).
                 msgs = self._drop_unassigned(msgs)
             if not msgs:
+                if parallel is None and now >= advance:
+                    # idle: past a transaction marker at a partition's end (see advance_idle)
+                    advance = now + 1.0
+                    offsets.advance_idle(holds.by_tp)
                 continue
             watchdog.started = now = time.monotonic()
             if now >= recheck:  # a tracer provider may be installed after start

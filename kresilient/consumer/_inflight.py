@@ -172,6 +172,17 @@ class OffsetTracker:
         else:
             ranges.insert(i, [start, end])
 
+    def advance(self, position: int) -> bool:
+        """The consumer's position went to ``position`` with nothing unfinished: the offsets
+        between the last one offered and it held no record for this consumer (transaction
+        markers, aborted records under ``read_committed``); :meth:`committable` moves there.
+        ``False`` (nothing changes) when a record is unfinished or ``position`` is not ahead."""
+        if self._low is not None or (self._next is not None and position <= self._next):
+            return False
+        self._next = position
+        self._ranges.clear()
+        return True
+
     @property
     def next_offset(self) -> int | None:
         """The offset after the last one offered (``None``: none offered)."""
@@ -417,6 +428,11 @@ class InflightWindow(Generic[T]):
     def idle(self) -> bool:
         """Nothing offered is unfinished."""
         return not self._entries and not self._backlog
+
+    def advance(self, position: int) -> bool:
+        """See :meth:`OffsetTracker.advance`: only while the window is idle (nothing admitted
+        nor in the backlog), so no polled record lies below ``position`` unfinished."""
+        return self.idle and self.offsets.advance(position)
 
     def unstarted(self) -> Iterator[T]:
         """Records offered but not running (startable, waiting for a retry, or in the

@@ -12,7 +12,7 @@ logged, never raised (the offsets stay stored and the next commit carries them).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -93,6 +93,31 @@ class OffsetKeeper:
             self._store_failed(exc, tp)
         else:
             self.stored[tp] = offset
+
+    def advance_idle(self, busy: Container[TP]) -> None:
+        """Store each partition this owner stored before at the consumer's position when it
+        is ahead: the position passes a transaction's commit or abort marker (and aborted
+        records) that no record arrives for, so at a partition's end the committed offset
+        would otherwise stay below the marker (lag 1 for good, a false stall). Called while
+        idle; ``busy`` (records held for a retry or an outage) and partitions with dead
+        letters in flight are left alone: their stored offset is held back on purpose."""
+        asked = [
+            TopicPartition(tp[0], tp[1])
+            for tp in self.stored
+            if tp not in busy and tp not in self.pending
+        ]
+        if not asked:
+            return
+        try:
+            positions = self._consumer.position(asked)
+        except KafkaException as exc:  # revoked meanwhile: nothing to move
+            self._log.debug("position_unknown", error=self._redact(str(exc)))
+            return
+        for part in positions:
+            tp = (part.topic, part.partition)
+            stored = self.stored.get(tp)
+            if stored is not None and part.offset > stored:
+                self._store_now(tp, part.offset)
 
     def store_metadata(self, tp: TP, offset: int, metadata: str | None) -> None:
         """Store ``offset`` of ``tp`` with ``metadata`` (in-partition concurrency: the lowest

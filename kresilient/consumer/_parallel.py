@@ -193,6 +193,7 @@ class ParallelRunner:
             # stored and committed once per interval, not per outcome: the list is encoded
             # once a second instead of once per loop turn (a crash redoes what finished since)
             self._next_commit = now + self._commit_interval
+            self._advance_idle()
             self._store()
             if self._uncommitted:
                 self._commit(list(self._uncommitted), asynchronous=True)
@@ -449,6 +450,24 @@ class ParallelRunner:
 
     def _meta(self, tp: TP, window: InflightWindow[Message]) -> str | None:
         return window.metadata(None) if self.metadata else None
+
+    def _advance_idle(self) -> None:
+        """Idle windows move to the consumer's position: past a transaction's commit or abort
+        marker (and aborted records) at a partition's end, which no record arrives for, so the
+        committed offset reaches the end (lag 0) instead of stopping below the marker."""
+        idle = [TopicPartition(tp[0], tp[1]) for tp, w in self.windows.items() if w.idle]
+        if not idle:
+            return
+        try:
+            positions = self._consumer.position(idle)
+        except KafkaException as exc:  # revoked meanwhile: nothing to move
+            self._log.debug("position_unknown", error=self._redact(str(exc)))
+            return
+        for part in positions:
+            tp = (part.topic, part.partition)
+            window = self.windows.get(tp)
+            if window is not None and part.offset >= 0 and window.advance(part.offset):
+                self._dirty.add(tp)
 
     def _store(self) -> None:
         for tp in self._dirty:
