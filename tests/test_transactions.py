@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 import structlog
 from _producer_helpers import read_back
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kresilient.producer import (
     ProducerFencedError,
+    TransactionAbortedError,
     TransactionalProducer,
     TransactionOutcomeUnknownError,
 )
@@ -109,6 +110,56 @@ def test_commit_makes_records_visible_and_an_exception_aborts(
     # negative control: the aborted ones are in the log, hidden by their abort marker
     raw = _uncommitted_values(bootstrap, topic)
     assert [v for v in raw if v.startswith(b"aborted")] == [b"aborted-%d" % i for i in range(5)]
+
+
+def test_a_record_the_broker_refuses_aborts_the_whole_transaction_and_the_producer_goes_on(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """An abortable error on the real cluster: the topic refuses a record above its
+    max.message.bytes, so the commit cannot succeed; the transaction is aborted (its good
+    records hidden too) and the next one commits on the same producer."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = topic_factory(config={"max.message.bytes": 2000})
+    with TransactionalProducer({"bootstrap.servers": bootstrap}, transactional_id=_tid()) as p:
+        with pytest.raises(TransactionAbortedError) as caught, p.transaction():
+            p.produce(topic, b"good-1")
+            _wait_for("good-1 in the log", lambda: _high(bootstrap, topic) >= 1)
+            p.produce(topic, b"x" * 20_000)  # under the producer's limit, over the topic's
+        assert "aborted" in str(caught.value) and "MSG_SIZE_TOO_LARGE" in str(caught.value)
+        assert caught.value.classification.category.name == "ABORTABLE"
+        # librdkafka keeps the refused batch's sequence numbers after the abort (the next
+        # transaction failed with OUT_OF_ORDER_SEQUENCE_NUMBER): the instance is replaced
+        assert p.aborted == 1 and p.recreations == 1
+        with p.transaction():  # commits at the first attempt
+            p.produce(topic, b"after")
+        assert p.committed == 1 and p.aborted == 1
+    assert _values(bootstrap, topic) == [b"after"]
+    # negative control: the good records of the aborted transaction reached the log
+    assert b"good-1" in _uncommitted_values(bootstrap, topic)
+
+
+def test_librdkafka_fails_the_next_transaction_after_a_refused_batch_negative_control(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """Why the instance is replaced after a refused record: with the raw client, the
+    transaction after the abort fails with OUT_OF_ORDER_SEQUENCE_NUMBER. If a librdkafka
+    upgrade fixes this, this test fails: the replacement can then go."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = topic_factory(config={"max.message.bytes": 2000})
+    raw = Producer({"bootstrap.servers": bootstrap, "transactional.id": _tid()})
+    raw.init_transactions(60)
+    raw.begin_transaction()
+    raw.produce(topic, b"x" * 20_000)
+    with pytest.raises(KafkaException) as first:
+        raw.commit_transaction(60)
+    assert first.value.args[0].txn_requires_abort()
+    raw.abort_transaction(60)
+    raw.begin_transaction()
+    raw.produce(topic, b"after")
+    with pytest.raises(KafkaException) as second:
+        raw.commit_transaction(60)
+    assert second.value.args[0].code() == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+    raw.abort_transaction(60)
 
 
 def test_send_offsets_commits_the_consumer_offsets_only_with_the_transaction(

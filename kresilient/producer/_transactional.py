@@ -72,6 +72,8 @@ __all__ = [
 #: How many delivery failures of one transaction are kept to name in its error.
 _KEPT_FAILURES: Final = 20
 _CALLBACKS: Final = ("on_delivery", "error_cb", "logger")
+#: Delivery errors of records purged locally (an abort, a replacement): never sent.
+_PURGED: Final = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
 class TransactionAbortedError(KafkaClientError):
@@ -185,6 +187,8 @@ class TransactionalProducer:
         )
         self._failures: list[tuple[str, int, KafkaError]] = []
         self._failed = 0
+        #: a record of the open transaction was refused by the broker (not purged locally)
+        self._refused = False
         #: transactions committed / aborted, librdkafka instances replaced, over its life
         self.committed = 0
         self.aborted = 0
@@ -219,6 +223,7 @@ class TransactionalProducer:
         self._state = _State.OPEN
         self._failures = []
         self._failed = 0
+        self._refused = False
         try:
             yield self
         except BaseException as exc:
@@ -442,6 +447,12 @@ class TransactionalProducer:
         self._state = _State.READY
         self.aborted += 1
         self._log.info("transaction_aborted", why=why)
+        if self._refused:
+            # librdkafka 2.16 keeps the sequence numbers of a batch the broker refused
+            # (MSG_SIZE_TOO_LARGE...) after the abort: the next transaction then fails with
+            # OUT_OF_ORDER_SEQUENCE_NUMBER (seen on the real cluster). A new instance starts
+            # with a new epoch and fresh sequences.
+            self._replace("records refused by the broker in the aborted transaction")
 
     def _abortable(self, verdict: TransactionVerdict, exc: KafkaException, call: str) -> None:
         if call == "commit_transaction" or self._state is _State.OPEN:
@@ -539,6 +550,8 @@ class TransactionalProducer:
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None:
             self._failed += 1
+            if err.code() not in _PURGED:
+                self._refused = True
             if len(self._failures) < _KEPT_FAILURES:
                 self._failures.append((msg.topic(), msg.partition(), err))
             self._log.debug(
