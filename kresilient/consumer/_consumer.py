@@ -1277,10 +1277,9 @@ class ResilientConsumer:
         )
         self._watchdog.stop()
         sink = self._sink
-        ends: list[float] = []  # the final commit and close share one bound
         steps: list[tuple[str, Callable[[], None]]] = [
-            ("commit", self._bounded("commit", lambda: self._offsets.commit_sync("close"), ends)),
-            ("close_consumer", self._bounded("close_consumer", self._consumer.close, ends)),
+            # one thread, one bound: a frozen coordinator holds the commit, then the close
+            ("commit_and_close", self._bounded("commit_and_close", self._commit_and_close)),
         ]
         parallel = self._parallel
         if parallel is not None:
@@ -1320,16 +1319,26 @@ class ResilientConsumer:
             error=type(error).__name__ if error is not None else None,
         )
 
-    def _bounded(self, step: str, call: Callable[[], Any], ends: list[float]) -> Callable[[], None]:
-        """``call`` (a librdkafka commit or close) bounded by ``shutdown_timeout``, counted
-        from the first of the steps sharing ``ends``."""
+    def _commit_and_close(self) -> None:
+        """The final commit, then librdkafka's close (which leaves the group); a third signal
+        during the commit aborts (KeyboardInterrupt, handed to the shutdown's thread)."""
+        signals = self._signals
+        try:
+            self._offsets.commit_sync("close")
+        except Exception as exc:  # the close still runs
+            if signals.aborted:  # the 3rd signal's KeyboardInterrupt, turned into exc
+                raise KeyboardInterrupt from exc
+            self._log.warning("shutdown_step_failed", step="commit", error=self._redact(repr(exc)))
+        if signals.aborted:  # its KeyboardInterrupt was swallowed inside the commit
+            raise KeyboardInterrupt
+        self._consumer.close()
+
+    def _bounded(self, step: str, call: Callable[[], Any]) -> Callable[[], None]:
+        """``call`` (librdkafka's commit and close) bounded by ``shutdown_timeout``: past it
+        the call is left to a daemon thread and one ``close_timed_out`` WARNING says so."""
 
         def run() -> None:
-            if not ends:
-                ends.append(time.monotonic() + self._shutdown_timeout)
-            done, _ = bounded_call(
-                call, ends[0] - time.monotonic(), name=f"kresilient-consumer-{step}"
-            )
+            done, _ = bounded_call(call, self._shutdown_timeout, name=f"kresilient-consumer-{step}")
             if not done:
                 self._log.warning(
                     "close_timed_out",
@@ -1356,7 +1365,7 @@ class ResilientConsumer:
             self.stop()
             return
         self._closed = True
-        self._bounded("close_consumer", self._consumer.close, [])()
+        self._bounded("close_consumer", self._consumer.close)()
 
     def __enter__(self) -> ResilientConsumer:
         return self
