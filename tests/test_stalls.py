@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import threading
 import time
@@ -170,6 +171,7 @@ def test_a_frozen_broker_is_one_stall_reported_until_deliveries_resume(
     assert len(stalled) == 1 and len(cleared) == 1
     assert stalled[0]["log_level"] == "warning" and cleared[0]["log_level"] == "info"
     assert stalled[0]["queued"] >= 1 and "no delivery report" in stalled[0]["reason"]
+    assert stalled[0]["waiting"][0].startswith(f"{topic}[0] leader 1: "), stalled[0]
     health = producer.health()
     assert health.healthy and health.stalls == 1
     producer.close()
@@ -304,3 +306,48 @@ def test_a_leader_killed_and_restarted_in_time_is_no_stall(
     eager.close()
     kafka_cluster.wait_for_isr(topic, 0, size=3)
     assert len(read_back(kafka_cluster.bootstrap_servers, topic)) == 2 * (produced + 1)
+
+
+def _stats(*, up: bool, queued: int, produced: int, in_flight: int) -> str:
+    """A librdkafka statistics document reduced to what the watchdog reads."""
+    partition = {"partition": 0, "leader": 1, "msgs": produced, "msgq_cnt": 0}
+    partition.update({"xmit_msgq_cnt": 0, "msgs_inflight": in_flight})
+    return json.dumps(
+        {
+            "msg_cnt": queued,
+            "brokers": {"b:1/1": {"nodeid": 1, "state": "UP" if up else "DOWN"}},
+            "topics": {"t": {"partitions": {"0": partition}}},
+        }
+    )
+
+
+def test_the_watchdog_rules_on_made_up_statistics(closed_port: int) -> None:
+    """Fake statistics fed to a producer that never polls: an outage (no broker up) and an
+    empty queue are never a stall; a stall is said once and cleared by the next report."""
+    producer = ResilientProducer(
+        {"bootstrap.servers": f"127.0.0.1:{closed_port}"}, stall_after_s=0.2
+    )
+
+    def quiet_past_the_bound() -> None:
+        began = time.monotonic()
+        wait_for(lambda: time.monotonic() - began > 0.3, 5, "the bound to pass")
+
+    with capture_logs() as logs:
+        producer._on_stats(_stats(up=True, queued=5, produced=5, in_flight=5))
+        quiet_past_the_bound()
+        producer._on_stats(_stats(up=False, queued=5, produced=5, in_flight=5))
+        assert producer.health().stalled is None  # every broker down: an outage
+        producer._on_stats(_stats(up=True, queued=5, produced=5, in_flight=5))
+        assert producer.health().stalled is not None  # a broker up again, still no report
+        producer._on_stats(_stats(up=True, queued=5, produced=5, in_flight=5))
+        producer._on_stats(_stats(up=True, queued=5, produced=6, in_flight=5))  # a report
+        assert producer.health().stalled is None
+        quiet_past_the_bound()
+        producer._on_stats(_stats(up=True, queued=0, produced=6, in_flight=5))  # no report
+        assert producer.health().stalled is None  # nothing queued: nothing expected
+    producer.close(0)
+    mine = [e for e in logs if e.get("client_id") == producer.client_id]
+    assert [e["event"] for e in mine if "stalled" in e["event"]] == [
+        "producer_stalled",
+        "producer_stalled_cleared",
+    ]

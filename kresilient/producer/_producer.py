@@ -160,6 +160,24 @@ def _no_poll(_timeout: float = 0) -> int:
     return 0
 
 
+def _waiting_partitions(doc: Mapping[str, Any], limit: int = 10) -> list[str]:
+    """What stopped, from one statistics document: ``topic[partition] leader N: M waiting``
+    for the partitions holding the most messages (queued or in flight), at most ``limit``."""
+    found: list[tuple[int, str]] = []
+    for name, topic in (doc.get("topics") or {}).items():
+        for part in (topic.get("partitions") or {}).values():
+            waiting = (
+                int(part.get("msgq_cnt", 0))
+                + int(part.get("xmit_msgq_cnt", 0))
+                + int(part.get("msgs_inflight", 0))
+            )
+            if waiting > 0:
+                leader = part.get("leader", -1)
+                found.append((waiting, f"{name}[{part.get('partition')}] leader {leader}"))
+    found.sort(key=lambda item: -item[0])
+    return [f"{where}: {waiting} waiting" for waiting, where in found[:limit]]
+
+
 # ---------------------------------------------------------------------- the exit safety net
 
 #: Every open producer, weakly: the exit hook must not keep a dropped producer alive.
@@ -1071,6 +1089,7 @@ class ResilientProducer:
             quiet,
             queued=queued,
             brokers_up=brokers_up,
+            waiting=_waiting_partitions(doc),
             stall_after_s=limit,
             remedy=(
                 "recreating the producer at the next poll()/flush(): its messages are "
