@@ -147,19 +147,22 @@ def test_librdkafka_fails_the_next_transaction_after_a_refused_batch_negative_co
     bootstrap = kafka_cluster.bootstrap_servers
     topic = topic_factory(config={"max.message.bytes": 2000})
     raw = Producer({"bootstrap.servers": bootstrap, "transactional.id": _tid()})
-    raw.init_transactions(60)
-    raw.begin_transaction()
-    raw.produce(topic, b"x" * 20_000)
-    with pytest.raises(KafkaException) as first:
-        raw.commit_transaction(60)
-    assert first.value.args[0].txn_requires_abort()
-    raw.abort_transaction(60)
-    raw.begin_transaction()
-    raw.produce(topic, b"after")
-    with pytest.raises(KafkaException) as second:
-        raw.commit_transaction(60)
-    assert second.value.args[0].code() == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
-    raw.abort_transaction(60)
+    try:
+        raw.init_transactions(60)
+        raw.begin_transaction()
+        raw.produce(topic, b"x" * 20_000)
+        with pytest.raises(KafkaException) as first:
+            raw.commit_transaction(60)
+        assert first.value.args[0].txn_requires_abort()
+        raw.abort_transaction(60)
+        raw.begin_transaction()
+        raw.produce(topic, b"after")
+        with pytest.raises(KafkaException) as second:
+            raw.commit_transaction(60)
+        assert second.value.args[0].code() == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER
+        raw.abort_transaction(60)
+    finally:
+        raw.close()  # no client of this test left to log against a cluster gone later
 
 
 def test_send_offsets_commits_the_consumer_offsets_only_with_the_transaction(
@@ -340,6 +343,7 @@ def test_transactional_producer_example_doubles_each_record_exactly_once(
     for i in range(300):
         seed.produce(source, b"%d" % i, key=b"k%d" % (i % 7))
     assert seed.flush(30) == 0
+    seed.close()
     group = f"doubler-{uuid.uuid4().hex[:6]}"
     done = subprocess.run(
         [

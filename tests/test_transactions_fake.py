@@ -393,3 +393,14 @@ def test_the_docs_table_is_the_classification_table_fake() -> None:
     start = doc.index("<!-- table:start -->") + len("<!-- table:start -->")
     end = doc.index("<!-- table:end -->")
     assert doc[start:end].strip() == render_table(), "regenerate: tests/test_transactions_fake.py"
+
+
+def test_a_new_instance_failing_fatally_at_once_closes_instead_of_recreating_again_fake() -> None:
+    producer = _producer()
+    fatal = KafkaError(KafkaError._FATAL, "Fatal error: idempotence state lost", fatal=True)
+    FakeProducer.script = {"commit_transaction": [fatal], "init_transactions": [fatal] * 100}
+    with pytest.raises(FatalProducerError):
+        _run_one_transaction(producer, fail_block=False)
+    assert producer.recreations == 1 and len(FakeProducer.instances) == 2  # not a loop
+    with pytest.raises(KResilientError, match="closed"):
+        _run_one_transaction(producer, fail_block=False)

@@ -194,6 +194,7 @@ class TransactionalProducer:
         self.aborted = 0
         self.recreations = 0
         self._state = _State.NEEDS_INIT
+        self._replacing = False  # a fatal error while replacing closes instead of recursing
         self._producer: Any = self._new_instance()
         self._init()
 
@@ -390,10 +391,13 @@ class TransactionalProducer:
         self._producer = self._new_instance()
         self.recreations += 1
         self._log.warning("transactional_producer_recreated", why=why, recreations=self.recreations)
+        self._replacing = True
         try:
             self._init()
         except ProducerFencedError:
             raise
+        except FatalProducerError:
+            raise  # _fatal() closed the producer: a new instance failed fatally at once
         except KResilientError as exc:
             self._log.warning(
                 "transactional_producer_init_deferred",
@@ -401,6 +405,8 @@ class TransactionalProducer:
                 note="init_transactions() of the new instance did not complete; the next "
                 "transaction() calls it again",
             )
+        finally:
+            self._replacing = False
 
     # ------------------------------------------------------------------ the calls
 
@@ -502,7 +508,7 @@ class TransactionalProducer:
             outcome_unknown=verdict.outcome_unknown,
             recreate=verdict.recreate,
         )
-        if verdict.recreate:
+        if verdict.recreate and not self._replacing:
             self._replace(f"{call}: {verdict.classification.name}")
         else:
             old, self._producer = self._producer, None
