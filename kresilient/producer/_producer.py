@@ -20,6 +20,10 @@ What it adds to ``confluent_kafka.Producer`` (see docs/producer.md):
 * fatal errors (fenced, idempotence state lost) raise :class:`~kresilient.FatalProducerError`;
   with ``recreate_on_fatal=True`` the producer is rebuilt and every message that was queued or
   in flight is reported failed with ``possibly_persisted=True``;
+* a progress watchdog: messages queued, a broker up and no delivery report for
+  ``stall_after_s`` is one ``producer_stalled`` WARNING and ``health()`` false until reports
+  resume; ``on_stall="heal"`` recreates the librdkafka producer (docs/stalls.md);
+* ``close()`` bounded whatever the brokers do (librdkafka's release in a daemon thread);
 * a structlog logger bound to the client, OpenTelemetry spans and trace-context headers when an
   SDK is configured, and :meth:`ResilientProducer.health`.
 
