@@ -1057,7 +1057,7 @@ class ResilientProducer:
 
         Its per-partition counters, all from the same snapshot: messages produced minus those
         still queued or in flight are the messages whose report was made (delivered or
-        failed). Only a new high counts as progress. A stall begins when messages are queued
+        failed). A change of that count is progress. A stall begins when messages are queued
         (``msg_cnt``), a broker is up (an outage is reported as one already) and nothing
         settled for ``stall_after_s``; it ends at the next report, or when nothing is queued.
         """
@@ -1073,7 +1073,9 @@ class ResilientProducer:
                     - int(part.get("msgs_inflight", 0))
                 )
         mark = self._settled_mark
-        moved = mark is None or settled > mark
+        # any change: a report made it grow; a partition leaving the statistics (a deleted
+        # topic) makes it shrink, which must not hide the next reports behind an old high
+        moved = mark is None or settled != mark
         if moved:
             self._settled_mark = settled
         if moved or queued <= 0:
