@@ -64,6 +64,7 @@ __all__ = [
     "REDACTED",
     "REFUSALS",
     "SECRET_KEYS",
+    "SHARE_CONSUMER_REFUSED",
     "consumer_config",
     "credentials_from_env",
     "is_secret",
@@ -481,6 +482,50 @@ def _row(
         find=find,
         allow=allow,
     )
+
+
+#: Keys a share consumer (KIP-932) does not take, with who refuses them. ``"librdkafka"``:
+#: librdkafka 2.16's share consumer fails to start ("... is not applicable for share
+#: consumer"), with the key set to any value, its default included (tests/test_share_limits.py
+#: checks each against the installed client). ``"kresilient"``: librdkafka takes it and
+#: ignores it (a consumer-group offset or poll setting: a share group keeps its state on the
+#: broker); ResilientShareConsumer refuses it so a setting that does nothing is not trusted.
+#: ``share.acknowledgement.mode=implicit`` is refused by ResilientShareConsumer as unsafe
+#: (acknowledged before the handler's outcome), not listed here. One table for the runtime
+#: (:func:`kresilient.share.share_consumer_config`) and ``kresilient lint`` (KR071).
+SHARE_CONSUMER_REFUSED: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        **dict.fromkeys(
+            (
+                "allow.auto.create.topics",
+                "auto.offset.reset",
+                "consume.callback.max.messages",
+                "enable.auto.commit",
+                "enable.partition.eof",
+                "fetch.error.backoff.ms",
+                "fetch.queue.backoff.ms",
+                "group.instance.id",
+                "group.protocol",
+                "group.protocol.type",
+                "group.remote.assignor",
+                "heartbeat.interval.ms",
+                "isolation.level",
+                "message.copy.max.bytes",
+                "partition.assignment.strategy",
+                "queued.max.messages.kbytes",
+                "queued.min.messages",
+                "session.timeout.ms",
+                "socket.max.fails",
+                "topic.blacklist",
+            ),
+            "librdkafka",
+        ),
+        **dict.fromkeys(
+            ("auto.commit.interval.ms", "enable.auto.offset.store", "max.poll.interval.ms"),
+            "kresilient",
+        ),
+    }
+)
 
 
 #: Everything ResilientProducer/ResilientConsumer refuse, in the order the clients check it

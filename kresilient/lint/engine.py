@@ -8,10 +8,12 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 from kresilient import _catalog as catalog
+from kresilient.config import SHARE_CONSUMER_REFUSED
 from kresilient.lint import devstack, parity, rules_client, rules_cluster  # noqa: F401  (register the rules)
 from kresilient.lint.model import (
     TOPIC_SPEC_KEYS,
     ConfigUnit,
+    Entry,
     Finding,
     Kind,
     LintStats,
@@ -33,6 +35,8 @@ __all__ = [
     "unit_findings",
 ]
 
+#: The rules about share consumers (the others skip the keys a share consumer does not take).
+_SHARE_RULES = frozenset({"KR071", "KR072"})
 _SKIP_DIRS = frozenset(
     {
         ".git",
@@ -238,7 +242,11 @@ def unit_findings(
                 if finding not in seen:
                     seen.add(finding)
                     found_here.append(finding)
-    yield from parity.apply(unit, found_here, settings)
+    for finding in parity.apply(unit, found_here, settings):
+        share_key = finding.key in SHARE_CONSUMER_REFUSED
+        if unit.context.get("share") and finding.rule == "KR054" and share_key:
+            continue  # refused before the consumer checks run: KR071 says so
+        yield finding
     if fold is not None:
         for rid, n in folded.items():
             fold[rid] = fold.get(rid, 0) + n
@@ -292,6 +300,16 @@ def not_understood(unit: ConfigUnit) -> str | None:
     )
 
 
+def _share_skips(entry: Entry | None, message: str) -> bool:
+    """A consumer rule's finding about a key a share consumer does not take: the key set
+    (KR071 reports it), or unset-key advice whose message starts with such a key (librdkafka's
+    default of ``auto.offset.reset`` ... means nothing to a share consumer)."""
+    if entry is not None:
+        return entry.key in SHARE_CONSUMER_REFUSED
+    first = re.split(r"[=\s:]", message, maxsplit=1)[0]
+    return first in SHARE_CONSUMER_REFUSED
+
+
 def _rule_findings(
     unit: ConfigUnit, settings: Settings, folded: dict[str, int], *, generic: bool = False
 ) -> Iterator[Finding]:
@@ -312,9 +330,12 @@ def _rule_findings(
             continue  # already run on the file itself
         if is_client(unit) and client not in found.clients:
             continue
+        share = unit.context.get("share") and found.id not in _SHARE_RULES
         for message, entry in found.check(unit):
             if generic and entry is None:
                 continue
+            if share and _share_skips(entry, message):
+                continue  # a share consumer does not take the key at all: KR071 says so
             if dev_stack is not None and found.id in devstack.FOLDED_RULES:
                 folded[found.id] = folded.get(found.id, 0) + 1
                 continue

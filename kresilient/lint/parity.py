@@ -91,6 +91,9 @@ def _matches(finding: Finding, refusal: runtime.Refusal) -> bool:
 
 
 def _refuses(unit: ConfigUnit) -> str:
+    constructor = unit.context.get("constructor")
+    if isinstance(constructor, str) and constructor[:1].isupper() and unit.context.get("resilient"):
+        return f"{constructor} refuses"  # the class the code calls (AsyncResilientConsumer ...)
     roles = roles_of(unit)
     if len(roles) > 1:
         return "ResilientProducer and ResilientConsumer refuse"

@@ -39,6 +39,8 @@ class _Sink:
     resilient: bool
     #: The library of a keyword-argument client (aiokafka, kafka-python), else None.
     library: str | None = None
+    #: A share-group consumer (KIP-932), which takes fewer keys than a consumer.
+    share: bool = False
 
 
 _SINKS: dict[str, _Sink] = {
@@ -51,6 +53,14 @@ _SINKS: dict[str, _Sink] = {
     "AdminClient": _Sink("admin", True, False),
     "ResilientProducer": _Sink("producer", False, True),
     "ResilientConsumer": _Sink("consumer", False, True),
+    "AsyncResilientProducer": _Sink("producer", False, True),
+    "AsyncResilientConsumer": _Sink("consumer", False, True),
+    "TransactionalProducer": _Sink("producer", False, True),
+    # share groups (KIP-932): context["share"], judged by KR071/KR072
+    "ShareConsumer": _Sink("consumer", True, False, share=True),
+    "DeserializingShareConsumer": _Sink("consumer", True, False, share=True),
+    "ResilientShareConsumer": _Sink("consumer", False, True, share=True),
+    "share_consumer_config": _Sink("consumer", False, True, share=True),
     "producer_config": _Sink("producer", False, True),
     "consumer_config": _Sink("consumer", False, True),
     "AIOKafkaProducer": _Sink("producer", True, False, "aiokafka"),
@@ -527,6 +537,7 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
             "constructor": sink_name,
             "resilient": sink.resilient,
             "config_known": not resolver.partial,
+            "share": sink.share,
             "methods": frozenset(visitor.methods),
         }
         if resolver.reasons:

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 
 from kresilient import _catalog as catalog
+from kresilient.config import SHARE_CONSUMER_REFUSED
 from kresilient.lint.model import TOPIC_SPEC_KEYS, ConfigUnit, Entry, Severity
 from kresilient.lint.registry import (
     Hit,
@@ -1003,3 +1004,59 @@ def _delivery_timeout(unit: ConfigUnit) -> Iterator[Hit]:
 
 def _unused(_: Entry | None) -> None:  # keeps the import list honest for type checkers
     return None
+
+
+@rule(
+    "KR071",
+    "share-consumer-key",
+    E,
+    C,
+    "share groups",
+    summary="A share consumer given a consumer-group setting it does not take.",
+    why="A share group (KIP-932) keeps its state on the broker: librdkafka's share consumer "
+    "fails to start with isolation.level, auto.offset.reset, enable.auto.commit, "
+    "session.timeout.ms, group.instance.id ... set (any value), and ResilientShareConsumer "
+    "also refuses the offset and poll settings librdkafka would ignore.",
+    fix="Remove the key; set the group's share.auto.offset.reset, "
+    "share.record.lock.duration.ms or share.delivery.count.limit as group configs "
+    "(kresilient.share.configure_share_group) instead.",
+    clients=LIBRDKAFKA,
+)
+def _share_key(unit: ConfigUnit) -> Iterator[Hit]:
+    if not unit.context.get("share"):
+        return
+    resilient = bool(unit.context.get("resilient"))
+    for key, entry in unit.entries.items():
+        who = SHARE_CONSUMER_REFUSED.get(key)
+        if who == "librdkafka":
+            yield f"{key}: a share consumer does not take it (librdkafka refuses to start)", entry
+        elif who == "kresilient" and resilient:
+            yield f"{key}: ResilientShareConsumer refuses it (a share consumer ignores it)", entry
+    mode = explicit(unit, "share.acknowledgement.mode")
+    if resilient and mode is not None and mode.text.lower() != "explicit":
+        yield (
+            f"share.acknowledgement.mode={mode.shown}: ResilientShareConsumer refuses it "
+            "(records acknowledged before the handler's outcome is known)",
+            mode,
+        )
+
+
+@rule(
+    "KR072",
+    "share-implicit-ack",
+    W,
+    C,
+    "share groups",
+    summary="A share consumer with share.acknowledgement.mode=implicit.",
+    why="Implicit mode ACCEPTs every record of a poll at the next poll, whatever its "
+    "handling did: a record whose handler failed is acknowledged and never delivered again.",
+    fix="Use explicit mode and acknowledge each record after its outcome "
+    "(kresilient.share.ResilientShareConsumer does).",
+    clients=LIBRDKAFKA,
+)
+def _share_implicit(unit: ConfigUnit) -> Iterator[Hit]:
+    if not unit.context.get("share") or unit.context.get("resilient"):
+        return  # ResilientShareConsumer refuses it: KR071
+    mode = explicit(unit, "share.acknowledgement.mode")
+    if mode is not None and mode.text.lower() == "implicit":
+        yield "share.acknowledgement.mode=implicit: records acknowledged before handling", mode

@@ -484,8 +484,8 @@ def _duplicate_instance_ids(
     seen: dict[tuple[str | None, str], tuple[ConfigUnit, Entry]] = {}
     for unit in units:
         entry = explicit(unit, "group.instance.id")
-        if unit.kind != "consumer" or entry is None:
-            continue
+        if unit.kind != "consumer" or entry is None or unit.context.get("share"):
+            continue  # a share consumer does not take the key at all (KR071)
         group = explicit(unit, "group.id")
         first, first_entry = seen.setdefault(
             (group.text if group else None, entry.text), (unit, entry)

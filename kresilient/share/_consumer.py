@@ -66,7 +66,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 
-from kresilient.config import consumer_config
+from kresilient.config import SHARE_CONSUMER_REFUSED, consumer_config
 from kresilient.consumer import (
     OUTAGE_RETRY,
     OutageDecision,
@@ -112,23 +112,6 @@ DEFAULT_LOCK_DURATION_S: Final = 30.0
 DEFAULT_DELIVERY_COUNT_LIMIT: Final = 5
 #: Share-consumer keys that would weaken "acknowledged only after processing".
 _IMPLICIT = "share.acknowledgement.mode"
-#: Consumer-only defaults of :func:`kresilient.config.consumer_config` the share consumer
-#: refuses ("not applicable for share consumer") or ignores: offsets belong to the broker.
-_NOT_SHARE: Final = frozenset(
-    {
-        "enable.auto.commit",
-        "enable.auto.offset.store",
-        "auto.offset.reset",
-        "partition.assignment.strategy",
-        "auto.commit.interval.ms",
-        "group.protocol",
-        "group.instance.id",
-        "isolation.level",
-        "session.timeout.ms",
-        "heartbeat.interval.ms",
-        "max.poll.interval.ms",
-    }
-)
 
 
 def share_consumer_config(
@@ -152,10 +135,12 @@ def share_consumer_config(
             value=user.get(_IMPLICIT),
         )
     for key in user:
-        if key in _NOT_SHARE:
+        who = SHARE_CONSUMER_REFUSED.get(key)
+        if who is not None:
             raise ConfigError(
-                f"{key} is a consumer-group setting a share consumer does not take; share "
-                "groups keep their state on the broker (set share.* group configs instead)",
+                f"{key} is a consumer-group setting a share consumer does not take"
+                f"{' (librdkafka refuses it)' if who == 'librdkafka' else ''}; share groups "
+                "keep their state on the broker (set share.* group configs instead)",
                 key=key,
             )
     checked = {k: v for k, v in user.items() if k != _IMPLICIT}

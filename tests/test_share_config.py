@@ -1,0 +1,92 @@
+"""Share-consumer configs: the runtime and ``kresilient lint`` refuse the same keys (issue 43).
+
+``kresilient.config.SHARE_CONSUMER_REFUSED`` is the one table. Its ``"librdkafka"`` keys are
+checked against the installed client (a ShareConsumer built with each fails to start), so a
+librdkafka upgrade that changes the set fails here instead of drifting; its ``"kresilient"``
+keys are ones librdkafka takes (the control) and ResilientShareConsumer refuses.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaException, ShareConsumer
+
+from kresilient import _catalog as catalog
+from kresilient.config import SHARE_CONSUMER_REFUSED
+from kresilient.errors import ConfigError, UnsafeConfigError
+from kresilient.lint.engine import lint_paths
+from kresilient.share import share_consumer_config
+
+_QUIET = logging.getLogger("kresilient.test.share")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
+_VALUES = {"group.instance.id": "i-1", "group.remote.assignor": "uniform", "topic.blacklist": "x"}
+
+
+def _value(key: str) -> str:
+    if key in _VALUES:
+        return _VALUES[key]
+    prop = catalog.lookup(key)
+    assert prop is not None and prop.default not in (None, ""), key
+    return str(prop.default)
+
+
+def _starts(key: str) -> bool:
+    conf = {"bootstrap.servers": "127.0.0.1:9", "group.id": "g", "logger": _QUIET, key: _value(key)}
+    try:
+        ShareConsumer(conf).close()
+    except (KafkaException, ValueError) as exc:  # librdkafka 2.16 raises ValueError
+        assert "share consumer" in str(exc), exc
+        return False
+    return True
+
+
+@pytest.mark.parametrize("key", sorted(SHARE_CONSUMER_REFUSED))
+def test_table_matches_the_installed_librdkafka(key: str) -> None:
+    assert _starts(key) is (SHARE_CONSUMER_REFUSED[key] == "kresilient")
+
+
+@pytest.mark.parametrize("key", sorted(SHARE_CONSUMER_REFUSED))
+def test_runtime_refuses_each_key_naming_it(key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        share_consumer_config({"bootstrap.servers": "a:1", "group.id": "g", key: _value(key)})
+    assert info.value.key == key and key in str(info.value)
+
+
+def test_runtime_refuses_implicit_acknowledgement() -> None:
+    with pytest.raises(UnsafeConfigError):
+        share_consumer_config(
+            {"bootstrap.servers": "a:1", "group.id": "g", "share.acknowledgement.mode": "implicit"}
+        )
+
+
+def test_lint_reports_what_the_runtime_refuses(tmp_path: Path) -> None:
+    """Each refused key is a lint error on ResilientShareConsumer, the librdkafka ones on a
+    raw ShareConsumer too; the consumer rules say nothing of keys a share consumer does not
+    take; AsyncResilientConsumer is judged as the runtime judges it (it was not read)."""
+    keys = sorted(SHARE_CONSUMER_REFUSED)
+    entries = ", ".join(f"{k!r}: {_value(k)!r}" for k in keys)
+    (tmp_path / "app.py").write_text(
+        "from confluent_kafka import ShareConsumer\n"
+        "from kresilient import AsyncResilientConsumer\n"
+        "from kresilient.share import ResilientShareConsumer\n"
+        f"R = ResilientShareConsumer({{'bootstrap.servers': 'a:1,b:1', {entries}}}, ['t'], print)\n"
+        f"S = ShareConsumer({{'bootstrap.servers': 'a:1,b:1', 'error_cb': print, {entries}}})\n"
+        "A = AsyncResilientConsumer({'bootstrap.servers': 'a:1,b:1', 'group.id': 'g',\n"
+        "    'enable.auto.offset.store': True}, ['t'], print)\n"
+    )
+    findings = lint_paths([str(tmp_path / "app.py")])
+    by_line: dict[int, list[tuple[str, str | None, str]]] = {}
+    for f in findings:
+        by_line.setdefault(f.line, []).append((f.rule, f.key, f.severity.name.lower()))
+    resilient = {k for r, k, s in by_line[4] if r == "KR071" and s == "error"}
+    raw = {k for r, k, s in by_line[5] if r == "KR071" and s == "error"}
+    assert resilient == set(keys)
+    assert raw == {k for k in keys if SHARE_CONSUMER_REFUSED[k] == "librdkafka"}
+    others = [(r, k) for line in (4, 5) for r, k, _ in by_line[line] if r not in ("KR071", "KR072")]
+    assert not [(r, k) for r, k in others if k in SHARE_CONSUMER_REFUSED], others
+    assert ("KR054", "group.id", "error") in by_line[4]  # required, as the runtime says
+    assert ("KR054", "enable.auto.offset.store", "error") in by_line[7]
