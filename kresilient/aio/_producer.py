@@ -44,7 +44,9 @@ from kresilient.errors import (
     classify,
 )
 from kresilient.producer import (
+    DEFAULT_STALL_AFTER,
     DEFAULT_UNREACHABLE_TIMEOUT,
+    RELEASE_TIMEOUT,
     DeliveryHandle,
     DeliveryResult,
     ProducerHealth,
@@ -55,7 +57,7 @@ from kresilient.producer import (
 __all__ = ["AsyncDeliveryHandle", "AsyncResilientProducer"]
 
 #: close() waits this long at most for the poll thread (its poll calls last 0.1 s).
-_POLLER_JOIN_TIMEOUT: Final = 5.0
+_POLLER_JOIN_TIMEOUT: Final = RELEASE_TIMEOUT
 
 #: librdkafka's default ``queue.buffering.max.messages`` / ``.kbytes``.
 _DEFAULT_MAX_MESSAGES: Final = 100_000
@@ -271,7 +273,7 @@ class AsyncResilientProducer:
         dead_letter_max_bytes: int = 16 * 1024 * 1024,
         exit_timeout: float = 10.0,
         unreachable_timeout: float | None = DEFAULT_UNREACHABLE_TIMEOUT,
-        stall_after_s: float | None = 60.0,  # ResilientProducer's DEFAULT_STALL_AFTER
+        stall_after_s: float | None = DEFAULT_STALL_AFTER,
         on_stall: Literal["report", "heal"] = "report",
     ) -> None:
         # The sync producer waits out a full queue by polling on the calling thread (the event

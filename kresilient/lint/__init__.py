@@ -55,6 +55,7 @@ def __getattr__(name: str) -> typing.Any:
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
+
 __all__ = [
     "FORMATS",
     "RULES",

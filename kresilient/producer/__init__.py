@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from kresilient.producer._handle import delivered_result
 from kresilient.producer._producer import (
+    DEFAULT_STALL_AFTER,
     DEFAULT_UNREACHABLE_TIMEOUT,
+    RELEASE_TIMEOUT,
+    STALL_METRIC,
     DeliveryHandle,
     DeliveryResult,
     ProducerHealth,
@@ -43,9 +46,12 @@ from kresilient.reachability import (
 # refused login (AuthFailure); client_certificate() is what Reachability(certificate=...)
 # checks for expiry.
 __all__ = [
+    "DEFAULT_STALL_AFTER",
     "DEFAULT_UNREACHABLE_TIMEOUT",
     "MESSAGE_ID_HEADER",
     "POSSIBLE_DUPLICATE_HEADER",
+    "RELEASE_TIMEOUT",
+    "STALL_METRIC",
     "AuthFailure",
     "DeliveryHandle",
     "DeliveryResult",
