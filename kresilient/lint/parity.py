@@ -59,6 +59,7 @@ def unit_refusals(
     if not roles:
         return [], []
     user = {k: e.value for k, e in unit.entries.items() if not e.dynamic}
+    dynamic = {_canonical(k) for k, e in unit.entries.items() if e.dynamic}
     allowed = unit.context.get(ALLOW_CONTEXT, ())
     fragment = not (unit.source == "python" and unit.context.get("config_known"))
     refused: dict[tuple[str, str | None, str], runtime.Refusal] = {}
@@ -71,6 +72,8 @@ def unit_refusals(
             fragment=fragment or unit.kind == "client",
         )
         for r in got:
+            if _canonical(r.key) in dynamic:
+                continue  # set from a variable: its value is unknown here, not missing
             refused.setdefault((r.row, r.key, r.message), r)
         for r in ok:
             accepted.setdefault((r.row, r.key, r.message), r)

@@ -88,6 +88,8 @@ _AIOKAFKA_DEFAULTS = {
     "auto.offset.reset": "latest",
 }
 _CONFIG_KWARGS = ("config", "conf", "configs", "user")
+#: kresilient functions that build a client's config from the user's dict (safe defaults).
+_CONFIG_BUILDERS = frozenset({"producer_config", "consumer_config", "share_consumer_config"})
 #: Calls by which a consumer chooses its own positions (aiokafka, kafka-python).
 _SEEKS = frozenset({"seek", "seek_to_beginning", "seek_to_end", "seek_to_committed", "assign"})
 # Constructor arguments that are not librdkafka settings (AIOProducer's thread pool ...).
@@ -518,6 +520,13 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
         for kw in call.keywords:
             if kw.arg in _CONFIG_KWARGS and config_expr is None:
                 config_expr = kw.value
+        if (
+            isinstance(config_expr, ast.Call)
+            and visitor._sink_name(config_expr.func) in _CONFIG_BUILDERS
+        ):
+            # Consumer(consumer_config({...})): the config is what kresilient builds (its
+            # defaults, its refusals), judged as the inner call's own unit, not as a raw dict
+            continue
         entries: dict[str, Entry] = {}
         resolver.reset()
         if config_expr is not None:
