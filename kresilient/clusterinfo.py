@@ -12,7 +12,10 @@ live-cluster check with rule ids), so both read the cluster the same way:
   timestamp of the newest record a group committed
   past, the estimate of how long the group has been idle (Kafka does not expose the commit
   time itself through the Admin API; old producer timestamps overstate the idle time);
-- :func:`permissive_future_bound`: whether a topic accepts records far in the future.
+- :func:`permissive_future_bound`: whether a topic accepts records far in the future;
+- :func:`committed_offsets`: the offsets a group committed, read by a consumer of the group
+  instead of the Admin API's ListConsumerGroupOffsets, which crashes the process when the
+  group's coordinator is not ready (librdkafka issue 5040; see the function).
 
 What the Admin API does NOT expose, and these helpers therefore cannot report: a follower's
 log end offset or its lag behind the high watermark (only the ISR, which a follower leaves
@@ -45,6 +48,7 @@ __all__ = [
     "FUTURE_TOLERANCE_MS",
     "LOG_DIR_ERRORS",
     "LogDir",
+    "committed_offsets",
     "committed_record_timestamps",
     "describe_log_dirs",
     "max_timestamps",
@@ -225,6 +229,43 @@ class _QuietLogger:
 
     def log(self, *args: object, **kwargs: object) -> None:
         return None
+
+
+def committed_offsets(
+    config: Mapping[str, Any], group: str, partitions: Iterable[tuple[str, int]], timeout: float
+) -> list[TopicPartition]:
+    """The offsets ``group`` committed on ``partitions``, sorted; a partition the group
+    committed nothing on (or whose offset the broker refused to give) is left out.
+
+    Read with ``Consumer.committed()`` by a consumer whose ``group.id`` is ``group`` and
+    that never subscribes: it does not join the group (no member, no rebalance, nothing
+    committed). NOT with ``AdminClient.list_consumer_group_offsets()``: when the answer to
+    its OffsetFetch request says ``NOT_COORDINATOR`` or ``COORDINATOR_NOT_AVAILABLE`` (the
+    group's coordinator is being created, loaded or moved: a fresh cluster, a broker restart,
+    a leader election of ``__consumer_offsets``), librdkafka (up to 2.16.0 at least) asks the
+    client's consumer-group handle to look the coordinator up again, and an AdminClient has
+    none: a NULL dereference in ``rd_kafka_cgrp_op()`` on librdkafka's own thread kills the
+    process with SIGSEGV (librdkafka issue 5040, confluent-kafka-python issue 1982). Its
+    threads block signals, so the kernel kills the process without running
+    ``faulthandler``: no traceback, no output. A consumer has that handle, so the same answer
+    makes it find the coordinator again and retry until ``timeout``.
+
+    ``config`` is a client config (its ``group.id`` is replaced). Raises
+    :class:`~confluent_kafka.KafkaException` when the group's offsets cannot be read within
+    ``timeout`` seconds (``_TIMED_OUT``) or the broker refuses them.
+    """
+    wanted = [TopicPartition(t, p) for t, p in sorted(set(partitions))]
+    if not wanted:
+        return []
+    conf = dict(config)
+    conf.setdefault("logger", _QuietLogger())
+    conf.update({"group.id": group, "enable.auto.commit": False})
+    consumer = Consumer(conf)
+    try:
+        got = consumer.committed(wanted, timeout=timeout)
+    finally:
+        consumer.close()
+    return [tp for tp in got if tp.error is None and tp.offset >= 0]
 
 
 def committed_record_timestamps(

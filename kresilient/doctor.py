@@ -53,7 +53,6 @@ from typing import Any, Final, TextIO, TypeVar
 from confluent_kafka import (
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
-    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Producer,
@@ -71,6 +70,7 @@ from kresilient.clusterinfo import (
     DISK_USAGE_THRESHOLD,
     FUTURE_TOLERANCE_MS,
     LOG_DIR_ERRORS,
+    committed_offsets,
     describe_log_dirs,
     max_timestamps,
     newest_committed_record_ms,
@@ -909,13 +909,7 @@ def _check_group(
     state = desc.state.name if desc is not None and desc.state is not None else "UNKNOWN"
     members = len(desc.members) if desc is not None else 0
     try:
-        committed = _result(
-            run.admin.list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group)], request_timeout=run.timeout
-            )[group],
-            run.timeout,
-        )
-        parts = [tp for tp in committed.topic_partitions if tp.offset >= 0]
+        parts = _committed(run, group)
     except KafkaException as exc:
         run.add("groups", Severity.WARNING, group, f"cannot read committed offsets: {exc}")
         return
@@ -981,6 +975,29 @@ def _check_group(
                 fix="restart a consumer of the group before the retention passes, or raise "
                 "offsets.retention.minutes",
             )
+
+
+def _committed(run: _Run, group: str) -> list[TopicPartition]:
+    """The offsets ``group`` committed on the partitions of the cluster's topics.
+
+    Read by :func:`~kresilient.clusterinfo.committed_offsets` (a consumer of the group that
+    never joins it), never by ``AdminClient.list_consumer_group_offsets()``: that request
+    kills the process with SIGSEGV, and no output at all, when the group's coordinator is
+    not ready yet or moves (librdkafka issue 5040): the first doctor run after a cluster
+    start, asked about 20 groups, died so on 3 of 3 fresh 3-node clusters
+    (tests/test_doctor_crash.py). One consumer per group; offsets committed on a topic that
+    no longer exists are not read (they have no lag to report)."""
+    assert run.metadata is not None
+    partitions = [(t, p) for t, meta in run.metadata.topics.items() for p in meta.partitions]
+    try:
+        return committed_offsets(_admin_conf(run), group, partitions, run.timeout)
+    except KafkaException as exc:
+        err = _kafka_error(exc)
+        if err is not None and err.code() == KafkaError._TIMED_OUT:
+            raise KafkaException(
+                KafkaError(KafkaError._TIMED_OUT, f"no answer within {run.timeout:g} s (--timeout)")
+            ) from None
+        raise
 
 
 def _last_commit_age_ms(run: _Run, parts: Sequence[TopicPartition]) -> int | None:
