@@ -148,3 +148,42 @@ def test_tracker_advances_only_when_nothing_is_unfinished() -> None:
     assert not window.advance(12) and not window.advance(5)  # never backwards
     window.offer(12, b"a", 1, 12)
     assert window.committable() == 12
+
+
+@pytest.mark.asyncio
+async def test_asyncio_consumer_commits_a_transactional_topic_to_its_end(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """The same on :class:`~kresilient.aio.AsyncResilientConsumer` (it committed 207 of 208)."""
+    import asyncio
+
+    from kresilient.aio import AsyncResilientConsumer
+
+    topic, _ = with_dlq(topic_factory)
+    committed = _transactional_topic(kafka_cluster, topic)
+    wait_for(lambda: ends(kafka_cluster.bootstrap_servers, topic)[0] == 208, 60, "8 markers")
+    seen: list[tuple[bytes, bytes]] = []
+
+    async def handle(msg: Message) -> None:
+        seen.append((msg.key() or b"", msg.value() or b""))
+
+    cfg = config(kafka_cluster)
+    consumer = AsyncResilientConsumer(cfg, [topic], handle)
+    task = asyncio.create_task(consumer.run())
+    last: list[int] = []
+    try:
+        deadline = asyncio.get_running_loop().time() + 90
+        while len(seen) < len(committed) or not last or last[-1] != 208:
+            assert asyncio.get_running_loop().time() < deadline, (len(seen), last[-1:])
+            assert not task.done(), task
+            await asyncio.sleep(0.5)
+            if len(seen) >= len(committed):
+                last.append(
+                    await asyncio.to_thread(
+                        _committed_offset, kafka_cluster, cfg["group.id"], topic
+                    )
+                )
+    finally:
+        consumer.stop()
+        await asyncio.wait_for(task, 60)
+    assert sorted(seen) == sorted(committed) and len(seen) == len(committed)

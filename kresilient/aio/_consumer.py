@@ -405,6 +405,7 @@ class AsyncResilientConsumer:
         self._traced = False
         self._queued = 0  # records waiting in partition queues (all partitions)
         self._flowing = False  # the last consume returned records (worker thread only)
+        self._advance_due = 0.0  # next check of idle partitions' positions (loop only)
         self._closing = False
         self._previous_signals: dict[signal.Signals, Any] = {}
         # SIGTERM/SIGINT as ResilientConsumer's SignalHandlers count them (issue 37 #8): the
@@ -668,7 +669,10 @@ class AsyncResilientConsumer:
             )
 
     def _step(
-        self, ops: tuple[list[TopicPartition], list[TopicPartition], list[TopicPartition]]
+        self,
+        ops: tuple[
+            list[TopicPartition], list[TopicPartition], list[TopicPartition], list[TopicPartition]
+        ],
     ) -> list[Message]:
         """On the worker thread: store offsets, pause/resume, then consume one batch."""
         consumer = self._consumer
@@ -679,8 +683,11 @@ class AsyncResilientConsumer:
             self._next_tick = now + 1.0
             self._probe_source.sample(now)
             probes.tick(now)
-        store, pause, resume = ops
+        store, pause, resume, idle = ops
         self._store(store)
+        if idle:
+            store = self._advance_idle(idle)
+            self._store(store)
         if store:
             self._unsynced = True
         if self._unsynced and not self._auto_commit and time.monotonic() >= self._next_commit:
@@ -709,6 +716,26 @@ class AsyncResilientConsumer:
         batch = consumer.consume(_BATCH, _FLOWING_WAIT_S if self._flowing else _IDLE_WAIT_S)
         self._flowing = bool(batch)
         return batch
+
+    def _advance_idle(self, idle: list[TopicPartition]) -> list[TopicPartition]:
+        """On the worker thread: the idle partitions whose position is past what was stored
+        (a transaction's commit or abort markers, aborted records: offsets no record arrives
+        for), to be stored at the position. Only partitions stored before by this owner."""
+        consumer = self._consumer
+        if consumer is None:
+            return []
+        try:
+            positions = consumer.position(idle)
+        except KafkaException as exc:  # revoked meanwhile: nothing to move
+            self._log.debug("position_unknown", error=self._scrub(str(exc)))
+            return []
+        stored = self._stored
+        out = []
+        for part in positions:
+            last = stored.get((part.topic, part.partition))
+            if last is not None and part.offset > last:
+                out.append(TopicPartition(part.topic, part.partition, part.offset))
+        return out
 
     def _store(self, offsets: list[TopicPartition]) -> None:
         if not offsets or self._consumer is None:
@@ -897,9 +924,27 @@ class AsyncResilientConsumer:
 
     def _pending_ops(
         self,
-    ) -> tuple[list[TopicPartition], list[TopicPartition], list[TopicPartition]]:
+    ) -> tuple[
+        list[TopicPartition], list[TopicPartition], list[TopicPartition], list[TopicPartition]
+    ]:
         pause: list[TopicPartition] = []
         resume: list[TopicPartition] = []
+        idle: list[TopicPartition] = []
+        now = time.monotonic()
+        if now >= self._advance_due:
+            # Once a second: partitions with nothing queued, running or held move to the
+            # consumer's position in the worker (past a transaction's markers at the end, as
+            # ResilientConsumer: OffsetKeeper.advance_idle), so the commit reaches the end.
+            self._advance_due = now + 1.0
+            idle = [
+                TopicPartition(*tp)
+                for tp, part in self._parts.items()
+                if not part.queue
+                and not part.held
+                and part.inhand is None
+                and not part.revoked
+                and (part.task is None or part.task.done())
+            ]
         for tp, part in list(self._parts.items()):
             # A held partition is paused once a record is queued behind the held one, not
             # before: a record failing at the tail of a partition (nothing after it yet) is
@@ -913,7 +958,7 @@ class AsyncResilientConsumer:
             elif part.paused and not blocked and len(part.queue) <= _MAX_BUFFERED // 2:
                 part.paused = False
                 resume.append(TopicPartition(*tp))
-        return self._take_done(), pause, resume
+        return self._take_done(), pause, resume, idle
 
     def _dispatch(self, batch: list[Message]) -> None:
         """Queue each record behind its partition's; start the partition's worker if idle.
