@@ -39,7 +39,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]  # untyped re-export
 
 __all__ = [
@@ -65,6 +65,15 @@ FUTURE_TOLERANCE_MS: Final = 3_600_000
 FUTURE_BOUND_MS: Final = 86_400_000
 
 _MAX_TIMESTAMP: Final[Any] = OffsetSpec.max_timestamp  # untyped in confluent-kafka
+#: The group's coordinator is being created, loaded or moved: asking again will do.
+_COORDINATOR_NOT_READY: Final = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError._WAIT_COORD,
+    }
+)
 #: What a failed admin future raises (KafkaException, or TimeoutError from ``result()``).
 _ADMIN_ERRORS: Final = (KafkaException, TimeoutError, ValueError, TypeError)
 
@@ -248,7 +257,7 @@ def committed_offsets(
     process with SIGSEGV (librdkafka issue 5040, confluent-kafka-python issue 1982). Its
     threads block signals, so the kernel kills the process without running
     ``faulthandler``: no traceback, no output. A consumer has that handle, so the same answer
-    makes it find the coordinator again and retry until ``timeout``.
+    makes it find the coordinator again, and the request is asked again until ``timeout``.
 
     ``config`` is a client config (its ``group.id`` is replaced). Raises
     :class:`~confluent_kafka.KafkaException` when the group's offsets cannot be read within
@@ -260,9 +269,24 @@ def committed_offsets(
     conf = dict(config)
     conf.setdefault("logger", _QuietLogger())
     conf.update({"group.id": group, "enable.auto.commit": False})
+    deadline = time.monotonic() + timeout
+    pause = 0.05
     consumer = Consumer(conf)
     try:
-        got = consumer.committed(wanted, timeout=timeout)
+        while True:
+            try:
+                got = consumer.committed(wanted, timeout=max(0.1, deadline - time.monotonic()))
+                break
+            except KafkaException as exc:
+                # The consumer looks the coordinator up again on these but does not retry
+                # the request itself (a fresh cluster answered NOT_COORDINATOR for a few
+                # seconds to 5 of 20 groups asked at once): ask again until the deadline.
+                err = exc.args[0] if exc.args else None
+                code = err.code() if isinstance(err, KafkaError) else None
+                pause = min(pause * 2, 1.0, deadline - time.monotonic())
+                if code not in _COORDINATOR_NOT_READY or pause <= 0:
+                    raise
+                time.sleep(pause)
     finally:
         consumer.close()
     return [tp for tp in got if tp.error is None and tp.offset >= 0]

