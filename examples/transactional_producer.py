@@ -25,6 +25,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer
 
 import kresilient.logging
 from kresilient import (
+    FatalProducerError,
     ProducerFencedError,
     TransactionAbortedError,
     TransactionalProducer,
@@ -78,7 +79,12 @@ def serve(bootstrap: str, source: str, target: str, group: str, txn_id: str, sto
                     log.warning("batch_not_committed", records=len(batch), error=str(exc))
                     rewind(consumer)
     except ProducerFencedError as exc:
-        log.error("fenced_stopping", error=str(exc))  # another instance took over
+        # another instance took over (or may have): stop, never build a new producer here
+        log.error("fenced_stopping", error=str(exc))
+        return 1
+    except FatalProducerError as exc:
+        # closed, not recreated: restart the process if it still owns the transactional.id
+        log.error("producer_failed_stopping", error=str(exc))
         return 1
     finally:
         consumer.close()

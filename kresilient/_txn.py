@@ -7,10 +7,11 @@
 - ``RETRIABLE``: call the same function again (the transaction is intact);
 - ``ABORTABLE``: ``abort_transaction()``, then run the whole transaction again;
 - ``FATAL``: this producer instance is unusable. ``fenced`` says another instance took over
-  the ``transactional.id``: stop, never recreate blindly (a recreated zombie would fence the
-  instance that legitimately owns the id). Otherwise ``recreate`` says whether closing it and
-  building a new instance with the same ``transactional.id`` is safe (its
-  ``init_transactions()`` bumps the epoch and aborts what the old one left open).
+  the ``transactional.id``, or that this cannot be excluded (a bare ``_FATAL`` whose cause
+  librdkafka did not name): stop, never recreate (a recreated zombie would fence the
+  instance that legitimately owns the id). ``recreate`` is set only where the owner is known
+  to be this process: a commit or abort whose outcome is unknown (below). Every other fatal
+  error closes the producer: whether a new instance is safe is the application's decision.
 
 The order of the checks is the rule: fencing, librdkafka's own ``fatal()`` flag, a commit or
 abort whose outcome is unknown, ``txn_requires_abort()``, ``retriable()``, then the code.
@@ -157,6 +158,15 @@ def classify_transaction_error(
     c = classify(kerr)
     code = c.code if c.code is not None else kerr.code()  # _FATAL unwrapped by classify
     fatal = kerr.fatal() or kerr.code() == KafkaError._FATAL
+    if code == KafkaError._FATAL:  # no cause in the error: fencing cannot be excluded
+        return _verdict(
+            TransactionErrorKind.FATAL,
+            c,
+            fenced=True,
+            reason="a fatal error whose cause librdkafka did not name: possibly fenced (another "
+            "instance may own the transactional.id now), so this instance stops and is never "
+            "recreated (a new one would fence that owner)",
+        )
     if code in FENCED_CODES and (fatal or code != KafkaError.INVALID_PRODUCER_EPOCH):
         return _verdict(
             TransactionErrorKind.FATAL,
@@ -167,15 +177,13 @@ def classify_transaction_error(
             "broker and nothing it writes is visible to read_committed readers)",
         )
     if fatal:
-        recreate = code not in _NOT_RECREATABLE
         return _verdict(
             TransactionErrorKind.FATAL,
             c,
-            recreate=recreate,
-            reason="fatal producer error: this instance is unusable"
+            reason="fatal producer error: this instance is unusable and is closed, not recreated"
             + (
-                "; a new instance with the same transactional.id aborts what it left open"
-                if recreate
+                " (only the application knows it still owns the transactional.id)"
+                if code not in _NOT_RECREATABLE
                 else "; a new instance would meet it again: fix the configuration or ACLs"
             ),
         )
@@ -190,12 +198,11 @@ def classify_transaction_error(
             "KIP-890 defence); the instance is replaced so that a new epoch fences that request",
         )
     if kerr.txn_requires_abort():
-        if call == "abort_transaction":  # cannot abort an abort: start over
+        if call == "abort_transaction":  # cannot abort an abort
             return _verdict(
                 TransactionErrorKind.FATAL,
                 c,
-                recreate=True,
-                reason="abort_transaction() itself asked for an abort",
+                reason="abort_transaction() itself asked for an abort: the instance is closed",
             )
         return _verdict(
             TransactionErrorKind.ABORTABLE,
@@ -207,6 +214,15 @@ def classify_transaction_error(
             TransactionErrorKind.RETRIABLE,
             c,
             reason=f"{call} may be called again: the transaction is intact",
+        )
+    if call == "produce" and code == KafkaError._STATE:
+        # TransactionalProducer produces only inside a transaction: librdkafka refuses a
+        # record with _STATE once the transaction is in its abortable state (the broker
+        # refused one of its records)
+        return _verdict(
+            TransactionErrorKind.ABORTABLE,
+            c,
+            reason="the transaction cannot commit (a record of it was refused): it is aborted",
         )
     state = code in (KafkaError._STATE, KafkaError._CONFLICT, KafkaError.INVALID_TXN_STATE)
     if call == "produce" and not state and code not in _NOT_RECREATABLE:
@@ -225,13 +241,13 @@ def classify_transaction_error(
         )
     if call in _ENDING or state:
         # librdkafka#4849/#3928: an abort or commit refused in a state the application did
-        # not cause. A new instance's init_transactions() aborts what is left open.
+        # not cause. A new instance's init_transactions() would abort what is left open, but
+        # it would also fence an instance that owns the id now: the producer is closed.
         return _verdict(
             TransactionErrorKind.FATAL,
             c,
-            recreate=True,
-            reason=f"{call} failed in an unexpected transaction state: the instance is "
-            "replaced (a new one aborts the open transaction)",
+            reason=f"{call} failed in an unexpected transaction state: the instance is closed "
+            "(not recreated: a new one would fence another owner of the transactional.id)",
         )
     return _verdict(
         TransactionErrorKind.ABORTABLE,
@@ -288,8 +304,9 @@ def _in_transaction(
             retriable=False,
             fatal=True,
             action=Action.FAIL,
-            remedy="Fenced: another instance initialised this transactional.id. Stop this "
-            "one; do not recreate it (it would fence the new owner)",
+            remedy="Fenced, or a fatal error whose cause excludes no fencing: another instance "
+            "may own this transactional.id now. Stop this one; do not recreate it (it would "
+            "fence that owner): let the supervisor restart the process if it must",
         )
     if outcome_unknown:
         return dataclasses.replace(
@@ -310,7 +327,15 @@ def _in_transaction(
             action=Action.RECREATE_PRODUCER,
             remedy=f"{reason}. {c.remedy}",
         )
-    return c if not c.retriable else dataclasses.replace(c, retriable=False, action=Action.FAIL)
+    # closed, not recreated: a new instance fences any other owner of the id, so building
+    # one is the application's decision (RECREATE_PRODUCER would suggest doing it blindly)
+    return dataclasses.replace(
+        c,
+        retriable=False,
+        action=Action.FAIL,
+        remedy=f"{reason}. Build a new TransactionalProducer only if this process still owns "
+        f"the transactional.id. {c.remedy}",
+    )
 
 
 class TransactionErrorRow(NamedTuple):
@@ -356,29 +381,29 @@ TRANSACTION_ERRORS: Final[tuple[TransactionErrorRow, ...]] = (
                         False, "brokers without transactions"),
     TransactionErrorRow("_NOT_CONFIGURED", "init_transactions", False, False, False, _F, False,
                         "no transactional.id"),
-    TransactionErrorRow("_STATE", "init_transactions", False, False, False, _F, True,
+    TransactionErrorRow("_STATE", "init_transactions", False, False, False, _F, False,
                         "called twice"),
-    TransactionErrorRow("_CONFLICT", "init_transactions", False, False, False, _F, True,
+    TransactionErrorRow("_CONFLICT", "init_transactions", False, False, False, _F, False,
                         "another transaction call running on another thread"),
     TransactionErrorRow("_DESTROY", "init_transactions", False, False, False, _F, False,
                         "the client is being closed"),
-    TransactionErrorRow("_FATAL", "init_transactions", True, False, False, _F, True,
-                        "an earlier fatal error (idempotence state lost)"),
+    TransactionErrorRow("_FATAL", "init_transactions", True, False, False, _F, False,
+                        "cause not named: possibly fenced"),
     # ---- begin_transaction ----
-    TransactionErrorRow("_STATE", "begin_transaction", False, False, False, _F, True,
+    TransactionErrorRow("_STATE", "begin_transaction", False, False, False, _F, False,
                         "not initialised, or a transaction already open"),
-    TransactionErrorRow("_CONFLICT", "begin_transaction", False, False, False, _F, True,
+    TransactionErrorRow("_CONFLICT", "begin_transaction", False, False, False, _F, False,
                         "another transaction call running"),
     TransactionErrorRow("_FENCED", "begin_transaction", True, False, False, _F, False,
                         "fenced before this transaction"),
-    TransactionErrorRow("_FATAL", "begin_transaction", True, False, False, _F, True,
-                        "an earlier fatal error"),
+    TransactionErrorRow("_FATAL", "begin_transaction", True, False, False, _F, False,
+                        "cause not named: possibly fenced"),
     # ---- produce (inside the transaction) ----
-    TransactionErrorRow("_STATE", "produce", False, False, False, _F, True,
-                        "produce outside a transaction"),
+    TransactionErrorRow("_STATE", "produce", False, False, False, _A, False,
+                        "the transaction needs an abort: the broker refused a record of it"),
     TransactionErrorRow("_FENCED", "produce", True, False, False, _F, False, "fenced"),
-    TransactionErrorRow("_FATAL", "produce", True, False, False, _F, True,
-                        "an earlier fatal error"),
+    TransactionErrorRow("_FATAL", "produce", True, False, False, _F, False,
+                        "cause not named: possibly fenced"),
     TransactionErrorRow("_UNKNOWN_PARTITION", "produce", False, False, False, _A, False,
                         "a record refused locally: the transaction cannot hold it"),
     TransactionErrorRow("MSG_SIZE_TOO_LARGE", "produce", False, False, False, _A, False,
@@ -390,7 +415,7 @@ TRANSACTION_ERRORS: Final[tuple[TransactionErrorRow, ...]] = (
                         False, "call again"),
     TransactionErrorRow("_INVALID_ARG", "send_offsets_to_transaction", False, False, False, _F,
                         False, "no offsets, or no group metadata"),
-    TransactionErrorRow("_STATE", "send_offsets_to_transaction", False, False, False, _F, True,
+    TransactionErrorRow("_STATE", "send_offsets_to_transaction", False, False, False, _F, False,
                         "no open transaction"),
     TransactionErrorRow("UNKNOWN_MEMBER_ID", "send_offsets_to_transaction", False, False, True,
                         _A, False, "KIP-447: the consumer left the group (rebalance)"),
@@ -415,7 +440,7 @@ TRANSACTION_ERRORS: Final[tuple[TransactionErrorRow, ...]] = (
     TransactionErrorRow("PRODUCER_FENCED", "send_offsets_to_transaction", True, False, False,
                         _F, False, "fenced"),
     TransactionErrorRow("INVALID_TXN_STATE", "send_offsets_to_transaction", True, False, False,
-                        _F, True, "the coordinator refused the state"),
+                        _F, False, "the coordinator refused the state"),
     TransactionErrorRow("TRANSACTIONAL_ID_AUTHORIZATION_FAILED", "send_offsets_to_transaction",
                         True, False, False, _F, False, "ACL"),
     # ---- commit_transaction ----
@@ -449,12 +474,12 @@ TRANSACTION_ERRORS: Final[tuple[TransactionErrorRow, ...]] = (
                         "fenced"),
     TransactionErrorRow("INVALID_PRODUCER_EPOCH", "commit_transaction", True, False, False, _F,
                         False, "fenced (old epoch)"),
-    TransactionErrorRow("INVALID_TXN_STATE", "commit_transaction", True, False, False, _F, True,
+    TransactionErrorRow("INVALID_TXN_STATE", "commit_transaction", True, False, False, _F, False,
                         "the coordinator refused the state"),
-    TransactionErrorRow("_STATE", "commit_transaction", False, False, False, _F, True,
+    TransactionErrorRow("_STATE", "commit_transaction", False, False, False, _F, False,
                         "no open transaction, or the state needs an abort"),
-    TransactionErrorRow("_FATAL", "commit_transaction", True, False, False, _F, True,
-                        "fatal idempotence error"),
+    TransactionErrorRow("_FATAL", "commit_transaction", True, False, False, _F, False,
+                        "cause not named: possibly fenced"),
     # ---- abort_transaction ----
     TransactionErrorRow("_TIMED_OUT", "abort_transaction", False, True, False, _F, True,
                         "outcome unknown: recreate (a new init aborts it anyway)"),
@@ -464,11 +489,11 @@ TRANSACTION_ERRORS: Final[tuple[TransactionErrorRow, ...]] = (
                         _R, False, "call again"),
     TransactionErrorRow("_FENCED", "abort_transaction", True, False, False, _F, False,
                         "fenced: the broker aborted it already"),
-    TransactionErrorRow("INVALID_TXN_STATE", "abort_transaction", True, False, False, _F, True,
-                        "librdkafka#4849: a new instance aborts it"),
-    TransactionErrorRow("_STATE", "abort_transaction", False, False, False, _F, True,
-                        "librdkafka#3928: abort refused; a new instance aborts it"),
-    TransactionErrorRow("_FATAL", "abort_transaction", True, False, False, _F, True,
-                        "an earlier fatal error"),
+    TransactionErrorRow("INVALID_TXN_STATE", "abort_transaction", True, False, False, _F, False,
+                        "librdkafka#4849: closed (a new instance would abort it)"),
+    TransactionErrorRow("_STATE", "abort_transaction", False, False, False, _F, False,
+                        "librdkafka#3928: abort refused; closed"),
+    TransactionErrorRow("_FATAL", "abort_transaction", True, False, False, _F, False,
+                        "cause not named: possibly fenced"),
 )
 # fmt: on

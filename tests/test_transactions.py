@@ -252,6 +252,74 @@ def test_a_fenced_zombie_writes_nothing_visible_and_says_it_was_fenced(
     assert sum(v.startswith(b"zombie-") for v in _uncommitted_values(bootstrap, topic)) >= 5
 
 
+def test_a_zombie_fenced_before_its_produce_does_not_fence_the_owner(
+    kafka_cluster: KafkaCluster, topic: str
+) -> None:
+    """Once fenced, librdkafka raises a bare _FATAL ("Local: Fatal error") from produce(),
+    before error_cb has named the cause (_FENCED). The zombie must stop with
+    ProducerFencedError, not build a new instance: that one's init_transactions() would fence
+    the legitimate owner, whose commit then fails."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    tid = _tid()
+    zombie = TransactionalProducer({"bootstrap.servers": bootstrap}, transactional_id=tid)
+    successor: TransactionalProducer | None = None
+    try:
+        with pytest.raises(ProducerFencedError) as caught, zombie.transaction():
+            zombie.produce(topic, b"zombie-0")
+            _wait_for("the zombie's record in the log", lambda: _high(bootstrap, topic) >= 1)
+            successor = TransactionalProducer(
+                {"bootstrap.servers": bootstrap}, transactional_id=tid
+            )
+            # the zombie goes on producing until librdkafka refuses its records
+            deadline = time.monotonic() + 60
+            while True:
+                zombie.produce(topic, b"zombie-late")
+                assert time.monotonic() < deadline, "the zombie's produce() never failed"
+                time.sleep(0.1)  # polling interval of a condition wait
+        assert "fenced" in str(caught.value)
+        assert zombie.fenced and zombie.recreations == 0
+        assert successor is not None
+        with successor.transaction():  # the owner was not fenced by the zombie
+            successor.produce(topic, b"successor")
+        assert successor.committed == 1 and not successor.fenced
+    finally:
+        zombie.close()
+        if successor is not None:
+            successor.close()
+    assert _values(bootstrap, topic) == [b"successor"]
+    # negative control: the zombie's first record did reach the log, hidden by the abort
+    assert b"zombie-0" in _uncommitted_values(bootstrap, topic)
+
+
+def test_a_produce_after_a_record_the_broker_refused_aborts_the_transaction(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
+) -> None:
+    """After the broker refused a record, librdkafka refuses the transaction's next records
+    with _STATE (its abortable state): TransactionAbortedError naming the refused record, not
+    a fatal error; the producer goes on."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = topic_factory(config={"max.message.bytes": 2000})
+    with TransactionalProducer({"bootstrap.servers": bootstrap}, transactional_id=_tid()) as p:
+        with pytest.raises(TransactionAbortedError) as caught, p.transaction():
+            p.produce(topic, b"good-1")
+            _wait_for("good-1 in the log", lambda: _high(bootstrap, topic) >= 1)
+            p.produce(topic, b"x" * 20_000)  # under the producer's limit, over the topic's
+            deadline = time.monotonic() + 60
+            while True:
+                p.produce(topic, b"small")
+                assert time.monotonic() < deadline, "produce() never refused a record"
+                time.sleep(0.1)  # polling interval of a condition wait
+        assert "MSG_SIZE_TOO_LARGE" in str(caught.value), str(caught.value)
+        assert caught.value.classification.category.name == "ABORTABLE"
+        assert p.aborted == 1 and not p.fenced
+        with p.transaction():
+            p.produce(topic, b"after")
+        assert p.committed == 1
+    assert _values(bootstrap, topic) == [b"after"]
+    # negative control: the good record of the aborted transaction reached the log
+    assert b"good-1" in _uncommitted_values(bootstrap, topic)
+
+
 def _java_hash(text: str) -> int:
     h = 0
     for ch in text:

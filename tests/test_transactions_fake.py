@@ -9,11 +9,13 @@ producer stopped. The real-cluster behaviour is in tests/test_transactions.py.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from kresilient import Action, FatalProducerError, KResilientError, ProduceError
@@ -125,8 +127,10 @@ def _producer() -> TransactionalProducer:
 
 
 def _fenced(row: TransactionErrorRow) -> bool:
-    return getattr(KafkaError, row.name) in FENCED_CODES and (
-        row.fatal or row.name != "INVALID_PRODUCER_EPOCH"
+    """Fenced, or possibly: a bare _FATAL (no cause named) cannot exclude fencing."""
+    code = getattr(KafkaError, row.name)
+    return code == KafkaError._FATAL or (
+        code in FENCED_CODES and (row.fatal or row.name != "INVALID_PRODUCER_EPOCH")
     )
 
 
@@ -252,8 +256,10 @@ def test_the_action_taken_for_each_transaction_error_fake(row: TransactionErrorR
             assert "fenced" in str(raised)
         assert producer.fenced and producer.recreations == 0
         assert len(FakeProducer.instances) == 1  # never recreated: the new owner keeps the id
-        with pytest.raises(ProducerFencedError):
+        with pytest.raises(ProducerFencedError) as again:
             _run_one_transaction(producer, fail_block=False)
+        assert again.value.classification is not None
+        assert again.value.classification.action is Action.FAIL  # not RECREATE_PRODUCER
     elif row.recreate:
         if fail_block:
             assert isinstance(raised, ValueError)
@@ -289,6 +295,127 @@ def test_a_commit_retried_until_its_timeout_has_an_unknown_outcome_fake() -> Non
     finally:
         txn_module.time.monotonic = real  # type: ignore[assignment]
     assert producer.recreations == 1 and producer.committed == 0
+
+
+def test_no_fatal_error_recreates_the_instance_except_an_unknown_outcome_fake() -> None:
+    """The rule: a transactional producer recreates itself only where this process is known
+    to own the transactional.id (a commit or abort whose outcome is unknown)."""
+    for row in TRANSACTION_ERRORS:
+        unknown = row.call in ("commit_transaction", "abort_transaction") and row.name in (
+            "_TIMED_OUT",
+            "_PREV_IN_PROGRESS",
+        )
+        assert row.recreate == unknown, row
+    for code in (KafkaError._FATAL, KafkaError._STATE, KafkaError.INVALID_TXN_STATE):
+        for call in TRANSACTION_CALLS:
+            for fatal in (True, False):
+                v = classify_transaction_error(KafkaError(code, "x", fatal=fatal), call)
+                assert not v.recreate, (code, call, fatal)
+
+
+class ErrorCbProducer(FakeProducer):
+    """Serves a fatal error through error_cb at the next poll(), as librdkafka does: the
+    call itself raised only a bare _FATAL."""
+
+    cause: KafkaError | None = None
+
+    def poll(self, timeout: float = 0) -> int:
+        cause, ErrorCbProducer.cause = ErrorCbProducer.cause, None
+        if cause is not None:
+            self.config["error_cb"](cause)
+        return 0
+
+
+@pytest.mark.parametrize(
+    ("cause", "expected"),
+    [
+        (KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True), "_FENCED"),
+        (None, "_FATAL"),
+        (
+            KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "idempotence gap", fatal=True),
+            "OUT_OF_ORDER_SEQUENCE_NUMBER",
+        ),
+    ],
+    ids=["cause-fenced", "cause-unknown", "cause-not-fencing"],
+)
+def test_a_bare_fatal_never_recreates_and_names_its_cause_from_error_cb_fake(
+    monkeypatch: pytest.MonkeyPatch, cause: KafkaError | None, expected: str
+) -> None:
+    """librdkafka raises a bare _FATAL ("Local: Fatal error") from produce() after a fatal
+    error; its cause reaches error_cb later. A real cluster does this for fencing
+    (tests/test_transactions.py::test_a_zombie_fenced_before_its_produce_does_not_fence_the_owner);
+    a fatal error of another cause cannot be produced there."""
+    monkeypatch.setattr(txn_module, "Producer", ErrorCbProducer)
+    producer = _producer()
+    ErrorCbProducer.cause = cause
+    FakeProducer.script = {
+        "produce": [KafkaError(KafkaError._FATAL, "Unable to produce message: Local: Fatal error")]
+    }
+    with pytest.raises(FatalProducerError) as caught:
+        _run_one_transaction(producer, fail_block=False)
+    assert caught.value.name == expected, str(caught.value)
+    if expected == "OUT_OF_ORDER_SEQUENCE_NUMBER":  # not fencing: closed, not recreated
+        assert not isinstance(caught.value, ProducerFencedError)
+        assert not producer.fenced
+    else:  # fenced, or fencing cannot be excluded
+        assert isinstance(caught.value, ProducerFencedError) and producer.fenced
+        assert "fenced" in str(caught.value)
+    assert "do not recreate" in str(caught.value) or "only if this process" in str(caught.value)
+    assert producer.recreations == 0 and len(FakeProducer.instances) == 1
+    with pytest.raises(KResilientError):
+        _run_one_transaction(producer, fail_block=False)
+
+
+class FrozenProducer(FakeProducer):
+    """A broker that never answers: abort_transaction times out, flush never returns."""
+
+    release = None  # threading.Event set by the test at its end
+
+    def abort_transaction(self, timeout: float) -> None:
+        self.calls.append(f"abort_transaction({timeout:g})")
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "abort timed out", retriable=True))
+
+    def flush(self, timeout: float = 0) -> int:
+        assert FrozenProducer.release is not None
+        FrozenProducer.release.wait()
+        return 1
+
+    def purge(self, **kwargs: Any) -> None:
+        self.flush()
+
+
+def test_close_is_bounded_by_its_timeout_and_builds_no_instance_fake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """close(timeout) with the coordinator frozen: the abort gets close's bound, not the
+    constructor's, no replacement is built and initialised, and the release of the frozen
+    instance is left to a daemon thread (the real-cluster frozen-broker run is in the notes:
+    SIGSTOP of the only broker would stall the shared cluster)."""
+    release = threading.Event()
+    FrozenProducer.release = release
+    monkeypatch.setattr(txn_module, "Producer", FrozenProducer)
+    producer = TransactionalProducer(
+        {"bootstrap.servers": "127.0.0.1:1"}, transactional_id="t-fake", timeout=600
+    )
+    first = FakeProducer.instances[0]
+    closer = threading.Thread(target=lambda: None)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            ctx = producer.transaction()
+            ctx.__enter__()
+            producer.produce("out", b"v")
+            closer = threading.Thread(target=producer.close, args=(0.2,), daemon=True)
+            closer.start()
+            closer.join(60)  # a deadline: the unbounded close takes 600 s and more
+            assert not closer.is_alive(), "close(0.2) did not return"
+    finally:
+        release.set()
+    aborts = [c for c in first.calls if c.startswith("abort_transaction(")]
+    assert aborts and all(float(c[18:-1]) <= 0.2 for c in aborts), aborts
+    assert len(FakeProducer.instances) == 1 and producer.recreations == 0
+    assert any(e["event"] == "close_timed_out" for e in logs), logs
+    with pytest.raises(KResilientError, match="closed"):
+        _run_one_transaction(producer, fail_block=False)
 
 
 def test_the_spark_sink_commit_uses_the_shared_rule_fake() -> None:
@@ -363,7 +490,7 @@ def render_table() -> str:
         if row.kind is _R:
             return "calls it again (within `timeout`)"
         if row.kind is _A:
-            if row.call == "produce":
+            if row.call == "produce" and row.name != "_STATE":
                 return "raises `ProduceError`; leaving the block aborts"
             return "aborts; raises `TransactionAbortedError`"
         if _fenced(row):
@@ -372,7 +499,7 @@ def render_table() -> str:
             return "replaces the instance: `TransactionOutcomeUnknownError`"
         if row.recreate:
             return "replaces the instance: `FatalProducerError`"
-        return "closes: `FatalProducerError` (fix the config, ACLs or code)"
+        return "closes: `FatalProducerError`, never recreated"
 
     lines = [
         "| call | error | librdkafka flags | kind | TransactionalProducer | why |",
@@ -397,8 +524,9 @@ def test_the_docs_table_is_the_classification_table_fake() -> None:
 
 def test_a_new_instance_failing_fatally_at_once_closes_instead_of_recreating_again_fake() -> None:
     producer = _producer()
-    fatal = KafkaError(KafkaError._FATAL, "Fatal error: idempotence state lost", fatal=True)
-    FakeProducer.script = {"commit_transaction": [fatal], "init_transactions": [fatal] * 100}
+    timed_out = KafkaError(KafkaError._TIMED_OUT, "commit timed out", retriable=True)
+    fatal = KafkaError(KafkaError.INVALID_TRANSACTION_TIMEOUT, "refused", fatal=True)
+    FakeProducer.script = {"commit_transaction": [timed_out], "init_transactions": [fatal] * 100}
     with pytest.raises(FatalProducerError):
         _run_one_transaction(producer, fail_block=False)
     assert producer.recreations == 1 and len(FakeProducer.instances) == 2  # not a loop

@@ -24,11 +24,12 @@ What each error does (the rule is :func:`kresilient._txn.classify_transaction_er
 - a retriable error of a call is retried until ``timeout``;
 - an abortable error aborts the transaction and raises :class:`TransactionAbortedError`: run
   the transaction again (after seeking the consumer back to its committed offsets);
-- fenced: :class:`ProducerFencedError`; the producer is closed and refuses every call;
+- fenced, or a fatal error whose cause is unknown (fencing cannot be excluded):
+  :class:`ProducerFencedError`; the producer is closed and refuses every call. It never
+  recreates itself then: a recreated zombie would fence the legitimate owner;
 - a commit or abort that timed out: :class:`TransactionOutcomeUnknownError`; the librdkafka
   instance is replaced at once (KIP-890 defence, see the module :mod:`kresilient._txn`);
-- another fatal error: :class:`~kresilient.FatalProducerError`; the instance is replaced when
-  that is safe, else the producer is closed.
+- another fatal error: :class:`~kresilient.FatalProducerError`; the producer is closed.
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from kresilient._txn import (
+    FENCED_CODES,
     TransactionCall,
     TransactionErrorKind,
     TransactionVerdict,
     classify_transaction_error,
 )
+from kresilient._watchdog import bounded_call
 from kresilient.config import producer_config
 from kresilient.errors import (
     ConfigError,
@@ -58,7 +61,7 @@ from kresilient.errors import (
     KResilientError,
     translate,
 )
-from kresilient.producer._support import drain
+from kresilient.producer._support import DRAIN_TIMEOUT, drain
 from kresilient.reachability import LogBridge
 from kresilient.redaction import Redactor
 
@@ -74,6 +77,10 @@ _KEPT_FAILURES: Final = 20
 _CALLBACKS: Final = ("on_delivery", "error_cb", "logger")
 #: Delivery errors of records purged locally (an abort, a replacement): never sent.
 _PURGED: Final = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+#: Seconds a dropped librdkafka instance (replaced or fatal) may take to be purged and
+#: destroyed before it is left to a daemon thread (rd_kafka_destroy can block on a frozen
+#: broker).
+_RELEASE_TIMEOUT: Final = DRAIN_TIMEOUT + 5.0
 
 
 class TransactionAbortedError(KafkaClientError):
@@ -83,9 +90,12 @@ class TransactionAbortedError(KafkaClientError):
 
 
 class ProducerFencedError(FatalProducerError):
-    """Another producer instance initialised the same ``transactional.id``: this one is a
+    """Another producer instance initialised the same ``transactional.id`` (or a fatal error
+    whose cause librdkafka did not name, where that cannot be excluded): this one is a
     zombie. Nothing it wrote in its open transaction becomes visible; it is closed and must
-    not be recreated blindly (a new instance would fence the legitimate owner in turn)."""
+    not be recreated (a new instance would fence the legitimate owner in turn): stop, and let
+    the supervisor decide. A subclass of :class:`~kresilient.FatalProducerError`, whose usual
+    remedy is "recreate the client": catch ``ProducerFencedError`` first."""
 
 
 class TransactionOutcomeUnknownError(FatalProducerError):
@@ -193,8 +203,13 @@ class TransactionalProducer:
         self.committed = 0
         self.aborted = 0
         self.recreations = 0
+        #: the fatal error librdkafka reported through error_cb (the cause of a bare _FATAL)
+        self._fatal_cause: KafkaError | None = None
+        #: a delivery report said fenced (INVALID_PRODUCER_EPOCH, PRODUCER_FENCED...)
+        self._fence_seen: KafkaError | None = None
         self._state = _State.NEEDS_INIT
         self._replacing = False  # a fatal error while replacing closes instead of recursing
+        self._closing = False  # close() never builds a new instance
         self._producer: Any = self._new_instance()
         self._init()
 
@@ -278,6 +293,11 @@ class TransactionalProducer:
                 verdict = classify_transaction_error(exc, "produce")
                 if verdict.kind is TransactionErrorKind.FATAL:
                     self._fatal(verdict, exc, "produce")
+                if exc.args[0].code() == KafkaError._STATE:
+                    # the transaction is in librdkafka's abortable state (the broker refused
+                    # a record of it): abort it now; the failed record is named
+                    self._serve()
+                    self._abortable(verdict, exc, "produce")
                 raise translate(
                     exc, topic=topic, partition=partition, operation="produce", redactor=self._scrub
                 ) from exc
@@ -306,18 +326,27 @@ class TransactionalProducer:
 
     def close(self, timeout: float | None = None) -> None:
         """Abort an open transaction, deliver what is queued outside one, release the client.
-        Idempotent."""
+
+        Bounded by ``timeout`` seconds (the constructor's ``timeout`` when ``None``), a frozen
+        broker included: what librdkafka has not finished by then is left to a daemon thread
+        (one ``close_timed_out`` WARNING). Never builds a new instance: an abort that fails
+        here is left to the next owner's ``init_transactions()``, which aborts the open
+        transaction. Idempotent."""
         if self._state in (_State.CLOSED, _State.FENCED):
             return
+        bound = self._timeout if timeout is None else max(0.0, float(timeout))
+        deadline = time.monotonic() + bound
+        self._closing = True
+        aborted = True
         try:
             if self._state is _State.OPEN:
+                aborted = False
                 with contextlib.suppress(KResilientError):
-                    self._abort("close() with a transaction open")
+                    self._abort("close() with a transaction open", timeout=bound)
+                    aborted = True
         finally:
-            producer, self._producer = self._producer, None
             self._state = _State.CLOSED
-            if producer is not None:
-                producer.flush(self._timeout if timeout is None else timeout)
+            self._release("close", max(0.0, deadline - time.monotonic()), deliver=aborted)
             self._log.debug(
                 "transactional_producer_closed",
                 committed=self.committed,
@@ -354,6 +383,35 @@ class TransactionalProducer:
             }
         )
 
+    def _release(self, what: str, bound: float, *, deliver: bool = False) -> None:
+        """Drop the librdkafka instance: flush it (``deliver``, outside a transaction) or
+        purge it, then destroy it, in a daemon thread waited for ``bound`` seconds at most
+        (rd_kafka_destroy and a flush can block on a frozen broker). Its only reference is
+        ``held``: when the wait ends early, the daemon thread destroys it later."""
+        held = [self._producer]
+        self._producer = None
+        if held[0] is None:
+            return
+
+        def release() -> None:
+            if deliver:
+                held[0].flush(bound)
+            else:
+                drain(held[0])
+            held.clear()
+
+        done, _ = bounded_call(release, bound, name="kresilient-txn-release")
+        if not done:
+            self._log.warning(
+                "close_timed_out",
+                client="TransactionalProducer",
+                step=what,
+                waited_s=bound,
+                note="librdkafka did not release the instance in time; it is left to a daemon "
+                "thread (an open transaction is aborted by the next init_transactions() of "
+                "this transactional.id, or by the coordinator after transaction.timeout.ms)",
+            )
+
     def _init(self) -> None:
         """``init_transactions()`` on the current instance (retried within ``timeout``)."""
         self._call("init_transactions", lambda t: self._producer.init_transactions(t))
@@ -366,10 +424,9 @@ class TransactionalProducer:
                 "transaction() blocks are not supported)"
             )
         if self._state is _State.FENCED:
-            raise ProducerFencedError(
-                f"transactional.id {self._scrub(self.transactional_id)!r} was taken over by "
-                "another producer instance: this one is fenced and closed",
-                code=KafkaError._FENCED,
+            raise self._refused_fenced(
+                f"transactional.id {self._scrub(self.transactional_id)!r} was (or may have "
+                "been) taken over by another producer instance: this one is fenced and closed"
             )
         if self._state is _State.CLOSED or self._producer is None:
             raise KResilientError("the transactional producer is closed")
@@ -384,10 +441,10 @@ class TransactionalProducer:
         open transaction, unless the old commit already reached the coordinator. When the
         init cannot complete now (the coordinator unreachable), the next transaction()
         retries it: no transaction ever starts on the old epoch."""
-        old, self._producer = self._producer, None
         self._state = _State.NEEDS_INIT
-        if old is not None:
-            drain(old)  # purge what it still holds; never close(): that would abort/flush
+        # purge what it still holds; never close(): that would abort/flush
+        self._release(f"replace ({why})", _RELEASE_TIMEOUT)
+        self._fatal_cause = self._fence_seen = None  # those were the old instance's
         self._producer = self._new_instance()
         self.recreations += 1
         self._log.warning("transactional_producer_recreated", why=why, recreations=self.recreations)
@@ -410,10 +467,14 @@ class TransactionalProducer:
 
     # ------------------------------------------------------------------ the calls
 
-    def _call(self, call: TransactionCall, fn: Callable[[float], None]) -> None:
-        """Run one transaction call; retriable errors again until ``timeout``; an abortable
-        one aborts (after a commit) or raises :class:`TransactionAbortedError`."""
-        deadline = time.monotonic() + self._timeout
+    def _call(
+        self, call: TransactionCall, fn: Callable[[float], None], timeout: float | None = None
+    ) -> None:
+        """Run one transaction call; retriable errors again until ``timeout`` (the
+        constructor's when ``None``); an abortable one aborts (after a commit) or raises
+        :class:`TransactionAbortedError`."""
+        limit = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         delay = 0.05
         while True:
             remaining = deadline - time.monotonic()
@@ -429,12 +490,12 @@ class TransactionalProducer:
                 if time.monotonic() + delay >= deadline:
                     if call in ("commit_transaction", "abort_transaction"):
                         # retried until the deadline: its EndTxn may have been sent meanwhile
-                        self._fatal(_unknown_outcome(verdict, call, self._timeout), exc, call)
+                        self._fatal(_unknown_outcome(verdict, call, limit), exc, call)
                     raise self._error(
                         KafkaClientError,
                         exc,
                         verdict,
-                        f"{call} still failing after {self._timeout:g} s",
+                        f"{call} still failing after {limit:g} s",
                     ) from exc
                 self._log.debug(
                     "transaction_call_retried", call=call, error=verdict.classification.name
@@ -448,12 +509,12 @@ class TransactionalProducer:
         self._state = _State.READY
         self.committed += 1
 
-    def _abort(self, why: str) -> None:
-        self._call("abort_transaction", lambda t: self._producer.abort_transaction(t))
+    def _abort(self, why: str, timeout: float | None = None) -> None:
+        self._call("abort_transaction", lambda t: self._producer.abort_transaction(t), timeout)
         self._state = _State.READY
         self.aborted += 1
         self._log.info("transaction_aborted", why=why)
-        if self._refused:
+        if self._refused and not self._closing:
             # librdkafka 2.16 keeps the sequence numbers of a batch the broker refused
             # (MSG_SIZE_TOO_LARGE...) after the abort: the next transaction then fails with
             # OUT_OF_ORDER_SEQUENCE_NUMBER (seen on the real cluster). A new instance starts
@@ -471,14 +532,51 @@ class TransactionalProducer:
             "read_committed readers): run it again",
         ) from exc
 
-    def _fatal(self, verdict: TransactionVerdict, exc: KafkaException, call: str) -> None:
-        """Stop (fenced, or nothing a new instance would fix) or replace the instance."""
+    def _serve(self) -> None:
+        """Serve the callbacks librdkafka queued (error_cb, delivery reports) now."""
+        if self._producer is not None:
+            with contextlib.suppress(KafkaException, SystemError):
+                self._producer.poll(0)
+
+    def _cause(
+        self, verdict: TransactionVerdict, exc: KafkaException, call: TransactionCall
+    ) -> tuple[TransactionVerdict, KafkaException]:
+        """The verdict on the fatal error's real cause when librdkafka named it.
+
+        A call after a fatal error raises a bare ``_FATAL`` ("Local: Fatal error"); the cause
+        reaches error_cb (``err.fatal()``), or a delivery report says fenced, possibly only
+        once their callbacks are served. Returns ``(verdict, exc)``."""
+        if verdict.fenced and verdict.classification.code in FENCED_CODES:
+            return verdict, exc  # the cause is named already
+        self._serve()
+        cause = self._fatal_cause
+        if cause is None and self._fence_seen is not None:
+            seen = self._fence_seen
+            cause = KafkaError(seen.code(), seen.str(), fatal=True)
+        if cause is None:
+            return verdict, exc
+        named = classify_transaction_error(cause, call)
+        return named, KafkaException(cause)
+
+    def _fatal(
+        self, verdict: TransactionVerdict, exc: KafkaException, call: TransactionCall
+    ) -> None:
+        """Stop (fenced or possibly fenced, or any fatal error), or replace the instance (an
+        outcome-unknown commit or abort: this process is known to own the id)."""
+        raised = verdict.classification.name
+        verdict, exc = self._cause(verdict, exc, call)
+        if verdict.kind is not TransactionErrorKind.FATAL:  # the cause, named, is fatal
+            verdict = dataclasses.replace(verdict, kind=TransactionErrorKind.FATAL)
         if verdict.fenced:
             self._state = _State.FENCED
-            old, self._producer = self._producer, None
-            if old is not None:
-                drain(old)
-            error = self._error(ProducerFencedError, exc, verdict, f"{call}: {verdict.reason}")
+            self._release(f"fenced ({call})", _RELEASE_TIMEOUT)
+            error = self._error(
+                ProducerFencedError,
+                exc,
+                verdict,
+                f"{call}: {verdict.reason}"
+                + ("" if raised == verdict.classification.name else f" (the call raised {raised})"),
+            )
             self._log.error(
                 "transactional_producer_fenced",
                 call=call,
@@ -508,13 +606,13 @@ class TransactionalProducer:
             outcome_unknown=verdict.outcome_unknown,
             recreate=verdict.recreate,
         )
-        if verdict.recreate and not self._replacing:
+        if self._closing:
+            self._state = _State.CLOSED  # close() releases the instance, bounded
+        elif verdict.recreate and not self._replacing:
             self._replace(f"{call}: {verdict.classification.name}")
         else:
-            old, self._producer = self._producer, None
             self._state = _State.CLOSED
-            if old is not None:
-                drain(old)
+            self._release(f"fatal ({call})", _RELEASE_TIMEOUT)
         raise error from exc
 
     def _error(
@@ -540,12 +638,19 @@ class TransactionalProducer:
             classification=verdict.classification,
         )
 
+    def _refused_fenced(self, what: str) -> ProducerFencedError:
+        """A call refused after fencing: the classification says stop, never recreate."""
+        verdict = classify_transaction_error(
+            KafkaError(KafkaError._FENCED, "fenced", fatal=True), "begin_transaction"
+        )
+        c = verdict.classification
+        return ProducerFencedError(what, code=c.code, name=c.name, classification=c)
+
     def _outside(self, what: str) -> KResilientError:
         if self._state is _State.FENCED:
-            return ProducerFencedError(
+            return self._refused_fenced(
                 f"{what}: the producer was fenced (transactional.id "
-                f"{self._scrub(self.transactional_id)!r} taken over)",
-                code=KafkaError._FENCED,
+                f"{self._scrub(self.transactional_id)!r} taken over, or possibly)"
             )
         return KResilientError(
             f"{what} outside a transaction: call it inside `with producer.transaction():`"
@@ -555,6 +660,8 @@ class TransactionalProducer:
 
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None:
+            if err.code() in FENCED_CODES and self._fence_seen is None:
+                self._fence_seen = err
             self._failed += 1
             if err.code() not in _PURGED:
                 self._refused = True
@@ -572,6 +679,8 @@ class TransactionalProducer:
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
+            if self._fatal_cause is None:
+                self._fatal_cause = err
             self._log.error(
                 "kafka_fatal_error", error=err.name(), message=self._scrub(err.str() or "")
             )
