@@ -597,16 +597,24 @@ class ResilientProducer:
                 headers = sent
         part = -1 if partition is None else partition
         ts = 0 if timestamp is None else timestamp
+        produce = self._produce
         try:
-            self._produce(topic, value, key, part, handle, None, ts, headers)
+            produce(topic, value, key, part, handle, None, ts, headers)
         except BufferError:
             return self._produce_blocked(topic, value, key, part, handle, ts, headers)
         except KafkaException as exc:
-            return self._produce_failed(exc, topic, value, key, part, handle, ts, headers)
+            return self._produce_failed(exc, topic, value, key, part, handle, ts, headers, produce)
         except BaseException as exc:  # TypeError for a bad key/headers: end the span too
             self._refused += 1
             self._end_span(handle, exc, None)
             raise
+        if produce is not self._produce:
+            # replaced meanwhile (a heal or a fatal recreation on another thread, close()):
+            # the message may have landed after that instance was drained. No lock here:
+            # the check costs one attribute read per message (see _queued_in_replaced).
+            held = [produce]
+            del produce
+            self._queued_in_replaced(held)
         if not n & _POLL_MASK:
             self._tick()
         return handle
@@ -636,9 +644,11 @@ class ResilientProducer:
         began = time.monotonic()
         deadline = began + self._backpressure_timeout
         while True:
+            produce = self._produce
             try:
                 self.poll(0.05)
-                self._produce(topic, value, key, part, handle, None, ts, headers)
+                produce = self._produce
+                produce(topic, value, key, part, handle, None, ts, headers)
             except BufferError as exc:
                 if time.monotonic() < deadline:
                     continue
@@ -656,12 +666,18 @@ class ResilientProducer:
                 self._end_span(handle, exc, classification)
                 raise error from exc
             except KafkaException as exc:
-                return self._produce_failed(exc, topic, value, key, part, handle, ts, headers)
+                return self._produce_failed(
+                    exc, topic, value, key, part, handle, ts, headers, produce
+                )
             except BaseException as exc:  # poll() raised (fatal error, signal): not queued
                 self._refused += 1
                 self._end_span(handle, exc, None)
                 raise
             break
+        if produce is not self._produce:  # replaced meanwhile: see produce()
+            held = [produce]
+            del produce
+            self._queued_in_replaced(held)
         self._log.debug("produce_backpressure", waited_s=round(time.monotonic() - began, 3))
         return handle
 
@@ -675,8 +691,12 @@ class ResilientProducer:
         handle: DeliveryHandle,
         ts: int,
         headers: Any,
+        produce: Callable[..., None],
     ) -> DeliveryHandle:
-        """produce() raised synchronously: too large, fatal, closed, or a local error."""
+        """produce() raised synchronously: too large, fatal, closed, or a local error.
+
+        ``produce``: the instance's ``produce`` that raised (the installed one may be newer).
+        """
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         code = err.code() if err is not None else None
         if code in TOO_LARGE_CODES:
@@ -695,12 +715,18 @@ class ResilientProducer:
         if err is not None and (err.fatal() or code == KafkaError._FATAL):
             generation = self._recreations
             try:
-                self._handle_fatal(exc, generation)  # raises unless recreated
-                self._produce(topic, value, key, part, handle, None, ts, headers)
+                if produce is self._produce:  # else: already replaced, by another thread
+                    self._handle_fatal(exc, generation)  # raises unless recreated
+                produce = self._produce
+                produce(topic, value, key, part, handle, None, ts, headers)
             except BaseException as again:
                 self._refused += 1
                 self._end_span(handle, again, getattr(again, "classification", None))
                 raise
+            if produce is not self._produce:  # replaced again meanwhile: see produce()
+                held = [produce]
+                del produce
+                self._queued_in_replaced(held)
             return handle
         self._refused += 1
         error = translate(
@@ -790,6 +816,9 @@ class ResilientProducer:
                 raise self._fatal
             if self._recreations != generation:
                 return  # another thread already replaced the instance that failed
+            if self._closed:  # close() won the race: never bring a closed producer back
+                error = translate(scrub_exception(exc, self._scrub), operation="produce")
+                raise error from None
             exc = scrub_exception(exc, self._scrub)
             error = translate(exc, operation="produce")
             fatal = (
@@ -819,9 +848,17 @@ class ResilientProducer:
         """Replace the underlying producer; account for every message the old one held.
 
         ``cause``: what the recreation is for (a fatal error's name, ``"stall"``)."""
+        # The new instance is installed BEFORE the old one is drained: a produce() on another
+        # thread (it reads self._produce without a lock) either queued into the old instance
+        # before the swap, and this drain reports it, or finds the swap after its call and
+        # drains the old instance itself (_queued_in_replaced). Drained first, a message
+        # queued between the drain and the swap was destroyed with the instance, its handle
+        # never done (review 2, defect 2).
         # librdkafka already failed what was queued (_PURGE_QUEUE: never sent); purge what is
         # left: in flight (_PURGE_INFLIGHT: possibly persisted) or queued meanwhile.
         old = self._producer
+        self._install(self._new_producer())
+        self._recreations += 1
         try:
             lost = drain(old)
             self._process_reported()
@@ -832,8 +869,6 @@ class ResilientProducer:
                 self._unaccounted += lost
                 self._unaccounted_total += lost
             self._log.error("producer_recreate_unaccounted", messages=lost)
-        self._install(self._new_producer())
-        self._recreations += 1
         self._settled_mark = None  # the new instance's statistics count from zero
         self._progress.moved(time.monotonic())
         held = [old]
@@ -845,6 +880,30 @@ class ResilientProducer:
             recreations=self._recreations,
             note="messages queued or in flight were reported failed (possibly persisted)",
         )
+
+    def _queued_in_replaced(self, held: list[Any]) -> None:
+        """A produce() queued into an instance replaced meanwhile; ``held``: its ``produce``.
+
+        The recreation (or close) that replaced it may have drained it before this message
+        arrived, and then released it: drain it again, on this thread, so the message gets its
+        report (``_PURGE_QUEUE``: never sent, or delivered if it went out first) and flush()
+        lists it; never destroyed with the instance, its handle never done. Then release
+        it (bounded) if this was the last reference.
+        """
+        old = getattr(held.pop(), "__self__", None)
+        if old is None:
+            return
+        lost = drain(old)
+        self._process_reported()
+        if lost:
+            with self._lock:
+                self._unaccounted += lost
+                self._unaccounted_total += lost
+            self._log.error("producer_recreate_unaccounted", messages=lost)
+        self._log.debug("produce_raced_replacement", closed=self._closed)
+        held.append(old)
+        del old
+        self._release(held, "recreate")
 
     # ------------------------------------------------------------------ delivery reports
 
@@ -1544,7 +1603,21 @@ class ResilientProducer:
 
         ``log``: log ``producer_closed`` (the safety net logs its own single line instead:
         a ``producer_closed`` before its ``producer_not_closed`` contradicted it).
+
+        Under ``_recreate_lock``: a heal or fatal recreation running on another thread (the
+        asyncio producer's poll thread) ends first, and none starts after (they check
+        ``_closed`` under the lock): a recreation that finished after the close installed a
+        new librdkafka instance in the closed producer, never closed, still accepting
+        produce() (review 2, defect 6).
         """
+        with self._recreate_lock:
+            if self._closed:  # another thread closed it while this one waited
+                return [], 0, None
+            return self._close_locked(timeout, log=log)
+
+    def _close_locked(
+        self, timeout: float | None, *, log: bool
+    ) -> tuple[list[DeliveryFailure], int, Exception | None]:
         failures: list[DeliveryFailure] = []
         error: Exception | None = None
         if self._spooler is not None and timeout is None:
