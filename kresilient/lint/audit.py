@@ -25,13 +25,14 @@ all is KR065 (exit code 2). The lag is computed in time linear in the committed 
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
@@ -44,6 +45,7 @@ from kresilient.clusterinfo import (
     FUTURE_TOLERANCE_MS,
     LOG_DIR_ERRORS,
     LogDir,
+    committed_offsets,
     committed_record_timestamps,
     describe_log_dirs,
     max_timestamps,
@@ -571,7 +573,12 @@ def take_snapshot(
         )
         if str(broker) in got:
             snap.broker_configs[broker] = got[str(broker)]
-    _group_lag(admin, snap, options, set(metadata.topics), offline)
+    client_config = quiet_client_config(
+        {"socket.timeout.ms": max(1000, int(t * 1000)), **config},
+        ConnectionErrors(snap.bootstrap),
+        t,
+    )
+    _group_lag(admin, client_config, snap, options, set(metadata.topics), offline)
     _max_timestamps(admin, snap, t)
     if options.disk_threshold is not None:
         _log_dirs(config, snap, metadata, t)
@@ -666,6 +673,7 @@ def _idle_groups(
 
 def _group_lag(
     admin: Any,
+    client_config: Mapping[str, Any],
     snap: ClusterSnapshot,
     options: AuditOptions,
     existing: set[str],
@@ -682,32 +690,37 @@ def _group_lag(
             snap.incomplete.append((("group",), f"consumer groups not listed: {_describe(exc)}"))
             return
         groups = sorted(g.group_id for g in listed.valid)
-    # Ask for every group's offsets first, then wait: the requests run concurrently.
-    requests: dict[str, Any] = {}
-    for group in groups:
+    # Each group's committed offsets read by a consumer of the group that never joins it
+    # (clusterinfo.committed_offsets), never by AdminClient.list_consumer_group_offsets():
+    # that request kills the process with SIGSEGV while a group's coordinator is not ready
+    # (librdkafka issue 5040; see kresilient.doctor). Up to 8 groups at once.
+    partitions = [
+        (p.topic, p.partition)
+        for p in snap.partitions
+        if not options.topics or p.topic in options.topics
+    ]
+
+    def read(group: str) -> list[TopicPartition] | BaseException:
         try:
-            requests[group] = admin.list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group)], request_timeout=t
-            )[group]
+            return committed_offsets(client_config, group, partitions, t)
         except _ERRORS as exc:
-            requests[group] = exc
+            return exc
+
     committed: dict[str, list[tuple[str, int, int]]] = {}
-    for group, future in requests.items():
-        try:
-            if isinstance(future, BaseException):
-                raise future
-            result = _result(future, t)
-        except _ERRORS as exc:
+    workers = max(1, min(8, len(groups)))
+    with concurrent.futures.ThreadPoolExecutor(workers, "kresilient-audit-offsets") as pool:
+        results = list(pool.map(read, groups))
+    for group, result in zip(groups, results, strict=True):
+        if isinstance(result, BaseException):
             snap.incomplete.append(
-                (("group", group), f"group {group}: committed offsets not read: {_describe(exc)}")
+                (
+                    ("group", group),
+                    f"group {group}: committed offsets not read: {_describe(result)}",
+                )
             )
             continue
-        committed[group] = [
-            (tp.topic, tp.partition, tp.offset)
-            for tp in result.topic_partitions
-            if tp.offset >= 0 and (not options.topics or tp.topic in options.topics)
-        ]
-        if options.groups and not any(tp.offset >= 0 for tp in result.topic_partitions):
+        committed[group] = [(tp.topic, tp.partition, tp.offset) for tp in result]
+        if options.groups and not result:
             snap.no_offsets.append(group)
     snap.committed = committed
     wanted: set[tuple[str, int]] = set()
