@@ -54,3 +54,28 @@ def test_an_unsafe_literal_inside_the_builder_is_an_error_once_control(tmp_path:
         "                              'enable.auto.offset.store': True}))\n",
     )
     assert found.count(("KR054", "enable.auto.offset.store")) == 1, found
+
+
+def test_a_raw_client_around_a_builder_still_needs_its_callbacks(tmp_path: Path) -> None:
+    """The builders add no delivery callback nor error_cb: KR013/KR014 stay on the raw
+    client (hostile review of the builder change: they were dropped with the unit)."""
+    path = tmp_path / "p.py"
+    path.write_text(
+        "from confluent_kafka import Producer\nfrom kresilient import producer_config\n"
+        "p = Producer(producer_config({'bootstrap.servers': 'a:1,b:1'}))\n"
+    )
+    found = {(f.rule, f.line) for f in lint_paths([str(path)])}
+    assert {("KR013", 3), ("KR014", 3)} <= found, found
+
+
+def test_transactional_id_keyword_is_the_transactional_id(tmp_path: Path) -> None:
+    """TransactionalProducer(config, transactional_id=...): the transactional rules run (the
+    constructor refuses message.timeout.ms above transaction.timeout.ms; lint said nothing)."""
+    path = tmp_path / "t.py"
+    path.write_text(
+        "from kresilient import TransactionalProducer\n"
+        "q = TransactionalProducer({'bootstrap.servers': 'a:1,b:1', 'transaction.timeout.ms':"
+        " 900000, 'message.timeout.ms': 1000000}, transactional_id='orders-1')\n"
+    )
+    found = [(f.rule, f.severity.name) for f in lint_paths([str(path)])]
+    assert ("KR003", "ERROR") in found, found

@@ -88,6 +88,13 @@ _AIOKAFKA_DEFAULTS = {
     "auto.offset.reset": "latest",
 }
 _CONFIG_KWARGS = ("config", "conf", "configs", "user")
+#: Keyword arguments of kresilient constructors that are librdkafka settings.
+_KEYWORD_SETTINGS: dict[str, dict[str, str]] = {
+    "TransactionalProducer": {"transactional_id": "transactional.id"},
+}
+#: The rules a raw client given a config built by kresilient is judged by (the callbacks
+#: the client call itself must pass; the config's keys are judged as the builder's unit).
+_RAW_CLIENT_RULES = frozenset({"KR013", "KR014"})
 #: kresilient functions that build a client's config from the user's dict (safe defaults).
 _CONFIG_BUILDERS = frozenset({"producer_config", "consumer_config", "share_consumer_config"})
 #: Calls by which a consumer chooses its own positions (aiokafka, kafka-python).
@@ -520,17 +527,20 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
         for kw in call.keywords:
             if kw.arg in _CONFIG_KWARGS and config_expr is None:
                 config_expr = kw.value
-        if (
-            isinstance(config_expr, ast.Call)
-            and visitor._sink_name(config_expr.func) in _CONFIG_BUILDERS
-        ):
-            # Consumer(consumer_config({...})): the config is what kresilient builds (its
-            # defaults, its refusals), judged as the inner call's own unit, not as a raw dict
-            continue
+        built = isinstance(config_expr, ast.Call) and (
+            visitor._sink_name(config_expr.func) in _CONFIG_BUILDERS
+        )
+        if built and sink.resilient:
+            continue  # ResilientConsumer(consumer_config({...})): the inner call's unit
         entries: dict[str, Entry] = {}
         resolver.reset()
         if config_expr is not None:
             entries.update(resolver.entries(config_expr, call.lineno, scope))
+        for kw in call.keywords:
+            # TransactionalProducer(config, transactional_id="orders-1"): a librdkafka key
+            key = _KEYWORD_SETTINGS.get(sink_name, {}).get(kw.arg or "")
+            if key is not None:
+                entries[key] = resolver._entry(key, kw.value, kw)
         if sink.kwargs_are_config:
             for kw in call.keywords:
                 if kw.arg is None:
@@ -549,6 +559,11 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
             "share": sink.share,
             "methods": frozenset(visitor.methods),
         }
+        if built:
+            # Consumer(consumer_config({...})): the config is what kresilient builds (its
+            # defaults, its refusals: judged as the inner call's unit); this unit is judged
+            # only for what the raw client itself lacks (delivery callback, error_cb)
+            context["rules"] = _RAW_CLIENT_RULES
         if resolver.reasons:
             context["unresolved"] = tuple(resolver.reasons)  # why KR055 (engine)
         if resolver.followed:
