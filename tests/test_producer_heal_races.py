@@ -209,45 +209,66 @@ def test_a_close_during_the_heal_leaves_the_producer_closed_with_no_instance(
         producer.produce(topic, b"after close")
 
 
-def test_a_close_on_another_thread_during_the_heal_waits_for_it(
+class _WatchedLock:
+    """The producer's recreate lock, saying when ``thread`` asks for it."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+        self.thread: threading.Thread | None = None
+        self.asked = threading.Event()
+
+    def __enter__(self) -> Any:
+        if threading.current_thread() is self.thread:
+            self.asked.set()
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._lock.__exit__(*exc)
+
+
+def test_a_close_on_another_thread_during_the_heal_leaves_no_instance(
     topic: str, producer: ResilientProducer, monkeypatch: Any
 ) -> None:
-    """close() on another thread while the heal is inside drain(old) (drain patched to start
-    it and wait until that thread runs). Which one takes the recreate lock first is not
-    forced: either way the end state must be closed, with no librdkafka instance."""
+    """close() on another thread while the heal is inside drain(old): drain patched to start
+    that thread and return only once its close() has finished or waits for the recreate
+    lock (``_recreate_lock`` wrapped to tell; no sleep). The close used to complete inside
+    the drain, then the heal installed a new instance into the closed producer."""
     real_drain = producer_module.drain
-    closer: list[threading.Thread] = []
+    watched = _WatchedLock(producer._recreate_lock)
+    producer._recreate_lock = watched
+    closer = threading.Thread(target=producer.close, args=(5,))
+    watched.thread = closer
 
     def drain_with_close(old: Any) -> int:
-        if not closer:
-            started = threading.Event()
-
-            def close() -> None:
-                started.set()
-                producer.close(5)
-
-            thread = threading.Thread(target=close)
-            closer.append(thread)
-            thread.start()
-            started.wait(10)
+        if not closer.is_alive() and not watched.asked.is_set():
+            closer.start()
+            wait_for(
+                lambda: watched.asked.is_set() or not closer.is_alive(),
+                30,
+                "the other thread's close() to finish or wait for the lock",
+            )
         return real_drain(old)
 
     monkeypatch.setattr(producer_module, "drain", drain_with_close)
     producer._heal_wanted = True
     producer.poll(0)
-    closer[0].join(60)
+    closer.join(60)
     monkeypatch.setattr(producer_module, "drain", real_drain)
-    assert not closer[0].is_alive()
+    assert not closer.is_alive()
     assert producer._closed and producer._producer is None
     with pytest.raises(ProduceError, match="closed"):
         producer.produce(topic, b"after close")
 
 
 def test_a_fatal_error_met_before_close_and_handled_after_does_not_recreate(
-    producer: ResilientProducer,
+    kafka_cluster: KafkaCluster,
 ) -> None:
     """A thread met a fatal error, then close() ran before it took the recreate lock
-    (``_handle_fatal`` called directly after close(): the interleaving): no recreation."""
+    (``_handle_fatal`` called directly after close(): the interleaving). With
+    recreate_on_fatal it used to install a new instance into the closed producer."""
+    producer = ResilientProducer(
+        {"bootstrap.servers": kafka_cluster.bootstrap_servers}, recreate_on_fatal=True
+    )
     generation = producer._recreations
     producer.close(5)
     fatal = KafkaException(KafkaError(KafkaError._FATAL, "fatal for the test", fatal=True))
