@@ -293,7 +293,7 @@ class TransactionalProducer:
                 verdict = classify_transaction_error(exc, "produce")
                 if verdict.kind is TransactionErrorKind.FATAL:
                     self._fatal(verdict, exc, "produce")
-                if exc.args[0].code() == KafkaError._STATE:
+                if verdict.classification.code == KafkaError._STATE:
                     # the transaction is in librdkafka's abortable state (the broker refused
                     # a record of it): abort it now; the failed record is named
                     self._serve()
@@ -345,7 +345,8 @@ class TransactionalProducer:
                     self._abort("close() with a transaction open", timeout=bound)
                     aborted = True
         finally:
-            self._state = _State.CLOSED
+            if not self.fenced:  # fenced during the abort: stays fenced
+                self._state = _State.CLOSED
             self._release("close", max(0.0, deadline - time.monotonic()), deliver=aborted)
             self._log.debug(
                 "transactional_producer_closed",
@@ -406,7 +407,7 @@ class TransactionalProducer:
                 "close_timed_out",
                 client="TransactionalProducer",
                 step=what,
-                waited_s=bound,
+                waited_s=round(bound, 3),
                 note="librdkafka did not release the instance in time; it is left to a daemon "
                 "thread (an open transaction is aborted by the next init_transactions() of "
                 "this transactional.id, or by the coordinator after transaction.timeout.ms)",
@@ -569,7 +570,8 @@ class TransactionalProducer:
             verdict = dataclasses.replace(verdict, kind=TransactionErrorKind.FATAL)
         if verdict.fenced:
             self._state = _State.FENCED
-            self._release(f"fenced ({call})", _RELEASE_TIMEOUT)
+            if not self._closing:  # close() releases it within its own bound
+                self._release(f"fenced ({call})", _RELEASE_TIMEOUT)
             error = self._error(
                 ProducerFencedError,
                 exc,
@@ -604,7 +606,7 @@ class TransactionalProducer:
             call=call,
             error=verdict.classification.name,
             outcome_unknown=verdict.outcome_unknown,
-            recreate=verdict.recreate,
+            recreate=verdict.recreate and not self._closing and not self._replacing,
         )
         if self._closing:
             self._state = _State.CLOSED  # close() releases the instance, bounded
