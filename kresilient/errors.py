@@ -25,7 +25,8 @@ Exception tree (one base; every class is keyword-constructible and carries
     │   │   └── SpoolError           the local spool cannot store a message (full, disk, I/O)
     │   │       └── SpoolCorruptError the spool file is unreadable; renamed aside (.quarantined)
     │   ├── FatalProducerError       fenced / idempotence state lost: recreate the producer
-    │   │   ├── ProducerFencedError      another instance took the transactional.id: stop
+    │   │   ├── ProducerFencedError      another instance took (or may have taken) the
+    │   │   │                            transactional.id: stop, never recreate
     │   │   └── TransactionOutcomeUnknownError a commit/abort timed out: instance replaced
     │   ├── TransactionAbortedError  a transaction was aborted (abortable error): run it again
     │   ├── CommitError              offset commit failed
