@@ -1,13 +1,13 @@
 """close() is bounded with a broker frozen (SIGSTOP), and the process exits (issue 42,
 acceptance 3).
 
-One child process holds the four clients (ResilientProducer, AsyncResilientProducer,
-ResilientConsumer, AsyncResilientConsumer), each connected (the consumers joined their group
-and handled a record) before the only broker is frozen; then it closes them all with short
-bounds and exits. librdkafka's own ``Consumer.close()`` never returns while the group
-coordinator is frozen (confluent-kafka-python #1667): without the bound the child hangs and
-the test fails on its deadline. The cluster is this module's own: freezing its only node
-would stall every other test.
+One child process holds the clients (ResilientProducer, AsyncResilientProducer,
+ResilientConsumer, AsyncResilientConsumer, and a TransactionalProducer with a transaction left
+open), each connected (the consumers joined their group and handled a record) before the only
+broker is frozen; then it closes them all with short bounds and exits. librdkafka's own
+``Consumer.close()`` never returns while the group coordinator is frozen (confluent-kafka-python
+#1667): without the bound the child hangs and the test fails on its deadline. The cluster is
+this module's own: freezing its only node would stall every other test.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 CHILD = textwrap.dedent(
     """
     import asyncio, json, sys, threading, time
-    from kresilient import ResilientConsumer, ResilientProducer
+    from kresilient import ResilientConsumer, ResilientProducer, TransactionalProducer
     from kresilient.aio import AsyncResilientConsumer, AsyncResilientProducer
     from kresilient.errors import DeliveryError
 
@@ -43,6 +43,9 @@ CHILD = textwrap.dedent(
     producer = ResilientProducer(cfg, stall_after_s=None)
     producer.produce(topic, b"seed")
     producer.flush(30)
+    txn = TransactionalProducer(cfg, transactional_id="close-txn", timeout=20)
+    with txn.transaction():
+        txn.produce(topic, b"seed-txn")
 
     got_sync = threading.Event()
     sync_consumer = ResilientConsumer(
@@ -126,6 +129,16 @@ CHILD = textwrap.dedent(
         timings["async_consumer_error"] = type(exc).__name__
     timings["async_consumer"] = time.monotonic() - began
     timings["async_consumer_stopped"] = async_run.done()
+
+    began = time.monotonic()
+    open_txn = txn.transaction()  # a transaction left open by a frozen coordinator
+    open_txn.__enter__()
+    txn.produce(topic, b"late-txn")
+    try:
+        txn.close(3.0)
+    except Exception as exc:
+        timings["txn_error"] = type(exc).__name__
+    timings["txn"] = time.monotonic() - began
     print("closed " + json.dumps(timings), flush=True)
     """
 )
@@ -215,6 +228,7 @@ def test_every_client_closes_within_its_bound_with_the_broker_frozen(
     assert closed, out + err[-3000:]
     timings = json.loads(closed[0][len("closed ") :])
     assert timings["consumer_stopped"] and timings["async_consumer_stopped"], timings
+    assert "txn" in timings and "txn_error" not in timings, timings  # TransactionalProducer
     # every message produced while frozen is reported failed, none silently dropped
     assert timings["producer_failed"] == 5, timings
     assert timings["async_producer_failed"] == 5, timings
