@@ -1317,7 +1317,11 @@ class ResilientProducer:
                 self._heal()
             if self._recreations == generation:
                 break
-        failures = self._take_failures()
+        # a recreation running on another thread (the asyncio poll thread's heal) installs
+        # the new instance before draining the old one: wait for its drain, so the old
+        # instance's reports are in the failures taken here (else success was possible)
+        with self._recreate_lock:
+            failures = self._take_failures()
         if not remaining and self._producer is not None:
             self._note_reached(failures)
         with self._lock:
