@@ -292,11 +292,26 @@ def test_a_leader_killed_and_restarted_in_time_is_no_stall(
                 p.produce(topic, b"x-%d" % produced)
                 p.poll(0.02)
             produced += 1
-        wait_for(
-            _poll_until(quiet, lambda: eager.poll(0.05) >= 0 and eager.health().stalls >= 1),
-            30,
-            "the control producer to report the disruption as a stall",
-        )
+        quiet.flush(60)
+        eager.flush(60)
+        # The control, on the same two streams: the leader frozen (a GC pause) until the eager
+        # watchdog (1.5 s) reports it, then thawed, far inside the quiet one's 30 s. A kill
+        # alone did not prove it: leadership sometimes moved in under 1.5 s, and the control
+        # then failed by chance (CI of this session).
+        kafka_cluster.wait_for_isr(topic, 0, size=3)
+        frozen = kafka_cluster.leader(topic)
+        kafka_cluster.freeze(frozen)
+        try:
+            for p in (quiet, eager):
+                p.produce(topic, b"frozen-%d" % produced)
+            produced += 1
+            wait_for(
+                _poll_until(quiet, lambda: eager.poll(0.05) >= 0 and eager.health().stalls >= 1),
+                30,
+                "the control producer to report the frozen leader as a stall",
+            )
+        finally:
+            kafka_cluster.thaw(frozen)
         quiet.flush(60)
         eager.flush(60)
     assert not _events(logs, "producer_stalled", quiet.client_id)
