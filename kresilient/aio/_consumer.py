@@ -57,6 +57,7 @@ from kresilient.consumer import (
     is_outage,
     outage_classification,
     poison,
+    positions_ahead,
 )
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
@@ -721,21 +722,12 @@ class AsyncResilientConsumer:
         """On the worker thread: the idle partitions whose position is past what was stored
         (a transaction's commit or abort markers, aborted records: offsets no record arrives
         for), to be stored at the position. Only partitions stored before by this owner."""
-        consumer = self._consumer
+        consumer, stored = self._consumer, self._stored
         if consumer is None:
             return []
-        try:
-            positions = consumer.position(idle)
-        except KafkaException as exc:  # revoked meanwhile: nothing to move
-            self._log.debug("position_unknown", error=self._scrub(str(exc)))
-            return []
-        stored = self._stored
-        out = []
-        for part in positions:
-            last = stored.get((part.topic, part.partition))
-            if last is not None and part.offset > last:
-                out.append(TopicPartition(part.topic, part.partition, part.offset))
-        return out
+        mine = [(p.topic, p.partition) for p in idle if (p.topic, p.partition) in stored]
+        ahead = positions_ahead(consumer, mine, stored, self._log, self._scrub)
+        return [TopicPartition(t, p, offset) for (t, p), offset in ahead.items()]
 
     def _store(self, offsets: list[TopicPartition]) -> None:
         if not offsets or self._consumer is None:

@@ -10,6 +10,7 @@ from kresilient.consumer._breaker import CircuitBreaker
 from kresilient.consumer._consumer import *  # noqa: F403
 from kresilient.consumer._consumer import __all__ as _consumer_all
 from kresilient.consumer._failures import poison
+from kresilient.consumer._offsets import positions_ahead
 from kresilient.consumer._outage import OutageDecision, OutageDetector
 from kresilient.consumer._probes import ConsumerProbes, ProbeSource
 from kresilient.consumer._registry import is_outage, outage_classification, registry_classification
@@ -17,7 +18,8 @@ from kresilient.consumer._registry import is_outage, outage_classification, regi
 # CircuitBreaker (the running state of a CircuitBreakerPolicy), poison (the classification
 # of a failure the retry policy does not retry), OutageDetector (record or dependency?),
 # outage_classification/is_outage (a Schema Registry outage) and ConsumerProbes/ProbeSource
-# (/live, /ready and the gauges) are shared with kresilient.aio.
+# (/live, /ready and the gauges) and positions_ahead (past a transaction's markers at a
+# partition's end) are shared with kresilient.aio.
 __all__ = [
     *_consumer_all,
     "CircuitBreaker",
@@ -28,5 +30,6 @@ __all__ = [
     "is_outage",
     "outage_classification",
     "poison",
+    "positions_ahead",
     "registry_classification",
 ]

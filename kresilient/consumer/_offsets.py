@@ -22,7 +22,7 @@ from kresilient.errors import CommitError, DeadLetterError, translate
 from kresilient.redaction import redact_text
 from kresilient.telemetry import Telemetry
 
-__all__ = ["OffsetKeeper"]
+__all__ = ["OffsetKeeper", "positions_ahead"]
 
 _NO_OFFSET: Final = KafkaError._NO_OFFSET
 
@@ -101,23 +101,10 @@ class OffsetKeeper:
         would otherwise stay below the marker (lag 1 for good, a false stall). Called while
         idle; ``busy`` (records held for a retry or an outage) and partitions with dead
         letters in flight are left alone: their stored offset is held back on purpose."""
-        asked = [
-            TopicPartition(tp[0], tp[1])
-            for tp in self.stored
-            if tp not in busy and tp not in self.pending
-        ]
-        if not asked:
-            return
-        try:
-            positions = self._consumer.position(asked)
-        except KafkaException as exc:  # revoked meanwhile: nothing to move
-            self._log.debug("position_unknown", error=self._redact(str(exc)))
-            return
-        for part in positions:
-            tp = (part.topic, part.partition)
-            stored = self.stored.get(tp)
-            if stored is not None and part.offset > stored:
-                self._store_now(tp, part.offset)
+        asked = [tp for tp in self.stored if tp not in busy and tp not in self.pending]
+        ahead = positions_ahead(self._consumer, asked, self.stored, self._log, self._redact)
+        for tp, position in ahead.items():
+            self._store_now(tp, position)
 
     def store_metadata(self, tp: TP, offset: int, metadata: str | None) -> None:
         """Store ``offset`` of ``tp`` with ``metadata`` (in-partition concurrency: the lowest
@@ -370,3 +357,31 @@ def _dead_letters(handles: list[Any]) -> int:
 def _no_offset(exc: KafkaException) -> bool:
     err = exc.args[0] if exc.args else None
     return isinstance(err, KafkaError) and err.code() == _NO_OFFSET
+
+
+def positions_ahead(
+    consumer: Any,
+    tps: Iterable[TP],
+    floor: Mapping[TP, int | None],
+    log: Any,
+    redact: Callable[[str], str],
+) -> dict[TP, int]:
+    """The consumer's position of each of ``tps`` that is past ``floor[tp]`` (no floor: any
+    known position): where an idle partition may move past a transaction's commit or abort
+    markers and aborted records, offsets no record arrives for. The one position query of the
+    sync, in-flight and asyncio consumers; a partition revoked meanwhile is left out."""
+    asked = [TopicPartition(tp[0], tp[1]) for tp in tps]
+    if not asked:
+        return {}
+    try:
+        positions = consumer.position(asked)
+    except KafkaException as exc:  # revoked meanwhile: nothing to move
+        log.debug("position_unknown", error=redact(str(exc)))
+        return {}
+    ahead: dict[TP, int] = {}
+    for part in positions:
+        tp = (part.topic, part.partition)
+        low = floor.get(tp, -1)
+        if part.offset >= 0 and part.offset > (-1 if low is None else low):
+            ahead[tp] = part.offset
+    return ahead

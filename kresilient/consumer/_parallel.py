@@ -40,6 +40,7 @@ from confluent_kafka import KafkaException, Message, TopicPartition
 from kresilient.consumer._failures import poison, write_dead_letter
 from kresilient.consumer._holds import TP, LoopState
 from kresilient.consumer._inflight import InflightWindow, Ordering, finished_from
+from kresilient.consumer._offsets import positions_ahead
 from kresilient.deadletter import DeadLetterPolicy
 from kresilient.errors import DeadLetterError, classify
 
@@ -455,18 +456,11 @@ class ParallelRunner:
         """Idle windows move to the consumer's position: past a transaction's commit or abort
         marker (and aborted records) at a partition's end, which no record arrives for, so the
         committed offset reaches the end (lag 0) instead of stopping below the marker."""
-        idle = [TopicPartition(tp[0], tp[1]) for tp, w in self.windows.items() if w.idle]
-        if not idle:
-            return
-        try:
-            positions = self._consumer.position(idle)
-        except KafkaException as exc:  # revoked meanwhile: nothing to move
-            self._log.debug("position_unknown", error=self._redact(str(exc)))
-            return
-        for part in positions:
-            tp = (part.topic, part.partition)
+        idle = [tp for tp, w in self.windows.items() if w.idle]
+        ahead = positions_ahead(self._consumer, idle, {}, self._log, self._redact)
+        for tp, position in ahead.items():
             window = self.windows.get(tp)
-            if window is not None and part.offset >= 0 and window.advance(part.offset):
+            if window is not None and window.advance(position):
                 self._dirty.add(tp)
 
     def _store(self) -> None:
