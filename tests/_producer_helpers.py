@@ -6,7 +6,8 @@ import time
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 
 def read_back(bootstrap: str, topic: str, *, timeout: float = 120.0) -> list[Message]:
@@ -53,3 +54,13 @@ def read_back(bootstrap: str, topic: str, *, timeout: float = 120.0) -> list[Mes
 def header_dict(msg: Any) -> dict[str, bytes | None]:
     """A record's headers as a dict (last value wins)."""
     return dict(msg.headers() or [])
+
+
+def broker_answers(bootstrap: str) -> bool:
+    """Does the cluster answer a metadata request from a new client within 3 s? (The
+    negative control of a frozen broker.)"""
+    try:
+        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=3)
+    except KafkaException:
+        return False
+    return True

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from kresilient.testing import BOOTSTRAP_ENV, KafkaCluster
+
 _skipped: list[str] = []
 _file_seconds: dict[str, float] = {}
 
@@ -119,3 +121,17 @@ def _closed_port() -> Iterator[int]:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         yield s.getsockname()[1]
+
+
+@pytest.fixture(scope="module", name="lone_cluster")
+def _lone_cluster() -> Iterator[KafkaCluster]:
+    """A 1-node cluster of the module's own: freezing its node (``freeze()``) would stall
+    every test sharing the session cluster."""
+    if os.environ.get(BOOTSTRAP_ENV):
+        pytest.skip(f"freezes a node: needs a cluster started here, not ${BOOTSTRAP_ENV}")
+    cluster = KafkaCluster(nodes=1)
+    try:
+        cluster.start_cluster()
+        yield cluster
+    finally:
+        cluster.close()

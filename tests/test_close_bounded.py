@@ -12,22 +12,16 @@ this module's own: freezing its only node would stall every other test.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import textwrap
-import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from _producer_helpers import broker_answers
 
-from kresilient.testing import BOOTSTRAP_ENV, KafkaCluster
+from kresilient.testing import KafkaCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -144,46 +138,6 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module", name="lone_cluster")
-def _lone_cluster() -> Iterator[KafkaCluster]:
-    """One node of our own: freezing it would stall every test sharing a cluster."""
-    if os.environ.get(BOOTSTRAP_ENV):
-        pytest.skip(f"freezes a node: needs a cluster started here, not ${BOOTSTRAP_ENV}")
-    cluster = KafkaCluster(nodes=1)
-    try:
-        cluster.start_cluster()
-        yield cluster
-    finally:
-        cluster.close()
-
-
-def _freeze(cluster: KafkaCluster, node_id: int = 1) -> None:
-    """SIGSTOP the node and wait until every thread of it is stopped: the signal is
-    asynchronous, and a JVM thread scheduled late could still answer a request."""
-    cluster.freeze(node_id)
-    tasks = Path(f"/proc/{cluster.pids()[node_id]}/task")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        states = []
-        for task in tasks.iterdir():
-            with contextlib.suppress(OSError):  # a thread that just ended
-                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-        if states and all(state in "Tt" for state in states):
-            return
-        time.sleep(0.05)
-    pytest.fail(f"node {node_id} did not stop within 30 s after SIGSTOP")
-
-
-def _answers(bootstrap: str) -> bool:
-    """Does the broker answer a metadata request from a new client within 3 s?"""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    try:
-        admin.list_topics(timeout=3)
-    except KafkaException:
-        return False
-    return True
-
-
 def test_every_client_closes_within_its_bound_with_the_broker_frozen(
     lone_cluster: KafkaCluster,
 ) -> None:
@@ -202,11 +156,11 @@ def test_every_client_closes_within_its_bound_with_the_broker_frozen(
         while (line := child.stdout.readline()) and line.strip() != "ready":
             seen.append(line)
         assert line.strip() == "ready", "".join(seen)[-3000:]
-        assert _answers(lone_cluster.bootstrap_servers)  # the control's own control
-        _freeze(lone_cluster)
+        assert broker_answers(lone_cluster.bootstrap_servers)  # the control's own control
+        lone_cluster.freeze(1)
         frozen = True
         # negative control: the broker really is frozen, a new client gets no answer
-        assert not _answers(lone_cluster.bootstrap_servers)
+        assert not broker_answers(lone_cluster.bootstrap_servers)
         child.stdin.write("frozen\n")
         child.stdin.flush()
         try:
@@ -216,7 +170,7 @@ def test_every_client_closes_within_its_bound_with_the_broker_frozen(
             out, err = child.communicate()
             pytest.fail(f"the child did not exit: a close() hung\n{out}\n{err[-3000:]}")
         # still frozen when the child ended: the bounds, not a thawed broker, let it go
-        assert not _answers(lone_cluster.bootstrap_servers)
+        assert not broker_answers(lone_cluster.bootstrap_servers)
     finally:
         if frozen:
             lone_cluster.thaw(1)

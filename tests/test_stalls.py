@@ -10,20 +10,15 @@ restarted), with a second, over-eager producer as its control.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from _producer_helpers import read_back
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from _producer_helpers import broker_answers, read_back
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from structlog.testing import capture_logs
@@ -31,7 +26,7 @@ from structlog.testing import capture_logs
 from kresilient.aio import AsyncResilientProducer
 from kresilient.errors import DeliveryError
 from kresilient.producer import ResilientProducer
-from kresilient.testing import BOOTSTRAP_ENV, KafkaCluster
+from kresilient.testing import KafkaCluster
 
 pytestmark = [pytest.mark.integration]
 
@@ -40,50 +35,11 @@ STATS_MS = 500
 GAUGE = "kresilient.producer.time_since_delivery"
 
 
-@pytest.fixture(scope="module", name="lone_cluster")
-def _lone_cluster() -> Iterator[KafkaCluster]:
-    """One node of our own: freezing it would stall every test sharing a cluster."""
-    if os.environ.get(BOOTSTRAP_ENV):
-        pytest.skip(f"freezes a node: needs a cluster started here, not ${BOOTSTRAP_ENV}")
-    cluster = KafkaCluster(nodes=1)
-    try:
-        cluster.start_cluster()
-        yield cluster
-    finally:
-        cluster.close()
-
-
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-
-
-def _freeze(cluster: KafkaCluster, node_id: int = 1) -> None:
-    """SIGSTOP the node and wait until every thread of it is stopped: the signal is
-    asynchronous, and a JVM thread scheduled late could still answer a request."""
-    cluster.freeze(node_id)
-    tasks = Path(f"/proc/{cluster.pids()[node_id]}/task")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        states = []
-        for task in tasks.iterdir():
-            with contextlib.suppress(OSError):  # a thread that just ended
-                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-        if states and all(state in "Tt" for state in states):
-            return
-        time.sleep(0.05)
-    pytest.fail(f"node {node_id} did not stop within 30 s after SIGSTOP")
-
-
-def _answers(bootstrap: str) -> bool:
-    """Does the broker answer a metadata request from a new client within 3 s?"""
-    try:
-        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=3)
-    except KafkaException:
-        return False
-    return True
 
 
 def _gauge(reader: InMemoryMetricReader) -> float | None:
@@ -135,9 +91,9 @@ def test_a_frozen_broker_is_one_stall_reported_until_deliveries_resume(
     assert producer.health().healthy
     n = 50
     with capture_logs() as logs:
-        _freeze(lone_cluster)
+        lone_cluster.freeze(1)
         try:
-            assert not _answers(lone_cluster.bootstrap_servers)  # negative control: frozen
+            assert not broker_answers(lone_cluster.bootstrap_servers)  # negative control: frozen
             handles = [producer.produce(topic, b"m-%d" % i) for i in range(n)]
             wait_for(
                 _poll_until(producer, lambda: producer.health().stalled is not None),
@@ -190,9 +146,9 @@ def test_heal_recreates_the_stalled_producer_and_reports_every_message_it_held(
     producer.flush(30)
     n = 40
     with capture_logs() as logs:
-        _freeze(lone_cluster)
+        lone_cluster.freeze(1)
         try:
-            assert not _answers(lone_cluster.bootstrap_servers)  # negative control: frozen
+            assert not broker_answers(lone_cluster.bootstrap_servers)  # negative control: frozen
             held = [producer.produce(topic, b"held-%d" % i) for i in range(n)]
             wait_for(
                 _poll_until(producer, lambda: producer.health().recreations >= 1),
@@ -237,9 +193,9 @@ def test_the_asyncio_producer_notices_a_stall_while_nothing_is_awaited(
         }
         async with AsyncResilientProducer(config, stall_after_s=STALL_AFTER_S) as producer:
             await (await producer.produce(topic, b"warm-up"))
-            _freeze(lone_cluster)
+            lone_cluster.freeze(1)
             try:
-                assert not _answers(lone_cluster.bootstrap_servers)  # negative control
+                assert not broker_answers(lone_cluster.bootstrap_servers)  # negative control
                 handles = [await producer.produce(topic, b"a-%d" % i) for i in range(n)]
                 deadline = time.monotonic() + 30
                 while producer.sync.health().stalled is None:  # only the poll thread polls

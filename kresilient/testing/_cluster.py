@@ -1829,13 +1829,24 @@ class KafkaCluster:
             f"node {node_id} to register", lambda: node_id in self._metadata_brokers(), timeout
         )
 
-    def freeze(self, node_id: int) -> None:
-        """SIGSTOP the node: a hung broker or a long GC pause. Undo with :meth:`thaw`."""
+    def freeze(self, node_id: int, timeout: float = 30.0) -> None:
+        """SIGSTOP the node: a hung broker or a long GC pause. Undo with :meth:`thaw`.
+
+        Returns once every thread of the node is stopped (``/proc/<pid>/task/*/stat`` in
+        state ``T``): the signal is asynchronous, and a JVM thread scheduled late could still
+        answer a request right after the call (seen once under load by tests/test_stalls.py).
+        """
         node = self._node(node_id)
         if node.process is None or node.process.poll() is not None:
             raise ClusterError(f"node {node_id} is not running")
         os.kill(node.process.pid, signal.SIGSTOP)
         node.frozen = True
+        tasks = Path(f"/proc/{node.process.pid}/task")
+        if not tasks.is_dir():
+            return  # no procfs: the signal alone
+        self._poll_until(
+            f"node {node_id} to stop after SIGSTOP", lambda: _all_stopped(tasks), timeout
+        )
 
     def thaw(self, node_id: int) -> None:
         """SIGCONT a frozen node."""
@@ -1894,3 +1905,12 @@ def _prop(value: object) -> str:
 if __name__ == "__main__":  # pragma: no cover - manual smoke run
     with KafkaCluster() as c:
         print(c, f"ready in {c.start_seconds:.1f}s", file=sys.stderr)
+
+
+def _all_stopped(tasks: Path) -> bool:
+    """Every thread listed under ``/proc/<pid>/task`` is stopped (state ``T`` or ``t``)."""
+    states = []
+    for task in tasks.iterdir():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state in "Tt" for state in states)
