@@ -173,6 +173,17 @@ class ConsumerHealth:
     #: the dependency outage in progress (``since_s``, ``error_type``, ``error`` redacted,
     #: ``failures``, ``outages`` so far), ``None`` when there is none
     outage: dict[str, Any] | None = None
+    #: the stall in progress (docs/stalls.md): what stopped (``None``: no stall), since when
+    #: (wall clock, ``time.time()``), and the stalls reported so far
+    stalled: str | None = None
+    stalled_since: float | None = None
+    stalls: int = 0
+
+    @property
+    def healthy(self) -> bool:
+        """Running, not stopping, no stall and no dependency outage (``/ready`` says the same
+        of a member that has joined its group)."""
+        return self.running and not self.stopping and self.stalled is None and self.outage is None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict (what ``health()`` returned in 0.1)."""
@@ -652,6 +663,8 @@ class ResilientConsumer:
             batch_started=lambda: self._watchdog.started,
             group=self.group_id,
             outage=failures.detector,
+            log=log,
+            redact=self._redact,
         )
         events.probes = self._probes
         self._health_addr = (health_host, health_port)
@@ -1415,6 +1428,7 @@ class ResilientConsumer:
             outage=self._failures.detector.snapshot()
             if self._failures.detector is not None
             else None,
+            **self._probes.stall_fields(),
         )
 
     @property

@@ -15,6 +15,16 @@ consumer tells it its state through a :class:`ProbeSource`):
   unreachable ...) and has not been given an assignment again for that long (issue 35): its
   lost partitions have no lag figures any more, so nothing else would say it does no work.
 
+The same stalls are said without anyone polling (issue 42): a watcher thread (started by the
+first :meth:`ConsumerProbes.tick`, stopped by :meth:`ConsumerProbes.close`) checks them once a
+second and logs one ``consumer_stalled`` WARNING when a stall begins (the partitions, why, since
+when), nothing while it lasts, one ``consumer_stalled_cleared`` INFO when it ends; and one
+``consumer_rebalance_loop`` WARNING for a member that holds no partition for ``stall_after_s``
+while its rebalances repeat (librdkafka #3866). ``health()`` is not healthy meanwhile. A
+thread, not the loop's own tick: the sync consumer runs its handler on the loop thread, so a
+handler that never returns would stop the tick that should report it. A dependency outage is
+not a stall (it has its own WARNING; its held partitions are expected not to move).
+
 The body is JSON (``status``, ``reasons``, per-partition ``lag`` and ``since_progress_s``).
 The thread that calls librdkafka (the sync consume loop; the asyncio consumer's worker thread)
 updates the per-partition figures once a second (cheap: cached watermarks, no request); the
@@ -26,7 +36,9 @@ Metrics (observable gauges, with ``messaging.destination.partition.id``):
 ``kresilient.consumer.duplicates_skipped`` (``{message}``, per group: possible duplicates
 ``dedupe=`` skipped); the gauge ``kresilient.consumer.dependency_outage`` (``s``, per group:
 how long the dependency outage in progress has lasted, 0 when none). ``/ready`` is 503 during
-a dependency outage (the records are held: the consumer makes no progress).
+a dependency outage (the records are held: the consumer makes no progress). The observable
+counter ``kresilient.consumer.stalls`` (``{stall}``, per group and ``kresilient.stall.kind``:
+``progress`` or ``rebalance_loop``) counts the stalls reported.
 """
 
 from __future__ import annotations
@@ -34,14 +46,17 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
+import structlog
 from confluent_kafka import KafkaException, TopicPartition
 
-from kresilient._watchdog import NoProgress
+from kresilient._watchdog import NoProgress, StallReport
 from kresilient.consumer._holds import TP
+from kresilient.redaction import redact_text
 
 if TYPE_CHECKING:
     from kresilient.consumer._holds import Holds, LoopState
@@ -53,6 +68,7 @@ __all__ = [
     "LAG_METRIC",
     "OUTAGE_METRIC",
     "PROGRESS_METRIC",
+    "STALLS_METRIC",
     "ConsumerProbes",
     "ProbeSource",
     "Probes",
@@ -64,6 +80,13 @@ LAG_METRIC: Final = "messaging.kafka.consumer.lag"
 PROGRESS_METRIC: Final = "kresilient.consumer.time_since_progress"
 DUPLICATES_METRIC: Final = "kresilient.consumer.duplicates_skipped"
 OUTAGE_METRIC: Final = "kresilient.consumer.dependency_outage"
+STALLS_METRIC: Final = "kresilient.consumer.stalls"
+#: A rebalance loop: at least this many rebalances (assign or lost callbacks) of a member
+#: holding no partition, within LOOP_WINDOW x ``stall_after_s``.
+LOOP_REBALANCES: Final = 3
+LOOP_WINDOW: Final = 3.0
+#: How often the watcher thread checks for stalls (seconds).
+CHECK_INTERVAL_S: Final = 1.0
 _INSTRUMENTATION: Final = "kresilient"
 
 
@@ -117,6 +140,9 @@ class ConsumerProbes:
         max_poll_s: float,
         group: str,
         outage: OutageDetector | None = None,
+        log: Any = None,
+        redact: Callable[[str], str] = redact_text,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         #: the librdkafka consumer (``None`` until it is created: no lag figures meanwhile)
         self.consumer = consumer
@@ -133,6 +159,24 @@ class ConsumerProbes:
         self.parts: dict[TP, _Partition] = {}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._clock = clock
+        self._redact = redact
+        if log is None:
+            log = structlog.get_logger("kresilient.consumer").bind(
+                group_id=group, kafka_role="consumer"
+            )
+        #: the stall in progress (handler, retry, progress, assignment) and the rebalance loop
+        self.stall = StallReport(log, "consumer_stalled")
+        self.loop = StallReport(log, "consumer_rebalance_loop")
+        #: checks made so far (the watcher thread's, or a caller's :meth:`check`)
+        self.checks = 0
+        #: monotonic time since which the member holds no partition (after a rebalance)
+        self._empty_since: float | None = None
+        #: monotonic times of the rebalances (assign, lost) while the member holds none
+        self._churn: deque[float] = deque()
+        self._check_lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
+        self._closed = threading.Event()
 
     @staticmethod
     def max_poll_interval(cfg: Mapping[str, Any]) -> float:
@@ -142,26 +186,53 @@ class ConsumerProbes:
     # ------------------------------------------------------------------ loop thread
 
     def on_assign(self, partitions: Iterable[TopicPartition]) -> None:
-        now = time.monotonic()
+        now = self._clock()
         self.joined = True
         self.lost_since = None  # a completed rebalance (cooperative: even an empty one)
         for p in partitions:
             self.parts[(p.topic, p.partition)] = _Partition(now)
+        self._rebalanced(now, counts=True)
 
     def forget(self, tps: Iterable[TP]) -> None:
+        """The partitions were revoked (a rebalance begins: its assign callback ends it)."""
         for tp in tps:
             self.parts.pop(tp, None)
+        self._rebalanced(self._clock(), counts=False)
 
     def on_lost(self, tps: Iterable[TP]) -> None:
         """The member's partitions were lost (not revoked): it is out of the group until the
         next assignment."""
-        self.forget(tps)
+        for tp in tps:
+            self.parts.pop(tp, None)
+        now = self._clock()
         if self.lost_since is None:
-            self.lost_since = time.monotonic()
+            self.lost_since = now
+        self._rebalanced(now, counts=True)
+
+    def _rebalanced(self, now: float, *, counts: bool) -> None:
+        """After a rebalance callback: since when the member holds no partition, and the
+        rebalances meanwhile (a revoke only begins one: its assign is counted)."""
+        if self.parts:
+            self._empty_since = None
+            self._churn.clear()
+            return
+        if self._empty_since is None:
+            self._empty_since = now
+        churn = self._churn
+        if counts:
+            churn.append(now)
+        window = LOOP_WINDOW * self.stall_after_s
+        while churn and now - churn[0] > window:
+            churn.popleft()
 
     def tick(self, now: float) -> None:
         """Lag and progress per partition (the thread calling librdkafka, about once a
-        second)."""
+        second). The first call starts the watcher thread that reports stalls."""
+        if self._watcher is None and not self._closed.is_set():
+            self._watcher = threading.Thread(
+                target=self._watch, name="kresilient-consumer-stalls", daemon=True
+            )
+            self._watcher.start()
         consumer = self.consumer
         if consumer is None:
             return
@@ -188,7 +259,7 @@ class ConsumerProbes:
     # ------------------------------------------------------------------ any thread
 
     def live(self, now: float | None = None) -> tuple[bool, list[str]]:
-        now = time.monotonic() if now is None else now
+        now = self._clock() if now is None else now
         if not self.running:
             return False, ["the consume loop is not running"]
         quiet = now - self.last_poll
@@ -200,48 +271,168 @@ class ConsumerProbes:
         return True, []
 
     def ready(self, now: float | None = None) -> tuple[bool, list[str]]:
-        now = time.monotonic() if now is None else now
+        now = self._clock() if now is None else now
         alive, reasons = self.live(now)
         if not alive:
             return False, reasons
         if not self.joined:
             return False, ["not yet joined the consumer group"]
-        limit = self.stall_after_s
-        lost = self.lost_since
-        if lost is not None and now - lost > limit:
-            reasons.append(
-                f"the member lost its partitions {now - lost:.1f} s ago and has not rejoined "
-                "the group (group coordinator unreachable? see the kafka_unreachable logs)"
-            )
-        source = self._source
-        for started, names in source.handlers():
-            if started and now - started > limit:
-                reasons.append(
-                    f"a handler has been running for {now - started:.1f} s on "
-                    f"{', '.join(sorted(names))}"
-                )
-        for tp, offset, due in source.retry_waits():
-            if now - due > limit:
-                reasons.append(
-                    f"{tp[0]}[{tp[1]}] held at {offset}, retry overdue by {now - due:.1f} s"
-                )
-        held = source.held()
+        loop = self.rebalance_loop(now)
+        if loop is not None:
+            reasons.append(loop[0])
+        stalls = self.stalled(now)
+        reasons.extend(text for kind, text, _, _ in stalls if kind != "progress")
         outage = self._outage
         if outage is not None and outage.active:
             reasons.append(
                 f"dependency outage for {outage.duration():.1f} s ({outage.error_type}): "
-                f"{len(held)} partition(s) held, retried, nothing dead-lettered"
+                f"{len(self._source.held())} partition(s) held, retried, nothing dead-lettered"
             )
-        for tp, part in list(self.parts.items()):
-            if part.lag and tp not in held and part.stalled(now, limit):
-                reasons.append(
-                    f"{tp[0]}[{tp[1]}] lag {part.lag} without progress for "
-                    f"{part.quiet_for(now):.1f} s"
-                )
+        reasons.extend(text for kind, text, _, _ in stalls if kind == "progress")
         return not reasons, reasons
 
+    def stalled(self, now: float) -> list[tuple[str, str, float, list[str]]]:
+        """What stopped for longer than ``stall_after_s``: ``(kind, reason, seconds since it
+        stopped, partitions)`` with ``kind`` one of ``assignment`` (lost, not given back),
+        ``handler`` (running that long), ``retry`` (a hold overdue by that long),
+        ``progress`` (lag and no progress). A dependency outage is none of these: its held
+        partitions are expected not to move (it is reported as an outage)."""
+        limit = self.stall_after_s
+        found: list[tuple[str, str, float, list[str]]] = []
+        lost = self.lost_since
+        if lost is not None and now - lost > limit:
+            found.append(
+                (
+                    "assignment",
+                    f"the member lost its partitions {now - lost:.1f} s ago and has not "
+                    "rejoined the group (group coordinator unreachable? see the "
+                    "kafka_unreachable logs)",
+                    now - lost,
+                    [],
+                )
+            )
+        source = self._source
+        for started, names in source.handlers():
+            if started and now - started > limit:
+                found.append(
+                    (
+                        "handler",
+                        f"a handler has been running for {now - started:.1f} s on "
+                        f"{', '.join(sorted(names))}",
+                        now - started,
+                        sorted(names),
+                    )
+                )
+        for tp, offset, due in source.retry_waits():
+            if now - due > limit:
+                found.append(
+                    (
+                        "retry",
+                        f"{tp[0]}[{tp[1]}] held at {offset}, retry overdue by {now - due:.1f} s",
+                        now - due,
+                        [f"{tp[0]}[{tp[1]}]"],
+                    )
+                )
+        held = source.held()
+        for tp, part in list(self.parts.items()):
+            if part.lag and tp not in held and part.stalled(now, limit):
+                quiet = part.quiet_for(now)
+                found.append(
+                    (
+                        "progress",
+                        f"{tp[0]}[{tp[1]}] lag {part.lag} without progress for {quiet:.1f} s",
+                        quiet,
+                        [f"{tp[0]}[{tp[1]}]"],
+                    )
+                )
+        return found
+
+    def rebalance_loop(self, now: float) -> tuple[str, float, int] | None:
+        """A member holding no partition for longer than ``stall_after_s`` while its
+        rebalances repeat (at least LOOP_REBALANCES within LOOP_WINDOW x ``stall_after_s``;
+        librdkafka #3866): ``(reason, seconds without a partition, rebalances)``. A member
+        idle because the group has more members than partitions is none: its rebalances
+        stop."""
+        since = self._empty_since
+        limit = self.stall_after_s
+        if since is None or self.parts or now - since <= limit:
+            return None
+        window = LOOP_WINDOW * limit
+        count = sum(1 for t in list(self._churn) if now - t <= window)
+        if count < LOOP_REBALANCES:
+            return None
+        return (
+            f"no partition for {now - since:.1f} s while the group rebalanced {count} times "
+            f"in {window:.0f} s (a rebalance loop? librdkafka #3866)",
+            now - since,
+            count,
+        )
+
+    def check(self, now: float | None = None) -> None:
+        """Report a stall once when it begins and once when it ends (the watcher thread,
+        once a second; callable directly with a clock of one's own)."""
+        now = self._clock() if now is None else now
+        with self._check_lock:
+            self.checks += 1
+            if not self.running:
+                return  # stopped or stopping: not a stall (``/live`` says it)
+            limit = self.stall_after_s
+            redact = self._redact
+            found = self.stalled(now)
+            stall = self.stall
+            if found and not stall.active:
+                partitions = sorted({name for *_, names in found for name in names})
+                stall.begin(
+                    redact("; ".join(text for _, text, _, _ in found)),
+                    max(quiet for _, _, quiet, _ in found),
+                    kinds=sorted({kind for kind, *_ in found}),
+                    partitions=[redact(name) for name in partitions],
+                    stall_after_s=limit,
+                    remedy=(
+                        "reported only: /ready is 503 meanwhile (an orchestrator restarting "
+                        "the pod on it is the remedy); see docs/stalls.md"
+                    ),
+                )
+            elif not found and stall.active:
+                stall.end()
+            loop = self.rebalance_loop(now)
+            if loop is not None and not self.loop.active:
+                reason, without, count = loop
+                self.loop.begin(
+                    redact(reason),
+                    without,
+                    rebalances=count,
+                    without_partitions_s=round(without, 1),
+                    stall_after_s=limit,
+                    remedy=(
+                        "look at the group's other members (one joining and leaving, or "
+                        "exceeding max.poll.interval.ms) and the coordinator's logs"
+                    ),
+                )
+            elif loop is None and self.loop.active:
+                self.loop.end()
+
+    def stall_fields(self) -> dict[str, Any]:
+        """The :class:`~kresilient.consumer.ConsumerHealth` fields ``stalled`` (what stopped,
+        ``None``: nothing), ``stalled_since`` (wall clock) and ``stalls`` (reported so far,
+        rebalance loops included)."""
+        reports = [r for r in (self.stall, self.loop) if r.active]
+        return {
+            "stalled": "; ".join(r.reason or "" for r in reports) or None,
+            "stalled_since": min((r.since for r in reports if r.since is not None), default=None),
+            "stalls": self.stall.stalls + self.loop.stalls,
+        }
+
+    def _watch(self) -> None:
+        closed = self._closed
+        while not closed.wait(CHECK_INTERVAL_S):
+            try:
+                self.check()
+            except Exception:  # a check never kills the watcher (figures read while moving)
+                continue
+
     def report(self, now: float | None = None) -> dict[str, Any]:
-        now = time.monotonic() if now is None else now
+        now = self._clock() if now is None else now
         return {
             "partitions": {
                 f"{tp[0]}[{tp[1]}]": {
@@ -282,6 +473,12 @@ class ConsumerProbes:
                 description="Seconds the dependency outage in progress has lasted (0: none)",
             )
             meter.create_observable_counter(
+                STALLS_METRIC,
+                callbacks=[self._observe_stalls],
+                unit="{stall}",
+                description="Stalls reported (consumer_stalled, consumer_rebalance_loop)",
+            )
+            meter.create_observable_counter(
                 DUPLICATES_METRIC,
                 callbacks=[self._observe_duplicates],
                 unit="{message}",
@@ -312,6 +509,15 @@ class ConsumerProbes:
 
         attrs = {"messaging.system": "kafka", "messaging.consumer.group.name": self._group}
         return [Observation(self._source.duplicates(), attrs)]
+
+    def _observe_stalls(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        base = {"messaging.system": "kafka", "messaging.consumer.group.name": self._group}
+        return [
+            Observation(report.stalls, {**base, "kresilient.stall.kind": kind})
+            for kind, report in (("progress", self.stall), ("rebalance_loop", self.loop))
+        ]
 
     def _observe_outage(self, _options: Any) -> list[Any]:
         from opentelemetry.metrics import Observation
@@ -372,7 +578,11 @@ class ConsumerProbes:
         return int(server.server_address[1])
 
     def close(self) -> None:
-        """Stop the HTTP server (idempotent)."""
+        """Stop the watcher thread and the HTTP server (idempotent)."""
+        self._closed.set()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(5)
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()
@@ -433,6 +643,8 @@ class Probes(ConsumerProbes):
         batch_started: Callable[[], float],
         group: str,
         outage: OutageDetector | None = None,
+        log: Any = None,
+        redact: Callable[[str], str] = redact_text,
     ) -> None:
         super().__init__(
             consumer,
@@ -441,4 +653,6 @@ class Probes(ConsumerProbes):
             max_poll_s=max_poll_s,
             group=group,
             outage=outage,
+            log=log,
+            redact=redact,
         )
