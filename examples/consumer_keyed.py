@@ -55,7 +55,6 @@ def consume(bootstrap: str, topic: str) -> dict[bytes, list[int]]:
         ordering="key",
         max_in_flight=32,
         max_process_deaths=None,  # not yet combined with ordering="key" (docs/parallel.md)
-        outage_retry=None,
         install_signal_handlers=False,
     )
     consumer.run()

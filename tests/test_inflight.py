@@ -8,6 +8,7 @@ The real-cluster guarantees built on it are tested where the consumer uses it.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -85,6 +86,30 @@ def test_a_retry_blocks_only_its_key_until_due() -> None:
     assert w.ready(10.0) == [0]
     w.finish(0)
     assert w.ready(10.0) == [2]
+
+
+def test_a_held_record_waits_until_rescheduled_and_only_due_retries_start_when_asked() -> None:
+    """A dependency outage: a record held at ``inf`` never comes due by itself; rescheduled,
+    its old place in the queue is stale; ``new=False`` starts due retries, nothing new."""
+    w = _window()
+    for offset, key in enumerate([b"a", b"b", b"c"]):
+        w.offer(offset, key, 1, offset)
+    assert w.ready(0, new=False) == []  # nothing new starts during an outage
+    assert w.ready(0) == [0, 1, 2]
+    w.retry(0, due=math.inf)  # held
+    w.retry(1, due=3.0)
+    assert w.next_due() == 3.0
+    w.reschedule(1, 50.0)  # its entry at 3.0 is stale now
+    assert w.next_due() == 50.0
+    assert w.ready(10.0, new=False) == []
+    w.reschedule(0, 20.0)  # the probe
+    w.offer(3, b"d", 1, 3)  # a new record: not started while only retries may start
+    assert w.ready(20.0, new=False) == [0]
+    assert w.ready(20.0) == [3]
+    with pytest.raises(KeyError):
+        w.reschedule(0, 1.0)  # running, not waiting
+    w.finish(0)
+    assert w.ready(60.0) == [1]
 
 
 def test_a_waiting_record_finished_by_a_dead_letter_is_not_started_again() -> None:

@@ -228,7 +228,6 @@ def _check_ordering(
     retry_topics: bool,
     span_per_call: bool,
     crash_loop: bool,
-    outage: bool,
 ) -> None:
     """Refuse what in-partition concurrency does not combine with yet (issue 40)."""
     if ordering not in ORDERINGS:
@@ -244,7 +243,6 @@ def _check_ordering(
             ("retry_topics", retry_topics),
             ('trace_spans="call"', span_per_call),
             ("crash-loop protection (pass max_process_deaths=None)", crash_loop),
-            ("outage detection (pass outage_retry=None)", outage),
         )
         if on
     ]
@@ -381,9 +379,9 @@ class ResilientConsumer:
             different keys at once on a thread pool; ``"none"``: any records at once. Commits
             never pass an unfinished record; the finished records above the committed offset
             are listed in its metadata and skipped by the next owner. Not yet combined with
-            ``batch_handler``, ``retry_topics``, ``trace_spans="call"``, crash-loop
-            protection or outage detection (pass ``max_process_deaths=None,
-            outage_retry=None``): issue 40.
+            ``batch_handler``, ``retry_topics``, ``trace_spans="call"`` or crash-loop
+            protection (pass ``max_process_deaths=None``): issue 40. Outage detection works
+            as in ``"partition"`` mode (the held records, one probe at a time).
         max_in_flight, max_in_flight_bytes: the window per partition for ``"key"``/``"none"``
             (records and bytes of key + value admitted and not finished); a full window
             pauses the partition while polling goes on. ``max_in_flight`` is the size of the
@@ -456,7 +454,6 @@ class ResilientConsumer:
             retry_topics=retry_topics is not None,
             span_per_call=self._span_per_call,
             crash_loop=max_process_deaths is not None,
-            outage=outage_retry is not None,
         )
         if dedupe is not None and not isinstance(dedupe, Deduplicator):
             raise ConfigError(
@@ -708,6 +705,8 @@ class ResilientConsumer:
                 redact=self._redact,
                 commit_interval=min(self._commit_interval, 1.0),
                 revoke_timeout=shutdown_timeout,
+                detector=failures.detector,
+                outage_retrying=failures.outage_retrying,
             )
         log.debug(
             "consumer_created",

@@ -456,32 +456,12 @@ class FailureHandler:
             self._outage_ended(detector)
 
     def _outage_started(self, hold: Hold) -> None:
-        detector = self.detector
-        assert detector is not None
-        self.log.warning(
-            "dependency_outage_started",
-            topic=hold.tp[0],
-            partition=hold.tp[1],
-            offset=hold.offset,
-            error_type=detector.error_type,
-            error=detector.error,
-            note="distinct records fail in a row with no success between: the records are "
-            "held and retried (outage_retry), nothing is dead-lettered until a record succeeds",
-        )
+        assert self.detector is not None
+        log_outage_started(self.log, self.detector, hold.tp, hold.offset)
 
     def _note_outage(self) -> None:
-        detector = self.detector
-        assert detector is not None
-        held = detector.reminder()
-        if held is not None:
-            self.log.warning(
-                "dependency_outage_continues",
-                since_s=round(detector.duration(), 1),
-                failures=detector.failures,
-                suppressed=held,
-                error_type=detector.error_type,
-                held_partitions=len(self.holds.by_tp),
-            )
+        assert self.detector is not None
+        note_outage(self.log, self.detector, held_partitions=len(self.holds.by_tp))
 
     def _outage_ended(self, detector: OutageDetector) -> None:
         """The first success after an outage: log it once; the records it held are retried at
@@ -496,12 +476,7 @@ class FailureHandler:
             hold.mark = detector.mark()
             if not hold.resumed:
                 hold.due = min(hold.due, now)
-        self.log.warning(
-            "dependency_outage_ended",
-            lasted_s=round(detector.last_duration or 0.0, 3),
-            failures=detector.last_failures,
-            error_type=detector.error_type,
-        )
+        log_outage_ended(self.log, detector)
 
     def _probe(
         self, hold: Hold, exc: BaseException, classification: Classification, now: float
@@ -875,6 +850,44 @@ class FailureHandler:
             group=self.group_id,
             redact=self.redact,
         )
+
+
+def log_outage_started(log: Any, detector: OutageDetector, tp: TP, offset: int) -> None:
+    """The one WARNING a dependency outage starts with (both consumer paths)."""
+    log.warning(
+        "dependency_outage_started",
+        topic=tp[0],
+        partition=tp[1],
+        offset=offset,
+        error_type=detector.error_type,
+        error=detector.error,
+        note="distinct records fail in a row with no success between: the records are "
+        "held and retried (outage_retry), nothing is dead-lettered until a record succeeds",
+    )
+
+
+def note_outage(log: Any, detector: OutageDetector, **held: int) -> None:
+    """During an outage, a reminder at most once per :data:`._outage.REMINDER_S`."""
+    suppressed = detector.reminder()
+    if suppressed is not None:
+        log.warning(
+            "dependency_outage_continues",
+            since_s=round(detector.duration(), 1),
+            failures=detector.failures,
+            suppressed=suppressed,
+            error_type=detector.error_type,
+            **held,
+        )
+
+
+def log_outage_ended(log: Any, detector: OutageDetector) -> None:
+    """The one WARNING an outage ends with: how long it lasted, the failures held back."""
+    log.warning(
+        "dependency_outage_ended",
+        lasted_s=round(detector.last_duration or 0.0, 3),
+        failures=detector.last_failures,
+        error_type=detector.error_type,
+    )
 
 
 def write_dead_letter(

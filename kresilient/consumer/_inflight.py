@@ -63,6 +63,7 @@ import bisect
 import dataclasses
 import heapq
 import json
+import math
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator
 from typing import Final, Generic, Literal, TypeVar, get_args
@@ -232,6 +233,12 @@ class _Entry(Generic[T]):
     due: float = 0.0  #: earliest start (a retry's backoff)
 
 
+def _drain(entries: deque[_Entry[T]]) -> Iterator[_Entry[T]]:
+    """Pop ``entries`` from the left until it is empty."""
+    while entries:
+        yield entries.popleft()
+
+
 class InflightWindow(Generic[T]):
     """Which records of one partition may start now, under an ordering mode and a window.
 
@@ -334,15 +341,24 @@ class InflightWindow(Generic[T]):
 
     # ------------------------------------------------------------------ starting
 
-    def ready(self, now: float) -> list[T]:
-        """The records that may start now (each returned once; they count as running)."""
-        delayed = self._delayed
+    def ready(self, now: float, *, new: bool = True) -> list[T]:
+        """The records that may start now (each returned once; they count as running).
+
+        ``new=False``: only records whose retry is due (a dependency outage starts nothing
+        new: the records in hand are held, and only its probe is retried)."""
+        delayed, entries = self._delayed, self._entries
+        due: list[_Entry[T]] = []
         while delayed and delayed[0][0] <= now:
-            self._ready.append(heapq.heappop(delayed)[2])
+            at, _, entry = heapq.heappop(delayed)
+            if entry.due == at:  # else rescheduled while it waited (a stale heap item)
+                due.append(entry)
+        if new:
+            self._ready.extend(due)
+            pending: Iterable[_Entry[T]] = _drain(self._ready)
+        else:
+            pending = due
         out: list[T] = []
-        entries = self._entries
-        while self._ready:
-            entry = self._ready.popleft()
+        for entry in pending:
             if entry.running or entries.get(entry.offset) is not entry:
                 continue  # finished while it waited (a dead letter of a held record)
             entry.running = True
@@ -353,8 +369,10 @@ class InflightWindow(Generic[T]):
     def next_due(self) -> float | None:
         """When the earliest record waiting for its retry may start (``None``: none waits)."""
         delayed, entries = self._delayed, self._entries
-        while delayed and entries.get(delayed[0][1]) is not delayed[0][2]:
-            heapq.heappop(delayed)  # finished while it waited
+        while delayed and (
+            entries.get(delayed[0][1]) is not delayed[0][2] or delayed[0][2].due != delayed[0][0]
+        ):
+            heapq.heappop(delayed)  # finished or rescheduled while it waited
         return delayed[0][0] if delayed else None
 
     # ------------------------------------------------------------------ outcomes
@@ -395,8 +413,23 @@ class InflightWindow(Generic[T]):
             raise KeyError(f"offset {offset} is not running")
         entry.running = False
         self._running -= 1
+        self.reschedule(offset, due)
+
+    def waiting(self, offset: int) -> bool:
+        """Whether the record at ``offset`` waits for its next attempt (admitted, not
+        running)."""
+        entry = self._entries.get(offset)
+        return entry is not None and not entry.running
+
+    def reschedule(self, offset: int, due: float) -> None:
+        """The record at ``offset``, waiting for its next attempt, waits until ``due`` instead
+        (``math.inf``: until rescheduled again: a record held by a dependency outage)."""
+        entry = self._entries.get(offset)
+        if entry is None or entry.running:
+            raise KeyError(f"offset {offset} is not waiting")
         entry.due = due
-        heapq.heappush(self._delayed, (due, offset, entry))
+        if due != math.inf:
+            heapq.heappush(self._delayed, (due, offset, entry))
 
     # ------------------------------------------------------------------ state
 

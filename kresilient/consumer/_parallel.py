@@ -11,6 +11,15 @@ a queue and are dealt with on the loop thread:
   window (it blocks only its key in ``"key"`` mode), the partition keeps flowing; a record
   given up on is written to the dead-letter topic (the same record format and writer as the
   one-at-a-time path) and finished when the write is ACKNOWLEDGED;
+* a bad record or a bad dependency (:mod:`._outage`, the same evidence and policies as the
+  one-at-a-time path): distinct records failing with no success between, or a Schema
+  Registry outage, is a dependency outage. Its records are held (dead-lettered never, their
+  RetryPolicy not spent), nothing new starts, and ONE held record at a time is tried again
+  under ``outage_retry``'s wait, each time the next held one (a bad record among them cannot
+  keep the outage going): the first success ends it and every held record is retried at
+  once, with its whole RetryPolicy again. A record exhausting its RetryPolicy while nothing
+  succeeded since its first failure waits under ``outage_retry`` for the evidence the other
+  records give (not dead-lettered yet);
 * a full window pauses its partition (polling goes on) until it has room again, and so does
   a partition that went ``max_ahead`` offsets past its lowest unfinished record;
 * dedupe is checked when a record's turn comes (not when polled): a re-sent copy behind its
@@ -28,6 +37,7 @@ the partition left. A fatal outcome leaves its record unfinished and not running
 
 from __future__ import annotations
 
+import math
 import queue
 import time
 from collections.abc import Callable
@@ -37,10 +47,18 @@ from typing import TYPE_CHECKING, Any, Final
 import tenacity
 from confluent_kafka import KafkaException, Message, TopicPartition
 
-from kresilient.consumer._failures import poison, write_dead_letter
+from kresilient.consumer._failures import (
+    log_outage_ended,
+    log_outage_started,
+    note_outage,
+    poison,
+    write_dead_letter,
+)
 from kresilient.consumer._holds import TP, LoopState
 from kresilient.consumer._inflight import InflightWindow, Ordering, finished_from
 from kresilient.consumer._offsets import positions_ahead
+from kresilient.consumer._outage import OutageDecision, OutageDetector
+from kresilient.consumer._registry import is_outage, outage_classification
 from kresilient.deadletter import DeadLetterPolicy
 from kresilient.errors import DeadLetterError, classify
 
@@ -62,6 +80,8 @@ _MIN_BACKLOG: Final = 500
 #: The least distance (offsets) a partition may go past its lowest unfinished record before it
 #: is paused (see ``max_ahead``).
 _MIN_AHEAD: Final = 10_000
+#: Why a record given up on by the outage policy is dead-lettered (its ``message_failed`` line).
+_LIMIT_REASON: Final = "the dependency outage limit (outage_retry) was reached"
 #: Committed-offset lookups on assignment (the finished-offset lists).
 _COMMITTED_TIMEOUT: Final = 10.0
 
@@ -73,7 +93,8 @@ class _NotStarted(BaseException):
 
 _NOT_STARTED: Final = _NotStarted()
 
-_Outcome = tuple[InflightWindow[Message], TP, Message, BaseException | None]
+#: a record's window, partition, message, outcome (None: handled) and when its handler started
+_Outcome = tuple[InflightWindow[Message], TP, Message, BaseException | None, float]
 
 
 class ParallelRunner:
@@ -102,6 +123,8 @@ class ParallelRunner:
         redact: Callable[[str], str],
         commit_interval: float,
         revoke_timeout: float,
+        detector: OutageDetector | None = None,
+        outage_retrying: tenacity.Retrying | None = None,
     ) -> None:
         self._consumer = consumer
         self._call = call
@@ -146,6 +169,16 @@ class ParallelRunner:
         self._pool = ThreadPoolExecutor(max_workers=max_records, thread_name_prefix="kresilient")
         self.skipped = 0  #: records finished before a restart, skipped from the metadata
         self.fatal: BaseException | None = None
+        self._detector = detector if outage_retrying is not None else None
+        self._outage_retrying = outage_retrying
+        #: the detector's mark at each failing record's first failure (see OutageDetector)
+        self._marks: dict[tuple[TP, int], int] = {}
+        #: per held record, its outage policy's state (its ``stop`` is the outage limit)
+        self._outage_states: dict[tuple[TP, int], tenacity.RetryCallState] = {}
+        #: records held by the outage in progress, oldest first (the next probe is the first)
+        self._held: dict[tuple[TP, int], InflightWindow[Message]] = {}
+        self._probe: tuple[TP, int] | None = None  #: the held record being tried again
+        self._probe_wait: tenacity.RetryCallState | None = None  #: the probes' backoff
 
     # ------------------------------------------------------------------ the loop
 
@@ -223,8 +256,10 @@ class ParallelRunner:
 
     def _start_ready(self) -> None:
         now = time.monotonic()
+        detector = self._detector
+        new = detector is None or not detector.active  # an outage starts nothing new
         for tp, window in self.windows.items():
-            for msg in window.ready(now):
+            for msg in window.ready(now, new=new):
                 self._submit(window, tp, msg)
             self._flow(tp, window)
 
@@ -243,8 +278,9 @@ class ParallelRunner:
     def _run(self, window: InflightWindow[Message], tp: TP, msg: Message) -> None:
         """A worker thread: the handler, inside its process span when traced."""
         error: BaseException | None = None
+        started = time.monotonic()
         if window.closed:  # revoked or lost while queued: its new owner handles it
-            self._done.put((window, tp, msg, _NOT_STARTED))
+            self._done.put((window, tp, msg, _NOT_STARTED, 0.0))
             return
         try:
             if self._state.traced:
@@ -258,7 +294,7 @@ class ParallelRunner:
                 self._call(msg)
         except BaseException as exc:
             error = exc
-        self._done.put((window, tp, msg, error))
+        self._done.put((window, tp, msg, error, started))
 
     def _drain(self, block: float) -> bool:
         """Deal with the outcomes queued; wait up to ``block`` s for the first."""
@@ -268,14 +304,24 @@ class ParallelRunner:
         except queue.Empty:
             return False
         successes = 0
+        detector = self._detector
         while True:
-            window, tp, msg, error = outcome
+            window, tp, msg, error, started = outcome
             self._futures.pop((window, msg.offset()), None)  # type: ignore[arg-type]
             if error is _NOT_STARTED:
                 window.abandon(msg.offset())  # type: ignore[arg-type]
             elif self.windows.get(tp) is window:  # else revoked or lost meanwhile
                 if error is None:
                     successes += 1
+                    # evidence the dependency works, in the order the outcomes came, unless
+                    # its handler started before the outage began (it may end after the
+                    # outage's first failures)
+                    if (
+                        detector is not None
+                        and not (detector.active and started < (detector.since or 0.0))
+                        and detector.success()
+                    ):
+                        self._outage_ended(detector)
                     self._finished(window, tp, msg)
                 else:
                     self._failed(window, tp, msg, error)
@@ -291,7 +337,7 @@ class ParallelRunner:
 
     def _finished(self, window: InflightWindow[Message], tp: TP, msg: Message) -> None:
         offset: int = msg.offset()  # type: ignore[assignment]
-        self._attempts.pop((tp, offset), None)
+        self._forget_record((tp, offset))
         window.finish(offset)
         self._dirty.add(tp)
         if self._dedupe is not None:
@@ -307,16 +353,42 @@ class ParallelRunner:
             self._fatal(window, offset, exc)
             return
         retrying = self._retrying
-        state = self._attempts.get((tp, offset))
+        record = (tp, offset)
+        state = self._attempts.get(record)
         if state is None:
-            state = self._attempts[(tp, offset)] = tenacity.RetryCallState(retrying, None, (), {})
+            state = self._attempts[record] = tenacity.RetryCallState(retrying, None, (), {})
+            if self._detector is not None:
+                self._marks[record] = self._detector.mark()
         else:
             state.attempt_number += 1
         state.set_exception((type(exc), exc, exc.__traceback__))
-        classification = classify(exc)
-        if not retrying.retry(state):
-            classification = poison(classification)
+        detector = self._detector
+        # only the registry's own failures (its client, the deserialization step): the same
+        # transport error from the handler's own HTTP dependency is judged by the evidence
+        registry = outage_classification(exc) if detector is not None else None
+        classification = registry if registry is not None else classify(exc)
+        if registry is not None and not is_outage(registry):
+            pass  # the registry said 4xx (schema unknown): poison, at once
+        elif registry is None and not retrying.retry(state):
+            classification = poison(classification)  # no evidence of an outage either way
         else:
+            if detector is not None:
+                if self._probe == record:
+                    self._probe = None
+                if detector.failure(
+                    (tp[0], tp[1], offset),
+                    error_type=type(exc).__name__,
+                    error=self._error_text(exc),
+                    classified=registry is not None,
+                ):
+                    log_outage_started(self._log, detector, tp, offset)
+                if detector.active:
+                    # held, its RetryPolicy not spent: after the outage it has it whole again
+                    note_outage(self._log, detector, held_records=len(self._held) + 1)
+                    state.attempt_number -= 1
+                    if not self._hold(window, record, exc):
+                        self._give_up_record(window, tp, msg, exc, classification, limit=True)
+                    return
             delay = float(retrying.wait(state))
             state.upcoming_sleep = delay
             if not retrying.stop(state):
@@ -332,8 +404,115 @@ class ParallelRunner:
                     delay_s=round(delay, 3),
                 )
                 return
-        self._attempts.pop((tp, offset), None)
-        self._give_up(window, tp, msg, exc, classification, state.attempt_number)
+            if detector is not None:
+                decision = detector.exhausted(self._marks.get(record, detector.mark()))
+                if decision is OutageDecision.HOLD:
+                    if self._hold(window, record, exc):
+                        return
+                    self._give_up_record(window, tp, msg, exc, classification, limit=True)
+                    return
+                if decision is OutageDecision.PROBE:
+                    # nothing succeeded since its first failure: the records after it (other
+                    # keys, in flight meanwhile) give the evidence; it waits for it
+                    wait = self._outage_wait(record, exc)
+                    if wait is not None:
+                        window.retry(offset, time.monotonic() + wait)
+                        return
+                    self._give_up_record(window, tp, msg, exc, classification, limit=True)
+                    return
+        self._give_up_record(window, tp, msg, exc, classification)
+
+    def _give_up_record(
+        self,
+        window: InflightWindow[Message],
+        tp: TP,
+        msg: Message,
+        exc: Exception,
+        classification: Any,
+        *,
+        limit: bool = False,
+    ) -> None:
+        offset: int = msg.offset()  # type: ignore[assignment]
+        state = self._attempts.get((tp, offset))
+        attempts = state.attempt_number if state is not None else 1
+        self._forget_record((tp, offset))
+        self._give_up(window, tp, msg, exc, classification, attempts, limit=limit)
+
+    def _error_text(self, exc: BaseException) -> str:
+        return self._redact(str(exc) or type(exc).__name__)[:500]
+
+    def _forget_record(self, record: tuple[TP, int]) -> None:
+        self._attempts.pop(record, None)
+        self._marks.pop(record, None)
+        self._outage_states.pop(record, None)
+        self._held.pop(record, None)
+        if self._probe == record:
+            self._probe = None
+
+    # ------------------------------------------------------------------ outages
+
+    def _outage_wait(self, record: tuple[TP, int], exc: BaseException) -> float | None:
+        """The outage policy's next wait for ``record``; None once its limit is reached."""
+        retrying = self._outage_retrying
+        assert retrying is not None
+        state = self._outage_states.get(record)
+        if state is None:
+            state = self._outage_states[record] = tenacity.RetryCallState(retrying, None, (), {})
+        else:
+            state.attempt_number += 1
+        state.set_exception((type(exc), exc, exc.__traceback__))
+        delay = float(retrying.wait(state))
+        state.upcoming_sleep = delay
+        if retrying.stop(state):
+            return None
+        state.idle_for += delay
+        return delay
+
+    def _hold(
+        self, window: InflightWindow[Message], record: tuple[TP, int], exc: Exception
+    ) -> bool:
+        """Hold ``record`` during the outage; False: its outage limit was reached."""
+        if self._outage_wait(record, exc) is None:
+            return False
+        window.retry(record[1], math.inf)  # waits until it is the probe or the outage ends
+        self._held.pop(record, None)
+        self._held[record] = window  # the last to be tried again
+        if self._probe is None:
+            self._next_probe()
+        return True
+
+    def _next_probe(self, *, backoff: bool = True) -> None:
+        """Try the first held record again after the outage policy's next wait (``backoff``:
+        a probe failed, the wait grows; else the probed partition left, the same wait)."""
+        retrying = self._outage_retrying
+        assert retrying is not None
+        state = self._probe_wait
+        if state is None:
+            state = self._probe_wait = tenacity.RetryCallState(retrying, None, (), {})
+        elif backoff:
+            state.attempt_number += 1
+        for record, window in self._held.items():
+            if self.windows.get(record[0]) is window and window.waiting(record[1]):
+                self._probe = record
+                window.reschedule(record[1], time.monotonic() + float(retrying.wait(state)))
+                return
+
+    def _outage_ended(self, detector: OutageDetector) -> None:
+        """The first success after an outage: every held record is retried at once, each with
+        its RetryPolicy's whole budget again."""
+        now = time.monotonic()
+        mark = detector.mark()
+        for record, window in self._held.items():
+            self._attempts.pop(record, None)
+            self._outage_states.pop(record, None)
+            self._marks[record] = mark
+            # the probe may be running: its own outcome comes
+            if self.windows.get(record[0]) is window and window.waiting(record[1]):
+                window.reschedule(record[1], now)
+        self._held.clear()
+        self._probe = None
+        self._probe_wait = None
+        log_outage_ended(self._log, detector)
 
     def _give_up(
         self,
@@ -343,10 +522,11 @@ class ParallelRunner:
         exc: Exception,
         classification: Any,
         attempts: int,
+        *,
+        limit: bool = False,
     ) -> None:
         """Dead-letter ``msg``; it is finished when the write is acknowledged."""
         offset: int = msg.offset()  # type: ignore[assignment]
-        text = self._redact(str(exc) or type(exc).__name__)[:500]
         self._log.warning(
             "message_failed",
             topic=tp[0],
@@ -354,8 +534,13 @@ class ParallelRunner:
             offset=offset,
             attempts=attempts,
             error_type=type(exc).__name__,
-            error=text,
+            error=self._error_text(exc),
             category=classification.category.value,
+            **(
+                {"reason": "the dependency outage limit (outage_retry) was reached"}
+                if limit
+                else {}
+            ),
         )
         policy, sink = self._policy, self.sink
         if policy is None or sink is None:
@@ -583,6 +768,13 @@ class ParallelRunner:
             self._dirty.discard(tp)
             self._uncommitted.discard(tp)
         self._attempts = {k: v for k, v in self._attempts.items() if k[0] not in tps}
+        self._marks = {k: v for k, v in self._marks.items() if k[0] not in tps}
+        self._outage_states = {k: v for k, v in self._outage_states.items() if k[0] not in tps}
+        self._held = {k: v for k, v in self._held.items() if k[0] not in tps}
+        if self._probe is not None and self._probe[0] in tps:
+            self._probe = None
+            if self._held and self._probe_wait is not None:
+                self._next_probe(backoff=False)
         self._dead_letters = [d for d in self._dead_letters if d[1] not in tps]
         self._cancel_closed()
 
