@@ -14,20 +14,16 @@ from typing import Any
 
 import pytest
 import tenacity
-from _producer_helpers import read_back
 from confluent_kafka import Message
 from structlog.testing import capture_logs
 from test_consumer_integration import TopicFactory, committed, ends, produce, with_dlq
 
 from kresilient.aio import AsyncResilientConsumer
 from kresilient.consumer import RetryPolicy
-from kresilient.deadletter import CircuitBreakerPolicy, parse_dead_letter_headers
-from kresilient.errors import CircuitBreakerOpenError, UnsafeConfigError
+from kresilient.errors import UnsafeConfigError
 from kresilient.testing import KafkaCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
-
-FAST_RETRY = RetryPolicy(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(0.05))
 
 
 def _conf(cluster: KafkaCluster, group: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -113,93 +109,6 @@ async def test_everything_handled_once_in_order_and_committed(
     for p, offsets in seen.items():
         assert offsets == list(range(high[p]))  # once each, in order
     assert committed(kafka_cluster.bootstrap_servers, group, topic, high) == high
-
-
-async def test_one_percent_poison_goes_to_the_dead_letter_topic_byte_for_byte(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
-) -> None:
-    topic, dlq = with_dlq(topic_factory, partitions=2)
-    n = 2000
-    items = [
-        (b"k%d" % i, (b"poison-%d" % i if i % 100 == 7 else b"ok-%d" % i), [("h", b"%d" % i)], None)
-        for i in range(n)
-    ]
-    where = produce(kafka_cluster.bootstrap_servers, topic, items)
-    handled: list[bytes] = []
-
-    async def handle(msg: Message) -> None:
-        value = msg.value()
-        assert value is not None
-        if value.startswith(b"poison"):
-            raise ValueError(f"not an order: {value[:10]!r}")  # not retried: dead-lettered
-        handled.append(value)
-
-    group = f"g-{uuid.uuid4().hex[:10]}"
-    consumer = AsyncResilientConsumer(
-        _conf(kafka_cluster, group), [topic], handle, retry=FAST_RETRY
-    )
-    task = asyncio.create_task(consumer.run())
-    await _until(lambda: len(handled) + consumer.dead_lettered >= n, 120, "every record")
-    await _stop(consumer, task)
-    poison = {i for i in range(n) if i % 100 == 7}
-    assert consumer.dead_lettered == len(poison) == 20
-    records = read_back(kafka_cluster.bootstrap_servers, dlq)
-    assert len(records) == len(poison)
-    by_key = {r.key(): r for r in records}
-    for i in poison:
-        record = by_key[b"k%d" % i]
-        assert record.value() == b"poison-%d" % i  # byte for byte
-        info = parse_dead_letter_headers(record.headers())
-        assert info.original_headers == (("h", b"%d" % i),)
-        assert (info.original_topic, info.original_partition, info.original_offset) == (
-            topic,
-            *where[i],
-        )
-        assert info.consumer_group == group
-        assert info.exception_short_type == "ValueError"
-        assert info.error_category == "poison"
-    high = ends(kafka_cluster.bootstrap_servers, topic)
-    assert committed(kafka_cluster.bootstrap_servers, group, topic, high) == high
-
-
-async def test_a_handler_awaiting_longer_than_max_poll_interval_causes_no_rebalance(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
-) -> None:
-    topic, _ = with_dlq(topic_factory, partitions=1)
-    produce(
-        kafka_cluster.bootstrap_servers, topic, [(None, b"%d" % i, None, None) for i in range(5)]
-    )
-    max_poll_s = 7.0
-    waited: list[float] = []
-    handled: list[int] = []
-
-    async def handle(msg: Message) -> None:
-        if msg.offset() == 1:
-            began = time.monotonic()
-            await asyncio.sleep(max_poll_s + 4)
-            waited.append(time.monotonic() - began)
-        handled.append(msg.offset() or 0)
-
-    group = f"g-{uuid.uuid4().hex[:10]}"
-    conf = _conf(
-        kafka_cluster,
-        group,
-        **{"max.poll.interval.ms": int(max_poll_s * 1000), "session.timeout.ms": 6000},
-    )
-    with capture_logs() as logs:
-        consumer = AsyncResilientConsumer(conf, [topic], handle)
-        task = asyncio.create_task(consumer.run())
-        await _until(lambda: len(handled) == 5, 60, "every record")
-        await _stop(consumer, task)
-    assert waited and waited[0] > max_poll_s  # the await really outlived max.poll.interval.ms
-    events = [e["event"] for e in logs]
-    # one assignment and one revocation (by close): no rebalance while the handler awaited
-    assert events.count("partitions_assigned") == 1
-    assert events.count("partitions_revoked") == 1
-    assert "partitions_lost" not in events
-    assert "kafka_client_error" not in events  # no MAX_POLL_EXCEEDED
-    assert handled == [0, 1, 2, 3, 4]
-    assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: 5}
 
 
 async def test_retries_pause_the_partition_while_others_flow_and_keep_order(
@@ -386,35 +295,6 @@ async def test_cancelling_run_commits_what_was_handled_and_leaves_the_group(
     assert total + len(rest) == n
 
 
-async def test_circuit_breaker_opens_after_consecutive_dead_letters_and_commits_first(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
-) -> None:
-    topic, dlq = with_dlq(topic_factory)
-    produce(
-        kafka_cluster.bootstrap_servers, topic, [(None, b"%d" % i, None, None) for i in range(20)]
-    )
-
-    async def handle(msg: Message) -> None:
-        if (msg.offset() or 0) >= 5:
-            raise ValueError("bad record")
-
-    group = f"g-{uuid.uuid4().hex[:10]}"
-    consumer = AsyncResilientConsumer(
-        _conf(kafka_cluster, group),
-        [topic],
-        handle,
-        circuit_breaker=CircuitBreakerPolicy(max_consecutive=3),
-    )
-    with pytest.raises(CircuitBreakerOpenError):
-        await asyncio.wait_for(consumer.run(), 60)
-    # at most max_consecutive dead letters in a row, as ResilientConsumer: the 4th failing
-    # record opens the breaker and is neither dead-lettered nor committed
-    assert consumer.dead_lettered == 3
-    assert len(read_back(kafka_cluster.bootstrap_servers, dlq)) == 3
-    # handled (5) + dead-lettered and acknowledged (3): committed, nothing past them
-    assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: 8}
-
-
 async def test_trace_context_flows_into_the_handler_task(
     kafka_cluster: KafkaCluster, topic_factory: TopicFactory
 ) -> None:
@@ -455,8 +335,10 @@ async def _current_span_id() -> int:
 async def test_negative_control_a_consumer_not_polling_past_max_poll_interval_is_rebalanced(
     kafka_cluster: KafkaCluster, topic_factory: TopicFactory
 ) -> None:
-    """The fault of the test above is real: confluent-kafka's own AIOConsumer awaiting its
-    work between polls for longer than max.poll.interval.ms leaves the group."""
+    """The fault of tests/test_aio_consumer_parity.py::
+    test_parity_failing_longer_than_max_poll_interval_causes_no_rebalance[aio] is real:
+    confluent-kafka's own AIOConsumer awaiting its work between polls for longer than
+    max.poll.interval.ms leaves the group."""
     from confluent_kafka import KafkaError
     from confluent_kafka.aio import AIOConsumer
 

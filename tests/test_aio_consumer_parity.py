@@ -2,16 +2,22 @@
 
 First the asyncio consumer's own parity features (health, leadership, callbacks, the
 application's dead-letter producer); then ONE suite over both consumers (parametrised
-``sync``/``aio``) for the guarantees promised for both: a lost assignment never runs two
-handlers on one partition, the idle commit of the last stored offset, retries then a dead
-letter byte for byte, nothing committed past an unhandled record, a revoke waits for the
-handler in hand, a second signal interrupts the handler in hand (real signals, a process).
+``sync``/``aio``) for the guarantees promised for both (issue 37, acceptance 2): a lost
+assignment never runs two handlers on one partition, the idle commit of the last stored
+offset, retries then a dead letter byte for byte, nothing committed past an unhandled
+record, a revoke waits for the handler in hand; a handler's own HTTP error follows the
+RetryPolicy to the DLQ while a registry's is held as an outage; a failed dead-letter write
+leaves its record uncommitted; the circuit breaker; dedupe; ``/ready`` after a lost
+assignment that cannot rejoin (the network-fault cluster); a second signal interrupts the
+handler in hand (real signals, a process).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -25,11 +31,12 @@ from typing import Any
 
 import pytest
 import tenacity
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 from test_consumer_integration import TopicFactory, committed, ends, produce, with_dlq
 
 from kresilient.aio import AsyncResilientConsumer
 from kresilient.consumer import ConsumerHealth, RetryPolicy
+from kresilient.deadletter import CircuitBreakerPolicy
 from kresilient.testing import KafkaCluster
 
 pytestmark = pytest.mark.integration
@@ -210,6 +217,7 @@ class _Harness:
         handler: Any,
         *,
         max_concurrency: int = 2,
+        batch: bool = False,
         **options: Any,
     ) -> None:
         from kresilient.consumer import ResilientConsumer
@@ -225,9 +233,20 @@ class _Harness:
             def handle(msg: Message) -> None:
                 loop.run_until_complete(handler(msg))
 
+            def handle_batch(msgs: list[Message]) -> None:  # the sync consumer's batch mode
+                for msg in msgs:
+                    handle(msg)
+
             self._loop = loop
+            # a quicker stop when idle (one consume() call waits this long)
+            options.setdefault("poll_timeout", 0.2)
             self.consumer = ResilientConsumer(
-                config, topics, handle, install_signal_handlers=False, **options
+                config,
+                topics,
+                None if batch else handle,
+                batch_handler=handle_batch if batch else None,
+                install_signal_handlers=False,
+                **options,
             )
         else:
             self._loop = None
@@ -257,10 +276,19 @@ class _Harness:
     def health(self) -> ConsumerHealth:
         return self.consumer.health()  # type: ignore[no-any-return]
 
+    @property
+    def running(self) -> bool:
+        """run() has not returned (or raised) yet."""
+        return self._thread.is_alive()
+
+    def join(self, timeout: float = 120) -> None:
+        """Wait for run() to end by itself (it raised, or the handler stopped it)."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"the {self.kind} consumer did not end"
+
     def stop(self, timeout: float = 120) -> None:
         self.consumer.stop()
-        self._thread.join(timeout)
-        assert not self._thread.is_alive(), f"the {self.kind} consumer did not stop"
+        self.join(timeout)
 
 
 class _Tracker:
@@ -608,20 +636,701 @@ def test_parity_a_revoke_waits_for_the_handler_in_hand(
     assert committed(bootstrap, group, topic, high) == high
 
 
+# --------------------------------------------------------------------------- failures
+# A handler's failure, a dead-letter write that fails, the circuit breaker, dedupe: each
+# moved here from a test of one consumer (tests/test_consumer_seams.py,
+# tests/test_consumer_failure_paths.py, tests/test_consumer_integration.py,
+# tests/test_aio_consumer.py, tests/test_dedupe_consumer.py, tests/test_aio_dedupe.py), with
+# its assertions and controls, now run on both.
+
+THREE_TRIES = RetryPolicy(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(0.05))
+#: an outage policy that retries fast, so a record wrongly held shows many attempts at once
+FAST_OUTAGE = RetryPolicy(
+    stop=tenacity.stop_never, wait=tenacity.wait_fixed(0.05), retry=tenacity.retry_always
+)
+
+
+def _captured_log() -> tuple[Any, list[str]]:
+    """A structlog logger keeping each event's name (and dropping the line): the consumer's
+    ``logger=``, so a test waits for what the consumer says, not for a time."""
+    import structlog
+
+    events: list[str] = []
+
+    def capture(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+        events.append(str(event["event"]))
+        raise structlog.DropEvent
+
+    return structlog.wrap_logger(None, processors=[capture]), events
+
+
+def _held_attempts(harness: _Harness) -> int:
+    held = harness.health().held_partitions
+    return max((h["attempts"] for h in held), default=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_a_handlers_own_http_error_follows_the_retry_policy_to_the_dlq(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, closed_port: int, kind: str
+) -> None:
+    """The handler's HTTP dependency refuses connections (a real ``requests`` error): three
+    attempts (the user's RetryPolicy), then the DLQ, and the partition flows on (issue 35
+    #1: it was held as a Schema Registry outage, retried without end, never dead-lettered).
+    Controls: test_parity_a_registry_transport_error_is_still_held_as_an_outage."""
+    import requests
+    from _producer_helpers import read_back
+
+    from kresilient.deadletter import parse_dead_letter_headers
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    produce(bootstrap, topic, [(b"k", b"call-the-api", None, None), (b"k", b"ok", None, None)])
+    calls: list[bytes] = []
+
+    async def handle(msg: Message) -> None:
+        calls.append(msg.value())  # type: ignore[arg-type]
+        if msg.value() == b"call-the-api":
+            url = f"http://127.0.0.1:{closed_port}/price"
+            await asyncio.to_thread(requests.get, url, timeout=5)
+
+    harness = _Harness(
+        kind,
+        _conf(kafka_cluster),
+        [topic],
+        handle,
+        retry=THREE_TRIES,
+        outage_retry=FAST_OUTAGE,
+    )
+    try:
+        # either outcome ends the wait: "ok" handled (the fix), or far more attempts than the
+        # policy allows (held as an outage)
+        _wait(
+            lambda: b"ok" in calls or calls.count(b"call-the-api") >= 10,
+            90,
+            "the record after the failing one, or many attempts of the failing one",
+        )
+        _wait(
+            lambda: (
+                harness.health().dead_lettered == 1 and harness.health().dead_letters_pending == 0
+            ),
+            30,
+            "the dead letter acknowledged",
+        )
+    finally:
+        harness.stop()
+    assert harness.error is None, harness.error
+    assert calls.count(b"call-the-api") == 3, calls
+    assert calls[-1] == b"ok"
+    (record,) = read_back(bootstrap, dlq)
+    info = parse_dead_letter_headers(record.headers())
+    assert record.value() == b"call-the-api"
+    assert info.exception_type == "requests.exceptions.ConnectionError"
+    assert info.attempts == 3 and info.original_topic == topic
+
+
+@pytest.mark.parametrize(
+    ("kind", "where"),
+    [
+        ("sync", "deserializer"),  # the asyncio consumer takes no deserializer
+        ("sync", "handler-calls-registry-client"),
+        ("aio", "handler-calls-registry-client"),
+    ],
+)
+def test_parity_a_registry_transport_error_is_still_held_as_an_outage(
+    kafka_cluster: KafkaCluster,
+    topic_factory: TopicFactory,
+    closed_port: int,
+    kind: str,
+    where: str,
+) -> None:
+    """Control of the test above: the same kind of error (a refused connection), raised by
+    the registry client (through the deserializer, or called by the handler itself), is held
+    well past the user's three attempts and never dead-lettered."""
+    from _producer_helpers import read_back
+
+    sr = pytest.importorskip("confluent_kafka.schema_registry")
+    from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    framed = b"\x00" + (1).to_bytes(4, "big") + b'{"n": 1}'  # schema id 1
+    produce(bootstrap, topic, [(b"k", framed, None, None)])
+    client = sr.SchemaRegistryClient({"url": f"http://127.0.0.1:{closed_port}", "max.retries": 0})
+    calls: list[Any] = []
+
+    async def handle(msg: Message) -> None:
+        calls.append(msg.value())
+        if where == "handler-calls-registry-client":
+            await asyncio.to_thread(client.get_schema, 1)
+
+    extra: dict[str, Any] = {}
+    if where == "deserializer":
+        extra["value_deserializer"] = JSONDeserializer(None, schema_registry_client=client)
+    harness = _Harness(
+        kind,
+        _conf(kafka_cluster),
+        [topic],
+        handle,
+        retry=THREE_TRIES,
+        outage_retry=FAST_OUTAGE,
+        **extra,
+    )
+    try:
+        _wait(lambda: _held_attempts(harness) >= 6, 90, "the outage hold past 3 attempts")
+        health = harness.health()
+    finally:
+        harness.stop()
+    assert harness.error is None, harness.error
+    assert health.dead_lettered == 0 and health.dead_letters_pending == 0
+    assert read_back(bootstrap, dlq) == []
+    if where == "deserializer":
+        assert calls == []  # never deserialized, never handed to the handler
+
+
+@pytest.mark.parametrize("how", ["refused", "failing-later"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_a_failed_dead_letter_write_leaves_the_record_uncommitted(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str, how: str
+) -> None:
+    """Offset 6 is poison (dead-lettered at once) and its dead-letter write fails:
+    ``refused`` at once by the dead-letter producer (larger than its message.max.bytes), or
+    ``failing-later``: accepted but never acknowledged (its topic does not exist;
+    message.timeout.ms 1 s). Both consumers: the committed offset stays at the poison
+    offset 6 (docs/consumer.md, docs/asyncio.md: never committed past a record neither
+    handled nor dead-lettered). How they get there differs by design: the sync consumer
+    stops with DeadLetterError (with ``failing-later`` the partition flowed past the dead
+    letter meanwhile: 7-9 handled, not committed); the asyncio consumer retries the write
+    with the partition held at 6 (0.5 s .. 10 s apart), nothing after it handled, until
+    stopped."""
+    from kresilient.deadletter import DeadLetterPolicy
+    from kresilient.errors import DeadLetterError
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    options: dict[str, Any]
+    if how == "refused":
+        topic, _ = with_dlq(topic_factory)
+        options = {"dead_letter_producer_config": {"message.max.bytes": 2000}}
+    else:
+        topic = topic_factory(partitions=1)  # no .dlq topic
+        options = {
+            "dead_letter": DeadLetterPolicy(require_topic=False),
+            "dead_letter_producer_config": {"message.timeout.ms": 1000},
+        }
+    produce(
+        bootstrap, topic, [(b"k", b"x" * 5000 if i == 6 else b"%d" % i, None, 0) for i in range(10)]
+    )
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    handled: list[int] = []
+    log, events = _captured_log()
+
+    async def handle(msg: Message) -> None:
+        if len(msg.value() or b"") > 100:
+            raise ValueError("poison")
+        handled.append(msg.offset())  # type: ignore[arg-type]
+
+    harness = _Harness(
+        kind,
+        _conf(kafka_cluster, group, **{"enable.auto.commit": False}),
+        [topic],
+        handle,
+        logger=log,
+        **options,
+    )
+    held: list[dict[str, Any]] = []
+    try:
+        if kind == "sync":
+            harness.join(120)  # run() ends by itself, raising DeadLetterError
+        else:
+            _wait(
+                lambda: events.count("dead_letter_failed") >= 2,
+                120,
+                "the dead-letter write failed, then failed again when retried",
+            )
+            held = harness.health().held_partitions
+            assert harness.health().dead_letters_pending == 1
+    finally:
+        harness.stop()
+    if kind == "sync":
+        assert isinstance(harness.error, DeadLetterError), harness.error
+        if how == "failing-later":
+            assert handled == [0, 1, 2, 3, 4, 5, 7, 8, 9]  # flowed past the dead letter
+    else:
+        assert harness.error is None, harness.error
+        assert [(h["partition"], h["offset"]) for h in held] == [(0, 6)]
+        assert handled == [0, 1, 2, 3, 4, 5]  # held at the record being dead-lettered
+        assert harness.health().dead_lettered == 0
+    assert committed(bootstrap, group, topic, [0]) == {0: 6}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_one_percent_poison_goes_to_the_dlq_byte_for_byte(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str
+) -> None:
+    """10,000 records on 3 partitions, 1 % poison (the handler's ValueError: dead-lettered
+    at once, not retried): every poison record in the DLQ with identical key, value and
+    headers (binary, empty, in order) plus the kresilient headers (original coordinates,
+    group, POISON, one attempt, timestamps); every other record handled once; no offset
+    committed ahead of its handling or of its dead letter's acknowledgement (the commits seen
+    by ``on_commit``, the acknowledgements by the application's dead-letter producer's
+    ``on_delivery``); everything committed at the end."""
+    from _producer_helpers import read_back
+    from confluent_kafka import TopicPartition
+
+    from kresilient.deadletter import parse_dead_letter_headers
+    from kresilient.producer import ResilientProducer
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory, partitions=3)
+    n = 10_000
+    items: list[Any] = []
+    for i in range(n):
+        headers: list[tuple[str, bytes | None]] = [
+            ("id", b"%d" % i),
+            ("bin", bytes([i % 256, 0, 255])),
+            ("empty", None),
+        ]
+        if i % 100 == 42:
+            items.append((b"\x00key%d" % i, b"\xff\xfepoison%d" % i, headers, None))
+        else:
+            items.append((b"key%d" % i, json.dumps({"i": i}).encode(), headers, None))
+    where = produce(bootstrap, topic, items)
+    poison = {where[i]: items[i] for i in range(n) if i % 100 == 42}
+    good = {where[i] for i in range(n) if i % 100 != 42}
+    where_of_value = {item[1]: at for at, item in poison.items()}
+    # appended by the handler, the consumer's commit callback and the dead-letter producer's
+    # delivery callback (list.append is atomic); each event follows what caused it
+    events: list[tuple[str, Any]] = []
+    handled: set[tuple[int, int]] = set()
+
+    def acked(err: Any, msg: Message) -> None:  # delivery reports carry no headers
+        assert err is None
+        events.append(("dlq-acked", where_of_value[msg.value()]))  # type: ignore[index]
+
+    def on_commit(err: Any, partitions: list[TopicPartition]) -> None:
+        if err is None:
+            events.append(
+                ("commit", [(p.partition, p.offset) for p in partitions if p.offset >= 0])
+            )
+
+    async def handle(msg: Message) -> None:
+        value = json.loads(msg.value() or b"")  # poison: ValueError, not retried
+        assert isinstance(value, dict)
+        handled.add((msg.partition(), msg.offset()))  # type: ignore[arg-type]
+        events.append(("handled", (msg.partition(), msg.offset())))
+
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    dlq_producer = ResilientProducer({"bootstrap.servers": bootstrap, "on_delivery": acked})
+    harness = _Harness(
+        kind,
+        _conf(kafka_cluster, group, on_commit=on_commit, **{"auto.commit.interval.ms": 200}),
+        [topic],
+        handle,
+        dead_letter_producer=dlq_producer,
+        retry=THREE_TRIES,
+    )
+    try:
+        _wait(
+            lambda: len(handled) == len(good) and harness.health().dead_lettered == len(poison),
+            180,
+            "every record handled or dead-lettered",
+        )
+    finally:
+        harness.stop()
+        dlq_producer.close()
+    assert harness.error is None, harness.error
+    assert handled == good
+    records = read_back(bootstrap, dlq)
+    assert len(records) == len(poison) == 100
+    for record in records:
+        info = parse_dead_letter_headers(record.headers())
+        at = (info.original_partition, info.original_offset)
+        key, value, headers, _ = poison[at]  # type: ignore[index]
+        assert record.key() == key and record.value() == value
+        assert list(info.original_headers) == headers
+        assert record.headers()[: len(headers or [])] == headers
+        assert info.original_topic == topic and info.consumer_group == group
+        # json.loads(b"\xff\xfe...") guesses UTF-16 from the BOM; either way a ValueError
+        assert info.exception_type in ("UnicodeDecodeError", "json.decoder.JSONDecodeError")
+        assert info.exception_short_type in ("UnicodeDecodeError", "JSONDecodeError")
+        assert info.error_category == "poison" and info.attempts == 1
+        assert info.original_timestamp is not None and info.failed_at is not None
+    # no offset committed ahead of its handling or its dead letter's acknowledgement
+    done: set[tuple[int, int]] = set()
+    commits = 0
+    for what, data in list(events):
+        if what in ("handled", "dlq-acked"):
+            done.add(data)
+        else:
+            commits += 1
+            for partition, offset in data:
+                below = {(partition, o) for o in range(offset)}
+                assert below <= done, f"committed {partition}@{offset} ahead of its handling"
+    assert commits > 0
+    high = ends(bootstrap, topic)
+    assert committed(bootstrap, group, topic, high) == high
+    assert harness.health().dead_lettered == 100
+
+
+@pytest.mark.parametrize(
+    ("policy", "dead_lettered"),
+    [
+        (CircuitBreakerPolicy(max_consecutive=20), 20),
+        # 50 good, then every message poison: the 49th dead letter makes 50/100 > 0.2
+        (
+            CircuitBreakerPolicy(max_consecutive=None, max_ratio=0.2, window=600, min_messages=100),
+            49,
+        ),
+    ],
+    ids=["consecutive", "ratio"],
+)
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_the_circuit_breaker_opens_on_a_poison_flood_and_commits_first(
+    kafka_cluster: KafkaCluster,
+    topic_factory: TopicFactory,
+    kind: str,
+    policy: CircuitBreakerPolicy,
+    dead_lettered: int,
+) -> None:
+    """50 good records, 300 poison, 50 good: the breaker opens (at most ``max_consecutive``
+    dead letters in a row, or the ratio over the window), run() raises
+    CircuitBreakerOpenError after committing what was handled and dead-lettered; the record
+    that opened it is neither dead-lettered nor committed."""
+    from _producer_helpers import read_back
+
+    from kresilient.deadletter import parse_dead_letter_headers
+    from kresilient.errors import CircuitBreakerOpenError
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, dlq = with_dlq(topic_factory)
+    values = [b"{}"] * 50 + [b"poison"] * 300 + [b"{}"] * 50
+    produce(bootstrap, topic, [(None, v, None, None) for v in values])
+    handled: list[int] = []
+
+    async def handle(msg: Message) -> None:
+        json.loads(msg.value() or b"")  # poison: a ValueError, dead-lettered at once
+        handled.append(msg.offset())  # type: ignore[arg-type]
+
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    harness = _Harness(kind, _conf(kafka_cluster, group), [topic], handle, circuit_breaker=policy)
+    harness.join(120)
+    assert isinstance(harness.error, CircuitBreakerOpenError), harness.error
+    assert "circuit breaker open" in str(harness.error)
+    assert handled == list(range(50))
+    records = read_back(bootstrap, dlq)
+    assert [parse_dead_letter_headers(r.headers()).original_offset for r in records] == list(
+        range(50, 50 + dead_lettered)
+    )
+    # the message that tripped the breaker was neither dead-lettered nor committed
+    assert committed(bootstrap, group, topic, [0]) == {0: 50 + dead_lettered}
+    health = harness.health()
+    assert health.dead_lettered == dead_lettered
+    assert health.circuit_breaker is not None and health.circuit_breaker["open"] is True
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_failing_longer_than_max_poll_interval_causes_no_rebalance(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str
+) -> None:
+    """Partition 0's record 10 fails for 10 s (max.poll.interval.ms=7 s: retries made from
+    the poll loop, the partition paused), then succeeds: no rebalance, no
+    MAX_POLL_EXCEEDED, partition 1 keeps flowing meanwhile, partition 0's order is kept.
+    The asyncio consumer also polls on while a handler awaits: in its run, partition 2's
+    first handler awaits until record 10 succeeded (longer than max.poll.interval.ms), still
+    without a rebalance (the sync consumer cannot: a handler holds its poll loop). The fault
+    is real (control, tests/test_aio_consumer.py): confluent-kafka's AIOConsumer awaiting as
+    long between polls gets _MAX_POLL_EXCEEDED."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _ = with_dlq(topic_factory, partitions=3)
+    produce(bootstrap, topic, [(None, b"p0-%d" % i, None, 0) for i in range(50)])
+    produce(bootstrap, topic, [(None, b"p1-%d" % i, None, 1) for i in range(10)])
+    produce(bootstrap, topic, [(None, b"p2-%d" % i, None, 2) for i in range(3)])
+    max_poll_s = 7.0
+    awaits = kind == "aio"  # a handler awaiting past max.poll.interval.ms (partition 2)
+    events: list[tuple[int, int, bytes]] = []
+    errors: list[int] = []
+    failing_since: list[float] = []
+    failed_attempts: list[float] = []
+    succeeded_at: list[float] = []
+    waited: list[float] = []
+
+    async def handle(msg: Message) -> None:
+        p, o = msg.partition(), msg.offset()
+        if p == 0 and o == 10:
+            if not failing_since:
+                failing_since.append(time.monotonic())
+            if time.monotonic() - failing_since[0] < max_poll_s + 3:
+                failed_attempts.append(time.monotonic())
+                raise ConnectionError("downstream unavailable")
+            succeeded_at.append(time.monotonic())
+        if awaits and p == 2 and o == 0:
+            began = time.monotonic()
+            await _until(lambda: bool(succeeded_at), 120, "record 10 to succeed")
+            waited.append(time.monotonic() - began)
+        events.append((p, o, msg.value() or b""))  # type: ignore[arg-type]
+
+    harness = _Harness(
+        kind,
+        _conf(
+            kafka_cluster,
+            **{
+                "max.poll.interval.ms": int(max_poll_s * 1000),
+                "session.timeout.ms": 6000,
+                "error_cb": lambda err: errors.append(err.code()),
+            },
+        ),
+        [topic],
+        handle,
+        max_concurrency=3,
+        retry=RetryPolicy(stop=tenacity.stop_after_delay(120), wait=tenacity.wait_fixed(0.5)),
+    )
+    try:
+        _wait(lambda: bool(failing_since), 60, "the hold of record 10")
+        # partition 1 gets new records while partition 0 is held
+        produce(bootstrap, topic, [(None, b"p1-late-%d" % i, None, 1) for i in range(20)])
+        _wait(lambda: len(events) == 50 + 10 + 20 + 3, 120, "every record")
+        rebalances = dict(harness.health().rebalances)
+    finally:
+        harness.stop()
+    assert harness.error is None, harness.error
+    assert rebalances == {"assigned": 1, "revoked": 0, "lost": 0}  # the one join
+    assert harness.health().rebalances["revoked"] == 1  # the final leave
+    assert KafkaError._MAX_POLL_EXCEEDED not in errors, errors
+    p0 = [o for p, o, _ in events if p == 0]
+    assert p0 == list(range(50))  # order kept, nothing skipped
+    held_done = events.index((0, 10, b"p0-10"))
+    late = [i for i, (p, _, v) in enumerate(events) if p == 1 and v.startswith(b"p1-late")]
+    assert len(late) == 20 and max(late) < held_done  # partition 1 flowed during the hold
+    # held past max.poll.interval.ms by retries made from the poll loop, each counted; how
+    # many fit in the 10 s depends on the machine's load, not on the consumer
+    assert succeeded_at[0] - failed_attempts[0] > max_poll_s
+    assert harness.health().retries == len(failed_attempts) >= 2
+    assert [o for p, o, _ in events if p == 2] == [0, 1, 2]
+    if awaits:
+        assert waited and waited[0] > max_poll_s  # the await really outlived the interval
+
+
+# --------------------------------------------------------------------------- dedupe
+
+
+def _dedupe_items() -> list[Any]:
+    """(key, value, headers, partition): ids a..e; the ones dedupe must skip end in -skip."""
+    from kresilient.dedupe import MESSAGE_ID_HEADER, POSSIBLE_DUPLICATE_HEADER
+
+    m: list[Any] = [(POSSIBLE_DUPLICATE_HEADER, b"true")]
+    u: list[Any] = []
+
+    def rec(name: str, ident: bytes, extra: list[Any], part: int) -> Any:
+        return (ident, name.encode(), [(MESSAGE_ID_HEADER, ident), *extra], part)
+
+    return [
+        rec("a1", b"a", u, 0),
+        rec("b1", b"b", u, 0),
+        rec("a2-skip", b"a", m, 0),  # marked copy of a handled id
+        rec("c1-marked-unseen", b"c", m, 0),  # marked, first copy lost: handled
+        rec("c2-skip", b"c", m, 0),  # marked copy of c, handled just before
+        rec("b2-unmarked", b"b", u, 0),  # unmarked repeat: never skipped
+        rec("a3-skip", b"a", m, 0),  # skipped every time it comes again
+        rec("d1", b"d", u, 1),
+        rec("d2-skip", b"d", m, 1),
+        (b"e", b"e-no-id", m, 1),  # marked without an id: nothing to compare, handled
+    ]
+
+
+def _consume_all(
+    kind: str,
+    cluster: KafkaCluster,
+    topic: str,
+    total: int,
+    *,
+    dedupe: Any,
+    batch: bool = False,
+    max_concurrency: int = 1,
+    meter_provider: Any = None,
+) -> tuple[list[bytes], _Harness, str]:
+    """Run until handled + skipped == ``total``; return the values the handler saw."""
+    seen: list[bytes] = []
+
+    async def handle(msg: Message) -> None:
+        await asyncio.sleep(0)
+        seen.append(msg.value() or b"")
+
+    group = f"dedupe-{uuid.uuid4().hex[:10]}"
+    harness = _Harness(
+        kind,
+        _conf(cluster, group),
+        [topic],
+        handle,
+        batch=batch,
+        max_concurrency=max_concurrency,
+        dedupe=dedupe,
+        dead_letter=None,  # the handler never fails
+        meter_provider=meter_provider,
+    )
+    try:
+        _wait(
+            lambda: len(seen) + harness.health().duplicates_skipped >= total or not harness.running,
+            180,
+            f"{total} records handled or skipped",
+        )
+    finally:
+        harness.stop()
+    assert harness.error is None, harness.error
+    return seen, harness, group
+
+
+@pytest.mark.parametrize(
+    ("kind", "variant"),
+    [("sync", "per-message"), ("sync", "batch"), ("aio", "one-at-a-time"), ("aio", "concurrent")],
+)
+def test_parity_marked_copies_of_handled_ids_are_skipped_and_committed_past(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str, variant: str
+) -> None:
+    """``dedupe=`` (issue 20; the sync consumer per message and with a batch handler, the
+    asyncio one with max_concurrency 1 and 4): marked copies of handled ids are skipped (the
+    handler never sees them), unmarked repeats and marked records with an unseen id are
+    handled; the skips are counted (``health()``, the ``...duplicates_skipped`` gauge) and
+    logged at DEBUG with their ids, and offsets are committed past them. Control: the same
+    records without ``dedupe`` are all handled."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from structlog.testing import capture_logs
+
+    from kresilient.consumer._probes import DUPLICATES_METRIC
+    from kresilient.dedupe import Deduplicator
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic = topic_factory(partitions=2)
+    items = _dedupe_items()
+    produce(bootstrap, topic, items)
+    dedupe = Deduplicator(window=100)
+    reader = InMemoryMetricReader()
+    batch = variant == "batch"
+    concurrency = 4 if variant == "concurrent" else 1
+    with capture_logs() as logs:
+        seen, harness, group = _consume_all(
+            kind,
+            kafka_cluster,
+            topic,
+            len(items),
+            dedupe=dedupe,
+            batch=batch,
+            max_concurrency=concurrency,
+            meter_provider=MeterProvider(metric_readers=[reader]),
+        )
+    expected = sorted(value for _, value, _, _ in items if not value.endswith(b"-skip"))
+    assert sorted(seen) == expected
+    skipped = [e for e in logs if e["event"] == "duplicate_skipped"]
+    assert sorted(e["message_id"] for e in skipped) == ["a", "a", "c", "d"]
+    assert all(e["log_level"] == "debug" for e in skipped)
+    health = harness.health()
+    assert health.duplicates_skipped == 4 == dedupe.dropped
+    assert health.processed == len(expected)
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = [
+        point.value
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == DUPLICATES_METRIC
+        for point in metric.data.data_points
+    ]
+    assert points == [4]
+    high = ends(bootstrap, topic)
+    assert committed(bootstrap, group, topic, high) == high  # past the skips
+
+    # control: without dedupe every record is handled, the marked copies included
+    seen2, harness2, _ = _consume_all(
+        kind, kafka_cluster, topic, len(items), dedupe=None, batch=batch
+    )
+    assert sorted(seen2) == sorted(value for _, value, _, _ in items)
+    assert harness2.health().duplicates_skipped == 0
+
+
+# --------------------------------------------------------------------------- /ready
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_ready_turns_503_when_the_member_lost_its_partitions_and_cannot_rejoin(
+    kafka_network_cluster: KafkaCluster, kind: str
+) -> None:
+    """Every node is cut from the clients (the group coordinator unreachable): the session
+    times out, the member loses its partitions (the fault is real: ``rebalances["lost"]``)
+    and cannot rejoin. ``/live`` stays 200 (the loop polls), ``/ready`` must turn 503 within
+    ``stall_after_s`` of the loss, naming it; after the heal it rejoins and is ready again
+    (issue 35 suspicion: ``/ready`` stayed 200 with no partition)."""
+    cluster = kafka_network_cluster
+    topic = f"ready-{uuid.uuid4().hex[:8]}"
+    cluster.create_topic(topic, partitions=2)
+    produce(cluster.bootstrap_servers, topic, [(b"k", b"v", None, None)])
+
+    async def handle(msg: Message) -> None:
+        pass
+
+    harness = _Harness(
+        kind,
+        {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "group.id": f"g-{uuid.uuid4().hex[:10]}",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+        },
+        [topic],
+        handle,
+        dead_letter=None,
+        health_port=0,
+        stall_after_s=3.0,
+    )
+    try:
+        _wait(lambda: harness.consumer.health_port is not None, 60, "probe server")
+        port = harness.consumer.health_port
+        assert port is not None
+        _wait(lambda: _get(port, "/ready")[0] == 200, 60, "ready before the fault")
+        net = cluster.network
+        for node in cluster.node_ids:
+            net.isolate(node, peers=False)
+        try:
+            _wait(lambda: harness.health().rebalances["lost"] >= 1, 90, "partitions lost")
+            _wait(lambda: _get(port, "/ready")[0] == 503, 30, "/ready 503 after the loss")
+            status, body = _get(port, "/ready")
+            assert status == 503 and any("lost its partitions" in r for r in body["reasons"])
+            assert _get(port, "/live")[0] == 200  # the loop polls on: live, not ready
+        finally:
+            net.heal()
+        _wait(lambda: _get(port, "/ready")[0] == 200, 120, "ready again after the heal")
+    finally:
+        harness.stop()
+    assert harness.error is None, harness.error
+
+
 # --------------------------------------------------------------------------- signals
 
 WORKER = Path(__file__).with_name("test_consumer_parity_worker.py")
 
 
 class _Worker:
-    """A consumer process (tests/test_consumer_parity_worker.py) and its output so far."""
+    """A consumer process (tests/test_consumer_parity_worker.py, or ``script``) and its
+    output so far."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, script: Path = WORKER) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), *args],
+            [sys.executable, str(script), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )
         self.lines: list[str] = []
 
@@ -703,3 +1412,79 @@ def test_parity_a_second_signal_interrupts_the_handler_in_hand(
         assert code == 3 and "interrupted" in text, text
         assert ends(bootstrap, dlq) == {0: 0}, text  # never dead-lettered
         assert committed(bootstrap, group, topic, [0]) == {0: 1}, text  # 1 comes again
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("third_signal", [True, False], ids=["aborted", "control"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_a_third_signal_aborts_a_held_shutdown(
+    kafka_cluster: KafkaCluster,
+    topic_factory: TopicFactory,
+    tmp_path: Path,
+    kind: str,
+    third_signal: bool,
+) -> None:
+    """Real SIGINTs to a consumer process whose shutdown is held, each consumer by what its
+    shutdown waits for: the sync one (tests/consumer_worker.py) by a dead letter of offset 5
+    whose write is held back (``--slow-dead-letters``: the shutdown awaits its
+    acknowledgement); the asyncio one by a handler hanging on offset 1 that ignores the
+    cancellation a 2nd signal sends it (``deaf``). Commits only at close. The 1st signal
+    stops; the 2nd does not end the shutdown (sync: only logged; asyncio: it interrupts the
+    handlers, which the deaf one ignores); the 3rd aborts it: no final commit (nothing
+    committed), no close, ``shutdown_aborted`` and no ``consumer_closed`` in the log, a
+    non-zero exit (run() raised KeyboardInterrupt; issue 37 #8: on c15a167 every signal only
+    called the asyncio consumer's stop()). Control, no 3rd signal (asyncio: the handler obeys
+    the 2nd): the shutdown commits what was done and closes, so the abort is what skipped the
+    commit."""
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _ = with_dlq(topic_factory)
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    out = str(tmp_path / "out")
+    common = ("--bootstrap", bootstrap, "--topic", topic, "--group", group, "--out", out)
+    if kind == "sync":
+        produce(
+            bootstrap,
+            topic,
+            [(b"k", b"poison" if i == 5 else b"%d" % i, None, 0) for i in range(10)],
+        )
+        worker = _Worker(
+            *common, "--poison", "poison", "--slow-dead-letters", "--announce-after", "10",
+            script=Path(__file__).with_name("consumer_worker.py"),
+        )  # fmt: skip
+        worker.read_until("handled-all", 120)
+        worker.proc.send_signal(signal.SIGINT)
+        worker.read_until("waiting-for-dead-letters", 60)
+        worker.proc.send_signal(signal.SIGINT)
+        if third_signal:
+            worker.read_until("shutdown_signal_received", 60)  # the 2nd: only logged
+    else:
+        produce(bootstrap, topic, [(b"k", b"%d" % i, None, 0) for i in range(3)])
+        worker = _Worker(
+            "--kind", "aio", *common, "--mode", "deaf" if third_signal else "plain",
+            "--commit-interval-ms", "600000",
+        )  # fmt: skip
+        worker.read_until("stuck", 120)
+        worker.proc.send_signal(signal.SIGINT)
+        worker.read_until("stopping", 60)
+        worker.proc.send_signal(signal.SIGINT)
+        if third_signal:
+            worker.read_until("deaf", 60)  # it ignored the cancellation: the shutdown waits
+    if third_signal:
+        worker.proc.send_signal(signal.SIGINT)
+    code = worker.finish(120)
+    text = worker.text
+    if kind == "aio":  # the 2nd signal interrupted the handler in hand (the deaf one too)
+        assert code == 3 and "interrupted" in text, text
+        assert "handlers_interrupted" in text, text
+    if third_signal:
+        assert code != 0, text
+        assert "shutdown_aborted" in text and "consumer_closed" not in text, text
+        assert committed(bootstrap, group, topic, [0]) == {0: -1001}, text
+    else:
+        assert "shutdown_aborted" not in text and "consumer_closed" in text, text
+        if kind == "sync":
+            assert code == 0 and "shutdown_signal_received" in text, text
+            # 0-4 handled, 5 dead-lettered but unacknowledged at the commit: 5 is committed
+            assert committed(bootstrap, group, topic, [0]) == {0: 5}, text
+        else:
+            assert committed(bootstrap, group, topic, [0]) == {0: 1}, text  # 0 handled

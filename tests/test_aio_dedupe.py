@@ -2,10 +2,8 @@
 
 * bad input: anything but a :class:`~kresilient.dedupe.Deduplicator` is a ConfigError naming
   ``dedupe``;
-* real cluster, hand-made headers: marked copies of handled ids are skipped (the handler never
-  sees them), unmarked repeats and marked records with an unseen id are handled, the skips are
-  counted in ``health().duplicates_skipped`` and logged at DEBUG with their ids, and offsets
-  are committed past them; the same records without ``dedupe`` (control) are all handled;
+* marked copies of handled ids skipped, unmarked repeats handled, skips counted and committed
+  past (control: without ``dedupe``): for both consumers in tests/test_aio_consumer_parity.py;
 * two copies of one id in hand at once (``max_concurrency=2``, first copy on partition 0 still
   in its handler when the marked copy on partition 1 comes up): the copy waits and is skipped;
   the negative control (the in-hand registry disabled) handles the id twice, so the
@@ -21,7 +19,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Message
-from structlog.testing import capture_logs
 from test_consumer_integration import TopicFactory, committed, ends, produce
 
 from kresilient.aio import AsyncResilientConsumer
@@ -60,97 +57,6 @@ async def _until(predicate: Any, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(0.02)
-
-
-def _items() -> list[Any]:
-    """(key, value, headers, partition): ids a..e; the ones dedupe must skip end in -skip."""
-    m: list[Any] = [MARK]
-    u: list[Any] = []
-
-    def rec(name: str, ident: bytes, extra: list[Any], part: int) -> Any:
-        return (ident, name.encode(), [(MESSAGE_ID_HEADER, ident), *extra], part)
-
-    return [
-        rec("a1", b"a", u, 0),
-        rec("b1", b"b", u, 0),
-        rec("a2-skip", b"a", m, 0),  # marked copy of a handled id
-        rec("c1-marked-unseen", b"c", m, 0),  # marked, first copy lost: handled
-        rec("c2-skip", b"c", m, 0),  # marked copy of c, handled just before
-        rec("b2-unmarked", b"b", u, 0),  # unmarked repeat: never skipped
-        rec("a3-skip", b"a", m, 0),  # skipped every time it comes again
-        rec("d1", b"d", u, 1),
-        rec("d2-skip", b"d", m, 1),
-        (b"e", b"e-no-id", [MARK], 1),  # marked without an id: nothing to compare, handled
-    ]
-
-
-async def _consume_all(
-    cluster: KafkaCluster,
-    topic: str,
-    total: int,
-    *,
-    dedupe: Deduplicator | None,
-    max_concurrency: int = 1,
-) -> tuple[list[bytes], AsyncResilientConsumer, str]:
-    """Run until handled + skipped == ``total``; return the values the handler saw."""
-    seen: list[bytes] = []
-
-    async def handle(msg: Message) -> None:
-        await asyncio.sleep(0)
-        seen.append(msg.value() or b"")
-
-    group = f"adedupe-{uuid.uuid4().hex[:10]}"
-    consumer = AsyncResilientConsumer(
-        {"bootstrap.servers": cluster.bootstrap_servers, "group.id": group},
-        [topic],
-        handle,
-        dedupe=dedupe,
-        dead_letter=None,  # the handler never fails
-        max_concurrency=max_concurrency,
-        handle_signals=False,
-    )
-    task = asyncio.create_task(consumer.run())
-    try:
-        await _until(
-            lambda: len(seen) + consumer.health().duplicates_skipped >= total or task.done(),
-            180,
-            f"{total} records handled or skipped",
-        )
-    finally:
-        consumer.stop()
-        await asyncio.wait_for(task, 60)
-    return seen, consumer, group
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("max_concurrency", [1, 4])
-async def test_marked_copies_of_handled_ids_are_skipped_and_committed_past(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, max_concurrency: int
-) -> None:
-    bootstrap = kafka_cluster.bootstrap_servers
-    topic = topic_factory(partitions=2)
-    items = _items()
-    produce(bootstrap, topic, items)
-    dedupe = Deduplicator(window=100)
-    with capture_logs() as logs:
-        seen, consumer, group = await _consume_all(
-            kafka_cluster, topic, len(items), dedupe=dedupe, max_concurrency=max_concurrency
-        )
-    expected = sorted(value for _, value, _, _ in items if not value.endswith(b"-skip"))
-    assert sorted(seen) == expected
-    skipped = [e for e in logs if e["event"] == "duplicate_skipped"]
-    assert sorted(e["message_id"] for e in skipped) == ["a", "a", "c", "d"]
-    assert all(e["log_level"] == "debug" for e in skipped)
-    health = consumer.health()
-    assert health.duplicates_skipped == 4 == dedupe.dropped
-    assert health.processed == len(expected)
-    high = ends(bootstrap, topic)
-    assert committed(bootstrap, group, topic, high) == high  # past the skips
-
-    # control: without dedupe every record is handled, the marked copies included
-    seen2, consumer2, _ = await _consume_all(kafka_cluster, topic, len(items), dedupe=None)
-    assert sorted(seen2) == sorted(value for _, value, _, _ in items)
-    assert consumer2.health().duplicates_skipped == 0
 
 
 class _NoRegistry(dict[Any, Any]):

@@ -23,8 +23,7 @@ from test_consumer_integration import (
 )
 
 from kresilient.consumer import ResilientConsumer
-from kresilient.deadletter import DeadLetterPolicy
-from kresilient.errors import ConfigError, DeadLetterError
+from kresilient.errors import ConfigError
 from kresilient.testing import KafkaCluster
 
 pytestmark = pytest.mark.integration
@@ -61,63 +60,6 @@ def test_handler_raising_a_base_exception_commits_exactly_what_was_processed(
     runner.join(120)
     assert isinstance(runner.error, SystemExit)
     assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: 4}
-
-
-def test_dead_letter_write_refused_stops_before_the_poison_offset(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
-) -> None:
-    """The dead-letter producer refuses the record at once (larger than its
-    message.max.bytes): DeadLetterError from run(), the poison offset is not committed."""
-    topic, _ = with_dlq(topic_factory)
-    _ten(kafka_cluster, topic, 6, size=5000)
-    group = f"g-{uuid.uuid4().hex[:10]}"
-
-    def handle(msg: Message) -> None:
-        if len(msg.value() or b"") > 100:
-            raise ValueError("poison")
-
-    consumer = ResilientConsumer(
-        config(kafka_cluster, group, **{"enable.auto.commit": False}),
-        [topic],
-        handle,
-        dead_letter_producer_config={"message.max.bytes": 2000},
-        install_signal_handlers=False,
-    )
-    runner = Runner(consumer)
-    runner.join(120)
-    assert isinstance(runner.error, DeadLetterError), runner.error
-    assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: 6}
-
-
-def test_dead_letter_write_failing_later_stops_before_the_poison_offset(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
-) -> None:
-    """The dead-letter write is accepted but never acknowledged (its topic does not exist;
-    message.timeout.ms 3 s): the loop raises DeadLetterError; 7-9 were handled meanwhile but
-    the commit stays at the poison offset 6."""
-    topic = topic_factory(partitions=1)  # no .dlq topic
-    _ten(kafka_cluster, topic, 6, size=5000)
-    group = f"g-{uuid.uuid4().hex[:10]}"
-    handled: list[int] = []
-
-    def handle(msg: Message) -> None:
-        if len(msg.value() or b"") > 100:
-            raise ValueError("poison")
-        handled.append(msg.offset())  # type: ignore[arg-type]
-
-    consumer = ResilientConsumer(
-        config(kafka_cluster, group, **{"enable.auto.commit": False}),
-        [topic],
-        handle,
-        dead_letter=DeadLetterPolicy(require_topic=False),
-        dead_letter_producer_config={"message.timeout.ms": 3000},
-        install_signal_handlers=False,
-    )
-    runner = Runner(consumer)
-    runner.join(120)
-    assert isinstance(runner.error, DeadLetterError), runner.error
-    assert handled == [0, 1, 2, 3, 4, 5, 7, 8, 9]  # the partition flowed past the dead letter
-    assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: 6}
 
 
 def test_rebalance_listener_raising_stops_the_consumer_after_the_revoke_commit(

@@ -8,14 +8,10 @@ thin proxy around the real ``confluent_kafka.Consumer`` (it only chooses WHEN th
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,7 +40,6 @@ from kresilient.testing import KafkaCluster
 
 pytestmark = pytest.mark.integration
 
-WORKER = Path(__file__).with_name("consumer_worker.py")
 W3C = TraceContextTextMapPropagator()
 
 
@@ -267,113 +262,6 @@ def test_message_of_a_revoked_partition_is_not_handled_after_the_revoke_commit(
 
 
 # --------------------------------------------------------------------------- defect 6
-
-
-def _worker(*args: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-
-
-def _read_until(proc: subprocess.Popen[str], needle: str, timeout: float, seen: list[str]) -> None:
-    """Read the worker's output lines until one contains ``needle`` (with a deadline)."""
-    assert proc.stdout is not None
-    result: dict[str, bool] = {}
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            seen.append(line)
-            if needle in line:
-                result["hit"] = True
-                return
-
-    t = threading.Thread(target=read, daemon=True)
-    t.start()
-    t.join(timeout)
-    if not result.get("hit"):
-        proc.kill()  # no live worker left behind for the next test
-        proc.wait()
-        raise AssertionError(f"no {needle!r} within {timeout} s; output:\n{''.join(seen)}")
-
-
-def _finish(proc: subprocess.Popen[str], timeout: float, seen: list[str]) -> None:
-    """Wait for the worker to exit (with a deadline) and add the rest of its output to ``seen``.
-
-    A worker still running at the deadline is killed and its output is in the failure, so a
-    hang says where it hung and no live ``Popen`` is left for the next test to trip over.
-    """
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        seen.append(out or "")
-        raise AssertionError(
-            f"the worker did not exit within {timeout} s; output:\n{''.join(seen)}"
-        ) from None
-    seen.append(out)
-
-
-def _shutdown_worker(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
-) -> tuple[subprocess.Popen[str], str, str, list[str]]:
-    """A worker that handled 10 messages (offset 5 dead-lettered, its write held back by
-    linger.ms) and got its first SIGINT: it is in its shutdown, waiting for the dead letter."""
-    bootstrap = kafka_cluster.bootstrap_servers
-    topic, _ = with_dlq(topic_factory, partitions=1)
-    group = f"g-{uuid.uuid4().hex[:10]}"
-    produce(
-        bootstrap,
-        topic,
-        [(b"k", b"poison" if i == 5 else b"%d" % i, None, 0) for i in range(10)],
-    )
-    proc = _worker(
-        "--bootstrap", bootstrap, "--topic", topic, "--group", group,
-        "--out", str(tmp_path / "out"), "--poison", "poison", "--slow-dead-letters",
-        "--announce-after", "10",
-    )  # fmt: skip
-    seen: list[str] = []
-    _read_until(proc, "handled-all", 120, seen)
-    proc.send_signal(signal.SIGINT)
-    _read_until(proc, "waiting-for-dead-letters", 60, seen)
-    return proc, group, topic, seen
-
-
-@pytest.mark.timeout(300)
-def test_second_sigint_during_shutdown_still_commits_and_closes(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
-) -> None:
-    proc, group, topic, seen = _shutdown_worker(kafka_cluster, topic_factory, tmp_path)
-    proc.send_signal(signal.SIGINT)
-    _finish(proc, 120, seen)
-    text = "".join(seen)
-    assert proc.returncode == 0, text
-    assert "shutdown_signal_received" in text
-    assert "consumer_closed" in text
-    # offsets 0-4 processed, 5 dead-lettered but unacknowledged at the commit: 5 is committed
-    assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: 5}, text
-
-
-@pytest.mark.timeout(300)
-def test_third_signal_aborts_the_shutdown_and_says_so(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
-) -> None:
-    proc, group, topic, seen = _shutdown_worker(kafka_cluster, topic_factory, tmp_path)
-    proc.send_signal(signal.SIGINT)
-    _read_until(proc, "shutdown_signal_received", 60, seen)
-    proc.send_signal(signal.SIGINT)
-    _finish(proc, 120, seen)
-    text = "".join(seen)
-    assert proc.returncode != 0, text
-    assert "shutdown_aborted" in text and "consumer_closed" not in text
-    # negative control of the test above: without the final commit nothing is committed
-    assert committed(kafka_cluster.bootstrap_servers, group, topic, [0]) == {0: -1001}, text
 
 
 def _captured_log() -> tuple[Any, list[str]]:

@@ -1,7 +1,9 @@
-"""ResilientConsumer on the real 3-node cluster (issue 5, tests 7b, 7c, 7e, 7f and more).
+"""ResilientConsumer on the real 3-node cluster (issue 5, test 7e and more).
 
 7a (consumer SIGKILL) and 7d (leader SIGKILL) are in tests/test_consumer_chaos.py, 7g (dlq
-inspect and replay) in tests/test_deadletter_cli.py.
+inspect and replay) in tests/test_deadletter_cli.py; 7b (1 % poison to the DLQ byte for
+byte), 7c (failing longer than max.poll.interval.ms) and 7f (the circuit breaker) run for
+both consumers in tests/test_aio_consumer_parity.py.
 """
 
 from __future__ import annotations
@@ -20,12 +22,10 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from kresilient.consumer import BatchItemError, ResilientConsumer, RetryPolicy
 from kresilient.deadletter import (
-    CircuitBreakerPolicy,
     DeadLetterPolicy,
     parse_dead_letter_headers,
 )
-from kresilient.errors import CircuitBreakerOpenError, ConfigError
-from kresilient.producer import ResilientProducer
+from kresilient.errors import ConfigError
 from kresilient.testing import KafkaCluster
 
 pytestmark = pytest.mark.integration
@@ -178,98 +178,7 @@ def test_missing_dead_letter_topic_fails_fast(
         consumer.run()
 
 
-# --------------------------------------------------------------------------- 7b poison
-
-
-def test_7b_one_percent_poison_goes_to_the_dlq_byte_for_byte(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
-) -> None:
-    """Every poison message in the DLQ with identical key, value and headers plus the
-    kresilient headers; all others processed; no offset committed ahead of its handling."""
-    bootstrap = kafka_cluster.bootstrap_servers
-    topic, dlq = with_dlq(topic_factory, partitions=3)
-    n = 10_000
-    items: list[Item] = []
-    for i in range(n):
-        headers: list[tuple[str, bytes | None]] = [
-            ("id", b"%d" % i),
-            ("bin", bytes([i % 256, 0, 255])),
-            ("empty", None),
-        ]
-        if i % 100 == 42:
-            items.append((b"\x00key%d" % i, b"\xff\xfepoison%d" % i, headers, None))
-        else:
-            items.append((b"key%d" % i, json.dumps({"i": i}).encode(), headers, None))
-    where = produce(bootstrap, topic, items)
-    poison = {where[i]: items[i] for i in range(n) if i % 100 == 42}
-    good = {where[i] for i in range(n) if i % 100 != 42}
-
-    events: list[tuple[str, Any]] = []  # one thread appends: the consumer's
-    group = f"g-{uuid.uuid4().hex[:10]}"
-
-    where_of_value = {item[1]: at for at, item in poison.items()}
-
-    def acked(err: Any, msg: Message) -> None:  # delivery reports carry no headers
-        assert err is None
-        events.append(("dlq-acked", where_of_value[msg.value()]))
-
-    def on_commit(err: Any, partitions: list[TopicPartition]) -> None:
-        if err is None:
-            events.append(
-                ("commit", [(p.partition, p.offset) for p in partitions if p.offset >= 0])
-            )
-
-    handled: set[tuple[int, int]] = set()
-    consumer: ResilientConsumer
-
-    def handle(msg: Message) -> None:
-        value = json.loads(msg.value() or b"")  # poison: ValueError, not retried
-        assert isinstance(value, dict)
-        handled.add((msg.partition(), msg.offset()))  # type: ignore[arg-type]
-        events.append(("handled", (msg.partition(), msg.offset())))
-        if len(handled) == len(good):
-            consumer.stop()
-
-    dlq_producer = ResilientProducer({"bootstrap.servers": bootstrap, "on_delivery": acked})
-    consumer = ResilientConsumer(
-        config(kafka_cluster, group, on_commit=on_commit, **{"auto.commit.interval.ms": 200}),
-        [topic],
-        handle,
-        dead_letter_producer=dlq_producer,
-        install_signal_handlers=False,
-    )
-    Runner(consumer).join(180)
-    dlq_producer.close()
-
-    assert handled == good
-    records = read_back(bootstrap, dlq)
-    assert len(records) == len(poison) == 100
-    for record in records:
-        info = parse_dead_letter_headers(record.headers())
-        key, value, headers, _ = poison[(info.original_partition, info.original_offset)]  # type: ignore[index]
-        assert record.key() == key and record.value() == value
-        assert list(info.original_headers) == headers
-        assert record.headers()[: len(headers or [])] == headers
-        assert info.original_topic == topic and info.consumer_group == group
-        # json.loads(b"\xff\xfe...") guesses UTF-16 from the BOM; either way a ValueError
-        assert info.exception_type in ("UnicodeDecodeError", "json.decoder.JSONDecodeError")
-        assert info.error_category == "poison" and info.attempts == 1
-        assert info.original_timestamp is not None and info.failed_at is not None
-    # no offset committed ahead of its handling
-    done: set[tuple[int, int]] = set()
-    commits = 0
-    for kind, data in events:
-        if kind in ("handled", "dlq-acked"):
-            done.add(data)
-        else:
-            commits += 1
-            for partition, offset in data:
-                below = {(partition, o) for o in range(offset)}
-                assert below <= done, f"committed {partition}@{offset} ahead of its handling"
-    assert commits > 0
-    high = ends(bootstrap, topic)
-    assert committed(bootstrap, group, topic, high) == high
-    assert consumer.health().dead_lettered == 100
+# --------------------------------------------------------------------------- headers
 
 
 def test_java_header_sets_and_trace_context_on_the_real_record(
@@ -328,68 +237,6 @@ def test_java_header_sets_and_trace_context_on_the_real_record(
     )
 
 
-# --------------------------------------------------------------------------- 7c slow failure
-
-
-def test_7c_failing_longer_than_max_poll_interval_causes_no_rebalance(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory
-) -> None:
-    """Partition 0's message 10 fails for 14 s (max.poll.interval.ms=10 s), then succeeds:
-    no rebalance, partition 1 keeps flowing meanwhile, partition 0's order is kept."""
-    bootstrap = kafka_cluster.bootstrap_servers
-    topic, _ = with_dlq(topic_factory, partitions=2)
-    produce(bootstrap, topic, [(None, b"p0-%d" % i, None, 0) for i in range(50)])
-    produce(bootstrap, topic, [(None, b"p1-%d" % i, None, 1) for i in range(10)])
-    events: list[tuple[int, int, bytes]] = []
-    rebalances: list[str] = []
-    failing_since: list[float] = []
-    failed_attempts: list[float] = []
-    succeeded_at: list[float] = []
-    hold_started = threading.Event()
-    consumer: ResilientConsumer
-
-    def handle(msg: Message) -> None:
-        p, o = msg.partition(), msg.offset()
-        if p == 0 and o == 10:
-            if not failing_since:
-                failing_since.append(time.monotonic())
-                hold_started.set()
-            if time.monotonic() - failing_since[0] < 14.0:
-                failed_attempts.append(time.monotonic())
-                raise ConnectionError("downstream unavailable")
-            succeeded_at.append(time.monotonic())
-        events.append((p, o, msg.value() or b""))  # type: ignore[arg-type]
-        if len(events) == 50 + 10 + 20:
-            consumer.stop()
-
-    consumer = ResilientConsumer(
-        config(kafka_cluster, **{"max.poll.interval.ms": 10000, "session.timeout.ms": 6000}),
-        [topic],
-        handle,
-        retry=RetryPolicy(stop=tenacity.stop_after_delay(120), wait=tenacity.wait_fixed(0.5)),
-        on_assign=lambda ps: rebalances.append("assign"),
-        on_revoke=lambda ps: rebalances.append("revoke"),
-        on_lost=lambda ps: rebalances.append("lost"),
-        install_signal_handlers=False,
-    )
-    runner = Runner(consumer)
-    assert hold_started.wait(60)
-    # partition 1 gets new messages while partition 0 is held
-    produce(bootstrap, topic, [(None, b"p1-late-%d" % i, None, 1) for i in range(20)])
-    runner.join(120)
-    assert runner.error is None
-    assert rebalances == ["assign", "revoke"]  # the one join and the final leave
-    p0 = [o for p, o, _ in events if p == 0]
-    assert p0 == list(range(50))  # order kept, nothing skipped
-    held_done = events.index((0, 10, b"p0-10"))
-    late = [i for i, (p, _, v) in enumerate(events) if p == 1 and v.startswith(b"p1-late")]
-    assert len(late) == 20 and max(late) < held_done  # partition 1 flowed during the hold
-    # held past max.poll.interval.ms (10 s) by retries made from the poll loop, each counted;
-    # how many fit in 14 s depends on the machine's load, not on the consumer
-    assert succeeded_at[0] - failed_attempts[0] > 10.0
-    assert consumer.health().retries == len(failed_attempts) >= 2
-
-
 # --------------------------------------------------------------------------- 7e join/leave
 
 
@@ -440,54 +287,6 @@ def test_7e_second_consumer_joins_and_leaves(
     assert duplicates <= 2 * 500 * 4
     high = ends(bootstrap, topic)
     assert committed(bootstrap, group, topic, high) == high
-
-
-# --------------------------------------------------------------------------- 7f breaker
-
-
-@pytest.mark.parametrize(
-    ("policy", "dead_lettered"),
-    [
-        (CircuitBreakerPolicy(max_consecutive=20), 20),
-        # 50 good, then every message poison: the 49th dead letter makes 50/100 > 0.2
-        (
-            CircuitBreakerPolicy(max_consecutive=None, max_ratio=0.2, window=600, min_messages=100),
-            49,
-        ),
-    ],
-    ids=["consecutive", "ratio"],
-)
-def test_7f_circuit_breaker_trips_on_a_poison_flood(
-    kafka_cluster: KafkaCluster,
-    topic_factory: TopicFactory,
-    policy: CircuitBreakerPolicy,
-    dead_lettered: int,
-) -> None:
-    bootstrap = kafka_cluster.bootstrap_servers
-    topic, dlq = with_dlq(topic_factory)
-    values = [b"{}"] * 50 + [b"poison"] * 300 + [b"{}"] * 50
-    produce(bootstrap, topic, [(None, v, None, None) for v in values])
-    handled: list[int] = []
-
-    def handle(msg: Message) -> None:
-        json.loads(msg.value() or b"")
-        handled.append(msg.offset())  # type: ignore[arg-type]
-
-    cfg = config(kafka_cluster)
-    consumer = ResilientConsumer(
-        cfg, [topic], handle, circuit_breaker=policy, install_signal_handlers=False
-    )
-    with pytest.raises(CircuitBreakerOpenError) as info:
-        consumer.run()
-    assert "circuit breaker open" in str(info.value)
-    assert handled == list(range(50))
-    records = read_back(bootstrap, dlq)
-    assert [parse_dead_letter_headers(r.headers()).original_offset for r in records] == list(
-        range(50, 50 + dead_lettered)
-    )
-    # the message that tripped the breaker was neither dead-lettered nor committed
-    assert committed(bootstrap, cfg["group.id"], topic, [0]) == {0: 50 + dead_lettered}
-    assert consumer.health().circuit_breaker["open"] is True
 
 
 # --------------------------------------------------------------------------- variants

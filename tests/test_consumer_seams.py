@@ -1,38 +1,34 @@
 """The sync consumer at the seams between its features (issue 35, defects 1 and 6, and the
 three consumer suspicions), on the real cluster.
 
-* #1: a transport error of the handler's OWN HTTP dependency (``requests``) is an ordinary
-  failure (RetryPolicy, then the DLQ), not a Schema Registry outage held forever; controls:
-  the registry's transport error raised by the deserializer, or by the registry client the
-  handler calls, is still held.
+* #1: which error is a Schema Registry outage (pure classification); on the cluster, for both
+  consumers, in tests/test_aio_consumer_parity.py (a transport error of the handler's OWN
+  HTTP dependency follows the RetryPolicy to the DLQ; the registry's is still held);
 * #6: ``kresilient.retry.*`` headers forwarded from an upstream topic do not route a dead
   letter to the upstream DLQ: only a record of this consumer's own retry topics is a retry.
 * a retry-topic record deferred to its due time goes through ``dedupe`` like any other;
-* a record waiting in a long retry hold is not charged a crash-loop death by a kill;
-* ``/ready`` turns 503 when the member lost its partitions and cannot rejoin.
+* a record waiting in a long retry hold is not charged a crash-loop death by a kill.
+
+``/ready`` turning 503 when the member lost its partitions and cannot rejoin is checked for
+both consumers in tests/test_aio_consumer_parity.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 import requests
-import tenacity
 from _producer_helpers import read_back
 from confluent_kafka import Consumer, Message, TopicPartition
 from test_consumer_integration import Runner, TopicFactory, config, produce, wait_for, with_dlq
 
-from kresilient.consumer import ResilientConsumer, RetryPolicy, RetryTopicPolicy
+from kresilient.consumer import ResilientConsumer, RetryTopicPolicy
 from kresilient.consumer._crashloop import parse_marker
 from kresilient.consumer._retrytopics import KeyBlocks, RetryView, retry_headers
 from kresilient.deadletter import parse_dead_letter_headers
@@ -40,120 +36,15 @@ from kresilient.dedupe import MESSAGE_ID_HEADER, POSSIBLE_DUPLICATE_HEADER, Dedu
 from kresilient.testing import KafkaCluster
 
 sr = pytest.importorskip("confluent_kafka.schema_registry")
-from confluent_kafka.schema_registry.json_schema import JSONDeserializer  # noqa: E402
-
-THREE_TRIES = RetryPolicy(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(0.05))
-#: an outage policy that retries fast, so a record wrongly held shows many attempts at once
-FAST_OUTAGE = RetryPolicy(
-    stop=tenacity.stop_never, wait=tenacity.wait_fixed(0.05), retry=tenacity.retry_always
-)
-
-
-def _framed(schema_id: int, payload: bytes) -> bytes:
-    return b"\x00" + schema_id.to_bytes(4, "big") + payload
-
-
-def _held_attempts(consumer: ResilientConsumer) -> int:
-    held = consumer.health().held_partitions
-    return max((h["attempts"] for h in held), default=0)
 
 
 # --------------------------------------------------------------------------- defect 1
 
 
-@pytest.mark.integration
-def test_handlers_own_http_connection_error_follows_the_retry_policy_to_the_dlq(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, closed_port: int
-) -> None:
-    """The handler's HTTP dependency refuses connections (a real ``requests`` error): three
-    attempts (the user's RetryPolicy), then the DLQ, and the partition flows on. Before the
-    fix it was held as a registry outage, retried without end, never dead-lettered."""
-    bootstrap = kafka_cluster.bootstrap_servers
-    topic, dlq = with_dlq(topic_factory)
-    produce(bootstrap, topic, [(b"k", b"call-the-api", None, None), (b"k", b"ok", None, None)])
-    calls: list[bytes] = []
-
-    def handle(msg: Message) -> None:
-        calls.append(msg.value())  # type: ignore[arg-type]
-        if msg.value() == b"call-the-api":
-            requests.get(f"http://127.0.0.1:{closed_port}/price", timeout=5)
-
-    consumer = ResilientConsumer(
-        config(kafka_cluster),
-        [topic],
-        handle,
-        retry=THREE_TRIES,
-        outage_retry=FAST_OUTAGE,
-        install_signal_handlers=False,
-    )
-    runner = Runner(consumer)
-    try:
-        # either outcome ends the wait: "ok" handled (the fix), or far more attempts than the
-        # policy allows (held as an outage)
-        wait_for(
-            lambda: b"ok" in calls or calls.count(b"call-the-api") >= 10,
-            90,
-            "the record after the failing one, or many attempts of the failing one",
-        )
-        wait_for(lambda: consumer.health().dead_letters_pending == 0, 30, "dead letter acked")
-    finally:
-        runner.stop()
-    assert runner.error is None, runner.error
-    assert calls.count(b"call-the-api") == 3, calls
-    assert calls[-1] == b"ok"
-    (record,) = read_back(bootstrap, dlq)
-    info = parse_dead_letter_headers(record.headers())
-    assert record.value() == b"call-the-api"
-    assert info.exception_type == "requests.exceptions.ConnectionError"
-    assert info.attempts == 3 and info.original_topic == topic
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("where", ["deserializer", "handler-calls-registry-client"])
-def test_registry_transport_error_is_still_held_as_an_outage(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, closed_port: int, where: str
-) -> None:
-    """Control of the test above: the same kind of error (a refused connection), raised by the
-    registry client (through the deserializer, or called by the handler itself), is held well
-    past the user's three attempts and never dead-lettered."""
-    bootstrap = kafka_cluster.bootstrap_servers
-    topic, dlq = with_dlq(topic_factory)
-    produce(bootstrap, topic, [(b"k", _framed(1, b'{"n": 1}'), None, None)])
-    client = sr.SchemaRegistryClient({"url": f"http://127.0.0.1:{closed_port}", "max.retries": 0})
-    calls: list[Any] = []
-
-    def handle(msg: Message) -> None:
-        calls.append(msg.value())
-        if where == "handler-calls-registry-client":
-            client.get_schema(1)
-
-    extra: dict[str, Any] = {}
-    if where == "deserializer":
-        extra["value_deserializer"] = JSONDeserializer(None, schema_registry_client=client)
-    consumer = ResilientConsumer(
-        config(kafka_cluster),
-        [topic],
-        handle,
-        retry=THREE_TRIES,
-        outage_retry=FAST_OUTAGE,
-        install_signal_handlers=False,
-        **extra,
-    )
-    runner = Runner(consumer)
-    try:
-        wait_for(lambda: _held_attempts(consumer) >= 6, 90, "the outage hold past 3 attempts")
-        health = consumer.health()
-    finally:
-        runner.stop()
-    assert runner.error is None, runner.error
-    assert health.dead_lettered == 0 and health.dead_letters_pending == 0
-    assert read_back(bootstrap, dlq) == []
-    if where == "deserializer":
-        assert calls == []  # never deserialized, never handed to the handler
-
-
 def test_a_requests_error_is_not_the_registrys_but_the_clients_is() -> None:
-    """Pure classification of the three cases above (no cluster needed)."""
+    """Pure classification of the three cases of
+    tests/test_aio_consumer_parity.py::test_parity_a_handlers_own_http_error_follows_the_retry_policy_to_the_dlq
+    and its controls (no cluster needed)."""
     from kresilient.consumer._registry import outage_classification
 
     client = sr.SchemaRegistryClient({"url": "http://127.0.0.1:9", "max.retries": 0})
@@ -490,65 +381,6 @@ def _end(bootstrap: str, topic: str) -> int:
 
 
 # --------------------------------------------------------------------------- /ready
-
-
-def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
-@pytest.mark.integration
-@pytest.mark.chaos
-def test_ready_turns_503_when_the_member_lost_its_partitions_and_cannot_rejoin(
-    kafka_network_cluster: KafkaCluster,
-) -> None:
-    """Every node is cut from the clients (the group coordinator unreachable): the session
-    times out, the member loses its partitions (the fault is real: ``rebalances["lost"]``)
-    and cannot rejoin. ``/live`` stays 200 (the loop polls), ``/ready`` must turn 503 within
-    ``stall_after_s`` of the loss, naming it; after the heal it rejoins and is ready again.
-    Before the fix ``/ready`` stayed 200 with no partition."""
-    cluster = kafka_network_cluster
-    topic = f"ready-{uuid.uuid4().hex[:8]}"
-    cluster.create_topic(topic, partitions=2)
-    produce(cluster.bootstrap_servers, topic, [(b"k", b"v", None, None)])
-    consumer = ResilientConsumer(
-        {
-            "bootstrap.servers": cluster.bootstrap_servers,
-            "group.id": f"g-{uuid.uuid4().hex[:10]}",
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 1000,
-        },
-        [topic],
-        lambda _msg: None,
-        dead_letter=None,
-        health_port=0,
-        stall_after_s=3.0,
-        install_signal_handlers=False,
-    )
-    runner = Runner(consumer)
-    try:
-        wait_for(lambda: consumer.health_port is not None, 60, "probe server")
-        port = consumer.health_port
-        assert port is not None
-        wait_for(lambda: _get(port, "/ready")[0] == 200, 60, "ready before the fault")
-        net = cluster.network
-        for node in cluster.node_ids:
-            net.isolate(node, peers=False)
-        try:
-            wait_for(lambda: consumer.health().rebalances["lost"] >= 1, 90, "partitions lost")
-            wait_for(lambda: _get(port, "/ready")[0] == 503, 30, "/ready 503 after the loss")
-            status, body = _get(port, "/ready")
-            assert status == 503 and any("lost its partitions" in r for r in body["reasons"])
-            assert _get(port, "/live")[0] == 200  # the loop polls on: live, not ready
-        finally:
-            net.heal()
-        wait_for(lambda: _get(port, "/ready")[0] == 200, 120, "ready again after the heal")
-    finally:
-        runner.stop()
-    assert runner.error is None, runner.error
 
 
 def test_a_forwarded_duplicate_mark_does_not_mark_the_producers_own_id() -> None:

@@ -2,10 +2,8 @@
 
 * unit: :meth:`Deduplicator.split` (the batch path) drops a marked copy whose first copy is in
   the window or earlier in the same batch, never an unmarked record;
-* real cluster, hand-made headers: per-message and batch handlers skip exactly the marked
-  copies of processed ids, handle unmarked repeats and marked records with an unseen id,
-  count the skips (``health()``, the OpenTelemetry counter) and commit past them (offsets ==
-  high watermarks);
+* real cluster, hand-made headers (per-message and batch handlers, and the asyncio
+  consumer): in tests/test_aio_consumer_parity.py;
 * real cluster, issue 20 acceptance 1: a spooled producer SIGKILLed mid-stream and restarted
   (the child of ``tests/test_spool_process.py``) leaves marked copies in the topic; a consumer
   with ``dedupe`` handles each ``kresilient.message.id`` exactly once, per-message and batch;
@@ -28,13 +26,9 @@ import pytest
 import test_spool_process
 from _producer_helpers import header_dict, read_back
 from confluent_kafka import Consumer, TopicPartition
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from structlog.testing import capture_logs
-from test_consumer_integration import Runner, TopicFactory, produce, wait_for
+from test_consumer_integration import Runner, TopicFactory, wait_for
 
 from kresilient.consumer import ResilientConsumer
-from kresilient.consumer._probes import DUPLICATES_METRIC
 from kresilient.dedupe import MESSAGE_ID_HEADER, POSSIBLE_DUPLICATE_HEADER, Deduplicator
 from kresilient.errors import ConfigError
 from kresilient.testing import KafkaCluster
@@ -151,74 +145,6 @@ def _consume_all(
         runner.stop()
     assert runner.error is None, runner.error
     return seen, consumer, group
-
-
-def _items() -> list[Any]:
-    """(key, value, headers, partition): ids a..e; which ones dedupe must skip is in the value."""
-    m, u = [MARK], []
-
-    def rec(name: str, ident: bytes, extra: list[Any], part: int) -> Any:
-        return (ident, name.encode(), [(MESSAGE_ID_HEADER, ident), *extra], part)
-
-    return [
-        rec("a1", b"a", u, 0),
-        rec("b1", b"b", u, 0),
-        rec("a2-skip", b"a", m, 0),  # marked copy of a processed id
-        rec("c1-marked-unseen", b"c", m, 0),  # marked, first copy lost: handled
-        rec("c2-skip", b"c", m, 0),  # marked copy of c, processed just before
-        rec("b2-unmarked", b"b", u, 0),  # unmarked repeat: never skipped
-        rec("a3-skip", b"a", m, 0),  # skipped every time it comes again
-        rec("d1", b"d", u, 1),
-        rec("d2-skip", b"d", m, 1),
-        (b"e", b"e-no-id", [MARK], 1),  # marked without an id: nothing to compare, handled
-    ]
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("batch", [False, True], ids=["per-message", "batch"])
-def test_consumer_skips_marked_copies_of_processed_ids_and_commits_past_them(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, batch: bool
-) -> None:
-    bootstrap = kafka_cluster.bootstrap_servers
-    topic = topic_factory(partitions=2)
-    items = _items()
-    produce(bootstrap, topic, items)
-    dedupe = Deduplicator(window=100)
-    reader = InMemoryMetricReader()
-    with capture_logs() as logs:
-        seen, consumer, group = _consume_all(
-            bootstrap,
-            topic,
-            len(items),
-            dedupe=dedupe,
-            batch=batch,
-            meter_provider=MeterProvider(metric_readers=[reader]),
-        )
-    skipped = [e for e in logs if e["event"] == "duplicate_skipped"]
-    assert sorted(e["message_id"] for e in skipped) == ["a", "a", "c", "d"]
-    assert all(e["log_level"] == "debug" for e in skipped)
-    handled = sorted(value for _, value in seen)
-    expected = sorted(value for _, value, _, _ in items if not value.endswith(b"-skip"))
-    assert handled == expected
-    health = consumer.health()
-    assert health.duplicates_skipped == 4 == dedupe.dropped
-    assert health.processed == len(expected)
-    data = reader.get_metrics_data()
-    assert data is not None
-    points = [
-        point.value
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for metric in sm.metrics
-        if metric.name == DUPLICATES_METRIC
-        for point in metric.data.data_points
-    ]
-    assert points == [4]
-    wait_for(lambda: _committed_at_end(bootstrap, group, topic), 30, "commit past the skips")
-
-    # negative control: without dedupe every record is handled, the marked copies included
-    seen2, _, _ = _consume_all(bootstrap, topic, len(items), dedupe=None, batch=batch)
-    assert sorted(value for _, value in seen2) == sorted(value for _, value, _, _ in items)
 
 
 # --------------------------------------------------------------------------- acceptance
