@@ -709,13 +709,7 @@ class FailureHandler:
         if state is None:
             state = hold.outage_state = tenacity.RetryCallState(retrying, None, (), {})
         state.attempt_number = hold.outages
-        state.set_exception((type(exc), exc, exc.__traceback__))
-        delay = float(retrying.wait(state))
-        state.upcoming_sleep = delay
-        if retrying.stop(state):
-            return None
-        state.idle_for += delay
-        return delay
+        return next_wait(retrying, state, exc)
 
     def _outage_retry(
         self, hold: Hold, exc: BaseException, classification: Classification, now: float
@@ -850,6 +844,20 @@ class FailureHandler:
             group=self.group_id,
             redact=self.redact,
         )
+
+
+def next_wait(
+    retrying: tenacity.Retrying, state: tenacity.RetryCallState, exc: BaseException
+) -> float | None:
+    """Record ``exc`` on ``state``: the policy's next wait, or None once its ``stop`` says
+    so (the outage limit)."""
+    state.set_exception((type(exc), exc, exc.__traceback__))
+    delay = float(retrying.wait(state))
+    state.upcoming_sleep = delay
+    if retrying.stop(state):
+        return None
+    state.idle_for += delay
+    return delay
 
 
 def log_outage_started(log: Any, detector: OutageDetector, tp: TP, offset: int) -> None:

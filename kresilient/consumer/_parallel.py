@@ -50,6 +50,7 @@ from confluent_kafka import KafkaException, Message, TopicPartition
 from kresilient.consumer._failures import (
     log_outage_ended,
     log_outage_started,
+    next_wait,
     note_outage,
     poison,
     write_dead_letter,
@@ -387,7 +388,7 @@ class ParallelRunner:
                     note_outage(self._log, detector, held_records=len(self._held) + 1)
                     state.attempt_number -= 1
                     if not self._hold(window, record, exc):
-                        self._give_up_record(window, tp, msg, exc, classification, limit=True)
+                        self._give_up(window, tp, msg, exc, classification, limit=True)
                     return
             delay = float(retrying.wait(state))
             state.upcoming_sleep = delay
@@ -409,7 +410,7 @@ class ParallelRunner:
                 if decision is OutageDecision.HOLD:
                     if self._hold(window, record, exc):
                         return
-                    self._give_up_record(window, tp, msg, exc, classification, limit=True)
+                    self._give_up(window, tp, msg, exc, classification, limit=True)
                     return
                 if decision is OutageDecision.PROBE:
                     # nothing succeeded since its first failure: the records after it (other
@@ -418,25 +419,9 @@ class ParallelRunner:
                     if wait is not None:
                         window.retry(offset, time.monotonic() + wait)
                         return
-                    self._give_up_record(window, tp, msg, exc, classification, limit=True)
+                    self._give_up(window, tp, msg, exc, classification, limit=True)
                     return
-        self._give_up_record(window, tp, msg, exc, classification)
-
-    def _give_up_record(
-        self,
-        window: InflightWindow[Message],
-        tp: TP,
-        msg: Message,
-        exc: Exception,
-        classification: Any,
-        *,
-        limit: bool = False,
-    ) -> None:
-        offset: int = msg.offset()  # type: ignore[assignment]
-        state = self._attempts.get((tp, offset))
-        attempts = state.attempt_number if state is not None else 1
-        self._forget_record((tp, offset))
-        self._give_up(window, tp, msg, exc, classification, attempts, limit=limit)
+        self._give_up(window, tp, msg, exc, classification)
 
     def _error_text(self, exc: BaseException) -> str:
         return self._redact(str(exc) or type(exc).__name__)[:500]
@@ -460,13 +445,7 @@ class ParallelRunner:
             state = self._outage_states[record] = tenacity.RetryCallState(retrying, None, (), {})
         else:
             state.attempt_number += 1
-        state.set_exception((type(exc), exc, exc.__traceback__))
-        delay = float(retrying.wait(state))
-        state.upcoming_sleep = delay
-        if retrying.stop(state):
-            return None
-        state.idle_for += delay
-        return delay
+        return next_wait(retrying, state, exc)
 
     def _hold(
         self, window: InflightWindow[Message], record: tuple[TP, int], exc: Exception
@@ -521,12 +500,14 @@ class ParallelRunner:
         msg: Message,
         exc: Exception,
         classification: Any,
-        attempts: int,
         *,
         limit: bool = False,
     ) -> None:
         """Dead-letter ``msg``; it is finished when the write is acknowledged."""
         offset: int = msg.offset()  # type: ignore[assignment]
+        state = self._attempts.get((tp, offset))
+        attempts = state.attempt_number if state is not None else 1
+        self._forget_record((tp, offset))
         self._log.warning(
             "message_failed",
             topic=tp[0],
