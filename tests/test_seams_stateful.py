@@ -825,9 +825,22 @@ class Seams(RuleBasedStateMachine):
                         joined = True
                     if time.monotonic() > deadline:
                         kinds = Counter(self.sent[v].kind for v in missing)
+                        # a dead letter routed to another service's DLQ is named as such
+                        astray = {
+                            m.value()[:40]: f"{other}.dlq"
+                            for other in (self.src, self.down)
+                            if other != topic
+                            for m in _read_all(self.bootstrap, other + ".dlq")
+                            if m.value() in missing
+                        }
                         raise AssertionError(
                             f"{len(missing)} record(s) of {topic} neither handled nor "
                             f"dead-lettered after {DRAIN_TIMEOUT:g} s, by kind: {dict(kinds)}"
+                            + (
+                                f"; dead-lettered to another topic's DLQ: {astray}"
+                                if astray
+                                else ""
+                            )
                         )
                     time.sleep(0.2)
             finally:
