@@ -6,8 +6,9 @@ and a dependency outage in the same run. Distinct records failing with no succes
 are a dependency outage: the records in hand are held (never dead-lettered, their
 RetryPolicy not spent), nothing new starts, and one held record at a time is tried again
 under ``outage_retry``; the first success ends the outage and the held records run again.
-So exactly the poison records reach the DLQ, each key keeps its offset order, and no
-committed offset ever passes a record not handled yet (sampled during the run).
+So exactly the poison records reach the DLQ, each key keeps its offset order, no committed
+offset ever passes a record not handled yet (sampled during the run), and the outage, longer
+than the consumer's 2 s stall bound, is reported as an outage and not as a stall.
 
 The control runs the same workload beside it with ``outage_retry=None``: the outage's records
 exhaust their RetryPolicy and are dead-lettered until its circuit breaker stops it (proof the
@@ -29,9 +30,10 @@ import pytest
 import structlog
 import tenacity
 from _producer_helpers import read_back
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Message
 from test_consumer_integration import Runner, TopicFactory, config, produce, wait_for, with_dlq
 
+from kresilient.clusterinfo import committed_offsets
 from kresilient.consumer import ResilientConsumer, RetryPolicy
 from kresilient.errors import CircuitBreakerOpenError
 from kresilient.testing import KafkaCluster
@@ -99,14 +101,16 @@ class _Workload:
 
 
 def _committed(cluster: KafkaCluster, group: str, topic: str) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": cluster.bootstrap_servers, "group.id": group})
-    try:
-        parts = consumer.committed(
-            [TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=30
-        )
-        return {p.partition: p.offset for p in parts}
-    finally:
-        consumer.close()
+    """The group's committed offsets (a partition it committed nothing on: 0); retried while
+    the group's coordinator moves (kresilient.clusterinfo.committed_offsets)."""
+    parts = committed_offsets(
+        {"bootstrap.servers": cluster.bootstrap_servers},
+        group,
+        [(topic, p) for p in range(PARTITIONS)],
+        timeout=30,
+    )
+    found = {p.partition: p.offset for p in parts}
+    return {p: max(found.get(p, 0), 0) for p in range(PARTITIONS)}
 
 
 def _consumer(cluster: KafkaCluster, work: _Workload, **options: Any) -> ResilientConsumer:
@@ -129,7 +133,8 @@ def test_poison_and_an_outage_with_keys_in_flight_dead_letter_exactly_the_poison
     work = _Workload(kafka_cluster, topic_factory)
     control = _Workload(kafka_cluster, topic_factory)
     with structlog.testing.capture_logs() as logs:
-        consumer = _consumer(kafka_cluster, work, outage_retry=OUTAGE_RETRY)
+        # a 2 s stall bound: an outage is no stall (its partitions are held, not stuck)
+        consumer = _consumer(kafka_cluster, work, outage_retry=OUTAGE_RETRY, stall_after_s=2.0)
         group = consumer.group_id
         unchecked = _consumer(kafka_cluster, control, outage_retry=None)
         runners = [Runner(consumer), Runner(unchecked)]
@@ -180,6 +185,8 @@ def test_poison_and_an_outage_with_keys_in_flight_dead_letter_exactly_the_poison
     events = [e["event"] for e in logs]
     assert events.count("dependency_outage_started") == 1, events
     assert events.count("dependency_outage_ended") == 1, events
+    stalls = [e for e in logs if e["event"] == "consumer_stalled"]
+    assert stalls == [], stalls
     assert work.outage_reported
     # held, not hammered: the records in hand when it started, then one probe at a time
     # (an 8 s outage with 0.2..1 s waits: a few dozen probes at most)

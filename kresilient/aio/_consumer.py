@@ -435,6 +435,8 @@ class AsyncResilientConsumer:
             max_poll_s=ConsumerProbes.max_poll_interval(cfg),
             group=self.group_id,
             outage=self._detector,
+            log=self._log,
+            redact=self._scrub,
         )
         self._meter_provider = meter_provider
         self._health_addr = (health_host, health_port)
@@ -516,6 +518,7 @@ class AsyncResilientConsumer:
             circuit_breaker=breaker.snapshot() if breaker is not None else None,
             leadership=self._monitor.snapshot(),
             outage=self._detector.snapshot() if self._detector is not None else None,
+            **self._probes.stall_fields(),
         )
 
     def _cut_all(self) -> None:

@@ -662,6 +662,8 @@ class ResilientConsumer:
             outage=failures.detector,
             log=log,
             redact=self._redact,
+            # ordering="key"/"none": the runner's records held by a dependency outage
+            held=lambda: self._parallel.held_partitions() if self._parallel is not None else (),
         )
         events.probes = self._probes
         self._health_addr = (health_host, health_port)

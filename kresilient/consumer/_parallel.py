@@ -248,6 +248,14 @@ class ParallelRunner:
             return max(0.0, min(timeout, due - now))
         return timeout
 
+    def held_partitions(self) -> set[TP]:
+        """The partitions a dependency outage keeps from moving (all of them: nothing new
+        starts during one), for the stall report (an outage is not a stall)."""
+        detector = self._detector
+        if detector is not None and detector.active:
+            return set(self.windows)
+        return set()
+
     @property
     def in_flight(self) -> int:
         """Records admitted and not finished, every partition."""
@@ -259,6 +267,15 @@ class ParallelRunner:
         now = time.monotonic()
         detector = self._detector
         new = detector is None or not detector.active  # an outage starts nothing new
+        if not new:
+            if self._probe is None and self._held:
+                # the probe left (dead-lettered as poison or at its outage limit, skipped as a
+                # duplicate): the next held record is the probe
+                self._next_probe(backoff=False)
+            if not self._held and not any(w.running for w in self.windows.values()):
+                # nothing held nor running (every held record dead-lettered at its limit, or
+                # its partition revoked): only a new record can tell the outage ended
+                new = True
         for tp, window in self.windows.items():
             for msg in window.ready(now, new=new):
                 self._submit(window, tp, msg)
@@ -270,6 +287,7 @@ class ParallelRunner:
             # key (a re-sent copy's original) finished and were recorded by now
             offset: int = msg.offset()  # type: ignore[assignment]
             self._state.duplicates += 1
+            self._forget_record((tp, offset))  # a held record (an outage's probe) too
             window.finish(offset)
             self._dirty.add(tp)
             return

@@ -237,10 +237,15 @@ class ConsumerProbes:
         if consumer is None:
             return
         stored = self._source.stored_offsets()
+        held = self._source.held()
         for tp, part in list(self.parts.items()):
             offset = stored.get(tp)
             if offset is not None and offset != part.stored:
                 part.stored = offset
+                part.moved(now)
+            elif tp in held:
+                # held (a retry wait, an outage) is no stall, and its quiet time does not
+                # count once it is released (a false stall in the second after an outage)
                 part.moved(now)
             try:
                 _, high = consumer.get_watermark_offsets(TopicPartition(tp[0], tp[1]), cached=True)
@@ -594,7 +599,7 @@ class ConsumerProbes:
 class _SyncSource:
     """:class:`ResilientConsumer`'s state as a :class:`ProbeSource`."""
 
-    __slots__ = ("_batch_started", "_holds", "_offsets", "_state")
+    __slots__ = ("_batch_started", "_held", "_holds", "_offsets", "_state")
 
     def __init__(
         self,
@@ -602,11 +607,13 @@ class _SyncSource:
         holds: Holds,
         state: LoopState,
         batch_started: Callable[[], float],
+        held: Callable[[], Collection[TP]] | None = None,
     ) -> None:
         self._offsets = offsets
         self._holds = holds
         self._state = state
         self._batch_started = batch_started
+        self._held = held
 
     def stored_offsets(self) -> Mapping[TP, int]:
         return self._offsets.stored
@@ -621,7 +628,8 @@ class _SyncSource:
         return [(h.tp, h.offset, h.due) for h in list(self._holds.by_tp.values()) if not h.resumed]
 
     def held(self) -> Collection[TP]:
-        return self._holds.by_tp.keys()
+        held = self._held() if self._held is not None else ()
+        return self._holds.by_tp.keys() | held if held else self._holds.by_tp.keys()
 
     def duplicates(self) -> int:
         return self._state.duplicates
@@ -645,10 +653,11 @@ class Probes(ConsumerProbes):
         outage: OutageDetector | None = None,
         log: Any = None,
         redact: Callable[[str], str] = redact_text,
+        held: Callable[[], Collection[TP]] | None = None,
     ) -> None:
         super().__init__(
             consumer,
-            _SyncSource(offsets, holds, state, batch_started),
+            _SyncSource(offsets, holds, state, batch_started, held),
             stall_after_s=stall_after_s,
             max_poll_s=max_poll_s,
             group=group,
