@@ -176,6 +176,8 @@ class ConsumerProbes:
         self._churn: deque[float] = deque()
         self._check_lock = threading.Lock()
         self._watcher: threading.Thread | None = None
+        #: the partitions held at the last tick (see tick: a released one starts anew)
+        self._held_at_tick: set[TP] = set()
         self._closed = threading.Event()
 
     @staticmethod
@@ -237,15 +239,15 @@ class ConsumerProbes:
         if consumer is None:
             return
         stored = self._source.stored_offsets()
-        held = self._source.held()
+        # a partition released by a hold (a retry wait, an outage) starts its quiet time
+        # anew: the time it was held is no stall (the stall check skips it until then)
+        held = set(self._source.held())
+        released, self._held_at_tick = self._held_at_tick - held, held
         for tp, part in list(self.parts.items()):
             offset = stored.get(tp)
-            if offset is not None and offset != part.stored:
-                part.stored = offset
-                part.moved(now)
-            elif tp in held:
-                # held (a retry wait, an outage) is no stall, and its quiet time does not
-                # count once it is released (a false stall in the second after an outage)
+            if (offset is not None and offset != part.stored) or tp in released:
+                if offset is not None:
+                    part.stored = offset
                 part.moved(now)
             try:
                 _, high = consumer.get_watermark_offsets(TopicPartition(tp[0], tp[1]), cached=True)
@@ -338,7 +340,7 @@ class ConsumerProbes:
                         [f"{tp[0]}[{tp[1]}]"],
                     )
                 )
-        held = source.held()
+        held = set(source.held()) | self._held_at_tick  # released since the tick: not yet
         for tp, part in list(self.parts.items()):
             if part.lag and tp not in held and part.stalled(now, limit):
                 quiet = part.quiet_for(now)
