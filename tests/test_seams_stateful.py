@@ -58,8 +58,8 @@ the actions its steps did not take, in a fixed order, so even one short example 
 seam; the consumer kill is the costly one (a child process, and a group session timeout, 6 s,
 before the restart is assigned). CI's one derandomized example is hypothesis' simplest (its
 steps only produce; the teardown takes every action): a fixed scenario over every seam, with
-the invariants after each step, in about 35 s on the shared session cluster (51 s wall with
-the cluster's start, 2 cores at load 11). The search is the release run, random and longer::
+the invariants after each step, in 28-35 s on the shared session cluster (42-51 s wall with
+the cluster's start; 2 cores at load 6-11). The search is the release run, random and longer::
 
     KRESILIENT_SEAMS_EXAMPLES=40 KRESILIENT_SEAMS_STEPS=25 KRESILIENT_SEAMS_RANDOM=1 \\
         .venv/bin/python -m pytest tests/test_seams_stateful.py -p no:cacheprovider
