@@ -7,7 +7,12 @@ One partition, ``--records`` records over ``--keys`` keys, a handler that sleeps
   at a time). At 10 ms a record it needs ~200 s for 20,000 records, so it is timed on the
   first ``--partition-records`` records only (its rate is flat: one handler call after the
   other);
-- ``key-N``: ``ordering="key"``, ``max_in_flight=N`` for each N of ``--in-flight``.
+- ``key-N``: ``ordering="key"``, ``max_in_flight=N`` for each N of ``--in-flight``;
+- ``pyrallel-N`` (with ``--pyrallel-python``): the same workload through the peer
+  ``pyrallel-consumer`` (``key_hash`` ordering, N in flight, its asyncio engine, the handler's
+  sleep awaited), run by ``benchmarks/_pyrallel_arm.py`` under the interpreter given (a
+  virtualenv with ``pip install pyrallel-consumer``; it asks for Python 3.12, and installs and
+  runs on 3.11 with ``pip install --ignore-requires-python``).
 
 Each arm uses a fresh group, reads the same topic from the beginning, and is timed from its
 first handled record to its last (group join excluded). The report gives records/s and the
@@ -18,6 +23,7 @@ core count are labelled CONTENDED.
 
     .venv/bin/python benchmarks/keyed.py                                  # the issue's size
     .venv/bin/python benchmarks/keyed.py --records 4000 --rounds 1        # quick
+    .venv/bin/python benchmarks/keyed.py --pyrallel-python /path/to/venv/bin/python
 
 Starts a local 3-node cluster unless ``KRESILIENT_BOOTSTRAP_SERVERS`` is set.
 """
@@ -25,8 +31,10 @@ Starts a local 3-node cluster unless ``KRESILIENT_BOOTSTRAP_SERVERS`` is set.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -89,6 +97,23 @@ def _run(bootstrap: str, topic: str, records: int, sleep_s: float, **options: An
     return (records - 1) / (last - first)
 
 
+def _run_pyrallel(
+    python: str, bootstrap: str, topic: str, records: int, in_flight: int, sleep_ms: float
+) -> float:
+    """Records/s of the peer ``pyrallel-consumer`` on the same workload (its own process)."""
+    arm = str(Path(__file__).resolve().parent / "_pyrallel_arm.py")
+    out = subprocess.run(
+        [python, arm, bootstrap, topic, str(records), str(in_flight), str(sleep_ms)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=max(900.0, records * sleep_ms / 1000 * 2),
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"  cpu {result['cpu_us']:,.0f} us/record (process, join included)", flush=True)
+    return float(result["rate"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=20_000)
@@ -97,6 +122,10 @@ def main() -> None:
     parser.add_argument("--in-flight", default="1,8,32,64,256")
     parser.add_argument("--partition-records", type=int, default=1_000)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--pyrallel-python",
+        help="an interpreter with pyrallel-consumer installed: adds its arms (pyrallel-N)",
+    )
     args = parser.parse_args()
     import structlog
 
@@ -123,15 +152,26 @@ def main() -> None:
                         "ordering": "key",
                         "max_in_flight": n,
                         "max_process_deaths": None,
-                        "outage_retry": None,
                     },
                 )
                 for n in windows
             ]
+            if args.pyrallel_python:
+                arms += [(f"pyrallel-{n}", args.records, {"pyrallel": n}) for n in windows]
             if rnd % 2:
                 arms.reverse()
             for name, records, options in arms:
-                rate = _run(bootstrap, topic, records, sleep_s, **options)
+                if "pyrallel" in options:
+                    rate = _run_pyrallel(
+                        args.pyrallel_python,
+                        bootstrap,
+                        topic,
+                        records,
+                        options["pyrallel"],
+                        args.sleep_ms,
+                    )
+                else:
+                    rate = _run(bootstrap, topic, records, sleep_s, **options)
                 rates.setdefault(name, []).append(rate)
                 print(f"round {rnd} {name}: {rate:,.0f} records/s", flush=True)
     load_after = os.getloadavg()[0]

@@ -160,6 +160,27 @@ def test_a_backlog_blocks_over_its_limit_until_half_of_it_went_in() -> None:
     assert not w.blocked
 
 
+def test_a_backlog_blocks_over_its_byte_limit_until_half_of_its_bytes_went_in() -> None:
+    # large records: the byte limit pauses the partition long before the count would
+    w = _window("none", max_records=1, max_backlog=1000, max_backlog_bytes=100)
+    for offset in range(3):  # 1 in the window, 2 wait: 80 bytes
+        w.offer(offset, None, 40, offset)
+    assert not w.blocked
+    w.offer(3, None, 40, 3)  # 120 bytes wait
+    assert w.blocked
+    assert w.ready(0) == [0]
+    w.finish(0)  # 80 bytes wait: under the limit, over half of it
+    assert w.blocked
+    assert w.ready(0) == [1]
+    w.finish(1)  # 40 bytes wait: half
+    assert not w.blocked
+    # control: without a byte limit the same records never block
+    c = _window("none", max_records=1, max_backlog=1000)
+    for offset in range(4):
+        c.offer(offset, None, 40, offset)
+    assert not c.blocked
+
+
 def test_finishing_a_record_that_never_started_is_refused() -> None:
     w = _window()
     w.offer(0, b"a", 1, 0)

@@ -22,9 +22,10 @@ its key (``"key"``), of the partition (``"partition"``), or nothing else (``"non
 Window: at most ``max_records`` records and ``max_bytes`` bytes are *admitted* (started or
 startable, running, or waiting for a retry) per partition. A record over ``max_bytes`` on
 its own is admitted when the window is empty (it would never run otherwise). Records polled
-beyond the window wait in a backlog; over ``max_backlog`` of them the partition is
-``blocked`` (until half of them went in): the consumer pauses it, keeps polling, and resumes
-it when it is not. The records held are at most the window, ``max_backlog`` and one poll.
+beyond the window wait in a backlog; over ``max_backlog`` of them, or over
+``max_backlog_bytes`` of their bytes, the partition is ``blocked`` (until no more than half
+of each limit waits): the consumer pauses it, keeps polling, and resumes it when it is not.
+The records held are at most the window, the backlog's limits and one poll.
 A record waiting for its retries lets the rest of its partition flow (``"key"``, ``"none"``):
 the finished offsets above it are kept as merged ranges (memory grows with the unfinished
 records, not with the distance), and past ``max_ahead`` offsets beyond the lowest unfinished
@@ -254,6 +255,7 @@ class InflightWindow(Generic[T]):
         max_records: int,
         max_bytes: int,
         max_backlog: int = 0,
+        max_backlog_bytes: int = 0,
         max_ahead: int = 0,
         skip: Finished | None = None,
     ) -> None:
@@ -267,6 +269,8 @@ class InflightWindow(Generic[T]):
         #: ``blocked`` from more than this many records waiting outside the window, until
         #: half of them went in (0: from the first one until none waits)
         self.max_backlog = max(max_backlog, 0)
+        #: the same for the bytes of the records waiting (0: no byte limit)
+        self.max_backlog_bytes = max(max_backlog_bytes, 0)
         self._blocked = False
         #: ``blocked`` while the partition went more than this many offsets past its lowest
         #: unfinished record (0: no limit): what a crash may redo when the list of finished
@@ -282,6 +286,7 @@ class InflightWindow(Generic[T]):
         self._ready: deque[_Entry[T]] = deque()  #: chain heads that may start now
         self._delayed: list[tuple[float, int, _Entry[T]]] = []  #: heads waiting for a retry
         self._bytes = 0
+        self._backlog_bytes = 0  #: bytes of the records in the backlog
         self._running = 0
         #: set when the partition is revoked or lost (and by :meth:`clear`): records handed
         #: to a worker and not started yet are not to run (the consumer checks it)
@@ -307,7 +312,9 @@ class InflightWindow(Generic[T]):
             chain = offset
         else:
             chain = _WHOLE_PARTITION
-        self._backlog.append(_Entry(offset=offset, chain=chain, size=max(size, 0), item=item))
+        entry = _Entry(offset=offset, chain=chain, size=max(size, 0), item=item)
+        self._backlog.append(entry)
+        self._backlog_bytes += entry.size
         self._admit()
         return True
 
@@ -321,12 +328,17 @@ class InflightWindow(Generic[T]):
                     or self._bytes + entry.size > self.max_bytes
                 ):
                     return
-                self._admit_one(backlog.popleft())
+                entry = backlog.popleft()
+                self._backlog_bytes -= entry.size
+                self._admit_one(entry)
         finally:
             waiting = len(backlog)
-            if waiting > self.max_backlog:
+            limit = self.max_backlog_bytes
+            if waiting > self.max_backlog or 0 < limit < self._backlog_bytes:
                 self._blocked = True
-            elif waiting <= self.max_backlog // 2:
+            elif waiting <= self.max_backlog // 2 and (
+                not limit or self._backlog_bytes <= limit // 2
+            ):
                 self._blocked = False
 
     def _admit_one(self, entry: _Entry[T]) -> None:
@@ -435,8 +447,9 @@ class InflightWindow(Generic[T]):
 
     @property
     def blocked(self) -> bool:
-        """Whether the partition must be paused: more than ``max_backlog`` records wait
-        outside the full window (until no more than half of them wait: a fetch restarted
+        """Whether the partition must be paused: more than ``max_backlog`` records (or
+        ``max_backlog_bytes`` bytes) wait outside the full window (until no more than half of
+        each waits: a fetch restarted
         after a pause takes a while, the window keeps running meanwhile); or more than
         ``max_ahead`` offsets were offered past the lowest unfinished one (until its record
         finishes)."""
@@ -479,6 +492,7 @@ class InflightWindow(Generic[T]):
     def clear(self) -> None:
         """Forget every record (revoke, loss, a seek)."""
         self._backlog.clear()
+        self._backlog_bytes = 0
         self._entries.clear()
         self._chains.clear()
         self._ready.clear()

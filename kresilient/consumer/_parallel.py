@@ -77,7 +77,11 @@ __all__ = ["ParallelRunner"]
 #: waiting); also its poll timeout while dead letters wait for their acknowledgement.
 _BUSY_POLL: Final = 0.005
 #: The least backlog a window keeps before its partition is paused (see ``max_backlog``).
-_MIN_BACKLOG: Final = 500
+#: librdkafka drops a paused partition's prefetched records and fetches them again on resume,
+#: so the backlog must outlast that round trip: at 500, one partition with 64 x 10 ms handlers
+#: in flight spent about two thirds of its time with an empty window (1,787 records/s), at
+#: 5,000 it ran 4,926 records/s (benchmarks/keyed.py, one round each, 2026-11-29).
+_MIN_BACKLOG: Final = 5_000
 #: The least distance (offsets) a partition may go past its lowest unfinished record before it
 #: is paused (see ``max_ahead``).
 _MIN_AHEAD: Final = 10_000
@@ -137,6 +141,8 @@ class ParallelRunner:
         #: partition's fetch restarts from the broker when resumed, so resuming only once the
         #: backlog is empty would leave the window idle for that round trip at every cycle
         self.max_backlog = max(2 * max_records, _MIN_BACKLOG)
+        #: and at most one window's bytes of them (large records: memory, not the count)
+        self.max_backlog_bytes = max_bytes
         #: offsets a partition may go past its lowest unfinished record (one waiting for its
         #: retries while the other keys flow) before it is paused: bounds what a crash redoes
         #: when the finished list does not fit the metadata
@@ -197,6 +203,7 @@ class ParallelRunner:
                     max_records=self.max_records,
                     max_bytes=self.max_bytes,
                     max_backlog=self.max_backlog,
+                    max_backlog_bytes=self.max_backlog_bytes,
                     max_ahead=self.max_ahead,
                     skip=self._skips.pop(tp, None),
                 )
