@@ -13,6 +13,10 @@ Installed with kresilient, so any project's tests get:
 - markers ``integration`` (needs a cluster) and ``chaos`` (kills, stops or freezes nodes;
   skipped, saying why, when the cluster is external).
 
+``KRESILIENT_KAFKA_VERSION`` (e.g. ``4.4.0``) runs both session clusters on that Apache Kafka
+release instead of :data:`kresilient.testing.KAFKA_VERSION`, so one suite can be run against
+the brokers its users run: ``KRESILIENT_KAFKA_VERSION=4.4.0 pytest``.
+
 A test that damages the shared cluster must heal it (``kafka_cluster.heal([...])``); the
 ``chaos`` marker does that after each test as a safety net.
 """
@@ -26,9 +30,18 @@ from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
-from kresilient.testing import BOOTSTRAP_ENV, KafkaCluster
+from kresilient.testing import BOOTSTRAP_ENV, KAFKA_VERSION, KafkaCluster
 
 _counter = itertools.count(1)
+
+KAFKA_VERSION_ENV = "KRESILIENT_KAFKA_VERSION"
+"""Environment variable naming the Kafka release of the session clusters."""
+
+
+def session_kafka_version() -> str:
+    """The Kafka release of the session clusters: ``$KRESILIENT_KAFKA_VERSION``, or
+    :data:`kresilient.testing.KAFKA_VERSION` when it is unset or empty."""
+    return os.environ.get(KAFKA_VERSION_ENV, "").strip() or KAFKA_VERSION
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -53,7 +66,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session", name="kafka_cluster")
 def _kafka_cluster() -> Iterator[KafkaCluster]:
     """A real 3-node KRaft Kafka cluster shared by the test session."""
-    cluster = KafkaCluster()
+    cluster = KafkaCluster(version=session_kafka_version())
     try:
         cluster.start_cluster()
         yield cluster
@@ -69,7 +82,7 @@ def _kafka_network_cluster() -> Iterator[KafkaCluster]:
             f"network faults need a cluster started by kresilient.testing; {BOOTSTRAP_ENV} "
             "points at an external cluster"
         )
-    cluster = KafkaCluster(network_faults=True)
+    cluster = KafkaCluster(network_faults=True, version=session_kafka_version())
     try:
         cluster.start_cluster()
         yield cluster

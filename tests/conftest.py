@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from kresilient.pytest_plugin import session_kafka_version
 from kresilient.testing import BOOTSTRAP_ENV, KafkaCluster
 
 _skipped: list[str] = []
@@ -51,6 +52,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "streaming_source: writeStream.format('kresilient'), which needs pyspark>=4.1 "
         "(DataSourceStreamArrowWriter); .ci/test deselects it on the lowest supported pyspark",
+    )
+    config.addinivalue_line(
+        "markers",
+        "broker_smoke: the broker-version smoke subset (producer and consumer chaos, DLQ, "
+        "doctor) that .ci/test runs again on the newest Kafka 4.x ($KRESILIENT_KAFKA_VERSION)",
     )
 
 
@@ -129,7 +135,7 @@ def _lone_cluster() -> Iterator[KafkaCluster]:
     every test sharing the session cluster."""
     if os.environ.get(BOOTSTRAP_ENV):
         pytest.skip(f"freezes a node: needs a cluster started here, not ${BOOTSTRAP_ENV}")
-    cluster = KafkaCluster(nodes=1)
+    cluster = KafkaCluster(nodes=1, version=session_kafka_version())
     try:
         cluster.start_cluster()
         yield cluster

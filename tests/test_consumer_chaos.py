@@ -129,6 +129,7 @@ def test_7a_consumer_sigkilled_mid_stream_then_restarted(
     assert committed(bootstrap, group, topic, high) == high  # the graceful stop committed all
 
 
+@pytest.mark.broker_smoke
 @pytest.mark.integration
 @pytest.mark.chaos
 def test_7d_leader_sigkill_during_consumption(

@@ -326,6 +326,7 @@ def test_batch_handler_item_failure_dead_letters_that_item_only(
     assert len(read_back(bootstrap, dlq)) == 20
 
 
+@pytest.mark.broker_smoke
 def test_deserializer_failures_go_to_the_dlq_with_raw_bytes(
     kafka_cluster: KafkaCluster, topic_factory: TopicFactory
 ) -> None:

@@ -85,6 +85,7 @@ def test_usage_errors_exit_2(
 # --------------------------------------------------------------------------- 7g
 
 
+@pytest.mark.broker_smoke
 @pytest.mark.integration
 def test_7g_dlq_inspect_and_replay_bring_records_back(
     kafka_cluster: KafkaCluster, topic_factory: TopicFactory, capsys: pytest.CaptureFixture[str]

@@ -69,6 +69,7 @@ def _doctor_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.broker_smoke
 def test_healthy_cluster_exit_0_with_probe_and_clock(
     kafka_cluster: KafkaCluster, topic_factory: Callable[..., str]
 ) -> None:
@@ -105,6 +106,7 @@ def test_healthy_cluster_exit_0_with_probe_and_clock(
     )
 
 
+@pytest.mark.broker_smoke
 @pytest.mark.chaos
 def test_broker_down_then_preferred_leaders_not_restored(
     kafka_cluster: KafkaCluster, topic_factory: Callable[..., str]

@@ -63,6 +63,7 @@ def _move_leadership_off_the_preferred_replica(cluster: KafkaCluster, topic: str
     assert cluster.leader(topic) != preferred
 
 
+@pytest.mark.broker_smoke
 @pytest.mark.parametrize("kind", ["kill", "stop", "freeze", "preferred_election"])
 def test_leader_disruption_mid_stream_every_message_acknowledged_exactly_once_in_order(
     kafka_cluster: KafkaCluster, topic_factory: Any, kind: str
