@@ -97,6 +97,11 @@ _KEYWORD_SETTINGS: dict[str, dict[str, str]] = {
 _RAW_CLIENT_RULES = frozenset({"KR013", "KR014"})
 #: kresilient functions that build a client's config from the user's dict (safe defaults).
 _CONFIG_BUILDERS = frozenset({"producer_config", "consumer_config", "share_consumer_config"})
+#: The kresilient consumers' own arguments KR073 reads (what ``ordering="key"``/``"none"``
+#: combines with; the runtime's refusal is ``kresilient.consumer._consumer._check_ordering``).
+_CONSUMER_OPTIONS = frozenset(
+    {"ordering", "batch_handler", "retry_topics", "trace_spans", "max_process_deaths"}
+)
 #: Calls by which a consumer chooses its own positions (aiokafka, kafka-python).
 _SEEKS = frozenset({"seek", "seek_to_beginning", "seek_to_end", "seek_to_committed", "assign"})
 # Constructor arguments that are not librdkafka settings (AIOProducer's thread pool ...).
@@ -530,8 +535,31 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
         built = isinstance(config_expr, ast.Call) and (
             visitor._sink_name(config_expr.func) in _CONFIG_BUILDERS
         )
+        options = (
+            _consumer_options(call)
+            if sink_name in ("ResilientConsumer", "AsyncResilientConsumer")
+            else {}
+        )
         if built and sink.resilient:
-            continue  # ResilientConsumer(consumer_config({...})): the inner call's unit
+            # ResilientConsumer(consumer_config({...})): the config is the inner call's unit;
+            # this one is judged only on the consumer's own arguments (KR073)
+            if "ordering" in options:
+                yield ConfigUnit(
+                    path=path,
+                    line=call.lineno,
+                    col=call.col_offset + 1,
+                    entries={},
+                    kind=sink.kind,
+                    kind_forced=True,
+                    source="python",
+                    context={
+                        "constructor": sink_name,
+                        "resilient": True,
+                        "options": options,
+                        "rules": frozenset({"KR073"}),
+                    },
+                )
+            continue
         entries: dict[str, Entry] = {}
         resolver.reset()
         if config_expr is not None:
@@ -559,6 +587,8 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
             "share": sink.share,
             "methods": frozenset(visitor.methods),
         }
+        if options:
+            context["options"] = options  # the consumer's own arguments (KR073)
         if built:
             # Consumer(consumer_config({...})): the config is what kresilient builds (its
             # defaults, its refusals: judged as the inner call's unit); this unit is judged
@@ -627,6 +657,23 @@ def _ssl_context_unit(call: ast.Call, path: str) -> ConfigUnit:
         source="python",
         context={"constructor": "create_ssl_context", "rules": frozenset({"KR041"})},
     )
+
+
+def _consumer_options(call: ast.Call) -> dict[str, Entry]:
+    """The arguments of ``_CONSUMER_OPTIONS`` given to a kresilient consumer: a literal's
+    value, anything else ``dynamic`` (not known before run time)."""
+    options: dict[str, Entry] = {}
+    for kw in call.keywords:
+        if kw.arg in _CONSUMER_OPTIONS:
+            literal = isinstance(kw.value, ast.Constant)
+            options[kw.arg] = Entry(
+                key=kw.arg,
+                value=kw.value.value if isinstance(kw.value, ast.Constant) else None,
+                line=kw.value.lineno,
+                col=kw.value.col_offset + 1,
+                dynamic=not literal,
+            )
+    return options
 
 
 def _keyword_unit(

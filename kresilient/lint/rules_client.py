@@ -1060,3 +1060,52 @@ def _share_implicit(unit: ConfigUnit) -> Iterator[Hit]:
     mode = explicit(unit, "share.acknowledgement.mode")
     if mode is not None and mode.text.lower() == "implicit":
         yield "share.acknowledgement.mode=implicit: records acknowledged before handling", mode
+
+
+@rule(
+    "KR073",
+    "consumer-ordering-combination",
+    E,
+    C,
+    "consumer",
+    summary='A kresilient consumer given ordering="key"/"none" with an option that '
+    "ordering refuses.",
+    why="With many records of a partition in flight, a batch handler, retry topics, one span "
+    "per handler call and crash-loop protection (on by default: max_process_deaths=3) would "
+    "each lose their per-record guarantee, so ResilientConsumer refuses the combination with "
+    "a ConfigError at construction; AsyncResilientConsumer takes no ordering argument yet "
+    "(a TypeError).",
+    fix='Pass max_process_deaths=None with ordering="key"/"none" and drop batch_handler, '
+    'retry_topics and trace_spans="call"; or keep ordering="partition" (the default).',
+    clients=LIBRDKAFKA,
+)
+def _ordering_combination(unit: ConfigUnit) -> Iterator[Hit]:
+    options = unit.context.get("options")
+    if not isinstance(options, dict):
+        return
+    ordering = options.get("ordering")
+    if ordering is None or ordering.dynamic or ordering.value == "partition":
+        return
+    if unit.context.get("constructor") == "AsyncResilientConsumer":
+        yield f"ordering={ordering.shown}: AsyncResilientConsumer takes no ordering yet", ordering
+        return
+    if ordering.value not in ("key", "none"):
+        yield f"ordering={ordering.shown}: one of 'partition', 'key', 'none'", ordering
+        return
+    refused: list[str] = []
+    for name in ("batch_handler", "retry_topics"):
+        entry = options.get(name)
+        if entry is not None and (entry.dynamic or entry.value is not None):
+            refused.append(name)
+    spans = options.get("trace_spans")
+    if spans is not None and not spans.dynamic and spans.value == "call":
+        refused.append('trace_spans="call"')
+    deaths = options.get("max_process_deaths")
+    if deaths is None or (not deaths.dynamic and deaths.value is not None):
+        refused.append("crash-loop protection (pass max_process_deaths=None)")
+    if refused:
+        yield (
+            f"ordering={ordering.shown} does not combine with {', '.join(refused)}: "
+            "ResilientConsumer refuses it (ConfigError)",
+            ordering,
+        )
