@@ -9,12 +9,18 @@ timed from its first record to its last (group join excluded):
 - ``resilient``: :class:`kresilient.share.ResilientShareConsumer` with the default retry,
   dead-letter and outage policies and a handler that does nothing.
 
+``--handler-us N`` gives both arms the same handler: ``time.sleep(N µs)`` per record (a call to
+a dependency; it releases the GIL as I/O does). A batch then runs long enough for
+``ResilientShareConsumer`` to send acknowledgements during it (``commit_async`` every 50 ms),
+which the no-op handler never triggers.
+
 Rounds interleave the arms (raw, resilient, resilient, raw, ...) and the report gives the
 paired ratio resilient/raw per round, its median and range. Figures taken while the load
 average exceeds the core count are labelled CONTENDED.
 
     .venv/bin/python benchmarks/share.py                          # 20,000 records, 5 rounds
     .venv/bin/python benchmarks/share.py --records 5000 --rounds 3
+    .venv/bin/python benchmarks/share.py --records 5000 --rounds 7 --handler-us 200
 
 Starts a local 1-node cluster on the newest Kafka 4.x served unless
 ``KRESILIENT_BOOTSTRAP_SERVERS`` is set.
@@ -62,7 +68,12 @@ def _group(bootstrap: str) -> str:
     return group
 
 
-def _raw(bootstrap: str, topic: str, records: int) -> float:
+def _work(handler_us: float) -> None:
+    if handler_us:
+        time.sleep(handler_us / 1e6)
+
+
+def _raw(bootstrap: str, topic: str, records: int, handler_us: float) -> float:
     consumer = ShareConsumer(
         {
             "bootstrap.servers": bootstrap,
@@ -83,6 +94,7 @@ def _raw(bootstrap: str, topic: str, records: int) -> float:
                 first = time.perf_counter()
             for msg in batch:
                 if msg.error() is None:
+                    _work(handler_us)
                     consumer.acknowledge(msg, AcknowledgeType.ACCEPT)
                     seen += 1
             consumer.commit_sync(30)
@@ -94,7 +106,7 @@ def _raw(bootstrap: str, topic: str, records: int) -> float:
     return seen / elapsed
 
 
-def _resilient(bootstrap: str, topic: str, records: int) -> float:
+def _resilient(bootstrap: str, topic: str, records: int, handler_us: float) -> float:
     seen = 0
     first = 0.0
 
@@ -102,6 +114,7 @@ def _resilient(bootstrap: str, topic: str, records: int) -> float:
         nonlocal seen, first
         if not first:
             first = time.perf_counter()
+        _work(handler_us)
         seen += 1
 
     consumer = ResilientShareConsumer(
@@ -124,6 +137,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=20000)
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--handler-us", type=float, default=0.0, help="each record's handler sleeps this long"
+    )
     args = parser.parse_args()
     external = os.environ.get("KRESILIENT_BOOTSTRAP_SERVERS")
     cluster = None if external else KafkaCluster(1, version=NEWEST)
@@ -145,7 +161,7 @@ def main() -> None:
             got: dict[str, float] = {}
             for arm in order:
                 fn = _raw if arm == "raw" else _resilient
-                got[arm] = fn(bootstrap, topic, args.records)
+                got[arm] = fn(bootstrap, topic, args.records, args.handler_us)
                 rates[arm].append(got[arm])
             ratios.append(got["resilient"] / got["raw"])
             print(
@@ -156,7 +172,8 @@ def main() -> None:
         load_after = os.getloadavg()[0]
         print(
             f"\n{args.records} records, {args.partitions} partitions, {args.rounds} paired "
-            f"rounds, Kafka {NEWEST if cluster is not None else 'external'}\n"
+            f"rounds, handler {args.handler_us:g} µs, "
+            f"Kafka {NEWEST if cluster is not None else 'external'}\n"
             f"raw median {statistics.median(rates['raw']):,.0f}/s, resilient median "
             f"{statistics.median(rates['resilient']):,.0f}/s\n"
             f"resilient/raw: median {statistics.median(ratios):.2f} "

@@ -1,11 +1,18 @@
-"""ResilientShareConsumer on a real share group (issue 43), reduced sizes.
+"""ResilientShareConsumer on a real share group (issue 43).
 
 One 3-node cluster on the newest Kafka 4.x served, for this module only (share groups are GA
 from 4.2; the brokers' minimum lock duration is lowered so a group may use a short lock).
+``$KRESILIENT_KAFKA_VERSION`` picks another release from 4.2 on (an older one is ignored here:
+4.1 has share groups only as a preview feature).
 
-* acceptance 1: 3 member processes, 3,000 records, 1 % poison, one member SIGKILLed mid-stream;
+* acceptance 1: 3 member processes, ``$KRESILIENT_SHARE_RECORDS`` records (default 30,000,
+  the issue's size: the member's kill and its session timeout cost more than the records,
+  25 s at 3,000, 30 s at 30,000), 1 % poison, one member SIGKILLed mid-stream;
 * acceptance 2: a handler that outlives the lock;
-* acceptance 3: a short dependency outage (and its negative control: outage hold off);
+* acceptance 3: a dependency outage of ``$KRESILIENT_SHARE_OUTAGE_S`` seconds (default 20:
+  longer than the group's 15 s lock, so the hold's RELEASE and the refetch run too; the
+  issue's is 30, ``KRESILIENT_SHARE_OUTAGE_S=30``) and its negative control (outage hold off);
+* probes: ``/live`` and ``/ready`` of a share consumer whose handler hangs;
 * config refusals (no cluster).
 """
 
@@ -19,6 +26,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,16 +37,26 @@ from typing import Any
 import pytest
 import tenacity
 from confluent_kafka import AcknowledgeType, Consumer, Message, Producer, ShareConsumer
+from structlog.testing import capture_logs
 
 from kresilient.consumer import RetryPolicy
 from kresilient.deadletter import parse_dead_letter_headers
 from kresilient.errors import ConfigError, UnsafeConfigError
+from kresilient.pytest_plugin import session_kafka_version
 from kresilient.share import ResilientShareConsumer, configure_share_group, share_consumer_config
 from kresilient.testing import KafkaCluster
 
 NEWEST = "4.4.0"
-N_RECORDS = 3000
+N_RECORDS = int(os.environ.get("KRESILIENT_SHARE_RECORDS") or 30000)
+OUTAGE_S = float(os.environ.get("KRESILIENT_SHARE_OUTAGE_S") or 20)
 POISON_EVERY = 100  # 1 %
+
+
+def _share_version() -> str:
+    """The matrix's version if it has share groups generally available (4.2+), else NEWEST."""
+    asked = session_kafka_version()
+    major_minor = tuple(int(p) for p in asked.split(".")[:2] if p.isdigit())
+    return asked if major_minor >= (4, 2) else NEWEST
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -47,7 +66,7 @@ POISON_EVERY = 100  # 1 %
 def _share_cluster() -> Iterator[KafkaCluster]:
     with KafkaCluster(
         3,
-        version=NEWEST,
+        version=_share_version(),
         broker_config={
             "group.share.min.record.lock.duration.ms": 1000,
             # A SIGKILLed member keeps its share partitions until its session times out (45 s
@@ -61,12 +80,14 @@ def _share_cluster() -> Iterator[KafkaCluster]:
         yield cluster
 
 
-def _wait(cond: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
+def _wait(
+    cond: Callable[[], bool], what: str, timeout: float = 90.0, interval: float = 0.1
+) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(interval)
 
 
 def _group(cluster: KafkaCluster, prefix: str, lock_ms: int) -> str:
@@ -198,12 +219,24 @@ def test_three_members_one_killed_nothing_lost_poison_dead_lettered_once(
         def handled() -> set[str]:
             return {w[1] for log in logs for w in _lines(log) if w[0] == "H"}
 
-        # kill member 0 mid-stream, once it has handled some records
-        _wait(lambda: sum(w[0] == "H" for w in _lines(logs[0])) >= 50, "member 0 handling")
+        # kill member 0 mid-stream, once it has handled some records (about a tenth of its
+        # third)
+        kill_after = max(50, N_RECORDS // 30)
+        _wait(
+            lambda: sum(w[0] == "H" for w in _lines(logs[0])) >= kill_after,
+            f"member 0 handling {kill_after} records",
+            timeout=90 + N_RECORDS / 100,
+        )
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait(30)
-        assert len(handled()) < len(good), "the kill was not mid-stream"
-        _wait(lambda: good <= handled(), "every non-poison record handled", timeout=180)
+        handled_at_kill = len(handled())
+        assert handled_at_kill < len(good), "the kill was not mid-stream"
+        _wait(
+            lambda: good <= handled(),
+            "every non-poison record handled",
+            timeout=120 + N_RECORDS / 50,
+            interval=0.5,  # each check reads the members' logs whole
+        )
     finally:
         for p in procs[1:]:
             p.send_signal(signal.SIGTERM)
@@ -222,7 +255,9 @@ def test_three_members_one_killed_nothing_lost_poison_dead_lettered_once(
         assert m.value() == b"poison-" + (m.key() or b"")
     assert set(dlq_keys) == poison
     # in flight at the kill: every record of the batches the killed member had acquired
-    killed = {k for w in _lines(logs[0]) if w[0] == "A" for k in w[1:]}
+    batches = [w[1:] for w in _lines(logs[0]) if w[0] == "A"]
+    killed = {k for batch in batches for k in batch}
+    in_flight = set(batches[-1]) if batches else set()  # its batch when it was killed
     duplicates = {k for k, n in dlq_keys.items() if n > 1}
     # a dead letter acknowledged but not its ACCEPT when the member died: in flight at the kill
     assert duplicates <= killed, duplicates - killed
@@ -230,8 +265,15 @@ def test_three_members_one_killed_nothing_lost_poison_dead_lettered_once(
     # every redelivery (delivery count > 1) was of a record the killed member had acquired
     seen = [w for log in logs[1:] for w in _lines(log) if w[0] == "S"]
     redelivered = {w[1] for w in seen if int(w[2]) > 1}
+    handled_by_killed = {w[1] for w in _lines(logs[0]) if w[0] == "H"}
     print(
-        f"acceptance 1: {len(good)} handled, {len(redelivered)} redelivered after the kill, "
+        f"acceptance 1: {len(records)} records, {len(good)} handled ({handled_at_kill} by the "
+        f"kill), the killed member had acquired {len(killed)} and handled "
+        f"{len(handled_by_killed)}; {len(redelivered)} redelivered after the kill, "
+        f"{len(redelivered & killed)} of them in the killed member's {len(batches)} batch(es), "
+        f"{len(redelivered & in_flight)} in its last one (in flight at the kill), "
+        f"{len(redelivered - killed)} others (poison: {(redelivered - killed) <= poison}), "
+        f"{len(redelivered & handled_by_killed)} handled there before the kill; "
         f"{len(dlq)} dead letters for {len(poison)} poison ({len(duplicates)} duplicates)"
     )
     assert redelivered <= killed | poison, sorted(redelivered - killed - poison)[:10]
@@ -253,6 +295,7 @@ def _outage_run(
     n = 200
     _produce(cluster, topic, [(str(i).encode(), b"v") for i in range(n)])
     down, went_down = threading.Event(), threading.Event()
+    down_at: list[float] = []
     handled: dict[str, int] = {}
     max_count = Counter[str]()
 
@@ -260,6 +303,7 @@ def _outage_run(
         key = (msg.key() or b"").decode()
         max_count[key] = max(max_count[key], msg.delivery_count() or 0)
         if len(handled) == 50 and not went_down.is_set():
+            down_at.append(time.monotonic())
             went_down.set()  # the dependency goes down after 50 records, in mid-batch
             down.set()
         if down.is_set():
@@ -286,9 +330,20 @@ def _outage_run(
         if outage:
             _wait(lambda: consumer.stats.outage_holds >= 20, "the outage hold retrying (~2 s)")
             assert consumer.health()["outage"] is not None
+            # the dependency stays down OUTAGE_S in all (the 15 s lock runs out under it)
+            _wait(
+                lambda: time.monotonic() - down_at[0] >= OUTAGE_S,
+                f"a {OUTAGE_S:g} s outage",
+                timeout=OUTAGE_S + 90,
+            )
+            assert consumer.health()["outage"] is not None
         else:
             _wait(lambda: consumer.stats.dead_lettered >= 1, "a dead letter for the outage")
         down.clear()
+        print(
+            f"acceptance 3 (outage hold {'on' if outage else 'off'}): dependency down "
+            f"{time.monotonic() - down_at[0]:.1f} s, stats {consumer.health()['stats']}"
+        )
         _wait(lambda: len(handled) + consumer.stats.dead_lettered >= n, "every record settled")
     finally:
         consumer.stop()
@@ -302,6 +357,10 @@ def test_dependency_outage_dead_letters_nothing_and_spends_no_delivery_count(
     share_cluster: KafkaCluster,
 ) -> None:
     consumer, dlq, max_count = _outage_run(share_cluster, outage=True)
+    print(
+        f"acceptance 3: highest delivery count {max(max_count.values())} "
+        f"(limit {consumer.delivery_count_limit}), {len(dlq)} dead letters"
+    )
     assert consumer.stats.dead_lettered == 0 and dlq == []
     assert max(max_count.values()) < consumer.delivery_count_limit
     assert consumer.health()["outage"] is None  # ended by the first success
@@ -448,6 +507,82 @@ def test_negative_control_raw_loop_loses_the_batch_accepts_to_a_slow_handler(
     print(f"negative control (raw): {deliveries}, refused {refused}")
     assert ("fast", 2) in deliveries  # handled in time, still delivered again
     assert any("INVALID_RECORD_STATE" in str(e) for e in refused)
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return int(resp.status), json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_probes_say_ready_then_a_hung_handler_once_then_ready_again(
+    share_cluster: KafkaCluster,
+) -> None:
+    topic = share_cluster.create_topic(f"share-pr-{uuid.uuid4().hex[:6]}", partitions=1)
+    share_cluster.create_topic(topic + ".dlq", partitions=1)
+    group = _group(share_cluster, "pr", lock_ms=15000)
+    hanging, release = threading.Event(), threading.Event()
+    handled: list[str] = []
+
+    def handle(msg: Message) -> None:
+        key = (msg.key() or b"").decode()
+        if key == "hang":
+            hanging.set()
+            assert release.wait(60)
+        handled.append(key)
+
+    with capture_logs() as logs:
+        consumer = ResilientShareConsumer(
+            {"bootstrap.servers": share_cluster.bootstrap_servers, "group.id": group},
+            [topic],
+            handle,
+            health_port=0,
+            stall_after_s=1.0,
+        )
+        assert consumer.health()["live"] is False  # not running yet
+        runner = threading.Thread(target=consumer.run, daemon=True)
+        runner.start()
+        try:
+            _wait(lambda: consumer.health_port is not None, "the probe server")
+            port = consumer.health_port
+            assert port is not None
+            _produce(share_cluster, topic, [(b"first", b"v")])
+            _wait(lambda: "first" in handled, "the first record handled")
+            # the control: the same probes answer 200 while nothing is stalled
+            assert _get(port, "/live")[0] == 200
+            _wait(lambda: _get(port, "/ready")[0] == 200, "/ready 200")
+            _produce(share_cluster, topic, [(b"hang", b"v")])
+            _wait(hanging.is_set, "the handler hanging")
+            _wait(lambda: _get(port, "/ready")[0] == 503, "/ready 503 for the hung handler")
+            status, body = _get(port, "/ready")
+            assert status == 503 and "a handler has been running" in " ".join(body["reasons"])
+            assert f"{topic}[0]" in " ".join(body["reasons"])
+            assert _get(port, "/live")[0] == 200  # within twice the lock: still live
+            _wait(
+                lambda: any(e["event"] == "consumer_stalled" for e in logs),
+                "the stall reported by the watcher",
+            )
+            assert consumer.health()["stalled"] is not None
+            release.set()
+            _wait(lambda: "hang" in handled, "the hung record handled")
+            _wait(lambda: _get(port, "/ready")[0] == 200, "/ready 200 again")
+            _wait(
+                lambda: any(e["event"] == "consumer_stalled_cleared" for e in logs),
+                "the stall cleared",
+            )
+        finally:
+            release.set()
+            consumer.stop()
+            runner.join(60)
+            consumer.close()
+    assert sum(e["event"] == "consumer_stalled" for e in logs) == 1  # once, not every second
+    assert consumer.health()["live"] is False  # stopped
+    assert consumer.stats.accepted == 2
 
 
 # --------------------------------------------------------------------------- the example

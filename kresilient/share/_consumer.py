@@ -40,6 +40,12 @@ on top of that:
   acknowledged as ACCEPT: below the limit the broker redelivers the record, and the member
   holding it then acknowledges it once.
 
+``health_port=`` serves ``GET /live`` and ``GET /ready`` with the consumer's probe server
+(:class:`~kresilient.consumer.ConsumerProbes`): live while the loop polls, ready once it has
+polled and while no handler has run longer than ``stall_after_s`` and no dependency outage is
+held; a handler stalled that long is logged once (``consumer_stalled``) by its watcher thread.
+A share group has no offsets and tells a member no assignment, so there are no lag figures.
+
 The client's share consumer is not thread-safe and has no asyncio form; see
 docs/share-groups.md.
 """
@@ -49,7 +55,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Final
 
 import structlog
@@ -69,6 +75,7 @@ from confluent_kafka.admin._resource import ResourceType
 from kresilient.config import SHARE_CONSUMER_REFUSED, consumer_config
 from kresilient.consumer import (
     OUTAGE_RETRY,
+    ConsumerProbes,
     OutageDecision,
     OutageDetector,
     RetryPolicy,
@@ -161,6 +168,11 @@ def configure_share_group(
     at the *latest* offset otherwise), ``"share.record.lock.duration.ms"`` (bounded by the
     brokers' ``group.share.min/max.record.lock.duration.ms``), ``"share.delivery.count.limit"``.
     ``config`` gives the connection (``bootstrap.servers``, security); errors are redacted.
+
+    Returns once DescribeConfigs answers the new values (within ``timeout``): a broker applies
+    a group config from the metadata log, so one asked right after the change may still
+    answer the old value, and a :class:`ResilientShareConsumer` started then would read the
+    broker's default lock duration (30 s) instead of the one just set.
     """
     admin_keys = {k: v for k, v in config.items() if not k.startswith("share.") and k != "group.id"}
     entries = [
@@ -168,14 +180,36 @@ def configure_share_group(
         for name, value in settings.items()
     ]
     res = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+    wanted = {name: str(value) for name, value in settings.items()}
+    deadline = time.monotonic() + timeout
     admin = AdminClient(admin_keys)  # kept alive until the result: a dropped client fails it
+    redact = Redactor.for_config(config)
     try:
         admin.incremental_alter_configs([res])[res].result(timeout)
     except KafkaException as exc:
-        redact = Redactor.for_config(config)
         raise ConfigError(
             redact(f"share group {group}: setting {sorted(settings)} failed: {exc}")
         ) from None
+    seen: dict[str, str | None] = {}
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            described = ConfigResource(ResourceType.GROUP, group)
+            got = admin.describe_configs([described], request_timeout=max(left, 1.0))
+            current = got[described].result(max(left, 1.0))
+            seen = {name: current[name].value if name in current else None for name in wanted}
+        except KafkaException:
+            pass  # asked again until the deadline
+        if seen == wanted:
+            return
+        if time.monotonic() + 0.1 >= deadline:
+            raise ConfigError(
+                redact(
+                    f"share group {group}: set {sorted(settings)}, but the brokers still "
+                    f"answer {seen} after {timeout:g} s"
+                )
+            )
+        time.sleep(0.1)
 
 
 @dataclasses.dataclass
@@ -220,6 +254,13 @@ class ResilientShareConsumer:
         delivery_count_limit: the group's ``share.delivery.count.limit`` (default: read).
         telemetry: a :class:`~kresilient.telemetry.Telemetry` (default: one for the config).
         logger: structlog logger.
+        health_port: serve ``GET /live`` and ``GET /ready`` on this port while :meth:`run`
+            runs (0: any free port, see :attr:`health_port`); ``None``: no server.
+        health_host: the address the probe server binds (127.0.0.1 by default).
+        stall_after_s: ``/ready`` turns 503 (and one ``consumer_stalled`` WARNING is logged)
+            when a handler has been running this long. ``/live`` turns 503 when the loop has
+            not polled for twice the lock duration plus 10 s (a batch, its releases and an
+            outage pause all fit in that).
 
     Example::
 
@@ -247,6 +288,9 @@ class ResilientShareConsumer:
         allow_unsafe: Iterable[str] = (),
         telemetry: Telemetry | None = None,
         logger: Any = None,
+        health_port: int | None = None,
+        health_host: str = "127.0.0.1",
+        stall_after_s: float = 60.0,
     ) -> None:
         base = logger if logger is not None else structlog.get_logger("kresilient.share")
         self._cfg = share_consumer_config(config, allow_unsafe=allow_unsafe, logger=base)
@@ -288,6 +332,21 @@ class ResilientShareConsumer:
         self._consumer.subscribe(self.topics)
         self._closed = False
         self._acquired: tuple[Message, ...] = ()
+        #: when the handler call in hand began (0: none), for the probes' stall check
+        self._record_started = 0.0
+        self._next_tick = 0.0
+        self._probes = ConsumerProbes(
+            None,  # no watermarks nor positions in a share group: no lag figures
+            _ShareProbeSource(self),
+            stall_after_s=stall_after_s,
+            max_poll_s=2 * self.lock_duration + 10.0,
+            group=self.group,
+            outage=self._detector,
+            log=self._log,
+            redact=self._redact,
+        )
+        self._health_addr = (health_host, health_port)
+        self._health_port: int | None = None
         #: raised by poll_once once the batch is settled: a record at its limit was lost
         self._fatal: DeadLetterError | None = None
         self._log.info(
@@ -333,13 +392,26 @@ class ResilientShareConsumer:
         self._stopping.set()
 
     def health(self) -> dict[str, Any]:
-        """The counters and the current outage (``None`` when there is none)."""
+        """The counters, the current outage (``None`` when there is none), what ``/live`` and
+        ``/ready`` would answer (``live``, ``ready``, ``reasons``) and the stall fields
+        (``stalled``, ``stalled_since``, ``stalls``) of the probes."""
+        live, _ = self._probes.live()
+        ready, reasons = self._probes.ready()
         return {
             "stats": dataclasses.asdict(self.stats),
             "outage": self._detector.snapshot(),
             "lock_duration_s": self.lock_duration,
             "delivery_count_limit": self.delivery_count_limit,
+            "live": live,
+            "ready": ready,
+            "reasons": reasons,
+            **self._probes.stall_fields(),
         }
+
+    @property
+    def health_port(self) -> int | None:
+        """The port ``/live`` and ``/ready`` are served on (``None``: not serving)."""
+        return self._health_port
 
     @property
     def acquired(self) -> tuple[Message, ...]:
@@ -358,6 +430,8 @@ class ResilientShareConsumer:
         if self._closed:
             return
         self._closed = True
+        self._probes.running = False
+        self._probes.close()
         try:
             self._consumer.close()
         finally:
@@ -375,10 +449,20 @@ class ResilientShareConsumer:
     def run(self, *, timeout: float | None = None, poll_timeout: float = 0.5) -> None:
         """Poll and handle until :meth:`stop` (or ``timeout`` seconds)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._stopping.is_set():
-            if deadline is not None and time.monotonic() >= deadline:
-                return
-            self.poll_once(poll_timeout)
+        probes = self._probes
+        probes.last_poll = time.monotonic()
+        probes.running = True
+        host, port = self._health_addr
+        if port is not None and self._health_port is None:
+            self._health_port = probes.serve(host, port)
+            self._log.info("health_probes_serving", host=host, port=self._health_port)
+        try:
+            while not self._stopping.is_set():
+                if deadline is not None and time.monotonic() >= deadline:
+                    return
+                self.poll_once(poll_timeout)
+        finally:
+            probes.running = False
 
     def poll_once(self, timeout: float = 0.5) -> int:
         """Fetch one batch, handle and acknowledge every record of it; return its size.
@@ -395,7 +479,13 @@ class ResilientShareConsumer:
         # point during it (or earlier, see docs/share-groups.md), never after it returned
         # (the wait is capped at a tenth of the lock so that it cannot eat a batch's lock)
         acquired = time.monotonic()
+        probes = self._probes
+        probes.last_poll = acquired
+        if acquired >= self._next_tick:  # about once a second; the first starts the watcher
+            self._next_tick = acquired + 1.0
+            probes.tick(acquired)
         batch = list(self._consumer.poll(min(timeout, self.lock_duration / 10)))
+        probes.joined = True  # a share group tells a member no assignment: it has polled
         if not batch:
             return 0
         self._acquired = tuple(batch)
@@ -425,6 +515,7 @@ class ResilientShareConsumer:
             if traced or err is not None:
                 self._one(msg, lock_end, releases)
             else:
+                self._record_started = now
                 try:
                     handler(msg)
                 except Exception as exc:
@@ -438,6 +529,7 @@ class ResilientShareConsumer:
                     else:
                         self._success(msg)
             now = time.monotonic()
+        self._record_started = 0.0
         if releases:
             self._due_releases(releases, lock_end)
         self._commit()
@@ -474,6 +566,7 @@ class ResilientShareConsumer:
         err = msg.error()
         if err is not None:  # a deserialization failure left in the batch: poison
             return ValueError(f"deserialization failed: {err.str()}")
+        self._record_started = time.monotonic()
         try:
             self._handler(msg)
         except Exception as exc:
@@ -841,3 +934,36 @@ def _failed_future(exc: BaseException, attempt: int) -> tenacity.Future:
     fut = tenacity.Future(attempt)
     fut.set_exception(exc)
     return fut
+
+
+class _ShareProbeSource:
+    """A :class:`ResilientShareConsumer`'s state as the probes' ``ProbeSource``: the handler
+    in hand and, during an outage, the partitions of the batch held. A share group has no
+    stored offsets and no retry waits beyond the batch's lock."""
+
+    __slots__ = ("_consumer",)
+
+    def __init__(self, consumer: ResilientShareConsumer) -> None:
+        self._consumer = consumer
+
+    def stored_offsets(self) -> Mapping[tuple[str, int], int]:
+        return {}
+
+    def handlers(self) -> list[tuple[float, Collection[str]]]:
+        consumer = self._consumer
+        started = consumer._record_started
+        if not started:
+            return []
+        return [(started, {f"{m.topic()}[{m.partition()}]" for m in consumer._acquired})]
+
+    def retry_waits(self) -> list[tuple[tuple[str, int], int, float]]:
+        return []
+
+    def held(self) -> Collection[tuple[str, int]]:
+        consumer = self._consumer
+        if not consumer._detector.active:
+            return ()
+        return {(m.topic() or "", m.partition() or 0) for m in consumer._acquired}
+
+    def duplicates(self) -> int:
+        return 0
