@@ -17,9 +17,8 @@ What it drives:
   then);
 * consumers: ``ordering="partition"`` with retry topics, dedupe, a DLQ, crash-loop protection
   (``max_process_deaths=3``), dependency-outage detection and a value deserializer; and
-  ``ordering="key"`` (docs/parallel.md: no retry topics, crash-loop protection or outage
-  detection in that mode yet, so it has neither the deserializer: see below) in the same
-  group; a second member joining mid-way (a rebalance); a consumer in a child process
+  ``ordering="key"`` with the same outage detection and value deserializer (docs/parallel.md:
+  no retry topics or crash-loop protection in that mode yet) in the same group; a second member joining mid-way (a rebalance); a consumer in a child process
   SIGKILLed without ``close()`` and restarted in the same group;
 * handlers failing with poison, transient, HTTP-transport errors of their own
   (``requests.ConnectionError``, which follows the retry policy and ends in the DLQ) and a
@@ -68,9 +67,6 @@ the cluster's start; 2 cores at load 6-11). The search is the release run, rando
 A failing example is shrunk (up to hypothesis' 5 minutes): the report lists its steps, then
 the ``teardown:`` actions it ended with.
 
-The ``ordering="key"`` consumer has no value deserializer: that mode requires
-``outage_retry=None`` (issue 40), and without outage detection a registry outage error is the
-record's failure (``SerializationError`` is not retried) and is dead-lettered, as documented.
 """
 
 from __future__ import annotations
@@ -312,8 +308,17 @@ def make_consumer(
         "tracer_provider": tracer_provider,
     }
     handler = make_handler(topic, secret, book, out)
+    # http records fail for good: where several come in a row with no success between,
+    # they look like a dependency outage (issue 36) and are held; a short outage limit
+    # dead-letters them after it, as the default (10 minutes) would, only sooner
+    common["outage_retry"] = RetryPolicy(
+        stop=tenacity.stop_after_delay(OUTAGE_LIMIT),
+        wait=tenacity.wait_fixed(0.2),
+        retry=tenacity.retry_always,
+    )
+    common["value_deserializer"] = make_deserializer(book)
     if ordering == "key":
-        # issue 40: no retry topics, crash-loop protection or outage detection in this mode
+        # issue 40: no retry topics or crash-loop protection in this mode yet
         return ResilientConsumer(
             conf,
             [topic],
@@ -321,7 +326,6 @@ def make_consumer(
             ordering="key",
             max_in_flight=8,
             max_process_deaths=None,
-            outage_retry=None,
             **common,
         )
     return ResilientConsumer(
@@ -329,15 +333,6 @@ def make_consumer(
         [topic],
         handler,
         retry_topics=RetryTopicPolicy(delays=(RETRY_DELAY,)),
-        # http records fail for good: where several come in a row with no success between,
-        # they look like a dependency outage (issue 36) and are held; a short outage limit
-        # dead-letters them after it, as the default (10 minutes) would, only sooner
-        outage_retry=RetryPolicy(
-            stop=tenacity.stop_after_delay(OUTAGE_LIMIT),
-            wait=tenacity.wait_fixed(0.2),
-            retry=tenacity.retry_always,
-        ),
-        value_deserializer=make_deserializer(book),
         max_process_deaths=3,
         **common,
     )
