@@ -18,8 +18,9 @@ What it drives:
 * consumers: ``ordering="partition"`` with retry topics, dedupe, a DLQ, crash-loop protection
   (``max_process_deaths=3``), dependency-outage detection and a value deserializer; and
   ``ordering="key"`` with the same outage detection and value deserializer (docs/parallel.md:
-  no retry topics or crash-loop protection in that mode yet) in the same group; a second member joining mid-way (a rebalance); a consumer in a child process
-  SIGKILLed without ``close()`` and restarted in the same group;
+  no retry topics or crash-loop protection in that mode yet) in the same group; a second
+  member joining mid-way (a rebalance); a consumer in a child process SIGKILLed without
+  ``close()`` and restarted in the same group;
 * handlers failing with poison, transient, HTTP-transport errors of their own
   (``requests.ConnectionError``, which follows the retry policy and ends in the DLQ) and a
   handler echoing the consumer's secret; a Schema Registry outage raised by the value
