@@ -249,3 +249,27 @@ def test_connection_accepted_while_the_proxy_closes_does_not_deadlock() -> None:
     finally:
         client.close()
         target.close()
+
+
+def test_freeze_connections_hangs_those_open_now_and_lets_new_ones_pass(rig) -> None:  # type: ignore[no-untyped-def]
+    network, ports, echo = rig
+    app, other = _request("app"), _request("other")
+    with _connect(ports["client"]) as old, _connect(ports["client"]) as bystander:
+        old.sendall(app)
+        bystander.sendall(other)
+        assert _recv_exact(old, len(app)) == app  # control: the path works
+        assert _recv_exact(bystander, len(other)) == other
+        assert network.freeze_connections(client_id="app") == 1
+        received = echo.received
+        old.sendall(_frame(b"hung"))
+        assert _nothing_arrives(old), "a frozen connection must forward nothing"
+        assert echo.received == received, "nor reach the server"
+        bystander.sendall(_frame(b"fine"))  # control: another client's connection flows
+        assert _recv_exact(bystander, 8) == _frame(b"fine")
+        assert "frozen connections: 1" in network.faulty()[1]
+        with _connect(ports["client"]) as new:  # a new connection of the same client passes
+            new.sendall(app)
+            assert _recv_exact(new, len(app)) == app
+        network.heal()
+        assert _recv_exact(old, 8) == _frame(b"hung"), "heal lets it flow again"
+        assert network.faulty() == {}

@@ -36,7 +36,7 @@ import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import structlog
 import tenacity
@@ -47,6 +47,7 @@ from kresilient._watchdog import bounded_call
 from kresilient.aio._producer import AsyncResilientProducer
 from kresilient.config import consumer_config
 from kresilient.consumer import (
+    ON_STALL,
     OUTAGE_RETRY,
     CircuitBreaker,
     ConsumerHealth,
@@ -58,6 +59,7 @@ from kresilient.consumer import (
     outage_classification,
     poison,
     positions_ahead,
+    retire_client,
 )
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
@@ -241,7 +243,14 @@ class AsyncResilientConsumer:
         health_host: the address the probe server binds (127.0.0.1 by default; a Kubernetes
             probe needs the pod's address, e.g. ``"0.0.0.0"``).
         stall_after_s: ``/ready`` turns 503 when a handler runs, a retry wait is overdue, or
-            a partition with lag makes no progress for this long.
+            a partition with lag makes no progress (or its fetch is not answered) for this
+            long; one ``consumer_stalled`` WARNING says so (docs/stalls.md).
+        on_stall: ``"report"`` (default) or ``"heal"``: as
+            :class:`~kresilient.ResilientConsumer`'s: on a ``progress`` or ``assignment`` stall
+            with nothing in hand (no handler running, no record held by a retry, an outage or a dead
+            letter) or a rebalance loop, the librdkafka consumer is recreated between two
+            steps of the worker thread (the old one commits what was stored and closes in a
+            daemon thread, waited for at most 5 s), one ``consumer_recreated`` WARNING.
 
     Example::
 
@@ -282,7 +291,12 @@ class AsyncResilientConsumer:
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
         stall_after_s: float = 60.0,
+        on_stall: Literal["report", "heal"] = "report",
     ) -> None:
+        if on_stall not in ON_STALL:
+            raise ConfigError(
+                f"on_stall must be 'report' or 'heal', not {on_stall!r}", key="on_stall"
+            )
         if dedupe is not None and not isinstance(dedupe, Deduplicator):
             raise ConfigError(
                 f"dedupe must be a kresilient.dedupe.Deduplicator, got {type(dedupe).__name__} "
@@ -437,7 +451,10 @@ class AsyncResilientConsumer:
             outage=self._detector,
             log=self._log,
             redact=self._scrub,
+            on_stall=on_stall,
+            fetch_wait_s=float(cfg.get("fetch.wait.max.ms", 500)) / 1000.0,
         )
+        self._generation = 0  # of the librdkafka consumer: each heal makes a new one
         self._meter_provider = meter_provider
         self._health_addr = (health_host, health_port)
         self._health_port: int | None = None
@@ -557,6 +574,9 @@ class AsyncResilientConsumer:
             while not self._stop and self._error is None:
                 self._traced = self._tel.enabled  # a provider set late is picked up here
                 self._credit_breaker()
+                remedy = self._probes.remedy
+                if pending is None and remedy is not None and self._may_heal():
+                    await self._kafka(self._heal, *remedy)
                 if pending is None:
                     pending = loop.run_in_executor(self._kx, self._step, self._pending_ops())
                 batch = await pending
@@ -610,10 +630,10 @@ class AsyncResilientConsumer:
         assert self._loop is not None
         return await self._loop.run_in_executor(self._kx, fn, *args)
 
-    def _open(self) -> None:
+    def _client_conf(self, generation: int) -> dict[str, Any]:
         conf = dict(self._cfg)
         conf["error_cb"] = self._on_error
-        conf["stats_cb"] = self._on_stats
+        conf["stats_cb"] = self._stats_cb(generation)
         conf["on_commit"] = self._on_commit
         # librdkafka's log lines through structlog, redacted, connection failures summarised
         # (never raw "%3|...|FAIL|" lines on stderr); the application's logger gets them too
@@ -624,6 +644,10 @@ class AsyncResilientConsumer:
             user_logger=self._user_cb["logger"],
             reachability=self._reach,
         )
+        return conf
+
+    def _open(self) -> None:
+        conf = self._client_conf(self._generation)
         try:
             self._consumer = Consumer(conf)
         except KafkaException as exc:
@@ -632,13 +656,30 @@ class AsyncResilientConsumer:
         policy = self._dead_letter
         if policy is not None and policy.require_topic:
             self._check_dead_letter_topics(self._consumer, policy)
-        self._consumer.subscribe(
-            self._topics,
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
+        self._subscribe(self._consumer)
         self._log.debug("consumer_started", topics=self._topics)
+
+    def _subscribe(self, consumer: Consumer) -> None:
+        """Subscribe ``consumer``; its rebalance callbacks are ignored once a heal replaced
+        it (the old one's revoke at its close in the background must not touch the new
+        member's partitions; confluent-kafka unassigns by itself)."""
+        generation = self._generation
+
+        def current(
+            callback: Callable[[Consumer, list[TopicPartition]], None],
+        ) -> Callable[[Consumer, list[TopicPartition]], None]:
+            def guarded(client: Consumer, partitions: list[TopicPartition]) -> None:
+                if generation == self._generation:
+                    callback(client, partitions)
+
+            return guarded
+
+        consumer.subscribe(
+            self._topics,
+            on_assign=current(self._on_assign),
+            on_revoke=current(self._on_revoke),
+            on_lost=current(self._on_lost),
+        )
 
     def _check_dead_letter_topics(self, consumer: Consumer, policy: DeadLetterPolicy) -> None:
         """Fail fast when a dead-letter topic is missing (not at the first poison record).
@@ -803,6 +844,72 @@ class AsyncResilientConsumer:
             "no broker accepted this consumer's credentials or certificate",
             code=failure.code,
             classification=failure.classification(),
+        )
+
+    def _stats_cb(self, generation: int) -> Callable[[str], None]:
+        def on_stats(stats: str) -> None:
+            self._on_stats(stats)
+            # a replaced instance closing in the background: its hung connections are no
+            # longer this consumer's
+            if generation == self._generation:
+                self._probes.on_stats(stats)
+
+        return on_stats
+
+    # ------------------------------------------------------------------ heal (issue 42)
+
+    def _may_heal(self) -> bool:
+        """On the loop, between steps: nothing queued, no handler in hand, nothing held by a
+        retry, an outage or an unacknowledged dead letter."""
+        detector = self._detector
+        if self._stop or self._error is not None or self._queued:
+            return False
+        if detector is not None and detector.active:
+            return False
+        return not any(
+            part.held or part.inhand is not None or (part.task is not None and not part.task.done())
+            for part in self._parts.values()
+        )
+
+    def _heal(self, kind: str, reason: str) -> None:
+        """On the worker thread (the loop awaits it): recreate the librdkafka consumer, as
+        ResilientConsumer does (the new one installed first, so the old one's callbacks are
+        ignored; the old one commits what was stored and closes, bounded; the new member
+        resumes from the committed offsets)."""
+        old = self._consumer
+        if old is None:
+            return
+        self._store(self._take_done())
+        generation = self._generation + 1
+        try:
+            new = Consumer(self._client_conf(generation))
+        except KafkaException as exc:
+            self._log.warning("consumer_recreate_failed", cause=kind, error=self._scrub(str(exc)))
+            return
+        self._generation = generation
+        self._consumer = self._probes.consumer = new
+        stored = dict(self._stored)
+        outcome = retire_client(old, stored, marker=None, redact=self._scrub)
+        tps = set(self._parts) | set(stored)
+        for tp in list(self._parts):  # every worker is done (_may_heal): no hop to the loop
+            part = self._parts.pop(tp)
+            part.revoked = part.halt = True
+        self._stored.clear()
+        self._subscribe(new)
+        self._probes.healed(kind)
+        self._log.warning(
+            "consumer_recreated",
+            cause=kind,
+            reason=reason,
+            partitions=sorted(f"{t}[{p}]" for t, p in tps),
+            committed=outcome["committed"],
+            commit_error=outcome.get("commit_error"),
+            old_closed=outcome["closed"],
+            note=(
+                "a new member of the group, resuming from the committed offsets: records "
+                "handled and not committed are handled again (at least once)"
+                + ("" if outcome["closed"] else "; the old client closes in the background")
+            ),
         )
 
     def _on_stats(self, stats: str) -> None:

@@ -12,16 +12,20 @@ from kresilient.consumer._consumer import __all__ as _consumer_all
 from kresilient.consumer._failures import poison
 from kresilient.consumer._offsets import positions_ahead
 from kresilient.consumer._outage import OutageDecision, OutageDetector
-from kresilient.consumer._probes import ConsumerProbes, ProbeSource
+from kresilient.consumer._probes import ON_STALL, ConsumerProbes, ProbeSource
 from kresilient.consumer._registry import is_outage, outage_classification, registry_classification
+from kresilient.consumer._support import HEAL_TIMEOUT, retire_client
 
 # CircuitBreaker (the running state of a CircuitBreakerPolicy), poison (the classification
 # of a failure the retry policy does not retry), OutageDetector (record or dependency?),
 # outage_classification/is_outage (a Schema Registry outage) and ConsumerProbes/ProbeSource
 # (/live, /ready and the gauges) and positions_ahead (past a transaction's markers at a
-# partition's end) are shared with kresilient.aio.
+# partition's end) and retire_client/HEAL_TIMEOUT (a heal's end of the replaced librdkafka
+# consumer) are shared with kresilient.aio.
 __all__ = [
     *_consumer_all,
+    "HEAL_TIMEOUT",
+    "ON_STALL",
     "CircuitBreaker",
     "ConsumerProbes",
     "OutageDecision",
@@ -32,4 +36,5 @@ __all__ = [
     "poison",
     "positions_ahead",
     "registry_classification",
+    "retire_client",
 ]

@@ -67,9 +67,10 @@ from kresilient.consumer._holds import TP, Hold, Holds, LoopState, Verdict
 from kresilient.consumer._inflight import ORDERINGS, Ordering
 from kresilient.consumer._offsets import OffsetKeeper
 from kresilient.consumer._parallel import ParallelRunner
-from kresilient.consumer._probes import Probes
+from kresilient.consumer._probes import ON_STALL, Probes
 from kresilient.consumer._retrytopics import RetryTopicPolicy, RetryView
 from kresilient.consumer._support import (
+    HEAL_TIMEOUT,
     NOT_RETRIED,
     Deserializer,
     Deserializing,
@@ -80,6 +81,7 @@ from kresilient.consumer._support import (
     build_consumer_config,
     literal_topics,
     max_poll_interval,
+    retire_client,
 )
 from kresilient.deadletter import (
     CircuitBreakerPolicy,
@@ -114,6 +116,7 @@ __all__ = [
 Handler = Callable[[Message], object]
 BatchHandler = Callable[[list[Message]], object]
 RebalanceListener = Callable[[list[TopicPartition]], object]
+RebalanceCallback = Callable[[Any, list[TopicPartition]], None]
 
 _DEFAULT_RETRY: Final = RetryPolicy()
 #: A dependency outage (distinct records failing in a row, or a Schema Registry outage): the
@@ -178,6 +181,8 @@ class ConsumerHealth:
     stalled: str | None = None
     stalled_since: float | None = None
     stalls: int = 0
+    #: librdkafka consumers recreated by ``on_stall="heal"`` so far
+    recreations: int = 0
 
     @property
     def healthy(self) -> bool:
@@ -353,7 +358,17 @@ class ResilientConsumer:
         health_host: the address the probe server binds (127.0.0.1 by default; a Kubernetes
             ``httpGet`` probe reaches the pod IP, so pass ``"0.0.0.0"`` there).
         stall_after_s: ``/ready`` turns 503 when a handler runs, a retry hold is overdue, or
-            a lagging partition makes no progress for longer than this.
+            a lagging partition makes no progress (or its fetch is not answered) for longer
+            than this; one ``consumer_stalled`` WARNING says so (docs/stalls.md).
+        on_stall: ``"report"`` (default): say so, change nothing. ``"heal"``: on a
+            ``progress`` stall or a member lost and not rejoined (``assignment``: a hung
+            coordinator connection), with no handler running, nothing held by a retry or
+            an outage, no dead letter pending, or on a rebalance loop, also recreate the librdkafka
+            consumer at the next step of the loop: the stored offsets committed through the
+            old one if it answers within ``HEAL_TIMEOUT`` (5 s), the old one closed in a
+            daemon thread, a new member subscribed to the same topics in the same group,
+            resuming from the committed offsets (what was not committed is handled again).
+            One ``consumer_recreated`` WARNING per heal, ``health().recreations``.
         crash_probe_records: after an unclean end (the previous owner died or was cut off),
             this many records per partition are handled with their in-flight marker committed
             synchronously before the handler call (docs/consumer.md, crash loops).
@@ -426,6 +441,7 @@ class ResilientConsumer:
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
         stall_after_s: float = 60.0,
+        on_stall: Literal["report", "heal"] = "report",
         dedupe: Deduplicator | None = None,
         trace_spans: Literal["message", "call"] = "message",
         ordering: Ordering = "partition",
@@ -435,6 +451,10 @@ class ResilientConsumer:
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ConfigError("pass exactly one of handler= and batch_handler=")
+        if on_stall not in ON_STALL:
+            raise ConfigError(
+                f"on_stall must be 'report' or 'heal', not {on_stall!r}", key="on_stall"
+            )
         if trace_spans not in ("message", "call"):
             raise ConfigError(
                 f"trace_spans must be 'message' or 'call', got {trace_spans!r}", key="trace_spans"
@@ -576,7 +596,8 @@ class ResilientConsumer:
         self._events: ClientEvents
         conf = dict(cfg)
         conf["error_cb"] = lambda err: self._events.on_error(err)
-        conf["stats_cb"] = lambda stats: self._events.on_stats(stats)
+        self._generation = 0  # of the librdkafka consumer: each heal makes a new one
+        conf["stats_cb"] = self._stats_cb(0)
         conf["on_commit"] = lambda err, parts: self._events.on_commit(err, parts)
         # all librdkafka output through structlog (redacted, connection failures summarised):
         # never raw %3|...|FAIL| lines on stderr (issue 22, 2)
@@ -588,6 +609,7 @@ class ResilientConsumer:
             user_logger=self._user_cb["logger"],
             reachability=self._reach,
         )
+        self._conf = conf  # a heal builds the new librdkafka consumer from it
         try:
             self._consumer = Consumer(conf)
         except KafkaException as exc:
@@ -664,6 +686,8 @@ class ResilientConsumer:
             redact=self._redact,
             # ordering="key"/"none": the runner's records held by a dependency outage
             held=lambda: self._parallel.held_partitions() if self._parallel is not None else (),
+            on_stall=on_stall,
+            fetch_wait_s=float(cfg.get("fetch.wait.max.ms", 500)) / 1000.0,
         )
         events.probes = self._probes
         self._health_addr = (health_host, health_port)
@@ -778,20 +802,7 @@ class ResilientConsumer:
             )
             if self._parallel is not None:
                 self._parallel.sink = self._sink
-        if self._parallel is None:
-            self._consumer.subscribe(
-                self._topics,
-                on_assign=self._events.on_assign,
-                on_revoke=self._events.on_revoke,
-                on_lost=self._events.on_lost,
-            )
-        else:
-            self._consumer.subscribe(
-                self._topics,
-                on_assign=self._assigned_parallel,
-                on_revoke=self._revoked_parallel,
-                on_lost=self._lost_parallel,
-            )
+        self._subscribe()
         self._next_commit = time.monotonic() + self._commit_interval
         self._watchdog.start()
         probes = self._probes
@@ -803,6 +814,51 @@ class ResilientConsumer:
             self._health_port = probes.serve(host, port)
             self._log.info("health_probes_serving", host=host, port=self._health_port)
         self._log.debug("consumer_started", topics=self._topics)
+
+    def _subscribe(self) -> None:
+        """Subscribe the current librdkafka consumer. Its callbacks are ignored once a heal
+        replaced it (the old one's revoke at its close in the background must not touch
+        the new member's state; confluent-kafka unassigns by itself)."""
+        assign: RebalanceCallback
+        revoke: RebalanceCallback
+        lost: RebalanceCallback
+        if self._parallel is None:
+            assign, revoke, lost = (
+                self._events.on_assign,
+                self._events.on_revoke,
+                self._events.on_lost,
+            )
+        else:
+            assign, revoke, lost = (
+                self._assigned_parallel,
+                self._revoked_parallel,
+                self._lost_parallel,
+            )
+        self._consumer.subscribe(
+            self._topics,
+            on_assign=self._current(assign),
+            on_revoke=self._current(revoke),
+            on_lost=self._current(lost),
+        )
+
+    def _current(self, callback: RebalanceCallback) -> RebalanceCallback:
+        generation = self._generation
+
+        def guarded(consumer: Any, partitions: list[TopicPartition]) -> None:
+            if generation == self._generation:  # not an instance a heal replaced
+                callback(consumer, partitions)
+
+        return guarded
+
+    def _stats_cb(self, generation: int) -> Callable[[str], None]:
+        def on_stats(stats: str) -> None:
+            self._events.on_stats(stats)
+            # a replaced instance closing in the background: its hung connections are no
+            # longer this consumer's
+            if generation == self._generation:
+                self._probes.on_stats(stats)
+
+        return on_stats
 
     def _assigned_parallel(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         self._events.on_assign(consumer, partitions)
@@ -898,6 +954,10 @@ class ResilientConsumer:
             if now >= tick:
                 probes.tick(now)
                 tick = now + 1.0
+                remedy = probes.remedy
+                if remedy is not None and self._may_heal():
+                    self._heal(*remedy)
+                    consume = self._consumer.consume
             timeout = self._poll_timeout
             if holds.by_tp:
                 timeout = holds.service(timeout)
@@ -938,6 +998,73 @@ class ResilientConsumer:
             watchdog.started = 0.0
         # from here on a 2nd signal is only logged (no window before _shutdown sets it too)
         self._signals.shutting_down = True
+
+    # ------------------------------------------------------------------ heal (issue 42)
+
+    def _may_heal(self) -> bool:
+        """Nothing in hand (the loop thread, between batches: no handler runs), nothing held
+        by a retry or an outage, no dead letter waiting for its acknowledgement."""
+        parallel = self._parallel
+        detector = self._failures.detector
+        return not (
+            self._state.stop_requested
+            or self._holds.by_tp
+            or self._offsets.pending
+            or (detector is not None and detector.active)
+            or (parallel is not None and (parallel.in_flight or parallel.held_partitions()))
+        )
+
+    def _heal(self, kind: str, reason: str) -> None:
+        """Recreate the librdkafka consumer (``on_stall="heal"``, on the loop thread).
+
+        The new instance is installed first, so the old one's callbacks are ignored from
+        then on; the old one commits what is stored (with the clean marker) and closes in a
+        daemon thread, waited for at most ``HEAL_TIMEOUT``; the new one subscribes and
+        resumes from the committed offsets: what was not committed is handled again.
+        """
+        old = self._consumer
+        conf = dict(self._conf)
+        conf["stats_cb"] = self._stats_cb(self._generation + 1)
+        try:
+            new = Consumer(conf)
+        except KafkaException as exc:
+            self._log.warning("consumer_recreate_failed", cause=kind, error=self._redact(str(exc)))
+            return
+        self._generation += 1
+        self._consumer = new
+        offsets = self._offsets
+        stored = dict(offsets.stored)
+        outcome = retire_client(old, stored, marker=offsets.clean_marker, redact=self._redact)
+        # the old member's partitions: the new one is assigned anew from the commits
+        tps = set(stored) | set(self._probes.parts)
+        offsets.forget_stored(tps)
+        if self._crash is not None:
+            self._crash.forget(list(tps))
+        if self._parallel is not None:
+            self._parallel.lost(tps)
+        # the collaborators that call librdkafka (built with the consumer) take the new one
+        for keeper in (self._holds, offsets, self._crash, self._parallel):
+            if keeper is not None:
+                keeper._consumer = new
+        self._probes.consumer = new
+        self._state.revocations += 1  # messages of the old instance in hand: none (between)
+        self._subscribe()
+        self._probes.healed(kind)
+        self._log.warning(
+            "consumer_recreated",
+            cause=kind,
+            reason=reason,
+            partitions=sorted(f"{t}[{p}]" for t, p in tps),
+            committed=outcome["committed"],
+            commit_error=outcome.get("commit_error"),
+            old_closed=outcome["closed"],
+            heal_timeout_s=HEAL_TIMEOUT,
+            note=(
+                "a new member of the group, resuming from the committed offsets: records "
+                "handled and not committed are handled again (at least once)"
+                + ("" if outcome["closed"] else "; the old client closes in the background")
+            ),
+        )
 
     def _drop_unassigned(self, msgs: list[Message]) -> list[Message]:
         try:

@@ -38,7 +38,19 @@ Metrics (observable gauges, with ``messaging.destination.partition.id``):
 how long the dependency outage in progress has lasted, 0 when none). ``/ready`` is 503 during
 a dependency outage (the records are held: the consumer makes no progress). The observable
 counter ``kresilient.consumer.stalls`` (``{stall}``, per group and ``kresilient.stall.kind``:
-``progress`` or ``rebalance_loop``) counts the stalls reported.
+``progress`` or ``rebalance_loop``) counts the stalls reported, and
+``kresilient.consumer.recreations`` (``{recreation}``, same attributes) the heals.
+
+A fetch that never returns (a hung connection, librdkafka #5153; a leader that stopped
+answering) is a ``progress`` stall too, read from librdkafka's statistics: the client cannot
+see the log grow then (its high watermarks come in the fetch responses, so the cached ones
+stand still), so the stall is what it can see: the partition's leader connection up, a
+request waiting on it and nothing received for longer than ``stall_after_s`` plus
+``fetch.wait.max.ms`` (a fetch is answered within ``fetch.wait.max.ms`` even when there is
+nothing to read). With ``on_stall="heal"`` a ``progress`` or ``assignment`` stall (nothing
+in hand, nothing held) or a rebalance loop is handed to the consumer
+(:attr:`ConsumerProbes.remedy`), which recreates its librdkafka client at its next step and
+calls :meth:`ConsumerProbes.healed`.
 """
 
 from __future__ import annotations
@@ -65,7 +77,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DUPLICATES_METRIC",
+    "HEALS_METRIC",
     "LAG_METRIC",
+    "ON_STALL",
     "OUTAGE_METRIC",
     "PROGRESS_METRIC",
     "STALLS_METRIC",
@@ -81,6 +95,9 @@ PROGRESS_METRIC: Final = "kresilient.consumer.time_since_progress"
 DUPLICATES_METRIC: Final = "kresilient.consumer.duplicates_skipped"
 OUTAGE_METRIC: Final = "kresilient.consumer.dependency_outage"
 STALLS_METRIC: Final = "kresilient.consumer.stalls"
+HEALS_METRIC: Final = "kresilient.consumer.recreations"
+#: What a consumer does on a stall (the producer's ``on_stall`` values).
+ON_STALL: Final = ("report", "heal")
 #: A rebalance loop: at least this many rebalances (assign or lost callbacks) of a member
 #: holding no partition, within LOOP_WINDOW x ``stall_after_s``.
 LOOP_REBALANCES: Final = 3
@@ -88,6 +105,9 @@ LOOP_WINDOW: Final = 3.0
 #: How often the watcher thread checks for stalls (seconds).
 CHECK_INTERVAL_S: Final = 1.0
 _INSTRUMENTATION: Final = "kresilient"
+_DECODER: Final = json.JSONDecoder()
+#: the stall kinds a heal recreates the client for (reported under ``progress``)
+_HEALED: Final = frozenset({"progress", "assignment"})
 
 
 class _Partition(NoProgress):
@@ -143,6 +163,8 @@ class ConsumerProbes:
         log: Any = None,
         redact: Callable[[str], str] = redact_text,
         clock: Callable[[], float] = time.monotonic,
+        on_stall: str = "report",
+        fetch_wait_s: float = 0.5,
     ) -> None:
         #: the librdkafka consumer (``None`` until it is created: no lag figures meanwhile)
         self.consumer = consumer
@@ -179,6 +201,16 @@ class ConsumerProbes:
         #: the partitions held at the last tick (see tick: a released one starts anew)
         self._held_at_tick: set[TP] = set()
         self._closed = threading.Event()
+        self.on_stall = on_stall
+        self._fetch_wait_s = fetch_wait_s
+        #: partitions whose leader connection is silent with a request waiting, from the
+        #: latest statistics: ``(node, seconds since it received anything, requests waiting)``
+        self._silent: dict[TP, tuple[int, float, int]] = {}
+        #: why the consumer should recreate its client (``on_stall="heal"``), read by the
+        #: consumer's own thread at its next step; ``(kind, reason)``, ``None``: nothing to do
+        self.remedy: tuple[str, str] | None = None
+        #: heals so far per kind (``progress``, ``rebalance_loop``)
+        self.heals = {"progress": 0, "rebalance_loop": 0}
 
     @staticmethod
     def max_poll_interval(cfg: Mapping[str, Any]) -> float:
@@ -226,6 +258,38 @@ class ConsumerProbes:
         window = LOOP_WINDOW * self.stall_after_s
         while churn and now - churn[0] > window:
             churn.popleft()
+
+    def on_stats(self, stats_json: str) -> None:
+        """librdkafka's statistics (the thread calling librdkafka): the partitions whose
+        leader connection is up, has a request waiting and received nothing for longer than
+        ``fetch.wait.max.ms`` (a fetch is answered within it). Only the ``brokers`` object is
+        decoded (small: the big ``topics`` object follows it)."""
+        start = stats_json.find('"brokers":')
+        if start < 0:
+            return
+        start += len('"brokers":')
+        while stats_json[start : start + 1].isspace():
+            start += 1
+        try:
+            brokers, _ = _DECODER.raw_decode(stats_json, start)
+        except ValueError:
+            return
+        silent: dict[TP, tuple[int, float, int]] = {}
+        wait = self._fetch_wait_s
+        for broker in brokers.values() if isinstance(brokers, dict) else ():
+            try:
+                if broker.get("source") == "logical" or broker.get("state") != "UP":
+                    continue
+                waiting = int(broker.get("waitresp_cnt", 0))
+                idle_s = float(broker.get("rxidle", -1)) / 1e6
+                if waiting <= 0 or idle_s <= wait:
+                    continue
+                node = int(broker.get("nodeid", -1))
+                for tp in (broker.get("toppars") or {}).values():
+                    silent[(str(tp["topic"]), int(tp["partition"]))] = (node, idle_s, waiting)
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue
+        self._silent = silent
 
     def tick(self, now: float) -> None:
         """Lag and progress per partition (the thread calling librdkafka, about once a
@@ -307,7 +371,9 @@ class ConsumerProbes:
         limit = self.stall_after_s
         found: list[tuple[str, str, float, list[str]]] = []
         lost = self.lost_since
-        if lost is not None and now - lost > limit:
+        # a stalled member that then loses its partitions (its heartbeats hang too) is the
+        # same stall going on, not a new one after a rejoin grace
+        if lost is not None and (now - lost > limit or self.stall.active):
             found.append(
                 (
                     "assignment",
@@ -341,13 +407,30 @@ class ConsumerProbes:
                     )
                 )
         held = set(source.held()) | self._held_at_tick  # released since the tick: not yet
+        silent = self._silent
         for tp, part in list(self.parts.items()):
-            if part.lag and tp not in held and part.stalled(now, limit):
+            if tp in held:
+                continue
+            if part.lag and part.stalled(now, limit):
                 quiet = part.quiet_for(now)
                 found.append(
                     (
                         "progress",
                         f"{tp[0]}[{tp[1]}] lag {part.lag} without progress for {quiet:.1f} s",
+                        quiet,
+                        [f"{tp[0]}[{tp[1]}]"],
+                    )
+                )
+                continue
+            hung = silent.get(tp)
+            if hung is not None and hung[1] > limit + self._fetch_wait_s:
+                node, quiet, waiting = hung
+                found.append(
+                    (
+                        "progress",
+                        f"{tp[0]}[{tp[1]}] fetch not answered for {quiet:.1f} s (leader "
+                        f"{node}: {waiting} request(s) waiting, nothing received; the log "
+                        "may grow unseen)",
                         quiet,
                         [f"{tp[0]}[{tp[1]}]"],
                     )
@@ -387,17 +470,23 @@ class ConsumerProbes:
             redact = self._redact
             found = self.stalled(now)
             stall = self.stall
+            heal = self.on_stall == "heal"
+            kinds = {kind for kind, *_ in found}
             if found and not stall.active:
                 partitions = sorted({name for *_, names in found for name in names})
                 stall.begin(
                     redact("; ".join(text for _, text, _, _ in found)),
                     max(quiet for _, _, quiet, _ in found),
-                    kinds=sorted({kind for kind, *_ in found}),
+                    kinds=sorted(kinds),
                     partitions=[redact(name) for name in partitions],
                     stall_after_s=limit,
                     remedy=(
-                        "reported only: /ready is 503 meanwhile (an orchestrator restarting "
-                        "the pod on it is the remedy); see docs/stalls.md"
+                        "on_stall='heal': the librdkafka consumer is recreated once nothing "
+                        "is in hand (a 'progress' or 'assignment' stall); see docs/stalls.md"
+                        if heal
+                        else "reported only: /ready is 503 meanwhile (an orchestrator "
+                        "restarting the pod on it, or on_stall='heal', is the remedy); see "
+                        "docs/stalls.md"
                     ),
                 )
             elif not found and stall.active:
@@ -412,12 +501,39 @@ class ConsumerProbes:
                     without_partitions_s=round(without, 1),
                     stall_after_s=limit,
                     remedy=(
-                        "look at the group's other members (one joining and leaving, or "
-                        "exceeding max.poll.interval.ms) and the coordinator's logs"
+                        "on_stall='heal': the librdkafka consumer is recreated (a new member)"
+                        if heal
+                        else "look at the group's other members (one joining and leaving, "
+                        "or exceeding max.poll.interval.ms) and the coordinator's logs"
                     ),
                 )
             elif loop is None and self.loop.active:
                 self.loop.end()
+            # heal a fetch that does not move, or a member lost and not rejoined (a hung
+            # coordinator connection); not a handler or a retry: a new client would not help
+            remedy: tuple[str, str] | None = None
+            if heal and self.loop.active and self.loop.reason is not None:
+                remedy = ("rebalance_loop", self.loop.reason)
+            elif heal and kinds and kinds <= _HEALED and stall.reason is not None:
+                remedy = ("progress", stall.reason)
+            self.remedy = remedy
+
+    def healed(self, kind: str) -> None:
+        """The consumer recreated its client for ``kind``: the stall (or loop) reported is
+        cleared (``healed=True``), its partitions forgotten (the new member is assigned
+        anew), the heal counted."""
+        with self._check_lock:
+            self.remedy = None
+            self.heals[kind] = self.heals.get(kind, 0) + 1
+            self.parts.clear()
+            self._silent = {}
+            self._held_at_tick = set()
+            self.joined = False
+            self.lost_since = None
+            self._empty_since = None
+            self._churn.clear()
+            self.stall.end(healed=True)
+            self.loop.end(healed=True)
 
     def stall_fields(self) -> dict[str, Any]:
         """The :class:`~kresilient.consumer.ConsumerHealth` fields ``stalled`` (what stopped,
@@ -428,6 +544,7 @@ class ConsumerProbes:
             "stalled": "; ".join(r.reason or "" for r in reports) or None,
             "stalled_since": min((r.since for r in reports if r.since is not None), default=None),
             "stalls": self.stall.stalls + self.loop.stalls,
+            "recreations": sum(self.heals.values()),
         }
 
     def _watch(self) -> None:
@@ -486,6 +603,12 @@ class ConsumerProbes:
                 description="Stalls reported (consumer_stalled, consumer_rebalance_loop)",
             )
             meter.create_observable_counter(
+                HEALS_METRIC,
+                callbacks=[self._observe_heals],
+                unit="{recreation}",
+                description="Librdkafka consumers recreated by on_stall='heal', per stall kind",
+            )
+            meter.create_observable_counter(
                 DUPLICATES_METRIC,
                 callbacks=[self._observe_duplicates],
                 unit="{message}",
@@ -524,6 +647,15 @@ class ConsumerProbes:
         return [
             Observation(report.stalls, {**base, "kresilient.stall.kind": kind})
             for kind, report in (("progress", self.stall), ("rebalance_loop", self.loop))
+        ]
+
+    def _observe_heals(self, _options: Any) -> list[Any]:
+        from opentelemetry.metrics import Observation
+
+        base = {"messaging.system": "kafka", "messaging.consumer.group.name": self._group}
+        return [
+            Observation(count, {**base, "kresilient.stall.kind": kind})
+            for kind, count in list(self.heals.items())
         ]
 
     def _observe_outage(self, _options: Any) -> list[Any]:
@@ -656,6 +788,8 @@ class Probes(ConsumerProbes):
         log: Any = None,
         redact: Callable[[str], str] = redact_text,
         held: Callable[[], Collection[TP]] | None = None,
+        on_stall: str = "report",
+        fetch_wait_s: float = 0.5,
     ) -> None:
         super().__init__(
             consumer,
@@ -666,4 +800,6 @@ class Probes(ConsumerProbes):
             outage=outage,
             log=log,
             redact=redact,
+            on_stall=on_stall,
+            fetch_wait_s=fetch_wait_s,
         )

@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any, Final
 
 import tenacity
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.error import KeyDeserializationError, ValueDeserializationError
 from confluent_kafka.serialization import MessageField, SerializationContext, SerializationError
 from tenacity.retry import retry_base
@@ -24,13 +25,16 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from kresilient import _catalog as catalog
+from kresilient._watchdog import bounded_call
 from kresilient.config import consumer_config
 from kresilient.errors import BatchItemError, UnsafeConfigError
 
 __all__ = [
+    "HEAL_TIMEOUT",
     "NOT_RETRIED",
     "BatchItemError",
     "RetryPolicy",
+    "retire_client",
 ]
 
 #: Exceptions the default :class:`RetryPolicy` sends to the dead-letter topic at once:
@@ -312,3 +316,51 @@ class SignalHandlers:
             with contextlib.suppress(ValueError, TypeError):  # no longer the main thread
                 signal.signal(sig, previous)
         self._previous.clear()
+
+
+#: How long a heal (``on_stall="heal"``) waits for the replaced librdkafka consumer to commit
+#: and close (seconds): past it the close goes on in a daemon thread and the new member starts.
+HEAL_TIMEOUT: Final = 5.0
+
+
+def retire_client(
+    old: Any,
+    offsets: Mapping[tuple[str, int], int],
+    *,
+    marker: str | None,
+    redact: Callable[[str], str],
+    timeout: float = HEAL_TIMEOUT,
+) -> dict[str, Any]:
+    """A heal's end of the replaced librdkafka consumer (both consumers): commit
+    ``offsets`` (the next record to handle per partition, with the crash-loop clean
+    ``marker`` if any) through it, then close it, in a daemon thread waited for at most
+    ``timeout`` (a hung connection can hold both forever: ``bounded_call``).
+
+    Returns ``committed`` (the commit returned without a partition error; ``True`` when there
+    was nothing to commit), ``closed``, and ``commit_error``/``close_error`` (redacted). What
+    was not committed is handled again by the new member (at least once); a commit that
+    lands after the new member joined is refused (its generation is over).
+    """
+    parts = [
+        TopicPartition(t, p, offset, metadata=marker)
+        if marker is not None
+        else TopicPartition(t, p, offset)
+        for (t, p), offset in offsets.items()
+    ]
+    outcome: dict[str, Any] = {"committed": not parts, "closed": False}
+
+    def retire() -> None:
+        if parts:
+            try:
+                result = old.commit(offsets=parts, asynchronous=False)
+                outcome["committed"] = not [p for p in result or [] if p.error is not None]
+            except (KafkaException, RuntimeError) as exc:
+                outcome["commit_error"] = redact(str(exc))
+        try:
+            old.close()
+            outcome["closed"] = True
+        except (KafkaException, RuntimeError) as exc:
+            outcome["close_error"] = redact(str(exc))
+
+    bounded_call(retire, timeout, name="kresilient-consumer-heal")
+    return dict(outcome)

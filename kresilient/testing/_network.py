@@ -21,6 +21,10 @@ What each fault does on the wire (TCP semantics are kept: bytes are never corrup
   probability, held for a retransmission timeout (200 ms, Linux's minimum RTO) instead.
 - ``drop_responses``: requests reach the broker and are processed; every response frame on
   the node's client connections is discarded whole: the lost acknowledgement.
+- ``freeze_connections``: the client connections open now (of one node or all, of one client
+  id or all) stop forwarding in both directions, for good; connections opened later pass.
+  The client sees a hung connection (librdkafka #5153: a request that is never answered on
+  a socket that stays up), which only a new connection, e.g. a recreated client, gets past.
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ class _State:
         self.accepted: dict[tuple[int, str], int] = {}
         self.lost_segments = 0
         self.delayed_chunks = 0
+        #: connections frozen by freeze_connections(), per node (until heal)
+        self.frozen: dict[int, set[_Connection]] = {n: set() for n in node_ids}
         self.closed = False
         self.rng = random.Random()
 
@@ -122,7 +128,9 @@ class _Pipe:
 
     def run(self) -> None:
         try:
-            first = self.up and self.conn.proxy.kind != "client"
+            # learn who opened it from the first request's client id (a node id for the
+            # peer proxies; the client id for freeze_connections(client_id=...))
+            first = self.up
             pending = b""
             while True:
                 data = self.src.recv(_CHUNK)
@@ -154,7 +162,10 @@ class _Pipe:
             while (
                 not state.closed
                 and not self.conn.closed
-                and state.blocked(proxy.kind, proxy.node, self.conn.source)
+                and (
+                    state.blocked(proxy.kind, proxy.node, self.conn.source)
+                    or self.conn in state.frozen[proxy.node]
+                )
             ):
                 state.cond.wait(0.5)
         if self.conn.closed:
@@ -412,6 +423,28 @@ class NetworkFaults:
         """Requests reach ``node`` and are processed; its responses to clients are lost."""
         return self._set(node, drop_responses=True)
 
+    def freeze_connections(self, node: int | None = None, *, client_id: str | None = None) -> int:
+        """Freeze the client connections open now: no byte forwarded either way, the sockets
+        stay up (a hung connection, librdkafka #5153); connections opened later pass.
+
+        ``node``: only that node's (default: every node's); ``client_id``: only connections
+        whose first request carried it (a connection that sent nothing yet is frozen too).
+        Returns how many were frozen; :meth:`heal` lets them flow again.
+        """
+        frozen = 0
+        with self._state.cond:
+            if node is not None and node not in self._state.faults:
+                raise ValueError(f"no node {node}; nodes are {sorted(self._state.faults)}")
+            for proxy in self._proxies:
+                if proxy.kind != "client" or (node is not None and proxy.node != node):
+                    continue
+                for conn in list(proxy.connections):
+                    if client_id is None or conn.client_id in (None, client_id):
+                        self._state.frozen[proxy.node].add(conn)
+                        frozen += 1
+            self._state.cond.notify_all()
+        return frozen
+
     def heal(self, node: int | None = None) -> None:
         """Clear every fault of ``node`` (default: of all nodes)."""
         with self._state.cond:
@@ -419,6 +452,7 @@ class NetworkFaults:
                 if n not in self._state.faults:
                     raise ValueError(f"no node {n}; nodes are {sorted(self._state.faults)}")
                 self._state.faults[n] = _NodeFaults()
+                self._state.frozen[n].clear()
             self._state.cond.notify_all()
 
     def peer_isolated(self) -> list[int]:
@@ -451,7 +485,11 @@ class NetworkFaults:
     def faulty(self) -> dict[int, str]:
         """Node id -> description of its active faults (nodes without faults omitted)."""
         with self._state.cond:
-            return {n: repr(f) for n, f in self._state.faults.items() if f.active()}
+            out = {n: repr(f) for n, f in self._state.faults.items() if f.active()}
+            for n, conns in self._state.frozen.items():
+                if conns:
+                    out[n] = f"{out.get(n, '')} frozen connections: {len(conns)}".strip()
+            return out
 
     def connections(self) -> Iterator[tuple[str, str | None, int | None]]:
         """(proxy, client id, source node) of every open proxied connection (diagnostics)."""
