@@ -82,12 +82,15 @@ class Sample:
 class Timer:
     """Wall, process CPU and garbage-collector time of a block.
 
-    ``with Timer() as t: ...`` then ``t.wall_s``, ``t.cpu_s``, ``t.gc_s`` (time inside
-    ``gc`` collections, measured with ``gc.callbacks``) and ``t.gc_collections``.
+    ``with Timer() as t: ...`` then ``t.wall_s``, ``t.cpu_s``, ``t.thread_s`` (CPU of the
+    thread that ran the block alone: a Python client's own work, without librdkafka's threads),
+    ``t.gc_s`` (time inside ``gc`` collections, measured with ``gc.callbacks``) and
+    ``t.gc_collections``.
     """
 
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    thread_s: float = 0.0
     gc_s: float = 0.0
     gc_collections: int = 0
 
@@ -102,11 +105,13 @@ class Timer:
         gc.callbacks.append(self._on_gc)
         self._wall = time.perf_counter()
         self._cpu = time.process_time()
+        self._thread = time.thread_time()
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.wall_s = time.perf_counter() - self._wall
         self.cpu_s = time.process_time() - self._cpu
+        self.thread_s = time.thread_time() - self._thread
         gc.callbacks.remove(self._on_gc)
 
 

@@ -87,7 +87,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 def run_subprocess(
     tree: Path, bootstrap: str, topic: str, size: int, n: int
-) -> tuple[float, float, float, int]:
+) -> tuple[float, float, float, int, float]:
     """The ``kresilient`` arm in a child interpreter importing kresilient from ``tree``."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proc = subprocess.run(
@@ -101,7 +101,7 @@ def run_subprocess(
     if proc.returncode != 0:
         raise RuntimeError(f"child arm failed ({tree}):\n{proc.stderr[-2000:]}")
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    return r["wall_s"], r["cpu_s"], r["gc_s"], r["gc_collections"]
+    return r["wall_s"], r["cpu_s"], r["gc_s"], r["gc_collections"], r["thread_s"]
 
 
 def child(argv: list[str]) -> None:
@@ -111,7 +111,13 @@ def child(argv: list[str]) -> None:
     _quiet_structlog()
     bootstrap, topic, size, n = argv[0], argv[1], int(argv[2]), int(argv[3])
     t = run_kresilient({"bootstrap.servers": bootstrap}, topic, os.urandom(size), n)
-    out = {"wall_s": t.wall_s, "cpu_s": t.cpu_s, "gc_s": t.gc_s, "gc_collections": t.gc_collections}
+    out = {
+        "wall_s": t.wall_s,
+        "cpu_s": t.cpu_s,
+        "gc_s": t.gc_s,
+        "gc_collections": t.gc_collections,
+        "thread_s": t.thread_s,
+    }
     print(f"# kresilient from {kresilient.__file__}", file=sys.stderr)
     print(json.dumps(out))
 
@@ -222,7 +228,9 @@ def end_to_end(args: argparse.Namespace) -> None:
                     try:
                         if name in SUBPROCESS_ARMS:
                             tree = _ROOT if name == "kresilient_sub" else Path(args.old_tree)
-                            wall, cpu, gc_s, gc_n = run_subprocess(tree, bootstrap, topic, size, n)
+                            wall, cpu, gc_s, gc_n, thread = run_subprocess(
+                                tree, bootstrap, topic, size, n
+                            )
                         else:
                             if name == "raw":
                                 t = run_raw(config, topic, value, n)
@@ -233,6 +241,7 @@ def end_to_end(args: argparse.Namespace) -> None:
                             else:
                                 t = run_kresilient(user, topic, value, n, provider)
                             wall, cpu, gc_s, gc_n = t.wall_s, t.cpu_s, t.gc_s, t.gc_collections
+                            thread = t.thread_s
                     finally:
                         cluster.delete_topic(topic)
                     return Sample(
@@ -241,7 +250,7 @@ def end_to_end(args: argparse.Namespace) -> None:
                         messages=n,
                         wall_s=wall,
                         cpu_s=cpu,
-                        extra={"gc_s": gc_s, "gc_collections": gc_n},
+                        extra={"gc_s": gc_s, "gc_collections": gc_n, "thread_s": thread},
                     )
 
                 return run
@@ -250,7 +259,8 @@ def end_to_end(args: argparse.Namespace) -> None:
                 tag = "warm-up" if s.round < 0 else f"round {s.round}"
                 print(
                     f"  {size} B {tag:8s} {s.arm:22s} {s.rate:10,.0f} msg/s "
-                    f"{s.cpu_us_per_msg:6.2f} CPU µs/msg ({s.gc_us_per_msg:.2f} in GC)",
+                    f"{s.cpu_us_per_msg:6.2f} CPU µs/msg ({s.gc_us_per_msg:.2f} in GC, "
+                    f"{s.extra['thread_s'] / s.messages * 1e6:.2f} calling thread)",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -274,6 +284,8 @@ def end_to_end(args: argparse.Namespace) -> None:
     )
     for size, samples in out["sizes"].items():
         print(markdown_table(samples, baseline="raw", title=f"{size} B values", arms=args.arms))
+        print()
+        print(cpu_table(samples, args.arms))
         if {"kresilient_sub", "kresilient_old"} <= set(args.arms):
             m, q1, q3 = median_iqr(paired_ratios(samples, "kresilient_sub", "kresilient_old"))
             print(
@@ -293,6 +305,56 @@ def end_to_end(args: argparse.Namespace) -> None:
             },
         }
         Path(args.json).write_text(json.dumps(dump, indent=2, default=str))
+
+
+def _paired_cpu(samples: list[Sample], arm: str, base: str, key: str) -> list[float]:
+    """Per round: arm's CPU per message / base's (``key``: ``cpu_s`` or ``thread_s``)."""
+    by_round: dict[int, dict[str, Sample]] = {}
+    for s in samples:
+        by_round.setdefault(s.round, {})[s.arm] = s
+
+    def per_msg(s: Sample) -> float:
+        return float(s.cpu_s if key == "cpu_s" else s.extra[key]) / s.messages
+
+    return [per_msg(r[arm]) / per_msg(r[base]) for r in by_round.values() if {arm, base} <= set(r)]
+
+
+def cpu_table(samples: list[Sample], arms: list[str]) -> str:
+    """CPU per message, paired per round against ``raw`` (issue 39's CPU criterion): the
+    process (librdkafka's threads included) and the calling thread alone (``produce()`` and
+    the delivery callbacks: the wrapper's own work, without the batching noise of
+    librdkafka's threads). ``kresilient_old`` is also paired against ``kresilient_sub``."""
+    lines = [
+        "| arm | process CPU µs/msg | CPU vs raw (paired) median [IQR] | calling-thread CPU "
+        "µs/msg | calling thread vs raw (paired) median [IQR] |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    pairs = [(a, "raw") for a in arms if a != "raw"]
+    if {"kresilient_sub", "kresilient_old"} <= set(arms):
+        pairs.append(("kresilient_sub", "kresilient_old"))
+    for name in arms:
+        mine = [s for s in samples if s.arm == name]
+        if not mine:
+            continue
+        cpu = median_iqr([s.cpu_s / s.messages * 1e6 for s in mine])[0]
+        thread = median_iqr([s.extra["thread_s"] / s.messages * 1e6 for s in mine])[0]
+        cells = []
+        for key in ("cpu_s", "thread_s"):
+            if name == "raw":
+                cells.append("1")
+            else:
+                m, q1, q3 = median_iqr(_paired_cpu(samples, name, "raw", key))
+                cells.append(f"{m:.3f} [{q1:.3f}-{q3:.3f}]")
+        lines.append(f"| {name} | {cpu:.2f} | {cells[0]} | {thread:.2f} | {cells[1]} |")
+    if ("kresilient_sub", "kresilient_old") in pairs:
+        m, q1, q3 = median_iqr(_paired_cpu(samples, "kresilient_sub", "kresilient_old", "cpu_s"))
+        t, t1, t3 = median_iqr(_paired_cpu(samples, "kresilient_sub", "kresilient_old", "thread_s"))
+        lines.append(
+            f"\nCPU, this tree / the old tree (`kresilient_sub` / `kresilient_old`, paired per "
+            f"round): process **{m:.3f}** [{q1:.3f}-{q3:.3f}], calling thread **{t:.3f}** "
+            f"[{t1:.3f}-{t3:.3f}]"
+        )
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- micro

@@ -51,7 +51,9 @@ class ProducerHealth:
     False when the producer is closed, hit a fatal error, sees no broker up, or a partition
     is in sustained churn, or while the progress watchdog reports a stall (``stalled``: what
     stopped; ``stalled_since``: wall-clock time the last delivery report was seen;
-    ``stalls``: stalls reported so far; docs/stalls.md).
+    ``stalls``: stalls reported so far; docs/stalls.md), or after a ``flush(timeout)`` that
+    returned with messages left, until a ``flush()`` leaves nothing or the queue is seen
+    empty (``stalled`` names the count; ``stalled_since``: when that flush began).
     """
 
     client_id: str
@@ -74,11 +76,12 @@ class ProducerHealth:
     last_error_at: float | None
     #: With a spool: messages stored and not acknowledged yet (``None`` without a spool).
     spooled: int | None = None
-    #: The progress watchdog: what stopped while a stall lasts (``None``: no stall).
+    #: The progress watchdog (or a timed-out flush): what stopped while a stall lasts
+    #: (``None``: no stall).
     stalled: str | None = None
     #: Wall-clock time (``time.time()``) of the last progress, while a stall lasts.
     stalled_since: float | None = None
-    #: Stalls reported over the producer's life.
+    #: Stalls reported over the producer's life (the watchdog's and timed-out flushes).
     stalls: int = 0
     monitor: dict[str, Any] = field(repr=False, default_factory=dict)
 

@@ -150,7 +150,13 @@ _ON_STALL: Final = ("report", "heal")
 _new_handle = object.__new__
 
 
-def _lean_handle(owner: Any) -> DeliveryHandle:
+def _pooled_handle(pool: deque[DeliveryHandle], owner: Any) -> DeliveryHandle:
+    """A delivered handle nobody kept, else a new lean one (produce() inlines this)."""
+    if pool:
+        try:
+            return pool.pop()
+        except IndexError:  # another thread took the last one
+            pass
     handle: DeliveryHandle = _new_handle(DeliveryHandle)
     handle._owner = owner
     return handle
@@ -470,6 +476,10 @@ class ResilientProducer:
         self._settled_mark: int | None = None
         self._queued_seen = 0  # messages in librdkafka at the last statistics (msg_cnt)
         self._stall = StallReport(self._log, "producer_stalled")
+        # flush(timeout) that returned with messages still queued (issue 42): reported once,
+        # health() false until a flush() leaves nothing or the queue is seen empty
+        self._flush_stall = StallReport(self._log, "producer_flush_stalled")
+        self._closing = False  # close()'s own flush: what it leaves is purged and reported
         if stall_after_s is not None:
             self._register_stall_gauge(meter_provider)
 
@@ -555,23 +565,29 @@ class ResilientProducer:
         ``TypeError`` for a key, value or headers of the wrong type (nothing was queued).
         """
         n = next(self._ids)
-        if headers is None and on_delivery is None and self._poolable:
-            token = None
-            if self._tracing:  # a span, or (sampled out) only the traceparent to send
-                sent, token = self._tel.producer_send(
-                    topic, key, len(value) if value is not None else 0, None, partition
-                )
-                if propagate:
-                    headers = sent
+        if self._lean and headers is None and on_delivery is None:
+            # The common message: no tracing, headers or callback. A delivered handle nobody
+            # kept, else a new one (built inline: a helper call costs 0.05 µs per message).
+            pool = self._pool
+            if pool:
+                try:
+                    handle = pool.pop()
+                except IndexError:  # another thread took the last one
+                    handle = _new_handle(DeliveryHandle)
+                    handle._owner = self._owner
+            else:
+                handle = _new_handle(DeliveryHandle)
+                handle._owner = self._owner
+            handle._id = n
+        elif headers is None and on_delivery is None and self._poolable:
+            # Tracing on: a span, or (sampled out) only the traceparent to send
+            sent, token = self._tel.producer_send(
+                topic, key, len(value) if value is not None else 0, None, partition
+            )
+            if propagate:
+                headers = sent
             if token is None:  # nothing to keep beyond the report: a pooled lean handle
-                pool = self._pool  # delivered handles nobody kept
-                if pool:
-                    try:
-                        handle = pool.pop()
-                    except IndexError:  # another thread took the last one
-                        handle = _lean_handle(self._owner)
-                else:
-                    handle = _lean_handle(self._owner)
+                handle = _pooled_handle(self._pool, self._owner)
                 handle._id = n
             else:
                 handle = _FullHandle(self._owner, n, None, None, token)
@@ -596,14 +612,19 @@ class ResilientProducer:
             if propagate:
                 headers = sent
         part = -1 if partition is None else partition
-        ts = 0 if timestamp is None else timestamp
         produce = self._produce
         try:
-            produce(topic, value, key, part, handle, None, ts, headers)
+            if headers is None and timestamp is None:
+                # the binding parses each argument passed: five, not eight, save 0.07 µs
+                produce(topic, value, key, part, handle)
+            else:
+                produce(topic, value, key, part, handle, None, timestamp or 0, headers)
         except BufferError:
-            return self._produce_blocked(topic, value, key, part, handle, ts, headers)
+            return self._produce_blocked(topic, value, key, part, handle, timestamp or 0, headers)
         except KafkaException as exc:
-            return self._produce_failed(exc, topic, value, key, part, handle, ts, headers, produce)
+            return self._produce_failed(
+                exc, topic, value, key, part, handle, timestamp or 0, headers, produce
+            )
         except BaseException as exc:  # TypeError for a bad key/headers: end the span too
             self._refused += 1
             self._end_span(handle, exc, None)
@@ -1103,6 +1124,7 @@ class ResilientProducer:
             self._reach.up(brokers.up)
             if self._stall_after is not None:
                 self._watch_progress(doc, brokers.up)
+                self._flush_stall_over(int(doc.get("msg_cnt", 0)))
             cb = self._user_cb["stats_cb"]
             if cb is not None:
                 cb(stats_json)
@@ -1301,7 +1323,8 @@ class ResilientProducer:
         """
         if self._spooler is not None:
             return self._flush_spooled(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        began_at = time.monotonic()
+        deadline = None if timeout is None else began_at + timeout
         began = (self._produced(), self._refused)
         remaining = 0
         while self._producer is not None:
@@ -1333,11 +1356,38 @@ class ResilientProducer:
             raise
         if not remaining:
             self._mark = (began[0], self._failed_total, began[1])
+            if self._flush_stall.active:
+                self._flush_stall.end(left=0)
+        elif self._producer is not None and self._stall_after is not None and not self._closing:
+            self._flush_timed_out(remaining, timeout, began_at)
         if not failures and not remaining and not unaccounted:
             if self._fatal is not None:
                 raise self._fatal
             return None
         raise self._delivery_error(failures, remaining, unaccounted, timeout)
+
+    def _flush_timed_out(self, remaining: int, timeout: float | None, began_at: float) -> None:
+        """flush() reached its deadline with messages left: a stall, said once (issue 42)."""
+        brokers = self._brokers
+        self._flush_stall.begin(
+            f"flush(timeout={timeout}) returned with {remaining} message(s) still queued or in "
+            "flight",
+            time.monotonic() - began_at,
+            left=remaining,
+            timeout_s=timeout,
+            brokers_up=brokers.up if brokers is not None else None,
+            remedy=(
+                "they are not lost: a later flush() or close() reports each (delivered, or "
+                "failed with its classification by message.timeout.ms); health() is false "
+                "until a flush() leaves nothing or the queue is seen empty. Look at the "
+                "brokers leading the partitions produced to, and at health().leadership"
+            ),
+        )
+
+    def _flush_stall_over(self, queued: int) -> None:
+        """The queue was seen empty: the messages a timed-out flush() left are all reported."""
+        if queued <= 0 and self._flush_stall.active:
+            self._flush_stall.end(left=0)
 
     def _flush_spooled(self, timeout: float | None) -> FlushResult:
         """flush() of a spooled producer: store the batch, wait, report what is left."""
@@ -1627,6 +1677,7 @@ class ResilientProducer:
         if self._spooler is not None and timeout is None:
             # Bounded: what Kafka does not take stays stored for the next producer.
             timeout = self._spool_close_timeout
+        self._closing = True
         try:
             self.flush(timeout)
         except DeliveryError as exc:
@@ -1635,6 +1686,8 @@ class ResilientProducer:
             pass  # raised to the caller before, or just now by flush; what it failed follows
         except Exception as exc:  # flush kept its failures: they are taken below
             error = exc
+        finally:
+            self._closing = False
         lost = 0
         if self._producer is not None and len(self._producer) > 0:
             lost = drain(self._producer)
@@ -1785,6 +1838,10 @@ class ResilientProducer:
             known = self._metadata_brokers()
             up, total = (known, known) if known is not None else (0, None)
         last = self._last_error
+        if self._flush_stall.active:
+            self._flush_stall_over(len(self))
+        # the watchdog's stall first (the older rule), else a flush() that timed out
+        stall = self._stall if self._stall.active else self._flush_stall
         return ProducerHealth(
             client_id=self.client_id,
             closed=self._closed,
@@ -1813,9 +1870,9 @@ class ResilientProducer:
                 if self._spooler is not None and not self._closed
                 else None
             ),
-            stalled=self._stall.reason,
-            stalled_since=self._stall.since,
-            stalls=self._stall.stalls,
+            stalled=stall.reason,
+            stalled_since=stall.since,
+            stalls=self._stall.stalls + self._flush_stall.stalls,
             monitor=snapshot,
         )
 
