@@ -15,8 +15,11 @@ a dependency; it releases the GIL as I/O does). A batch then runs long enough fo
 which the no-op handler never triggers.
 
 Rounds interleave the arms (raw, resilient, resilient, raw, ...) and the report gives the
-paired ratio resilient/raw per round, its median and range. Figures taken while the load
-average exceeds the core count are labelled CONTENDED.
+paired ratio resilient/raw per round, its median and range, for the wall-clock rate and for
+the process CPU time per record (every thread's, librdkafka's included: on a machine whose
+other processes take the cores at random, the CPU ratio says what the wrapper costs where the
+wall ratio mostly says who was scheduled). Figures taken while the load average exceeds the
+core count are labelled CONTENDED.
 
     .venv/bin/python benchmarks/share.py                          # 20,000 records, 5 rounds
     .venv/bin/python benchmarks/share.py --records 5000 --rounds 3
@@ -73,7 +76,7 @@ def _work(handler_us: float) -> None:
         time.sleep(handler_us / 1e6)
 
 
-def _raw(bootstrap: str, topic: str, records: int, handler_us: float) -> float:
+def _raw(bootstrap: str, topic: str, records: int, handler_us: float) -> tuple[float, float]:
     consumer = ShareConsumer(
         {
             "bootstrap.servers": bootstrap,
@@ -83,7 +86,11 @@ def _raw(bootstrap: str, topic: str, records: int, handler_us: float) -> float:
     )
     consumer.subscribe([topic])
     seen = 0
-    first = 0.0
+    first = cpu = 0.0
+
+    def handle(_msg: Message) -> None:  # the user's handler, called as the other arm calls it
+        _work(handler_us)
+
     deadline = time.monotonic() + 300
     try:
         while seen < records and time.monotonic() < deadline:
@@ -91,29 +98,30 @@ def _raw(bootstrap: str, topic: str, records: int, handler_us: float) -> float:
             if not batch:
                 continue
             if not first:
-                first = time.perf_counter()
+                first, cpu = time.perf_counter(), time.process_time()
             for msg in batch:
                 if msg.error() is None:
-                    _work(handler_us)
+                    handle(msg)
                     consumer.acknowledge(msg, AcknowledgeType.ACCEPT)
                     seen += 1
             consumer.commit_sync(30)
         elapsed = time.perf_counter() - first
+        cpu = time.process_time() - cpu
     finally:
         consumer.close()
     if seen < records:
         raise RuntimeError(f"raw arm read {seen} of {records} records")
-    return seen / elapsed
+    return seen / elapsed, cpu / seen
 
 
-def _resilient(bootstrap: str, topic: str, records: int, handler_us: float) -> float:
+def _resilient(bootstrap: str, topic: str, records: int, handler_us: float) -> tuple[float, float]:
     seen = 0
-    first = 0.0
+    first = cpu = 0.0
 
     def handle(_msg: Message) -> None:
-        nonlocal seen, first
+        nonlocal seen, first, cpu
         if not first:
-            first = time.perf_counter()
+            first, cpu = time.perf_counter(), time.process_time()
         _work(handler_us)
         seen += 1
 
@@ -125,11 +133,12 @@ def _resilient(bootstrap: str, topic: str, records: int, handler_us: float) -> f
         while consumer.stats.accepted < records and time.monotonic() < deadline:
             consumer.poll_once(0.5)
         elapsed = time.perf_counter() - first
+        cpu = time.process_time() - cpu
     finally:
         consumer.close()
     if consumer.stats.accepted < records:
         raise RuntimeError(f"resilient arm accepted {consumer.stats.accepted} of {records}")
-    return records / elapsed
+    return records / elapsed, cpu / records
 
 
 def main() -> None:
@@ -155,18 +164,22 @@ def main() -> None:
         _produce(bootstrap, topic, args.records)
         load_before = os.getloadavg()[0]
         ratios: list[float] = []
+        cpu_ratios: list[float] = []
         rates: dict[str, list[float]] = {"raw": [], "resilient": []}
         for r in range(args.rounds):
             order = ("raw", "resilient") if r % 2 == 0 else ("resilient", "raw")
             got: dict[str, float] = {}
+            cpu: dict[str, float] = {}
             for arm in order:
                 fn = _raw if arm == "raw" else _resilient
-                got[arm] = fn(bootstrap, topic, args.records, args.handler_us)
+                got[arm], cpu[arm] = fn(bootstrap, topic, args.records, args.handler_us)
                 rates[arm].append(got[arm])
             ratios.append(got["resilient"] / got["raw"])
+            cpu_ratios.append(cpu["raw"] / cpu["resilient"])  # > 1: the wrapper costs less
             print(
                 f"round {r + 1}: raw {got['raw']:,.0f}/s, resilient {got['resilient']:,.0f}/s, "
-                f"ratio {ratios[-1]:.2f}",
+                f"ratio {ratios[-1]:.2f}; CPU per record raw {cpu['raw'] * 1e6:.1f} µs, "
+                f"resilient {cpu['resilient'] * 1e6:.1f} µs, ratio {cpu_ratios[-1]:.2f}",
                 flush=True,
             )
         load_after = os.getloadavg()[0]
@@ -177,7 +190,10 @@ def main() -> None:
             f"raw median {statistics.median(rates['raw']):,.0f}/s, resilient median "
             f"{statistics.median(rates['resilient']):,.0f}/s\n"
             f"resilient/raw: median {statistics.median(ratios):.2f} "
-            f"[{min(ratios):.2f}-{max(ratios):.2f}]\n{contention(load_before, load_after)}"
+            f"[{min(ratios):.2f}-{max(ratios):.2f}]\n"
+            f"CPU per record, raw/resilient: median {statistics.median(cpu_ratios):.2f} "
+            f"[{min(cpu_ratios):.2f}-{max(cpu_ratios):.2f}]\n"
+            f"{contention(load_before, load_after)}"
         )
     finally:
         if cluster is not None:
