@@ -23,21 +23,21 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from confluent_kafka import Message, Producer, TopicPartition
+from confluent_kafka import Message, Producer
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from structlog.testing import capture_logs
+from test_consumer_stalls import _events, wait_for
 
 from kresilient.aio import AsyncResilientConsumer
-from kresilient.consumer import ConsumerProbes, ResilientConsumer
+from kresilient.consumer import ResilientConsumer
 from kresilient.consumer._probes import HEALS_METRIC
 from kresilient.testing import KafkaCluster
 
@@ -46,18 +46,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 STALL_AFTER_S = 3.0
 PARTITIONS = 2
 BEFORE, DURING = 20, 20
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)  # polling a condition, not settling
-
-
-def _events(logs: Sequence[Mapping[str, Any]], event: str, group: str) -> list[Mapping[str, Any]]:
-    return [e for e in logs if e["event"] == event and group in (e.get("group_id"), e.get("group"))]
 
 
 def _heals_counted(reader: InMemoryMetricReader) -> float:
@@ -92,6 +80,27 @@ def _ready_reasons(port: int | None) -> list[str]:
     return list(json.loads(body)["reasons"])
 
 
+def _start(
+    kind: str, config: dict[str, Any], topic: str, record: Callable[[Message], None], **options: Any
+) -> tuple[Any, threading.Thread]:
+    """A consumer of either kind handling with ``record``, running in a thread of its own."""
+    consumer: Any
+    if kind == "sync":
+        consumer = ResilientConsumer(
+            config, [topic], record, install_signal_handlers=False, **options
+        )
+        thread = threading.Thread(target=consumer.run, daemon=True)
+    else:
+
+        async def arecord(msg: Message) -> None:
+            record(msg)
+
+        consumer = AsyncResilientConsumer(config, [topic], arecord, handle_signals=False, **options)
+        thread = threading.Thread(target=asyncio.run, args=(consumer.run(),), daemon=True)
+    thread.start()
+    return consumer, thread
+
+
 class _Member:
     """One consumer of either kind in a thread; records every (partition, offset) handled
     and polls ``/ready`` (the statuses seen)."""
@@ -101,7 +110,6 @@ class _Member:
         self.client_id = f"{self.group}-client"
         self.handled: list[tuple[int, int]] = []
         self.readies: list[int] = []
-        self.error: BaseException | None = None
         self.reader = InMemoryMetricReader()
         config = {
             "bootstrap.servers": cluster.bootstrap_servers,
@@ -124,35 +132,11 @@ class _Member:
         def record(msg: Message) -> None:
             self.handled.append((int(msg.partition() or 0), int(msg.offset() or 0)))
 
-        if kind == "sync":
-            self.consumer: Any = ResilientConsumer(
-                config, [topic], record, install_signal_handlers=False, **options
-            )
-        else:
-
-            async def arecord(msg: Message) -> None:
-                record(msg)
-
-            self.consumer = AsyncResilientConsumer(
-                config, [topic], arecord, handle_signals=False, **options
-            )
         self.kind = kind
+        self.consumer, self._runner = _start(kind, config, topic, record, **options)
         self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._run, daemon=True),
-            threading.Thread(target=self._poll_ready, daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def _run(self) -> None:
-        try:
-            if self.kind == "sync":
-                self.consumer.run()
-            else:
-                asyncio.run(self.consumer.run())
-        except BaseException as exc:
-            self.error = exc
+        self._poller = threading.Thread(target=self._poll_ready, daemon=True)
+        self._poller.start()
 
     def _poll_ready(self) -> None:
         while not self._stop.wait(0.2):  # a probe polled as an orchestrator would
@@ -166,9 +150,8 @@ class _Member:
     def stop(self) -> None:
         self._stop.set()
         self.consumer.stop()
-        self._threads[0].join(60)
-        assert not self._threads[0].is_alive(), f"the {self.kind} consumer did not stop"
-        assert self.error is None, repr(self.error)
+        self._runner.join(60)
+        assert not self._runner.is_alive(), f"the {self.kind} consumer did not stop"
 
 
 @pytest.mark.parametrize("kind", ["sync", "aio"])
@@ -298,22 +281,7 @@ def test_no_false_stall_in_a_rolling_restart_or_an_isolation_healed_in_time(
         def record(msg: Message) -> None:
             seen.add(int(msg.value() or b"0"))
 
-        if kind == "sync":
-            consumer: Any = ResilientConsumer(
-                config, [topic], record, install_signal_handlers=False, **options
-            )
-            thread = threading.Thread(target=consumer.run, daemon=True)
-        else:
-
-            async def arecord(msg: Message) -> None:
-                record(msg)
-
-            consumer = AsyncResilientConsumer(
-                config, [topic], arecord, handle_signals=False, **options
-            )
-            thread = threading.Thread(target=asyncio.run, args=(consumer.run(),), daemon=True)
-        thread.start()
-        return consumer, thread
+        return _start(kind, config, topic, record, **options)
 
     tag = uuid.uuid4().hex[:6]
     quiet = {
@@ -389,19 +357,6 @@ def test_a_heal_with_the_cluster_answering_commits_first_and_redoes_nothing(
     def record(msg: Message) -> None:
         handled.append(int(msg.value() or b"0"))
 
-    options: dict[str, Any] = {"on_stall": "heal", "stall_after_s": 60.0}
-    if kind == "sync":
-        consumer: Any = ResilientConsumer(
-            config, [topic], record, install_signal_handlers=False, **options
-        )
-        thread = threading.Thread(target=consumer.run, daemon=True)
-    else:
-
-        async def arecord(msg: Message) -> None:
-            record(msg)
-
-        consumer = AsyncResilientConsumer(config, [topic], arecord, handle_signals=False, **options)
-        thread = threading.Thread(target=asyncio.run, args=(consumer.run(),), daemon=True)
     producer = Producer({"bootstrap.servers": kafka_cluster.bootstrap_servers})
 
     def produce(values: range) -> None:
@@ -410,7 +365,7 @@ def test_a_heal_with_the_cluster_answering_commits_first_and_redoes_nothing(
         assert producer.flush(30) == 0
 
     with capture_logs() as logs:
-        thread.start()
+        consumer, thread = _start(kind, config, topic, record, on_stall="heal")
         try:
             produce(range(10))
             wait_for(lambda: len(handled) == 10, 60, "the first records")
@@ -436,136 +391,3 @@ def test_a_heal_with_the_cluster_answering_commits_first_and_redoes_nothing(
         finally:
             consumer.stop()
             thread.join(60)
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class _Source:
-    def __init__(self) -> None:
-        self.holds: set[tuple[str, int]] = set()
-        self.running: list[tuple[float, list[str]]] = []
-
-    def stored_offsets(self) -> Mapping[tuple[str, int], int]:
-        return {}
-
-    def handlers(self) -> list[tuple[float, list[str]]]:
-        return self.running
-
-    def retry_waits(self) -> list[tuple[tuple[str, int], int, float]]:
-        return []
-
-    def held(self) -> set[tuple[str, int]]:
-        return self.holds
-
-    def duplicates(self) -> int:
-        return 0
-
-
-def _fake_probes(on_stall: str, source: _Source | None = None) -> tuple[Any, _Clock]:
-    clock = _Clock()
-    probes = ConsumerProbes(
-        None,
-        source or _Source(),
-        stall_after_s=2.0,
-        max_poll_s=300.0,
-        group="g-fake",
-        clock=clock,
-        on_stall=on_stall,
-    )
-    probes.running = True
-    return probes, clock
-
-
-def _stats(rxidle_s: float, *, waiting: int = 1, state: str = "UP", source: str = "learned") -> str:
-    broker = {
-        "name": "127.0.0.1:9092/1",
-        "nodeid": 1,
-        "source": source,
-        "state": state,
-        "waitresp_cnt": waiting,
-        "rxidle": int(rxidle_s * 1e6),
-        "toppars": {"t-0": {"topic": "t", "partition": 0}},
-    }
-    # the shape librdkafka writes: "brokers" before the (large) "topics" object
-    return json.dumps(
-        {"name": "c#consumer-1", "type": "consumer", "brokers": {"b1": broker}, "topics": {}}
-    )
-
-
-def _checked(probes: Any, clock: _Clock, seconds: int) -> None:
-    for _ in range(seconds):
-        clock.now += 1.0
-        probes.last_poll = clock.now
-        probes.check()
-
-
-def test_a_hung_fetch_from_statistics_fake_is_a_progress_stall_and_a_live_one_is_not() -> None:
-    """The statistics rule on made-up documents: a leader connection up, a request waiting,
-    nothing received for longer than the bound + fetch.wait.max.ms is a ``progress`` stall
-    handed to the heal; the controls: received 0.2 s ago, nothing waiting, the broker down,
-    the coordinator's logical connection, a partition held: none."""
-    source = _Source()
-    probes, clock = _fake_probes("heal", source)
-    probes.on_assign([TopicPartition("t", 0)])
-    with capture_logs() as logs:
-        for doc in (
-            _stats(0.2),
-            _stats(9.0, waiting=0),
-            _stats(9.0, state="DOWN"),
-            _stats(9.0, source="logical"),
-        ):
-            probes.on_stats(doc)
-            _checked(probes, clock, 3)
-            assert probes.stalled(clock.now) == [], doc
-        source.holds.add(("t", 0))
-        probes.on_stats(_stats(9.0))
-        _checked(probes, clock, 3)
-        assert _events(logs, "consumer_stalled", "g-fake") == []
-        assert probes.remedy is None
-        source.holds.clear()
-        _checked(probes, clock, 1)
-        (stall,) = _events(logs, "consumer_stalled", "g-fake")
-        assert stall["kinds"] == ["progress"] and "fetch not answered" in stall["reason"]
-        assert probes.remedy is not None and probes.remedy[0] == "progress"
-        probes.on_stats(_stats(0.1))  # answered again
-        _checked(probes, clock, 1)
-        assert probes.remedy is None
-        assert len(_events(logs, "consumer_stalled_cleared", "g-fake")) == 1
-
-
-def test_heal_is_never_handed_over_for_a_handler_or_in_report_mode_fake() -> None:
-    """The remedy goes to the consumer for a rebalance loop and for ``progress`` only with
-    ``on_stall="heal"``: a handler running past the bound is reported, never healed; in
-    report mode nothing is handed over. ``healed()`` clears the loop with ``healed=True``."""
-    source = _Source()
-    probes, clock = _fake_probes("heal", source)
-    source.running = [(clock.now, ["t[0]"])]
-    _checked(probes, clock, 4)
-    assert probes.stall.active and probes.remedy is None  # a handler: never healed
-    source.running = []
-    _checked(probes, clock, 1)
-    assert not probes.stall.active
-    for heal in ("report", "heal"):
-        probes, clock = _fake_probes(heal)
-        with capture_logs() as logs:
-            probes.on_assign([TopicPartition("t", 0)])
-            for _ in range(8):  # rebalances completing empty again and again (#3866)
-                probes.forget([("t", 0)])
-                probes.on_assign([])
-                clock.now += 0.5
-                _checked(probes, clock, 1)
-            assert probes.loop.active
-            if heal == "report":
-                assert probes.remedy is None
-                continue
-            assert probes.remedy is not None and probes.remedy[0] == "rebalance_loop"
-            probes.healed("rebalance_loop")
-        (cleared,) = _events(logs, "consumer_rebalance_loop_cleared", "g-fake")
-        assert cleared["healed"] is True
-        assert probes.remedy is None and probes.stall_fields()["recreations"] == 1

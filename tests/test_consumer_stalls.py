@@ -23,6 +23,7 @@ and the rule that a partition held by a dependency outage is no stall.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -294,12 +295,13 @@ class _Source:
     def __init__(self) -> None:
         self.stored: dict[tuple[str, int], int] = {}
         self.holds: set[tuple[str, int]] = set()
+        self.running: list[tuple[float, Collection[str]]] = []  # handlers in hand
 
     def stored_offsets(self) -> Mapping[tuple[str, int], int]:
         return self.stored
 
     def handlers(self) -> list[tuple[float, Collection[str]]]:
-        return []
+        return self.running
 
     def retry_waits(self) -> list[tuple[tuple[str, int], int, float]]:
         return []
@@ -311,7 +313,9 @@ class _Source:
         return 0
 
 
-def _probes(clock: _Clock, source: _Source | None = None) -> ConsumerProbes:
+def _probes(
+    clock: _Clock, source: _Source | None = None, *, on_stall: str = "report"
+) -> ConsumerProbes:
     probes = ConsumerProbes(
         None,
         source or _Source(),
@@ -319,6 +323,7 @@ def _probes(clock: _Clock, source: _Source | None = None) -> ConsumerProbes:
         max_poll_s=300.0,
         group="g-fake",
         clock=clock,
+        on_stall=on_stall,
     )
     probes.running = True
     return probes
@@ -406,3 +411,89 @@ def test_a_partition_held_by_a_dependency_outage_is_no_stall_fake() -> None:
         probes.parts[tp].moved(clock.now)
         _seconds(probes, clock, 2)
     assert len(_events(logs, "consumer_stalled_cleared", "g-fake")) == 1
+
+
+def _stats(rxidle_s: float, *, waiting: int = 1, state: str = "UP", source: str = "learned") -> str:
+    """A librdkafka statistics document (its shape: ``brokers`` before the large ``topics``)
+    with one broker leading t[0]."""
+    broker = {
+        "name": "127.0.0.1:9092/1",
+        "nodeid": 1,
+        "source": source,
+        "state": state,
+        "waitresp_cnt": waiting,
+        "rxidle": int(rxidle_s * 1e6),
+        "toppars": {"t-0": {"topic": "t", "partition": 0}},
+    }
+    doc = {"name": "c#consumer-1", "type": "consumer", "brokers": {"b1": broker}, "topics": {}}
+    return json.dumps(doc)
+
+
+def test_a_hung_fetch_from_statistics_fake_is_a_progress_stall_and_a_live_one_is_not() -> None:
+    """The hung-fetch rule on made-up statistics (the real one: tests/test_consumer_heal.py):
+    the leader connection up, a request waiting, nothing received for longer than the bound +
+    fetch.wait.max.ms is a ``progress`` stall, handed to the heal; the controls: received
+    0.2 s ago, nothing waiting, the broker down, the coordinator's logical connection, a held
+    partition: none."""
+    clock = _Clock()
+    source = _Source()
+    probes = _probes(clock, source, on_stall="heal")
+    probes.on_assign([TopicPartition("t", 0)])
+    with capture_logs() as logs:
+        for doc in (
+            _stats(0.2),
+            _stats(9.0, waiting=0),
+            _stats(9.0, state="DOWN"),
+            _stats(9.0, source="logical"),
+        ):
+            probes.on_stats(doc)
+            _seconds(probes, clock, 3)
+            assert probes.stalled(clock.now) == [], doc
+        source.holds.add(("t", 0))
+        probes.on_stats(_stats(9.0))
+        _seconds(probes, clock, 3)
+        assert _events(logs, "consumer_stalled", "g-fake") == []
+        assert probes.remedy is None
+        source.holds.clear()
+        _seconds(probes, clock, 1)
+        (stall,) = _events(logs, "consumer_stalled", "g-fake")
+        assert stall["kinds"] == ["progress"] and "fetch not answered" in stall["reason"]
+        assert probes.remedy is not None and probes.remedy[0] == "progress"
+        probes.on_stats(_stats(0.1))  # answered again
+        _seconds(probes, clock, 1)
+        assert probes.remedy is None
+        assert len(_events(logs, "consumer_stalled_cleared", "g-fake")) == 1
+
+
+def test_heal_is_never_handed_over_for_a_handler_or_in_report_mode_fake() -> None:
+    """The remedy goes to the consumer for a rebalance loop (and ``progress``) only with
+    ``on_stall="heal"``: a handler running past the bound is reported, never healed; in
+    report mode nothing is handed over. ``healed()`` clears the loop with ``healed=True``."""
+    clock = _Clock()
+    source = _Source()
+    probes = _probes(clock, source, on_stall="heal")
+    source.running = [(clock.now, ["t[0]"])]
+    _seconds(probes, clock, 4)
+    assert probes.stall.active and probes.remedy is None  # a handler: never healed
+    source.running = []
+    _seconds(probes, clock, 1)
+    assert not probes.stall.active
+    for on_stall in ("report", "heal"):
+        clock = _Clock()
+        probes = _probes(clock, on_stall=on_stall)
+        with capture_logs() as logs:
+            probes.on_assign([TopicPartition("t", 0)])
+            for _ in range(8):  # rebalances completing empty again and again (#3866)
+                probes.forget([("t", 0)])
+                probes.on_assign([])
+                clock.now += 0.5
+                _seconds(probes, clock, 1)
+            assert probes.loop.active
+            if on_stall == "report":
+                assert probes.remedy is None
+                continue
+            assert probes.remedy is not None and probes.remedy[0] == "rebalance_loop"
+            probes.healed("rebalance_loop")
+        (cleared,) = _events(logs, "consumer_rebalance_loop_cleared", "g-fake")
+        assert cleared["healed"] is True
+        assert probes.remedy is None and probes.stall_fields()["recreations"] == 1

@@ -889,28 +889,23 @@ class AsyncResilientConsumer:
         self._generation = generation
         self._consumer = self._probes.consumer = new
         stored = dict(self._stored)
-        outcome = retire_client(old, stored, marker=None, redact=self._scrub)
         tps = set(self._parts) | set(stored)
+        retire_client(
+            old,
+            stored,
+            marker=None,
+            redact=self._scrub,
+            log=self._log,
+            cause=kind,
+            reason=reason,
+            partitions=tps,
+        )
         for tp in list(self._parts):  # every worker is done (_may_heal): no hop to the loop
             part = self._parts.pop(tp)
             part.revoked = part.halt = True
         self._stored.clear()
         self._subscribe(new)
         self._probes.healed(kind)
-        self._log.warning(
-            "consumer_recreated",
-            cause=kind,
-            reason=reason,
-            partitions=sorted(f"{t}[{p}]" for t, p in tps),
-            committed=outcome["committed"],
-            commit_error=outcome.get("commit_error"),
-            old_closed=outcome["closed"],
-            note=(
-                "a new member of the group, resuming from the committed offsets: records "
-                "handled and not committed are handled again (at least once)"
-                + ("" if outcome["closed"] else "; the old client closes in the background")
-            ),
-        )
 
     def _on_stats(self, stats: str) -> None:
         # Parsed once, by the monitor (leadership for health() and telemetry), which hands

@@ -70,7 +70,6 @@ from kresilient.consumer._parallel import ParallelRunner
 from kresilient.consumer._probes import ON_STALL, Probes
 from kresilient.consumer._retrytopics import RetryTopicPolicy, RetryView
 from kresilient.consumer._support import (
-    HEAL_TIMEOUT,
     NOT_RETRIED,
     Deserializer,
     Deserializing,
@@ -1034,9 +1033,18 @@ class ResilientConsumer:
         self._consumer = new
         offsets = self._offsets
         stored = dict(offsets.stored)
-        outcome = retire_client(old, stored, marker=offsets.clean_marker, redact=self._redact)
         # the old member's partitions: the new one is assigned anew from the commits
         tps = set(stored) | set(self._probes.parts)
+        retire_client(
+            old,
+            stored,
+            marker=offsets.clean_marker,
+            redact=self._redact,
+            log=self._log,
+            cause=kind,
+            reason=reason,
+            partitions=tps,
+        )
         offsets.forget_stored(tps)
         if self._crash is not None:
             self._crash.forget(list(tps))
@@ -1050,21 +1058,6 @@ class ResilientConsumer:
         self._state.revocations += 1  # messages of the old instance in hand: none (between)
         self._subscribe()
         self._probes.healed(kind)
-        self._log.warning(
-            "consumer_recreated",
-            cause=kind,
-            reason=reason,
-            partitions=sorted(f"{t}[{p}]" for t, p in tps),
-            committed=outcome["committed"],
-            commit_error=outcome.get("commit_error"),
-            old_closed=outcome["closed"],
-            heal_timeout_s=HEAL_TIMEOUT,
-            note=(
-                "a new member of the group, resuming from the committed offsets: records "
-                "handled and not committed are handled again (at least once)"
-                + ("" if outcome["closed"] else "; the old client closes in the background")
-            ),
-        )
 
     def _drop_unassigned(self, msgs: list[Message]) -> list[Message]:
         try:

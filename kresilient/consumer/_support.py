@@ -329,12 +329,18 @@ def retire_client(
     *,
     marker: str | None,
     redact: Callable[[str], str],
+    log: Any,
+    cause: str,
+    reason: str,
+    partitions: Iterable[tuple[str, int]],
     timeout: float = HEAL_TIMEOUT,
 ) -> dict[str, Any]:
     """A heal's end of the replaced librdkafka consumer (both consumers): commit
     ``offsets`` (the next record to handle per partition, with the crash-loop clean
     ``marker`` if any) through it, then close it, in a daemon thread waited for at most
-    ``timeout`` (a hung connection can hold both forever: ``bounded_call``).
+    ``timeout`` (a hung connection can hold both forever: ``bounded_call``); then the one
+    ``consumer_recreated`` WARNING of the heal (``cause``, the stall's ``reason``, the old
+    member's ``partitions``, the outcome).
 
     Returns ``committed`` (the commit returned without a partition error; ``True`` when there
     was nothing to commit), ``closed``, and ``commit_error``/``close_error`` (redacted). What
@@ -363,4 +369,20 @@ def retire_client(
             outcome["close_error"] = redact(str(exc))
 
     bounded_call(retire, timeout, name="kresilient-consumer-heal")
-    return dict(outcome)
+    outcome = dict(outcome)  # a late end of the thread no longer changes what is said
+    log.warning(
+        "consumer_recreated",
+        cause=cause,
+        reason=reason,
+        partitions=sorted(f"{t}[{p}]" for t, p in partitions),
+        committed=outcome["committed"],
+        commit_error=outcome.get("commit_error"),
+        old_closed=outcome["closed"],
+        heal_timeout_s=timeout,
+        note=(
+            "a new member of the group, resuming from the committed offsets: records handled "
+            "and not committed are handled again (at least once)"
+            + ("" if outcome["closed"] else "; the old client closes in the background")
+        ),
+    )
+    return outcome
