@@ -83,9 +83,12 @@ def _ready_reasons(port: int | None) -> list[str]:
 def _start(
     kind: str, config: dict[str, Any], topic: str, record: Callable[[Message], None], **options: Any
 ) -> tuple[Any, threading.Thread]:
-    """A consumer of either kind handling with ``record``, running in a thread of its own."""
+    """A consumer of either kind handling with ``record``, running in a thread of its own
+    (``sync-key``: ``ResilientConsumer(ordering="key")``, its records on a thread pool)."""
     consumer: Any
-    if kind == "sync":
+    if kind == "sync-key":
+        options.update(ordering="key", max_process_deaths=None)
+    if kind.startswith("sync"):
         consumer = ResilientConsumer(
             config, [topic], record, install_signal_handlers=False, **options
         )
@@ -331,7 +334,7 @@ def test_no_false_stall_in_a_rolling_restart_or_an_isolation_healed_in_time(
                 thread.join(60)
 
 
-@pytest.mark.parametrize("kind", ["sync", "aio"])
+@pytest.mark.parametrize("kind", ["sync", "aio", "sync-key"])
 def test_a_heal_with_the_cluster_answering_commits_first_and_redoes_nothing(
     kafka_cluster: KafkaCluster, kind: str
 ) -> None:

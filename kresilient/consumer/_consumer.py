@@ -1033,12 +1033,22 @@ class ResilientConsumer:
         self._consumer = new
         offsets = self._offsets
         stored = dict(offsets.stored)
+        metadata: dict[TP, str | None] = {}
+        if self._parallel is not None:
+            # the runner stores once a second: what finished since is committed too (nothing
+            # is in flight, so each window's committable offset is past all it handled)
+            for tp, window in list(self._parallel.windows.items()):
+                offset = window.committable()
+                if offset is not None:
+                    stored[tp] = offset
+                    metadata[tp] = window.metadata(None)
         # the old member's partitions: the new one is assigned anew from the commits
         tps = set(stored) | set(self._probes.parts)
         retire_client(
             old,
             stored,
             marker=offsets.clean_marker,
+            metadata=metadata,
             redact=self._redact,
             log=self._log,
             cause=kind,

@@ -330,6 +330,7 @@ def retire_client(
     marker: str | None,
     redact: Callable[[str], str],
     log: Any,
+    metadata: Mapping[tuple[str, int], str | None] | None = None,
     cause: str,
     reason: str,
     partitions: Iterable[tuple[str, int]],
@@ -337,7 +338,8 @@ def retire_client(
 ) -> dict[str, Any]:
     """A heal's end of the replaced librdkafka consumer (both consumers): commit
     ``offsets`` (the next record to handle per partition, with the crash-loop clean
-    ``marker`` if any) through it, then close it, in a daemon thread waited for at most
+    ``marker`` if any; ``metadata`` per partition instead, where given) through it, then
+    close it, in a daemon thread waited for at most
     ``timeout`` (a hung connection can hold both forever: ``bounded_call``); then the one
     ``consumer_recreated`` WARNING of the heal (``cause``, the stall's ``reason``, the old
     member's ``partitions``, the outcome).
@@ -347,12 +349,14 @@ def retire_client(
     was not committed is handled again by the new member (at least once); a commit that
     lands after the new member joined is refused (its generation is over).
     """
-    parts = [
-        TopicPartition(t, p, offset, metadata=marker)
-        if marker is not None
-        else TopicPartition(t, p, offset)
-        for (t, p), offset in offsets.items()
-    ]
+    parts = []
+    for (t, p), offset in offsets.items():
+        meta = metadata.get((t, p), marker) if metadata is not None else marker
+        parts.append(
+            TopicPartition(t, p, offset)
+            if meta is None
+            else TopicPartition(t, p, offset, metadata=meta)
+        )
     outcome: dict[str, Any] = {"committed": not parts, "closed": False}
 
     def retire() -> None:
