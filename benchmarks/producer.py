@@ -360,7 +360,7 @@ def cpu_table(samples: list[Sample], arms: list[str]) -> str:
 # --------------------------------------------------------------------------- micro
 
 
-MICRO_ARMS = ("kresilient", "kresilient_otel_1pct", "kresilient_cb")
+MICRO_ARMS = ("kresilient", "kresilient_otel_1pct", "kresilient_cb", "kresilient_nogc")
 
 
 def _micro_config(n: int) -> dict[str, Any]:
@@ -401,7 +401,9 @@ def _micro_raw(n: int, value: bytes) -> float:
 def _micro_wrapped(arm: str, n: int, value: bytes, provider: Any = None) -> float:
     """One round of a kresilient arm: ``kresilient`` (``produce(topic, value)``), ``..._otel_1pct``
     (the same with an SDK sampling 1%), ``kresilient_cb`` (with a per-message ``on_delivery``,
-    the path the asyncio producer takes)."""
+    the path the asyncio producer takes), ``kresilient_nogc`` (``kresilient`` with the garbage
+    collector disabled during the loop: not a configuration to run, it isolates what the
+    collections of the handles alive cost; nothing is delivered here, so each call makes one)."""
     p = ResilientProducer(_micro_config(n), tracer_provider=provider)
     produce = p.produce
     gc.collect()  # the previous round's garbage is not this round's cost
@@ -411,10 +413,13 @@ def _micro_wrapped(arm: str, n: int, value: bytes, provider: Any = None) -> floa
             produce("t", value, on_delivery=_noop)
         dt = time.process_time() - t0
     else:
+        if arm == "kresilient_nogc":
+            gc.disable()
         t0 = time.process_time()
         for _ in range(n):
             produce("t", value)
         dt = time.process_time() - t0
+        gc.enable()
     p._producer.purge()
     p._producer.poll(0)  # each purged report refers to its handle (a cycle): freed below
     p._reported.clear()
@@ -542,8 +547,9 @@ def main() -> None:
         parser.error(
             f"unknown arm(s) {sorted(unknown)}; choose from {', '.join(ARMS + SUBPROCESS_ARMS)}"
         )
-    if not args.micro and "kresilient_cb" in args.arms:
-        parser.error("the kresilient_cb arm is --micro only")
+    micro_only = {"kresilient_cb", "kresilient_nogc"} & set(args.arms)
+    if not args.micro and micro_only:
+        parser.error(f"{', '.join(sorted(micro_only))}: --micro only")
     if "kresilient_old" in args.arms and not args.old_tree:
         parser.error("the kresilient_old arm needs --old-tree")
     if args.micro and set(args.arms) & set(SUBPROCESS_ARMS):
