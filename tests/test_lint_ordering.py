@@ -116,3 +116,115 @@ def test_an_asyncio_consumer_given_an_ordering_is_flagged_as_the_runtime_refuses
 def test_an_ordering_lint_cannot_read_is_not_guessed(tmp_path: Path) -> None:
     # ordering from a variable: not known before run time, no finding either way
     assert _kr073(tmp_path, "ResilientConsumer(CONFIG, ['t'], handle, ordering=MODE)") == []
+
+
+#: (source of the call's arguments after the handler, the same for the runtime, module
+#: source defining names it uses): a ** argument or a name may carry any option
+SPELLINGS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "ordering='key', **OPTS",
+        {"ordering": "key", "max_process_deaths": None},
+        "OPTS = {'max_process_deaths': None}",
+    ),
+    (
+        "ordering='key', **{'max_process_deaths': None}",
+        {"ordering": "key", "max_process_deaths": None},
+        "",
+    ),
+    ("**{'ordering': 'key'}", {"ordering": "key"}, ""),
+    (
+        "**{'ordering': 'key', 'max_process_deaths': None}",
+        {"ordering": "key", "max_process_deaths": None},
+        "",
+    ),
+    (
+        "ordering='key', max_process_deaths=None, retry_topics=RT",
+        {"ordering": "key", "max_process_deaths": None, "retry_topics": None},
+        "RT = None",
+    ),
+    (
+        "ordering='key', max_process_deaths=None, retry_topics=RetryTopicPolicy()",
+        {"ordering": "key", "max_process_deaths": None, "retry_topics": RetryTopicPolicy()},
+        "",
+    ),
+    (
+        "ordering='key', max_process_deaths=DEATHS",
+        {"ordering": "key", "max_process_deaths": None},
+        "DEATHS = None",
+    ),
+    (
+        "ordering='KEY', max_process_deaths=None",
+        {"ordering": "KEY", "max_process_deaths": None},
+        "",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "runtime_kw", "prelude"), SPELLINGS, ids=[s[0] for s in SPELLINGS]
+)
+def test_kr073_never_guesses_what_a_splat_or_a_name_carries(
+    tmp_path: Path, args: str, runtime_kw: dict[str, Any], prelude: str
+) -> None:
+    # lint reports only what it can read: no finding where the runtime accepts the call
+    try:
+        ResilientConsumer(
+            dict(CONFIG), ["t"], _handler, install_signal_handlers=False, **runtime_kw
+        ).close()
+        refused = False
+    except ConfigError:
+        refused = True
+    src = tmp_path / "service.py"
+    src.write_text(
+        "from kresilient import ResilientConsumer\n"
+        "from kresilient.consumer import RetryTopicPolicy\n"
+        "def handle(msg): ...\n"
+        f"CONFIG = {CONFIG!r}\n"
+        f"{prelude}\n"
+        f"consumer = ResilientConsumer(CONFIG, ['t'], handle, {args})\n"
+    )
+    found = [f.message for f in lint_paths([str(src)], Settings()) if f.rule == "KR073"]
+    assert bool(found) == refused, (args, refused, found)
+
+
+@pytest.mark.parametrize("ordering", ["'partition'", "MODE"])
+def test_an_asyncio_consumer_given_any_ordering_is_flagged(tmp_path: Path, ordering: str) -> None:
+    with pytest.raises(TypeError, match="ordering"):
+        AsyncResilientConsumer(dict(CONFIG), ["t"], _handler, ordering="partition")  # type: ignore[call-arg]
+    src = tmp_path / "service.py"
+    src.write_text(
+        "from kresilient.aio import AsyncResilientConsumer\n"
+        "MODE = 'partition'\n"
+        f"c = AsyncResilientConsumer({CONFIG!r}, ['t'], print, ordering={ordering})\n"
+    )
+    found = [f for f in lint_paths([str(src)], Settings()) if f.rule == "KR073"]
+    assert len(found) == 1
+
+
+def test_a_batch_handler_named_by_its_def_is_known_to_be_given(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="batch_handler"):
+        ResilientConsumer(
+            dict(CONFIG),
+            ["t"],
+            batch_handler=lambda msgs: None,
+            ordering="key",
+            max_process_deaths=None,
+            install_signal_handlers=False,
+        )
+    src = tmp_path / "service.py"
+    body = (
+        "ResilientConsumer(CONFIG, ['t'], batch_handler=BATCH, ordering='key', "
+        "max_process_deaths=None)"
+    )
+    src.write_text(
+        "from kresilient import ResilientConsumer\n"
+        f"CONFIG = {CONFIG!r}\n"
+        "def BATCH(msgs): ...\n"
+        f"c = {body}\n"
+    )
+    assert [f for f in lint_paths([str(src)], Settings()) if f.rule == "KR073"]
+    # control: the same name bound to something lint cannot read is not guessed
+    src.write_text(
+        f"from kresilient import ResilientConsumer\nCONFIG = {CONFIG!r}\nBATCH = None\nc = {body}\n"
+    )
+    assert not [f for f in lint_paths([str(src)], Settings()) if f.rule == "KR073"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from kresilient.lint import pyfiles
 from kresilient.lint.model import ConfigUnit, Entry, Kind, ParseError, ReadResult
@@ -514,6 +515,7 @@ class _Resolver:
 
 
 def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
+    functions = _functions_only(tree)
     visitor = _Visitor()
     visitor.visit(tree)
     resolver = _Resolver(visitor, path)
@@ -536,7 +538,7 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
             visitor._sink_name(config_expr.func) in _CONFIG_BUILDERS
         )
         options = (
-            _consumer_options(call)
+            _consumer_options(call, functions)
             if sink_name in ("ResilientConsumer", "AsyncResilientConsumer")
             else {}
         )
@@ -659,20 +661,64 @@ def _ssl_context_unit(call: ast.Call, path: str) -> ConfigUnit:
     )
 
 
-def _consumer_options(call: ast.Call) -> dict[str, Entry]:
+def _functions_only(tree: ast.Module) -> frozenset[str]:
+    """Names the file binds with ``def`` and with nothing else (never None: KR073)."""
+    defined: set[str] = set()
+    other: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            other.add(node.id)
+        elif isinstance(node, ast.arg):
+            other.add(node.arg)
+    return frozenset(defined - other)
+
+
+#: A ``**`` argument lint cannot read: the options it may carry are unknown (KR073).
+SPLAT: Final = "**"
+#: The value of an option given as an object built on the spot (a call, a lambda): not None.
+BUILT: Final = object()
+
+
+def _consumer_options(call: ast.Call, functions: frozenset[str]) -> dict[str, Entry]:
     """The arguments of ``_CONSUMER_OPTIONS`` given to a kresilient consumer: a literal's
-    value, anything else ``dynamic`` (not known before run time)."""
+    value, an object built in the call (``RetryTopicPolicy()``, a lambda) as :data:`BUILT`,
+    a name the file binds only with ``def`` as :data:`BUILT` too, anything else (another name, an
+    attribute) ``dynamic``: not known before run time. The keys of a
+    ``**{...}`` literal are read too; any other ``**`` argument is recorded as :data:`SPLAT`
+    (it may carry any option)."""
     options: dict[str, Entry] = {}
+
+    def add(name: str, node: ast.expr) -> None:
+        value: object = None
+        dynamic = False
+        if isinstance(node, ast.Constant):
+            value = node.value
+        elif isinstance(node, (ast.Call, ast.Lambda)) or (
+            isinstance(node, ast.Name) and node.id in functions
+        ):
+            value = BUILT
+        else:
+            dynamic = True
+        options[name] = Entry(
+            key=name, value=value, line=node.lineno, col=node.col_offset + 1, dynamic=dynamic
+        )
+
     for kw in call.keywords:
-        if kw.arg in _CONSUMER_OPTIONS:
-            literal = isinstance(kw.value, ast.Constant)
-            options[kw.arg] = Entry(
-                key=kw.arg,
-                value=kw.value.value if isinstance(kw.value, ast.Constant) else None,
-                line=kw.value.lineno,
-                col=kw.value.col_offset + 1,
-                dynamic=not literal,
-            )
+        if kw.arg is None:
+            literal = kw.value
+            if isinstance(literal, ast.Dict) and all(
+                isinstance(k, ast.Constant) and isinstance(k.value, str) for k in literal.keys
+            ):
+                for k, v in zip(literal.keys, literal.values, strict=True):
+                    assert isinstance(k, ast.Constant)
+                    if k.value in _CONSUMER_OPTIONS:
+                        add(k.value, v)
+            else:
+                add(SPLAT, kw.value)
+        elif kw.arg in _CONSUMER_OPTIONS:
+            add(kw.arg, kw.value)
     return options
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from kresilient import _catalog as catalog
 from kresilient.config import SHARE_CONSUMER_REFUSED
 from kresilient.lint.model import TOPIC_SPEC_KEYS, ConfigUnit, Entry, Severity
+from kresilient.lint.pyreader import SPLAT
 from kresilient.lint.registry import (
     Hit,
     client_of,
@@ -1084,24 +1085,30 @@ def _ordering_combination(unit: ConfigUnit) -> Iterator[Hit]:
     if not isinstance(options, dict):
         return
     ordering = options.get("ordering")
-    if ordering is None or ordering.dynamic or ordering.value == "partition":
+    if ordering is None:
         return
     if unit.context.get("constructor") == "AsyncResilientConsumer":
+        # any value, a variable too: the asyncio consumer has no such argument (TypeError)
         yield f"ordering={ordering.shown}: AsyncResilientConsumer takes no ordering yet", ordering
+        return
+    if ordering.dynamic or ordering.value == "partition":
         return
     if ordering.value not in ("key", "none"):
         yield f"ordering={ordering.shown}: one of 'partition', 'key', 'none'", ordering
         return
-    refused: list[str] = []
-    for name in ("batch_handler", "retry_topics"):
+    splat = SPLAT in options  # a **argument lint cannot read may carry any option
+
+    def given(name: str) -> bool:
+        """Known to be passed and not None."""
         entry = options.get(name)
-        if entry is not None and (entry.dynamic or entry.value is not None):
-            refused.append(name)
+        return entry is not None and not entry.dynamic and entry.value is not None
+
+    refused = [name for name in ("batch_handler", "retry_topics") if given(name)]
     spans = options.get("trace_spans")
     if spans is not None and not spans.dynamic and spans.value == "call":
         refused.append('trace_spans="call"')
     deaths = options.get("max_process_deaths")
-    if deaths is None or (not deaths.dynamic and deaths.value is not None):
+    if (deaths is None and not splat) or (deaths is not None and given("max_process_deaths")):
         refused.append("crash-loop protection (pass max_process_deaths=None)")
     if refused:
         yield (
