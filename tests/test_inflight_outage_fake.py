@@ -216,3 +216,30 @@ def test_a_probe_skipped_as_a_duplicate_gives_way_to_the_next_held_record(
     assert sorted(dependency.handled) == [(0, 0), (0, 2), (0, 3)]
     assert dead_letters == []
     runner.close(1.0)
+
+
+@pytest.mark.parametrize("where", ["value", "headers"])
+def test_a_records_headers_count_toward_the_backlogs_byte_bound(where: str) -> None:
+    # review5 D5: the backlog's byte bound counted key + value only, so records whose bytes
+    # are in their headers filled 5,000 records (175 MiB here) before the partition paused
+    gate = threading.Event()
+    runner = _runner(lambda msg: gate.wait(30), ordering="none")
+    blob = b"x" * (32 << 10)
+    offset = 0
+    try:
+        while ("t", 0) not in runner._paused and offset < 20_000:
+            batch = []
+            for _ in range(100):
+                headers = [("h", blob)] if where == "headers" else None
+                msg = _Msg(0, offset, b"k", headers)
+                if where == "value":
+                    msg.value = lambda blob=blob: blob  # type: ignore[method-assign]
+                batch.append(msg)
+                offset += 1
+            runner.process(batch)  # type: ignore[arg-type]
+        # paused on bytes (1 MiB bound: about 32 records of 32 KiB), not on the record count
+        assert ("t", 0) in runner._paused
+        assert offset <= 200, f"{where}: paused only after {offset} records"
+    finally:
+        gate.set()
+        runner.close(1.0)

@@ -213,6 +213,10 @@ class ParallelRunner:
                 continue  # delivered again (a fetch restarted behind us): already offered
             key = msg.key()
             size = len(msg.value() or b"") + len(key or b"")
+            headers: list[tuple[str, bytes | None]] | None = msg.headers()  # type: ignore[assignment]
+            if headers:  # memory too: a record's headers may outweigh its value
+                for name, value in headers:
+                    size += len(name) + len(value or b"")
             self._dirty.add(tp)
             if not window.offer(offset, key if isinstance(key, bytes) else None, size, msg):
                 self.skipped += 1
