@@ -500,7 +500,10 @@ class ResilientShareConsumer:
         stopping = self._stopping.is_set
         acknowledge = self._consumer.acknowledge
         stats = self.stats
-        succeeded = self._detector.success
+        # successes not yet told to the outage detector: told once, before anything else
+        # reaches it (a failure, the traced path) and at the batch's end, so it sees the same
+        # order of events, for one call instead of one a record
+        pending = False
         now = monotonic()  # a poll that took the whole lock runs nothing
         for msg in batch:
             err = msg.error()
@@ -520,6 +523,9 @@ class ResilientShareConsumer:
                 self._release(msg, lock_end, _stopped(msg, self.delivery_count_limit))
                 continue
             if traced or err is not None:
+                if pending:
+                    pending = False
+                    self._succeeded()
                 self._one(msg, lock_end, releases)
                 now = monotonic()
                 continue
@@ -527,6 +533,9 @@ class ResilientShareConsumer:
             try:
                 handler(msg)
             except Exception as exc:
+                if pending:
+                    pending = False
+                    self._succeeded()
                 if monotonic() >= lock_end:
                     self._late(msg, ran=True, exc=exc)
                 else:
@@ -545,8 +554,9 @@ class ResilientShareConsumer:
             stats.accepted += 1
             if self._marks:
                 self._marks.pop(self._key(msg), None)
-            if succeeded():
-                self._outage_ended()
+            pending = True
+        if pending:
+            self._succeeded()
         self._record_started = 0.0
         if releases:
             self._due_releases(releases, lock_end)
@@ -600,10 +610,12 @@ class ResilientShareConsumer:
         self.stats.accepted += 1
         if self._marks:
             self._marks.pop(self._key(msg), None)
-        if self._detector.success():
-            self._outage_ended()
+        self._succeeded()
 
-    def _outage_ended(self) -> None:
+    def _succeeded(self) -> None:
+        """Tell the outage detector records were handled; log the end of an outage."""
+        if not self._detector.success():
+            return
         self._log.warning(
             "share_dependency_outage_ended",
             duration_s=round(self._detector.last_duration or 0.0, 3),
