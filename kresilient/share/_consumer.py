@@ -988,6 +988,10 @@ class _ShareProbeSource:
         started = consumer._record_started
         if not started:
             return []
+        if time.monotonic() - started <= consumer._probes.stall_after_s:
+            # not stalled: the partitions are only named in a stall's report, and a batch may
+            # hold thousands of records (this runs every second on the watcher thread)
+            return [(started, ())]
         return [(started, {f"{m.topic()}[{m.partition()}]" for m in consumer._acquired})]
 
     def retry_waits(self) -> list[tuple[tuple[str, int], int, float]]:
