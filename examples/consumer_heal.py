@@ -29,61 +29,69 @@ from kresilient.testing import KafkaCluster
 TOPIC = f"orders-{int(time.time())}"
 ORDERS = 20
 
-kresilient.logging.configure()  # INFO and above on stderr: stdout keeps the program's output
 log = structlog.get_logger("consumer_heal")
 
 
+def run(cluster: KafkaCluster) -> tuple[int, int]:
+    """The scenario on a cluster started with ``network_faults=True``: returns (orders
+    handled, heals)."""
+    cluster.create_topic(TOPIC, partitions=1, replication_factor=1)
+    cluster.create_topic(f"{TOPIC}.dlq", partitions=1, replication_factor=1)
+    handled: set[bytes] = set()
+
+    def handle(msg: Message) -> None:
+        handled.add(msg.value() or b"")
+
+    consumer = ResilientConsumer(
+        {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "group.id": "orders-service",
+            "client.id": "orders-service",
+            "auto.offset.reset": "earliest",
+            "statistics.interval.ms": 1000,  # a hung fetch is seen in the statistics
+            "session.timeout.ms": 6000,  # the hung old member leaves the group sooner
+        },
+        [TOPIC],
+        handle,
+        stall_after_s=5.0,
+        on_stall="heal",
+        install_signal_handlers=False,
+    )
+    runner = threading.Thread(target=consumer.run)
+    runner.start()
+    producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "client.id": "shop"})
+
+    def wait(condition: str, done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 90
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log.info(condition, handled=len(handled))
+
+    try:
+        for i in range(ORDERS // 2):
+            producer.produce(TOPIC, b"order-%02d" % i)
+        producer.flush(30)
+        wait("first orders handled", lambda: len(handled) == ORDERS // 2)
+        frozen = cluster.network.freeze_connections(client_id="orders-service")
+        log.warning("froze the consumer's connections", connections=frozen)
+        for i in range(ORDERS // 2, ORDERS):
+            producer.produce(TOPIC, b"order-%02d" % i)  # the shop's connections still work
+        producer.flush(30)
+        wait("every order handled", lambda: len(handled) == ORDERS)
+        health = consumer.health()
+        log.info("healed", stalls=health.stalls, recreations=health.recreations)
+    finally:
+        cluster.network.heal()
+        consumer.stop()
+        runner.join(60)
+    return len(handled), health.recreations
+
+
 def main() -> None:
+    kresilient.logging.configure()  # INFO and above on stderr: stdout keeps the output
     with KafkaCluster(nodes=1, network_faults=True) as cluster:
-        cluster.create_topic(TOPIC, partitions=1, replication_factor=1)
-        cluster.create_topic(f"{TOPIC}.dlq", partitions=1, replication_factor=1)
-        handled: set[bytes] = set()
-
-        def handle(msg: Message) -> None:
-            handled.add(msg.value() or b"")
-
-        consumer = ResilientConsumer(
-            {
-                "bootstrap.servers": cluster.bootstrap_servers,
-                "group.id": "orders-service",
-                "client.id": "orders-service",
-                "auto.offset.reset": "earliest",
-                "statistics.interval.ms": 1000,  # a hung fetch is seen in the statistics
-                "session.timeout.ms": 6000,  # the hung old member leaves the group sooner
-            },
-            [TOPIC],
-            handle,
-            stall_after_s=5.0,
-            on_stall="heal",
-            install_signal_handlers=False,
-        )
-        runner = threading.Thread(target=consumer.run)
-        runner.start()
-        producer = Producer({"bootstrap.servers": cluster.bootstrap_servers, "client.id": "shop"})
-
-        def wait(condition: str, done: Callable[[], bool]) -> None:
-            deadline = time.monotonic() + 90
-            while not done() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            log.info(condition, handled=len(handled))
-
-        try:
-            for i in range(ORDERS // 2):
-                producer.produce(TOPIC, b"order-%02d" % i)
-            producer.flush(30)
-            wait("first orders handled", lambda: len(handled) == ORDERS // 2)
-            frozen = cluster.network.freeze_connections(client_id="orders-service")
-            log.warning("froze the consumer's connections", connections=frozen)
-            for i in range(ORDERS // 2, ORDERS):
-                producer.produce(TOPIC, b"order-%02d" % i)  # the shop's connections still work
-            producer.flush(30)
-            wait("every order handled", lambda: len(handled) == ORDERS)
-            health = consumer.health()
-            log.info("healed", stalls=health.stalls, recreations=health.recreations)
-        finally:
-            consumer.stop()
-            runner.join(60)
-        print(f"{len(handled)} of {ORDERS} orders handled, {health.recreations} heal(s)")
+        handled, heals = run(cluster)
+    print(f"{handled} of {ORDERS} orders handled, {heals} heal(s)")
 
 
 if __name__ == "__main__":
