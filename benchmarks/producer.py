@@ -12,6 +12,10 @@ Arms (each on a fresh topic per round: ``--partitions`` partitions, RF=3,
 - ``kresilient_otel_1pct``: ``ResilientProducer`` with an SDK ``TracerProvider`` sampling 1%
   of root spans (``ParentBased(TraceIdRatioBased(0.01))``) and a batch processor whose
   exporter drops spans.
+- ``raw_positional``: the ``raw`` loop calling ``produce(topic, value, None, -1, callback)``
+  positionally, as kresilient does (the binding parses keywords dearer: ``raw`` passes
+  ``on_delivery=`` and ``headers=None``); the cheapest calling-thread baseline, reported beside
+  ``raw`` rather than instead of it.
 - ``raw_header``: the ``raw`` loop sending one prebuilt 55-byte ``traceparent`` header on every
   record (the header's own cost, no tracing): the baseline of ``kresilient_otel_1pct``
   (``--arms raw,raw_header,kresilient_otel_1pct``), as ``benchmarks/peers.py``'s
@@ -30,6 +34,8 @@ pre-built ``bytes`` (no key), 100 B and 1 KiB.
 
     .venv/bin/python benchmarks/producer.py                       # 1M messages per arm, 10 rounds
     .venv/bin/python benchmarks/producer.py --messages 200000 --rounds 3     # quick look
+    .venv/bin/python benchmarks/producer.py --messages 200000 --rounds 6 \
+        --arms raw,kresilient,kresilient_sub --settle 3      # docs/performance.md P2-P4
     .venv/bin/python benchmarks/producer.py --micro               # enqueue cost, no broker
     .venv/bin/python benchmarks/producer.py --micro --old-tree /path/to/old/checkout  # A/B
 
@@ -77,7 +83,7 @@ from _common import (  # noqa: E402
     run_interleaved,
 )
 
-ARMS = ("raw", "kresilient", "kresilient_otel_1pct", "raw_header")
+ARMS = ("raw", "kresilient", "kresilient_otel_1pct", "raw_header", "raw_positional")
 DEFAULT_ARMS = ARMS[:3]
 #: What ``raw_header`` sends on every record (a not-sampled W3C trace context).
 TRACEPARENT = [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")]
@@ -142,7 +148,15 @@ def _noop(*_args: Any) -> None:
     return None
 
 
-def run_raw(config: dict[str, Any], topic: str, value: bytes, n: int, headers: Any = None) -> Timer:
+def run_raw(
+    config: dict[str, Any],
+    topic: str,
+    value: bytes,
+    n: int,
+    headers: Any = None,
+    *,
+    positional: bool = False,
+) -> Timer:
     """The hand-written loop; returns its timer."""
     errors = [0]
 
@@ -153,15 +167,26 @@ def run_raw(config: dict[str, Any], topic: str, value: bytes, n: int, headers: A
     producer = Producer({**config, "error_cb": _noop, "stats_cb": _noop})
     produce, poll = producer.produce, producer.poll
     with Timer() as t:
-        for i in range(n):
-            while True:
-                try:
-                    produce(topic, value, on_delivery=on_delivery, headers=headers)
-                    break
-                except BufferError:
-                    poll(0.05)
-            if not i & POLL_MASK:
-                poll(0)
+        if positional:
+            for i in range(n):
+                while True:
+                    try:
+                        produce(topic, value, None, -1, on_delivery)
+                        break
+                    except BufferError:
+                        poll(0.05)
+                if not i & POLL_MASK:
+                    poll(0)
+        else:
+            for i in range(n):
+                while True:
+                    try:
+                        produce(topic, value, on_delivery=on_delivery, headers=headers)
+                        break
+                    except BufferError:
+                        poll(0.05)
+                if not i & POLL_MASK:
+                    poll(0)
         remaining = producer.flush()
     if remaining or errors[0]:
         raise RuntimeError(f"raw: {remaining} left, {errors[0]} failed")
@@ -223,6 +248,8 @@ def end_to_end(args: argparse.Namespace) -> None:
                 def run(round_no: int) -> Sample:
                     topic = f"bench-{name}-{size}-{round_no}-{uuid.uuid4().hex[:6]}"
                     cluster.create_topic(topic, args.partitions, 3, {"min.insync.replicas": 2})
+                    if args.settle > 0:
+                        time.sleep(args.settle)  # a benchmark's pause, outside every clock
                     n = args.messages if round_no >= 0 else min(args.messages, 100_000)
                     gc.collect()
                     try:
@@ -234,6 +261,8 @@ def end_to_end(args: argparse.Namespace) -> None:
                         else:
                             if name == "raw":
                                 t = run_raw(config, topic, value, n)
+                            elif name == "raw_positional":
+                                t = run_raw(config, topic, value, n, positional=True)
                             elif name == "raw_header":
                                 t = run_raw(config, topic, value, n, TRACEPARENT)
                             elif name == "kresilient":
@@ -346,6 +375,13 @@ def cpu_table(samples: list[Sample], arms: list[str]) -> str:
                 m, q1, q3 = median_iqr(_paired_cpu(samples, name, "raw", key))
                 cells.append(f"{m:.3f} [{q1:.3f}-{q3:.3f}]")
         lines.append(f"| {name} | {cpu:.2f} | {cells[0]} | {thread:.2f} | {cells[1]} |")
+    if {"kresilient", "raw_positional"} <= set(arms):
+        m, q1, q3 = median_iqr(_paired_cpu(samples, "kresilient", "raw_positional", "cpu_s"))
+        t, t1, t3 = median_iqr(_paired_cpu(samples, "kresilient", "raw_positional", "thread_s"))
+        lines.append(
+            f"\nCPU, kresilient / raw_positional (paired per round): process **{m:.3f}** "
+            f"[{q1:.3f}-{q3:.3f}], calling thread **{t:.3f}** [{t1:.3f}-{t3:.3f}]"
+        )
     if ("kresilient_sub", "kresilient_old") in pairs:
         m, q1, q3 = median_iqr(_paired_cpu(samples, "kresilient_sub", "kresilient_old", "cpu_s"))
         t, t1, t3 = median_iqr(_paired_cpu(samples, "kresilient_sub", "kresilient_old", "thread_s"))
@@ -526,6 +562,14 @@ def main() -> None:
         help=f"default: {','.join(DEFAULT_ARMS)}; --micro: raw,{','.join(MICRO_ARMS)}",
     )
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        help="seconds between creating a round's topic and the arm's first produce (outside "
+        "the clock): a topic used at once sometimes costs librdkafka's broker threads 1-3 µs "
+        "per message more, in raw and kresilient arms alike",
+    )
     parser.add_argument("--json", help="also write every sample to this file")
     parser.add_argument("--micro", action="store_true", help="enqueue cost only, no broker")
     parser.add_argument("--micro-messages", type=int, default=100_000)
