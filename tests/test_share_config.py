@@ -18,7 +18,7 @@ from kresilient import _catalog as catalog
 from kresilient.config import SHARE_CONSUMER_REFUSED
 from kresilient.errors import ConfigError, UnsafeConfigError
 from kresilient.lint.engine import lint_paths
-from kresilient.share import share_consumer_config
+from kresilient.share import configure_share_group, share_consumer_config
 
 _QUIET = logging.getLogger("kresilient.test.share")
 _QUIET.addHandler(logging.NullHandler())
@@ -90,3 +90,15 @@ def test_lint_reports_what_the_runtime_refuses(tmp_path: Path) -> None:
     assert not [(r, k) for r, k in others if k in SHARE_CONSUMER_REFUSED], others
     assert ("KR054", "group.id", "error") in by_line[4]  # required, as the runtime says
     assert ("KR054", "enable.auto.offset.store", "error") in by_line[7]
+
+
+def test_configure_share_group_without_a_broker_answering_raises_config_error() -> None:
+    """Review 5 D11 (no broker: port 9 refuses connections): the alter's wait ran out with a
+    bare TimeoutError; it is the ConfigError the function promises, naming the group."""
+    with pytest.raises(ConfigError, match=r"share group g-none: setting .* no answer within 1 s"):
+        configure_share_group(
+            {"bootstrap.servers": "127.0.0.1:9", "logger": _QUIET},
+            "g-none",
+            {"share.auto.offset.reset": "earliest"},
+            timeout=1,
+        )

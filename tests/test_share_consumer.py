@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 import tenacity
 from confluent_kafka import AcknowledgeType, Consumer, Message, Producer, ShareConsumer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from structlog.testing import capture_logs
 
 from kresilient.consumer import RetryPolicy
@@ -583,6 +584,181 @@ def test_probes_say_ready_then_a_hung_handler_once_then_ready_again(
     assert sum(e["event"] == "consumer_stalled" for e in logs) == 1  # once, not every second
     assert consumer.health()["live"] is False  # stopped
     assert consumer.stats.accepted == 2
+
+
+def test_outage_hold_is_not_a_handler_stall(share_cluster: KafkaCluster) -> None:
+    """Review 5 D9: between the held record's calls (2.5 s waits, stall_after_s 1 s) no handler
+    runs; /ready names the outage, never "a handler has been running", and nothing is logged as
+    consumer_stalled. The hung-handler test above is the control: the same stall_after_s
+    reports a handler that does run that long."""
+    topic = share_cluster.create_topic(f"share-oh-{uuid.uuid4().hex[:6]}", partitions=1)
+    share_cluster.create_topic(topic + ".dlq", partitions=1)
+    group = _group(share_cluster, "oh", lock_ms=15000)
+    _produce(share_cluster, topic, [(str(i).encode(), b"v") for i in range(20)])
+    down = threading.Event()
+    down.set()
+    handled: list[str] = []
+
+    def handle(msg: Message) -> None:
+        if down.is_set():
+            raise ConnectionError("payments service unreachable")
+        handled.append((msg.key() or b"").decode())
+
+    reasons: list[str] = []
+    with capture_logs() as logs:
+        consumer = ResilientShareConsumer(
+            {"bootstrap.servers": share_cluster.bootstrap_servers, "group.id": group},
+            [topic],
+            handle,
+            retry=RetryPolicy(stop=tenacity.stop_after_attempt(2), wait=tenacity.wait_fixed(0.05)),
+            outage=RetryPolicy(wait=tenacity.wait_fixed(2.5), retry=tenacity.retry_always),
+            health_port=0,
+            stall_after_s=1.0,
+        )
+        runner = threading.Thread(target=consumer.run, daemon=True)
+        runner.start()
+        try:
+
+            def sampled_holds(holds: int) -> bool:
+                reasons.extend(consumer.health()["reasons"])
+                return consumer.stats.outage_holds >= holds
+
+            # three waits of 2.5 s: each leaves 1.5 s past stall_after_s since the last call
+            _wait(lambda: sampled_holds(3), "the outage hold waiting 3 times", interval=0.2)
+            status, body = _get(consumer.health_port or 0, "/ready")
+            reasons.extend(body["reasons"])
+            assert status == 503 and "dependency outage" in " ".join(body["reasons"])
+            down.clear()
+            _wait(lambda: len(handled) == 20, "every record handled once the outage ended")
+        finally:
+            consumer.stop()
+            runner.join(60)
+            consumer.close()
+    false = [r for r in reasons if "a handler has been running" in r]
+    assert false == [], false[:3]
+    assert [e for e in logs if e["event"] == "consumer_stalled"] == []
+    assert any(e["event"] == "share_dependency_outage_started" for e in logs)
+
+
+def test_a_hung_handler_is_reported_on_its_record_partition_not_the_batch(
+    share_cluster: KafkaCluster,
+) -> None:
+    """Review 5 D9: a batch of two partitions (both led by one broker, so one fetch returns
+    both); the handler hangs on a record of one: the stall names that partition only."""
+    topic = f"share-hp-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": share_cluster.bootstrap_servers})
+    leader = min(admin.list_topics(timeout=30).brokers)
+    new = NewTopic(topic, 2, replica_assignment=[[leader], [leader]])
+    admin.create_topics([new], request_timeout=60)[topic].result(60)
+    _wait(
+        lambda: len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 2,
+        "the topic's partitions in the metadata",
+    )
+    share_cluster.create_topic(topic + ".dlq", partitions=1)
+    group = _group(share_cluster, "hp", lock_ms=15000)
+    hung: list[tuple[int, set[int]]] = []  # (the record's partition, the batch's partitions)
+    release = threading.Event()
+
+    seen: list[int] = []
+
+    def handle(msg: Message) -> None:
+        batch = {m.partition() or 0 for m in consumer.acquired}
+        if not hung and len(batch) == 2:
+            hung.append((msg.partition() or 0, batch))
+            assert release.wait(60)
+        seen.append(1)
+
+    consumer = ResilientShareConsumer(
+        {"bootstrap.servers": share_cluster.bootstrap_servers, "group.id": group},
+        [topic],
+        handle,
+        stall_after_s=1.0,
+    )
+    runner = threading.Thread(target=consumer.run, daemon=True)
+    runner.start()
+    try:
+        # pairs until one poll returns both partitions (it is the first, as a rule)
+        p = Producer({"bootstrap.servers": share_cluster.bootstrap_servers})
+        for rounds in range(1, 6):
+            for partition in (0, 1):
+                for i in range(20):
+                    p.produce(topic, b"v", f"{partition}-{i}".encode(), partition=partition)
+            assert p.flush(30) == 0
+            _wait(lambda n=rounds: bool(hung) or len(seen) >= 40 * n, "the records handled")
+            if hung:
+                break
+        assert hung, "no poll of 5 returned both partitions"
+        _wait(lambda: consumer.health()["stalled"] is not None, "the stall reported")
+        stalled = consumer.health()["stalled"]
+    finally:
+        release.set()
+        consumer.stop()
+        runner.join(60)
+        consumer.close()
+    partition, batch = hung[0]
+    other = ({0, 1} - {partition}).pop()
+    assert batch == {0, 1}
+    assert f"{topic}[{partition}]" in stalled and f"{topic}[{other}]" not in stalled, stalled
+
+
+def test_poll_once_loop_is_live_and_serves_the_probes(share_cluster: KafkaCluster) -> None:
+    """Review 5 D8: liveness follows the last poll, whoever polls: a poll_once() loop is live
+    and ready and serves health_port; /live stays 200 between run(timeout=) slices; stop()
+    makes it 503 (the control: the same probes do answer 503)."""
+    topic = share_cluster.create_topic(f"share-po-{uuid.uuid4().hex[:6]}", partitions=1)
+    share_cluster.create_topic(topic + ".dlq", partitions=1)
+    group = _group(share_cluster, "po", lock_ms=15000)
+    _produce(share_cluster, topic, [(str(i).encode(), b"v") for i in range(3)])
+    handled: list[bytes | None] = []
+    consumer = ResilientShareConsumer(
+        {"bootstrap.servers": share_cluster.bootstrap_servers, "group.id": group},
+        [topic],
+        lambda msg: handled.append(msg.key()),
+        health_port=0,
+    )
+    try:
+        assert consumer.health()["live"] is False and consumer.health_port is None  # not polled
+        deadline = time.monotonic() + 60
+        while len(handled) < 3 and time.monotonic() < deadline:
+            consumer.poll_once(0.5)
+        assert len(handled) == 3
+        health = consumer.health()
+        assert health["live"] is True and health["ready"] is True, health["reasons"]
+        port = consumer.health_port
+        assert port is not None
+        assert _get(port, "/live")[0] == 200 and _get(port, "/ready")[0] == 200
+        consumer.run(timeout=0.5)  # one slice of a loop doing other work between slices
+        assert _get(port, "/live")[0] == 200 and consumer.health()["live"] is True
+        consumer.stop()
+        assert _get(port, "/live")[0] == 503 and consumer.health()["live"] is False
+    finally:
+        consumer.close()
+
+
+def test_configure_share_group_accepts_the_value_as_the_brokers_render_it(
+    share_cluster: KafkaCluster,
+) -> None:
+    """Review 5 D7/D11: " 5000" is applied and answered as "5000": configure_share_group
+    returns (it raised ConfigError after its whole timeout), and every broker, each asked
+    on its own, answers the values when it has returned; the consumer reads the lock."""
+    bootstrap = {"bootstrap.servers": share_cluster.bootstrap_servers}
+    group = f"cfg-{uuid.uuid4().hex[:8]}"
+    configure_share_group(
+        bootstrap,
+        group,
+        {"share.record.lock.duration.ms": " 5000", "share.delivery.count.limit": "03"},
+        timeout=20,
+    )
+    brokers = AdminClient(bootstrap).list_topics(timeout=30).brokers.values()
+    assert len(brokers) == 3
+    for broker in brokers:
+        one = AdminClient({"bootstrap.servers": f"{broker.host}:{broker.port}"})
+        res = ConfigResource(ResourceType.GROUP, group)
+        got = one.describe_configs([res], request_timeout=30)[res].result(30)
+        assert got["share.record.lock.duration.ms"].value == "5000", broker
+        assert got["share.delivery.count.limit"].value == "3", broker
+    with ResilientShareConsumer({**bootstrap, "group.id": group}, ["unused"], print) as consumer:
+        assert consumer.lock_duration == 5.0 and consumer.delivery_count_limit == 3
 
 
 # --------------------------------------------------------------------------- the example

@@ -41,9 +41,10 @@ on top of that:
   holding it then acknowledges it once.
 
 ``health_port=`` serves ``GET /live`` and ``GET /ready`` with the consumer's probe server
-(:class:`~kresilient.consumer.ConsumerProbes`): live while the loop polls, ready once it has
-polled and while no handler has run longer than ``stall_after_s`` and no dependency outage is
-held; a handler stalled that long is logged once (``consumer_stalled``) by its watcher thread.
+(:class:`~kresilient.consumer.ConsumerProbes`): live while :meth:`run` or a
+:meth:`poll_once` loop polls, ready once it has polled and while no handler has run longer
+than ``stall_after_s`` (named with its record's partition) and no dependency outage is held;
+a handler stalled that long is logged once (``consumer_stalled``) by its watcher thread.
 A share group has no offsets and tells a member no assignment, so there are no lag figures.
 
 The client's share consumer is not thread-safe and has no asyncio form; see
@@ -169,10 +170,14 @@ def configure_share_group(
     brokers' ``group.share.min/max.record.lock.duration.ms``), ``"share.delivery.count.limit"``.
     ``config`` gives the connection (``bootstrap.servers``, security); errors are redacted.
 
-    Returns once DescribeConfigs answers the new values (within ``timeout``): a broker applies
-    a group config from the metadata log, so one asked right after the change may still
-    answer the old value, and a :class:`ResilientShareConsumer` started then would read the
-    broker's default lock duration (30 s) instead of the one just set.
+    Returns once every broker of the cluster's metadata that answers DescribeConfigs answers
+    the new values (within ``timeout``; a value the broker renders its own way, ``" 5000"``
+    as ``5000``, counts): each broker applies a group config from the metadata log at its
+    own pace, so one asked right after the change may still answer the old value, and a
+    :class:`ResilientShareConsumer` reading it then would take the broker's default lock
+    duration (30 s) instead of the one just set. Raises :class:`~kresilient.ConfigError`
+    when the change is refused, when a broker still answers another value at ``timeout``,
+    or when no broker answered at all.
     """
     admin_keys = {k: v for k, v in config.items() if not k.startswith("share.") and k != "group.id"}
     entries = [
@@ -180,36 +185,75 @@ def configure_share_group(
         for name, value in settings.items()
     ]
     res = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
-    wanted = {name: str(value) for name, value in settings.items()}
     deadline = time.monotonic() + timeout
     admin = AdminClient(admin_keys)  # kept alive until the result: a dropped client fails it
     redact = Redactor.for_config(config)
     try:
-        admin.incremental_alter_configs([res])[res].result(timeout)
-    except KafkaException as exc:
+        admin.incremental_alter_configs([res], request_timeout=timeout)[res].result(timeout)
+        # every broker, each asked through a client of its own that knows only that broker
+        brokers = sorted(
+            f"{b.host}:{b.port}" for b in admin.list_topics(timeout=timeout).brokers.values()
+        )
+    except (KafkaException, TimeoutError) as exc:
+        detail = str(exc) or f"no answer within {timeout:g} s"  # a TimeoutError says nothing
         raise ConfigError(
-            redact(f"share group {group}: setting {sorted(settings)} failed: {exc}")
+            redact(f"share group {group}: setting {sorted(settings)} failed: {detail}")
         ) from None
-    seen: dict[str, str | None] = {}
+    clients = {addr: AdminClient({**admin_keys, "bootstrap.servers": addr}) for addr in brokers}
+    answers: dict[str, dict[str, str | None]] = {}  # the last answer of each broker
     while True:
-        left = deadline - time.monotonic()
-        try:
+        left = max(deadline - time.monotonic(), 1.0)
+        asked = {}
+        for addr, client in clients.items():
+            if addr in answers and _applied(settings, answers[addr]):
+                continue
             described = ConfigResource(ResourceType.GROUP, group)
-            got = admin.describe_configs([described], request_timeout=max(left, 1.0))
-            current = got[described].result(max(left, 1.0))
-            seen = {name: current[name].value if name in current else None for name in wanted}
-        except KafkaException:
-            pass  # asked again until the deadline
-        if seen == wanted:
+            asked[addr] = (described, client.describe_configs([described], request_timeout=left))
+        for addr, (described, futures) in asked.items():
+            try:
+                current = futures[described].result(left)
+            except (KafkaException, TimeoutError):
+                continue  # asked again until the deadline
+            answers[addr] = {n: current[n].value if n in current else None for n in settings}
+        behind = {a: answers.get(a) for a in brokers if not _applied(settings, answers.get(a))}
+        if not behind:
             return
         if time.monotonic() + 0.1 >= deadline:
-            raise ConfigError(
-                redact(
-                    f"share group {group}: set {sorted(settings)}, but the brokers still "
-                    f"answer {seen} after {timeout:g} s"
+            # a broker that never answered (stopping, fenced) is no evidence either way
+            lagging = {a: v for a, v in behind.items() if v is not None}
+            if lagging or len(answers) == 0:
+                raise ConfigError(
+                    redact(
+                        f"share group {group}: set {settings!r}, but after {timeout:g} s "
+                        + (
+                            f"these brokers still answer {lagging}"
+                            if lagging
+                            else f"no broker of {brokers} answered DescribeConfigs"
+                        )
+                    )
                 )
-            )
+            return
         time.sleep(0.1)
+
+
+def _applied(settings: Mapping[str, str | int], answer: Mapping[str, str | None] | None) -> bool:
+    """Whether a broker's DescribeConfigs ``answer`` holds ``settings``, as the broker renders
+    a value it parsed (surrounding space stripped, ``05000`` as ``5000``, ``TRUE`` as ``true``)."""
+    if answer is None:
+        return False
+    return all(_same(str(value), answer.get(name)) for name, value in settings.items())
+
+
+def _same(wanted: str, got: str | None) -> bool:
+    if got is None:
+        return False
+    wanted, got = wanted.strip(), got.strip()
+    if wanted == got or wanted.lower() == got.lower() in ("true", "false"):
+        return True
+    try:
+        return int(wanted) == int(got)
+    except ValueError:
+        return False
 
 
 @dataclasses.dataclass
@@ -254,13 +298,16 @@ class ResilientShareConsumer:
         delivery_count_limit: the group's ``share.delivery.count.limit`` (default: read).
         telemetry: a :class:`~kresilient.telemetry.Telemetry` (default: one for the config).
         logger: structlog logger.
-        health_port: serve ``GET /live`` and ``GET /ready`` on this port while :meth:`run`
-            runs (0: any free port, see :attr:`health_port`); ``None``: no server.
+        health_port: serve ``GET /live`` and ``GET /ready`` on this port from the first
+            poll (:meth:`run` or :meth:`poll_once`) until :meth:`close` (0: any free port,
+            see :attr:`health_port`); ``None``: no server.
         health_host: the address the probe server binds (127.0.0.1 by default).
         stall_after_s: ``/ready`` turns 503 (and one ``consumer_stalled`` WARNING is logged)
-            when a handler has been running this long. ``/live`` turns 503 when the loop has
-            not polled for twice the lock duration plus 10 s (a batch, its releases and an
-            outage pause all fit in that).
+            when a handler has been running this long (an outage hold's waits between the
+            held record's calls are not: no handler runs). ``/live`` turns 503 after
+            :meth:`stop` or :meth:`close`, or when nothing has polled for twice the lock
+            duration plus 10 s (a batch, its releases and an outage pause all fit in that),
+            whether :meth:`run` or the application's own :meth:`poll_once` loop polls.
 
     Example::
 
@@ -332,8 +379,11 @@ class ResilientShareConsumer:
         self._consumer.subscribe(self.topics)
         self._closed = False
         self._acquired: tuple[Message, ...] = ()
-        #: when the handler call in hand began (0: none), for the probes' stall check
+        #: when the handler call in hand began (0: none: between calls, e.g. an outage hold's
+        #: wait or a dead-letter write, no handler runs), for the probes' stall check
         self._record_started = 0.0
+        #: the record of that call (set before ``_record_started``: the probes read it after)
+        self._in_hand: Message | None = None
         self._next_tick = 0.0
         self._probes = ConsumerProbes(
             None,  # no watermarks nor positions in a share group: no lag figures
@@ -388,8 +438,10 @@ class ResilientShareConsumer:
     # ------------------------------------------------------------------ lifecycle
 
     def stop(self) -> None:
-        """Ask :meth:`run` to return after the current record (any thread)."""
+        """Ask :meth:`run` to return after the current record (any thread); ``/live`` and
+        ``/ready`` answer 503 from now on."""
         self._stopping.set()
+        self._probes.running = False
 
     def health(self) -> dict[str, Any]:
         """The counters, the current outage (``None`` when there is none), what ``/live`` and
@@ -449,20 +501,22 @@ class ResilientShareConsumer:
     def run(self, *, timeout: float | None = None, poll_timeout: float = 0.5) -> None:
         """Poll and handle until :meth:`stop` (or ``timeout`` seconds)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._stopping.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            self.poll_once(poll_timeout)
+
+    def _start_probes(self) -> None:
+        """The first poll: the member is live from now on (until :meth:`stop`, :meth:`close`
+        or ``max_poll_s`` without a poll), and the probe server starts."""
         probes = self._probes
-        probes.last_poll = time.monotonic()
         probes.running = True
+        if self._stopping.is_set():  # stop() raced this call: it wins
+            probes.running = False
         host, port = self._health_addr
         if port is not None and self._health_port is None:
             self._health_port = probes.serve(host, port)
             self._log.info("health_probes_serving", host=host, port=self._health_port)
-        try:
-            while not self._stopping.is_set():
-                if deadline is not None and time.monotonic() >= deadline:
-                    return
-                self.poll_once(poll_timeout)
-        finally:
-            probes.running = False
 
     def poll_once(self, timeout: float = 0.5) -> int:
         """Fetch one batch, handle and acknowledge every record of it; return its size.
@@ -481,6 +535,8 @@ class ResilientShareConsumer:
         acquired = time.monotonic()
         probes = self._probes
         probes.last_poll = acquired
+        if not probes.running and not self._stopping.is_set():
+            self._start_probes()
         if acquired >= self._next_tick:  # about once a second; the first starts the watcher
             self._next_tick = acquired + 1.0
             probes.tick(acquired)
@@ -529,10 +585,12 @@ class ResilientShareConsumer:
                 self._one(msg, lock_end, releases)
                 now = monotonic()
                 continue
+            self._in_hand = msg
             self._record_started = now
             try:
                 handler(msg)
             except Exception as exc:
+                self._record_started = 0.0
                 if pending:
                     pending = False
                     self._succeeded()
@@ -542,6 +600,7 @@ class ResilientShareConsumer:
                     self._failed(msg, exc, msg.delivery_count() or 1, lock_end, releases)
                 now = monotonic()
                 continue
+            self._record_started = 0.0
             now = monotonic()  # the lock check's clock read serves the next record too
             if now >= lock_end:
                 self._late(msg, ran=True)
@@ -557,7 +616,6 @@ class ResilientShareConsumer:
             pending = True
         if pending:
             self._succeeded()
-        self._record_started = 0.0
         if releases:
             self._due_releases(releases, lock_end)
         self._commit()
@@ -594,11 +652,14 @@ class ResilientShareConsumer:
         err = msg.error()
         if err is not None:  # a deserialization failure left in the batch: poison
             return ValueError(f"deserialization failed: {err.str()}")
+        self._in_hand = msg
         self._record_started = time.monotonic()
         try:
             self._handler(msg)
         except Exception as exc:
             return exc
+        finally:
+            self._record_started = 0.0
         return None
 
     def _success(self, msg: Message) -> None:
@@ -836,6 +897,7 @@ class ResilientShareConsumer:
         # it, unless a dead letter still pending is delivered later), reported, and the member
         # stops once the batch is settled rather than lose more records the same way.
         self.stats.lost_at_limit += 1
+        self._probes.running = False  # the member stops: /live 503
         self._log.error("share_record_lost_at_limit", **fields)
         if self._fatal is None:
             where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
@@ -984,15 +1046,14 @@ class _ShareProbeSource:
         return {}
 
     def handlers(self) -> list[tuple[float, Collection[str]]]:
+        """The handler call in hand, on its record's partition (not the batch's: the other
+        records wait, and an outage hold between calls is reported as an outage)."""
         consumer = self._consumer
         started = consumer._record_started
-        if not started:
+        msg = consumer._in_hand  # written before started: the record of that call, or later
+        if not started or msg is None:
             return []
-        if time.monotonic() - started <= consumer._probes.stall_after_s:
-            # not stalled: the partitions are only named in a stall's report, and a batch may
-            # hold thousands of records (this runs every second on the watcher thread)
-            return [(started, ())]
-        return [(started, {f"{m.topic()}[{m.partition()}]" for m in consumer._acquired})]
+        return [(started, (f"{msg.topic()}[{msg.partition()}]",))]
 
     def retry_waits(self) -> list[tuple[tuple[str, int], int, float]]:
         return []
