@@ -13,9 +13,11 @@ Installed with kresilient, so any project's tests get:
 - markers ``integration`` (needs a cluster) and ``chaos`` (kills, stops or freezes nodes;
   skipped, saying why, when the cluster is external).
 
-``KRESILIENT_KAFKA_VERSION`` (e.g. ``4.4.0``) runs both session clusters on that Apache Kafka
-release instead of :data:`kresilient.testing.KAFKA_VERSION`, so one suite can be run against
-the brokers its users run: ``KRESILIENT_KAFKA_VERSION=4.4.0 pytest``.
+``KRESILIENT_KAFKA_VERSION`` (e.g. ``4.4.0``) runs both session clusters, and every
+:class:`~kresilient.testing.KafkaCluster` a test starts without ``version=``, on that Apache
+Kafka release instead of :data:`kresilient.testing.KAFKA_VERSION`, so one suite can be run
+against the brokers its users run: ``KRESILIENT_KAFKA_VERSION=4.4.0 pytest``
+(:func:`kresilient.testing.default_kafka_version`).
 
 A test that damages the shared cluster must heal it (``kafka_cluster.heal([...])``); the
 ``chaos`` marker does that after each test as a safety net.
@@ -30,18 +32,24 @@ from collections.abc import Callable, Iterator, Mapping
 
 import pytest
 
-from kresilient.testing import BOOTSTRAP_ENV, KAFKA_VERSION, KafkaCluster
+from kresilient.testing import (
+    BOOTSTRAP_ENV,
+    KAFKA_VERSION_ENV,
+    KafkaCluster,
+    default_kafka_version,
+)
 
 _counter = itertools.count(1)
 
-KAFKA_VERSION_ENV = "KRESILIENT_KAFKA_VERSION"
-"""Environment variable naming the Kafka release of the session clusters."""
+__all__ = ["KAFKA_VERSION_ENV", "session_kafka_version"]
 
 
 def session_kafka_version() -> str:
     """The Kafka release of the session clusters: ``$KRESILIENT_KAFKA_VERSION``, or
-    :data:`kresilient.testing.KAFKA_VERSION` when it is unset or empty."""
-    return os.environ.get(KAFKA_VERSION_ENV, "").strip() or KAFKA_VERSION
+    :data:`kresilient.testing.KAFKA_VERSION` when it is unset or empty: the default of every
+    :class:`~kresilient.testing.KafkaCluster` (:func:`kresilient.testing.default_kafka_version`).
+    """
+    return default_kafka_version()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,7 +74,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session", name="kafka_cluster")
 def _kafka_cluster() -> Iterator[KafkaCluster]:
     """A real 3-node KRaft Kafka cluster shared by the test session."""
-    cluster = KafkaCluster(version=session_kafka_version())
+    cluster = KafkaCluster()
     try:
         cluster.start_cluster()
         yield cluster
@@ -82,7 +90,7 @@ def _kafka_network_cluster() -> Iterator[KafkaCluster]:
             f"network faults need a cluster started by kresilient.testing; {BOOTSTRAP_ENV} "
             "points at an external cluster"
         )
-    cluster = KafkaCluster(network_faults=True, version=session_kafka_version())
+    cluster = KafkaCluster(network_faults=True)
     try:
         cluster.start_cluster()
         yield cluster

@@ -1,5 +1,6 @@
-"""The broker-version matrix (issue 43): ``$KRESILIENT_KAFKA_VERSION`` picks the session
-clusters' Kafka release, and the suite's clusters really run it.
+"""The broker-version matrix (issue 43): ``$KRESILIENT_KAFKA_VERSION`` picks the Kafka release
+of the session clusters and of every ``KafkaCluster`` started without ``version=``, and the
+suite's clusters really run it.
 
 .ci/test runs the ``broker_smoke`` subset a second time with ``KRESILIENT_KAFKA_VERSION`` set to
 the newest Kafka 4.x; this file is in that subset, so each run checks the brokers it ran on.
@@ -23,6 +24,22 @@ def test_session_version_comes_from_the_environment(monkeypatch: pytest.MonkeyPa
     assert session_kafka_version() == KAFKA_VERSION
     monkeypatch.delenv(KAFKA_VERSION_ENV)
     assert session_kafka_version() == KAFKA_VERSION
+
+
+def test_a_cluster_given_no_version_follows_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 5 D10: a test's own ``KafkaCluster()`` (~16 files start one) runs the matrix's
+    release too, not only the session clusters; ``version=`` given wins. Not started: the
+    version is resolved at construction (the session test below checks the JVMs)."""
+    monkeypatch.setenv(KAFKA_VERSION_ENV, " 4.4.0 ")
+    assert KafkaCluster().version == "4.4.0" != KAFKA_VERSION
+    assert KafkaCluster(version="4.2.2").version == "4.2.2"  # an explicit version wins
+    # Negative controls: unset or empty leaves the harness default.
+    monkeypatch.setenv(KAFKA_VERSION_ENV, "")
+    assert KafkaCluster().version == KAFKA_VERSION
+    monkeypatch.delenv(KAFKA_VERSION_ENV)
+    assert KafkaCluster().version == KAFKA_VERSION
 
 
 @pytest.mark.broker_smoke

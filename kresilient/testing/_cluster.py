@@ -1,8 +1,9 @@
 """A real Apache Kafka cluster on loopback, for tests and demos.
 
 :class:`KafkaCluster` starts N combined broker+controller KRaft nodes of real Apache Kafka
-(default 3, version :data:`KAFKA_VERSION`) on 127.0.0.1 with free ports and fresh data
-directories. The broker jars are resolved by Maven on first use and cached per version.
+(default 3; version ``$KRESILIENT_KAFKA_VERSION``, else :data:`KAFKA_VERSION`) on 127.0.0.1
+with free ports and fresh data directories. The broker jars are resolved by Maven on first
+use and cached per version.
 It has chaos controls (kill, graceful stop, restart, freeze/thaw, preferred election) so
 tests can prove behaviour across real leader elections::
 
@@ -98,6 +99,7 @@ __all__ = [
     "BOOTSTRAP_ENV",
     "JVM_OPTIONS_ENV",
     "KAFKA_VERSION",
+    "KAFKA_VERSION_ENV",
     "SUPER_USER",
     "CertificateAuthority",
     "ChaosNotSupportedError",
@@ -106,6 +108,7 @@ __all__ = [
     "ExternalClusterWarning",
     "KafkaCluster",
     "NetworkFaults",
+    "default_kafka_version",
     "remove_stale_dirs",
 ]
 
@@ -114,6 +117,19 @@ BOOTSTRAP_ENV = "KRESILIENT_BOOTSTRAP_SERVERS"
 
 JVM_OPTIONS_ENV = "KRESILIENT_KAFKA_JVM_OPTS"
 """Environment variable with extra JVM options for every node (``jvm_options``' default)."""
+
+KAFKA_VERSION_ENV = "KRESILIENT_KAFKA_VERSION"
+"""Environment variable naming the Kafka release of every :class:`KafkaCluster` given no
+``version`` (the pytest plugin's session clusters and a test's own alike)."""
+
+
+def default_kafka_version() -> str:
+    """The release a :class:`KafkaCluster` runs when no ``version`` is given:
+    ``$KRESILIENT_KAFKA_VERSION`` (stripped), or :data:`KAFKA_VERSION` when it is unset or
+    empty. Read at each construction, so one suite runs on another release with the variable
+    set and no test edited."""
+    return os.environ.get(KAFKA_VERSION_ENV, "").strip() or KAFKA_VERSION
+
 
 _PROBE_TOPIC = "__kresilient_probe"
 _PROPAGATION_S = 15.0
@@ -461,7 +477,12 @@ class KafkaCluster:
 
     Args:
         nodes: how many nodes (each is broker and controller).
-        version: Apache Kafka version, resolved through Maven and cached.
+        version: Apache Kafka version, resolved through Maven and cached. ``None`` (the
+            default): :func:`default_kafka_version`, i.e. ``$KRESILIENT_KAFKA_VERSION`` when
+            it is set and not empty, else :data:`KAFKA_VERSION` (4.1.1); a version given
+            here wins over the variable::
+
+                KRESILIENT_KAFKA_VERSION=4.4.0 pytest   # every cluster without version=
         broker_config: extra ``server.properties`` entries for every node (override the
             test-friendly defaults, e.g. ``{"broker.session.timeout.ms": 9000}``).
         heap: JVM ``-Xmx`` per node.
@@ -500,7 +521,7 @@ class KafkaCluster:
         self,
         nodes: int = 3,
         *,
-        version: str = KAFKA_VERSION,
+        version: str | None = None,
         broker_config: Mapping[str, str | int | bool] | None = None,
         heap: str = "384m",
         start_timeout: float = 120.0,
@@ -515,7 +536,9 @@ class KafkaCluster:
             raise ValueError(f"nodes must be >= 1, got {nodes}")
         if first_port is not None and not 1 <= first_port <= 65535 - nodes + 1:
             raise ValueError(f"first_port must leave room for {nodes} ports, got {first_port}")
-        self.version = version
+        default_version = default_kafka_version()
+        self.version: str = version if version is not None else default_version
+        """The Apache Kafka release the nodes run."""
         self._n = nodes
         self._extra = dict(broker_config or {})
         self._heap = heap
@@ -554,7 +577,7 @@ class KafkaCluster:
         self._shaping: dict[str, object] = {
             name: value
             for name, value, default in (
-                ("version", version, KAFKA_VERSION),
+                ("version", self.version, default_version),
                 ("heap", heap, "384m"),
                 ("first_port", first_port, None),
                 ("jvm_options", list(jvm_options) if jvm_options_given else None, None),
