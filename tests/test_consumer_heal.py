@@ -39,6 +39,7 @@ from test_consumer_stalls import _events, wait_for
 from kresilient.aio import AsyncResilientConsumer
 from kresilient.consumer import ResilientConsumer
 from kresilient.consumer._probes import HEALS_METRIC
+from kresilient.producer import ResilientProducer
 from kresilient.testing import KafkaCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -234,11 +235,14 @@ def test_a_hung_fetch_is_one_stall_healed_by_a_new_client_nothing_lost_or_skippe
 def test_no_false_stall_in_a_rolling_restart_or_an_isolation_healed_in_time(
     kafka_network_cluster: KafkaCluster,
 ) -> None:
-    """Issue 42, acceptance 2, consumer side: both consumers with the default bound (60 s)
-    and ``on_stall="heal"`` stay quiet (no stall, no loop, no recreation) while a producer
-    writes on through an isolation of a leader from its clients, healed in time, and a rolling
-    restart of the three brokers; every record produced is handled. The control, on the same
-    stream, a consumer with a 1 s bound, reports the isolation (the watcher was live)."""
+    """Issue 42, acceptance 2: both consumers with the default bound (60 s) and
+    ``on_stall="heal"`` stay quiet (no stall, no loop, no recreation) while the stream goes on
+    through an isolation of a leader from its clients, healed in time, and a rolling restart of
+    the three brokers; every record produced is handled. The stream is written by a
+    ``ResilientProducer`` with the default bound and ``on_stall="heal"``: it stays quiet too
+    (no stall, no flush stall, no heal) and every message it was given is delivered. The
+    controls, on the same stream, a consumer and a producer with a 1 s bound, report the
+    isolation (the watchers were live)."""
     cluster = kafka_network_cluster
     topic = cluster.create_topic(f"quiet-{uuid.uuid4().hex[:8]}", 3, 3, {"min.insync.replicas": 2})
     cluster.create_topic(f"{topic}.dlq", 1, 3, {})
@@ -246,15 +250,20 @@ def test_no_false_stall_in_a_rolling_restart_or_an_isolation_healed_in_time(
     stop = threading.Event()
     errors: list[str] = []
 
+    tag = uuid.uuid4().hex[:6]
+    producer_config = {
+        "bootstrap.servers": cluster.bootstrap_servers,
+        "statistics.interval.ms": 1000,  # the watchdog reads statistics: a second, not five
+    }
+    feeder_id = f"quiet-feeder-{tag}"
+    quiet_producer = ResilientProducer({**producer_config, "client.id": feeder_id}, on_stall="heal")
+    control_producer = ResilientProducer(
+        {**producer_config, "client.id": f"control-feeder-{tag}"}, stall_after_s=1.0
+    )
+    given = 0
+
     def feed() -> None:
-        producer = Producer(
-            {
-                "bootstrap.servers": cluster.bootstrap_servers,
-                "client.id": "quiet-feeder",
-                "enable.idempotence": True,
-                "acks": "all",
-            }
-        )
+        nonlocal given
 
         def delivered(err: Any, msg: Message) -> None:
             if err is None:
@@ -264,10 +273,13 @@ def test_no_false_stall_in_a_rolling_restart_or_an_isolation_healed_in_time(
 
         i = 0
         while not stop.wait(0.05):  # a steady stream, 20 records a second
-            producer.produce(topic, str(i).encode(), on_delivery=delivered)
-            producer.poll(0)
+            quiet_producer.produce(topic, str(i).encode(), on_delivery=delivered)
+            control_producer.produce(topic, b"-1", partition=0)  # the isolated leader's
+            quiet_producer.poll(0)
+            control_producer.poll(0)
             i += 1
-        producer.flush(60)
+            given = i
+        quiet_producer.flush(60)
 
     values: dict[str, set[int]] = {}
 
@@ -286,7 +298,6 @@ def test_no_false_stall_in_a_rolling_restart_or_an_isolation_healed_in_time(
 
         return _start(kind, config, topic, record, **options)
 
-    tag = uuid.uuid4().hex[:6]
     quiet = {
         f"quiet-sync-{tag}": member("sync", f"quiet-sync-{tag}", on_stall="heal"),
         f"quiet-aio-{tag}": member("aio", f"quiet-aio-{tag}", on_stall="heal"),
@@ -309,6 +320,11 @@ def test_no_false_stall_in_a_rolling_restart_or_an_isolation_healed_in_time(
                     30,
                     "the control (1 s bound) reporting the isolation",
                 )
+                wait_for(
+                    lambda: control_producer.health().stalls >= 1,
+                    30,
+                    "the control producer (1 s bound) reporting the isolation",
+                )
             # a rolling restart of the three brokers (controlled shutdown, restart, full ISR)
             for node in sorted(cluster.pids()):
                 cluster.stop(node)
@@ -328,10 +344,22 @@ def test_no_false_stall_in_a_rolling_restart_or_an_isolation_healed_in_time(
                     assert _events(logs, event, group) == [], (group, event)
                 health = consumer.health()
                 assert (health.stalls, health.recreations) == (0, 0), group
+            # the quiet producer: every message it was given delivered, no stall of any kind
+            assert errors == [] and sorted(sent) == list(range(given)), (len(sent), given)
+            said = [
+                e["event"]
+                for e in logs
+                if e.get("client_id") == feeder_id
+                and ("stall" in e["event"] or e["event"] == "producer_recreated")
+            ]
+            assert said == [], said
+            assert quiet_producer.health().stalls == 0
         finally:
             for consumer, thread in [*quiet.values(), control]:
                 consumer.stop()
                 thread.join(60)
+            quiet_producer.close()
+            control_producer.close()
 
 
 @pytest.mark.parametrize("kind", ["sync", "aio", "sync-key"])

@@ -1136,23 +1136,24 @@ class ResilientProducer:
     def _watch_progress(self, doc: Mapping[str, Any], brokers_up: int) -> None:
         """One statistics snapshot: did librdkafka make a delivery report since the last one?
 
-        Its per-partition counters, all from the same snapshot: messages produced minus those
-        still queued or in flight are the messages whose report was made (delivered or
-        failed). A change of that count is progress. A stall begins when messages are queued
-        (``msg_cnt``), a broker is up (an outage is reported as one already) and nothing
-        settled for ``stall_after_s``; it ends at the next report, or when nothing is queued.
+        From the same snapshot: the messages produced to the partitions (each partition's
+        ``msgs``; the unassigned partition -1 is left out, its messages are counted again where
+        they go) minus those not reported yet (``msg_cnt``: queued, batched in a request waiting
+        to be sent or in flight) are the messages whose report was made (delivered or failed).
+        A change of that count is progress. (The partitions' own queue and in-flight counters
+        miss the messages batched into requests waiting behind ``max.in.flight`` on a hung
+        connection: counting with them, every new message looked like a report.) A stall
+        begins when messages are queued, a broker is up (an outage is reported as one already)
+        and nothing settled for ``stall_after_s``; it ends at the next report, or when nothing
+        is queued.
         """
         now = time.monotonic()
         self._queued_seen = queued = int(doc.get("msg_cnt", 0))
-        settled = 0
+        settled = -queued
         for topic in (doc.get("topics") or {}).values():
             for part in (topic.get("partitions") or {}).values():
-                settled += (
-                    int(part.get("msgs", 0))
-                    - int(part.get("msgq_cnt", 0))
-                    - int(part.get("xmit_msgq_cnt", 0))
-                    - int(part.get("msgs_inflight", 0))
-                )
+                if int(part.get("partition", 0)) >= 0:
+                    settled += int(part.get("msgs", 0))
         mark = self._settled_mark
         # any change: a report made it grow; a partition leaving the statistics (a deleted
         # topic) makes it shrink, which must not hide the next reports behind an old high
