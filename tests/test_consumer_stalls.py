@@ -36,6 +36,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from structlog.testing import capture_logs
 
+import kresilient.consumer._probes as probes_module
 from kresilient.aio import AsyncResilientConsumer
 from kresilient.consumer import ResilientConsumer
 from kresilient.consumer._probes import STALLS_METRIC, ConsumerProbes
@@ -497,3 +498,35 @@ def test_heal_is_never_handed_over_for_a_handler_or_in_report_mode_fake() -> Non
         (cleared,) = _events(logs, "consumer_rebalance_loop_cleared", "g-fake")
         assert cleared["healed"] is True
         assert probes.remedy is None and probes.stall_fields()["recreations"] == 1
+
+
+def test_a_watcher_whose_checks_keep_failing_says_so_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One check raising in passing is figures read while they moved; checks raising every
+    time mean no stall can ever be reported, and that was silent: now one
+    ``consumer_stall_check_failed`` WARNING after 5 in a row (the error redacted), none while
+    they keep failing, and the count starts again after a check that succeeds."""
+    monkeypatch.setattr(probes_module, "CHECK_INTERVAL_S", 0.01)
+    clock = _Clock()
+    probes = _probes(clock)
+    broken = {"on": True}
+    real_check = probes.check
+
+    def check(now: float | None = None) -> None:
+        if broken["on"]:
+            raise RuntimeError("sasl.password=hunter2 figures moved")
+        real_check(now)
+
+    probes.check = check  # type: ignore[method-assign]
+    try:
+        with capture_logs() as logs:
+            probes.tick(clock())  # starts the watcher thread
+            wait_for(lambda: probes.check_failures >= 12, 30, "a dozen failed checks")
+            said = [e for e in logs if e["event"] == "consumer_stall_check_failed"]
+            assert len(said) == 1 and said[0]["failures"] == 5
+            assert "hunter2" not in str(said[0])
+            broken["on"] = False
+            wait_for(lambda: probes.check_failures == 0, 30, "a check that succeeds")
+    finally:
+        probes.close()

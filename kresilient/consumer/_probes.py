@@ -104,6 +104,8 @@ LOOP_REBALANCES: Final = 3
 LOOP_WINDOW: Final = 3.0
 #: How often the watcher thread checks for stalls (seconds).
 CHECK_INTERVAL_S: Final = 1.0
+#: Checks of the watcher that raise in a row before it says so (one WARNING).
+_CHECK_FAILURES_SAID: Final = 5
 _INSTRUMENTATION: Final = "kresilient"
 _DECODER: Final = json.JSONDecoder()
 #: the stall kinds a heal recreates the client for (reported under ``progress``)
@@ -188,8 +190,11 @@ class ConsumerProbes:
                 group_id=group, kafka_role="consumer"
             )
         #: the stall in progress (handler, retry, progress, assignment) and the rebalance loop
+        self._log = log
         self.stall = StallReport(log, "consumer_stalled")
         self.loop = StallReport(log, "consumer_rebalance_loop")
+        #: the watcher's checks that raised in a row (reset by one that did not)
+        self.check_failures = 0
         #: checks made so far (the watcher thread's, or a caller's :meth:`check`)
         self.checks = 0
         #: monotonic time since which the member holds no partition (after a rebalance)
@@ -552,8 +557,21 @@ class ConsumerProbes:
         while not closed.wait(CHECK_INTERVAL_S):
             try:
                 self.check()
-            except Exception:  # a check never kills the watcher (figures read while moving)
-                continue
+            except Exception as exc:  # a check never kills the watcher (figures read while moving)
+                self.check_failures += 1
+                if self.check_failures == _CHECK_FAILURES_SAID:
+                    # one in passing is figures read while they moved; this many in a row
+                    # means no stall can be reported: say it once (it was silent before)
+                    self._log.warning(
+                        "consumer_stall_check_failed",
+                        failures=self.check_failures,
+                        error_type=type(exc).__name__,
+                        error=self._redact(str(exc)),
+                        note="the stall watcher's checks keep failing: stalls are not "
+                        "reported until one succeeds",
+                    )
+            else:
+                self.check_failures = 0
 
     def report(self, now: float | None = None) -> dict[str, Any]:
         now = self._clock() if now is None else now
