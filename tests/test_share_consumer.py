@@ -739,8 +739,9 @@ def test_configure_share_group_accepts_the_value_as_the_brokers_render_it(
     share_cluster: KafkaCluster,
 ) -> None:
     """Review 5 D7/D11: " 5000" is applied and answered as "5000": configure_share_group
-    returns (it raised ConfigError after its whole timeout), and every broker, each asked
-    on its own, answers the values when it has returned; the consumer reads the lock."""
+    returns (it raised ConfigError after its whole timeout), and every broker answers the
+    values when it has returned (each asked its own: a BROKER resource in the same request
+    pins it to that broker); the consumer reads the lock."""
     bootstrap = {"bootstrap.servers": share_cluster.bootstrap_servers}
     group = f"cfg-{uuid.uuid4().hex[:8]}"
     configure_share_group(
@@ -749,12 +750,13 @@ def test_configure_share_group_accepts_the_value_as_the_brokers_render_it(
         {"share.record.lock.duration.ms": " 5000", "share.delivery.count.limit": "03"},
         timeout=20,
     )
-    brokers = AdminClient(bootstrap).list_topics(timeout=30).brokers.values()
+    admin = AdminClient(bootstrap)
+    brokers = sorted(admin.list_topics(timeout=30).brokers)
     assert len(brokers) == 3
     for broker in brokers:
-        one = AdminClient({"bootstrap.servers": f"{broker.host}:{broker.port}"})
         res = ConfigResource(ResourceType.GROUP, group)
-        got = one.describe_configs([res], request_timeout=30)[res].result(30)
+        pin = ConfigResource(ResourceType.BROKER, str(broker))
+        got = admin.describe_configs([pin, res], request_timeout=30)[res].result(30)
         assert got["share.record.lock.duration.ms"].value == "5000", broker
         assert got["share.delivery.count.limit"].value == "3", broker
     with ResilientShareConsumer({**bootstrap, "group.id": group}, ["unused"], print) as consumer:

@@ -190,31 +190,31 @@ def configure_share_group(
     redact = Redactor.for_config(config)
     try:
         admin.incremental_alter_configs([res], request_timeout=timeout)[res].result(timeout)
-        # every broker, each asked through a client of its own that knows only that broker
-        brokers = sorted(
-            f"{b.host}:{b.port}" for b in admin.list_topics(timeout=timeout).brokers.values()
-        )
+        brokers = sorted(admin.list_topics(timeout=timeout).brokers)
     except (KafkaException, TimeoutError) as exc:
         detail = str(exc) or f"no answer within {timeout:g} s"  # a TimeoutError says nothing
         raise ConfigError(
             redact(f"share group {group}: setting {sorted(settings)} failed: {detail}")
         ) from None
-    clients = {addr: AdminClient({**admin_keys, "bootstrap.servers": addr}) for addr in brokers}
-    answers: dict[str, dict[str, str | None]] = {}  # the last answer of each broker
+    answers: dict[int, dict[str, str | None]] = {}  # the last answer of each broker
     while True:
         left = max(deadline - time.monotonic(), 1.0)
         asked = {}
-        for addr, client in clients.items():
-            if addr in answers and _applied(settings, answers[addr]):
+        for broker in brokers:
+            if broker in answers and _applied(settings, answers[broker]):
                 continue
+            # librdkafka sends a DescribeConfigs holding a BROKER resource to that broker, the
+            # group's beside it too (alone, a group's goes to any broker): its own answer
+            pin = ConfigResource(ResourceType.BROKER, str(broker))
             described = ConfigResource(ResourceType.GROUP, group)
-            asked[addr] = (described, client.describe_configs([described], request_timeout=left))
-        for addr, (described, futures) in asked.items():
+            futures = admin.describe_configs([pin, described], request_timeout=left)
+            asked[broker] = futures[described]
+        for broker, future in asked.items():
             try:
-                current = futures[described].result(left)
+                current = future.result(left)
             except (KafkaException, TimeoutError):
                 continue  # asked again until the deadline
-            answers[addr] = {n: current[n].value if n in current else None for n in settings}
+            answers[broker] = {n: current[n].value if n in current else None for n in settings}
         behind = {a: answers.get(a) for a in brokers if not _applied(settings, answers.get(a))}
         if not behind:
             return
@@ -226,7 +226,7 @@ def configure_share_group(
                     redact(
                         f"share group {group}: set {settings!r}, but after {timeout:g} s "
                         + (
-                            f"these brokers still answer {lagging}"
+                            f"these brokers (by node id) still answer {lagging}"
                             if lagging
                             else f"no broker of {brokers} answered DescribeConfigs"
                         )
@@ -590,7 +590,7 @@ class ResilientShareConsumer:
             try:
                 handler(msg)
             except Exception as exc:
-                self._record_started = 0.0
+                self._record_started = 0.0  # what follows (a hold, a dead letter) is no handler
                 if pending:
                     pending = False
                     self._succeeded()
@@ -600,7 +600,8 @@ class ResilientShareConsumer:
                     self._failed(msg, exc, msg.delivery_count() or 1, lock_end, releases)
                 now = monotonic()
                 continue
-            self._record_started = 0.0
+            # _record_started is left to the next record (or the batch's end): only an ACCEPT
+            # runs meanwhile, and a store per record shows in a no-op handler's rate
             now = monotonic()  # the lock check's clock read serves the next record too
             if now >= lock_end:
                 self._late(msg, ran=True)
@@ -616,6 +617,7 @@ class ResilientShareConsumer:
             pending = True
         if pending:
             self._succeeded()
+        self._record_started = 0.0
         if releases:
             self._due_releases(releases, lock_end)
         self._commit()
@@ -651,6 +653,7 @@ class ResilientShareConsumer:
     def _call(self, msg: Message) -> BaseException | None:
         err = msg.error()
         if err is not None:  # a deserialization failure left in the batch: poison
+            self._record_started = 0.0  # no handler runs: the previous record's time is done
             return ValueError(f"deserialization failed: {err.str()}")
         self._in_hand = msg
         self._record_started = time.monotonic()
