@@ -535,7 +535,7 @@ class ResilientShareConsumer:
         acquired = time.monotonic()
         probes = self._probes
         probes.last_poll = acquired
-        if not probes.running and not self._stopping.is_set():
+        if not probes.running and not self._stopping.is_set() and not self._closed:
             self._start_probes()
         if acquired >= self._next_tick:  # about once a second; the first starts the watcher
             self._next_tick = acquired + 1.0
