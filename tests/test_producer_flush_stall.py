@@ -1,7 +1,8 @@
 """``flush(timeout)`` past its deadline is a stall (issue 42), on a real cluster.
 
 Messages to a topic that does not exist stay queued (no metadata, no partition) until
-``message.timeout.ms``: a ``flush(timeout)`` shorter than that returns with them left. That is
+``message.timeout.ms``: a ``flush(timeout)`` shorter than that returns with them left. A flush
+that waited at least 5 s (or ``stall_after_s`` when shorter) with no delivery report at all is
 reported once (``producer_flush_stalled``, naming the count), ``health()`` is false while they
 stay, and the stall clears once they are reported (failed at ``message.timeout.ms``) or a
 ``flush()`` leaves nothing. The negative controls: a flush that completes reports nothing, and
@@ -28,8 +29,11 @@ from kresilient.testing import KafkaCluster
 pytestmark = [pytest.mark.integration]
 
 EVENT = "producer_flush_stalled"
-#: how long the stuck messages wait before librdkafka fails them
-TIMEOUT_MS = 4000
+#: how long the stuck messages wait before librdkafka fails them: past a flush long enough to
+#: be a stall (5 s with the default stall_after_s)
+TIMEOUT_MS = 12000
+#: a flush that waits long enough to tell a stall
+STALL_FLUSH_S = 5.5
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -75,7 +79,10 @@ def test_flush_past_its_deadline_is_one_stall_until_the_messages_are_reported(
             for i in range(3):
                 producer.produce(missing, b"stuck-%d" % i)
             with pytest.raises(DeliveryError, match="still queued or in flight"):
-                producer.flush(0.5)
+                producer.flush(0.5)  # too short to tell: no stall
+            assert _events(logs, EVENT, config["client.id"]) == []
+            with pytest.raises(DeliveryError, match="still queued or in flight"):
+                producer.flush(STALL_FLUSH_S)
             with pytest.raises(DeliveryError):
                 producer.flush(0.2)  # still stuck: not said again
             stalled = _events(logs, EVENT, config["client.id"])
@@ -131,7 +138,7 @@ def test_the_asyncio_producer_reports_a_flush_past_its_deadline(
             with capture_logs() as logs:
                 await producer.produce(missing, b"stuck")
                 with pytest.raises(DeliveryError):
-                    await producer.flush(0.5)
+                    await producer.flush(STALL_FLUSH_S)
                 health = await producer.health()
                 assert not health.healthy
                 assert health.stalled is not None and "1 message(s)" in health.stalled
@@ -146,3 +153,28 @@ def test_the_asyncio_producer_reports_a_flush_past_its_deadline(
 
     logs = asyncio.run(main())
     assert len(_events(logs, EVENT, config["client.id"])) == 1
+
+
+def test_short_flushes_in_a_loop_on_a_healthy_producer_are_no_stall(
+    kafka_cluster: KafkaCluster, topic: str
+) -> None:
+    """Review finding (D1): ``flush(0.01)`` polled in a loop while messages stream returned
+    with messages left at almost every call and each was reported as a stall (7-10 WARNINGs
+    in 8 s, ``health()`` flapping). Messages keep being delivered: no stall."""
+    config = _config(kafka_cluster)
+    producer = ResilientProducer(config)
+    try:
+        with capture_logs() as logs:
+            left_over = 0
+            for i in range(400):
+                producer.produce(topic, b"m%d" % i)
+                try:
+                    producer.flush(0.01)
+                except DeliveryError:
+                    left_over += 1  # returned with messages still in flight, as asked
+                assert producer.health().stalled is None
+            producer.flush(30)
+        assert left_over > 0, "no flush returned early: the loop proved nothing"
+        assert _events(logs, EVENT, config["client.id"]) == []
+    finally:
+        producer.close(0)

@@ -117,6 +117,9 @@ _CHAINED_CALLBACKS: Final = ("error_cb", "stats_cb", "on_delivery", "logger")
 _DEFAULT_MAX_BYTES: Final = 1_000_000
 #: flush() waits in slices this long, so signal handlers run while it waits.
 _FLUSH_SLICE: Final = 0.5
+#: A flush() past its deadline is a stall only after waiting at least this long (or
+#: ``stall_after_s`` when shorter) with no delivery report at all: a short flush is no evidence.
+_FLUSH_STALL_MIN_S: Final = 5.0
 #: "Cluster unreachable" warnings are repeated at most once per this many seconds.
 _UNREACHABLE_LOG_INTERVAL: Final = 60.0
 _ERROR_LEVEL_CATEGORIES: Final = frozenset({ErrorCategory.AUTH, ErrorCategory.CONFIG})
@@ -1327,6 +1330,7 @@ class ResilientProducer:
         began_at = time.monotonic()
         deadline = None if timeout is None else began_at + timeout
         began = (self._produced(), self._refused)
+        waiting_at_start = len(self._producer) if self._producer is not None else 0
         remaining = 0
         while self._producer is not None:
             generation = self._recreations
@@ -1360,7 +1364,17 @@ class ResilientProducer:
             if self._flush_stall.active:
                 self._flush_stall.end(left=0)
         elif self._producer is not None and self._stall_after is not None and not self._closing:
-            self._flush_timed_out(remaining, timeout, began_at)
+            # a stall only if NOTHING was reported while it waited, and it waited long enough
+            # to tell: a flush(0.01) polled in a loop on a healthy producer is no stall
+            reported = waiting_at_start + (self._produced() - began[0]) - remaining
+            waited = time.monotonic() - began_at
+            brokers = self._brokers
+            if (
+                reported <= 0
+                and waited >= min(self._stall_after, _FLUSH_STALL_MIN_S)
+                and (brokers is None or brokers.up > 0)  # every broker down: an outage
+            ):
+                self._flush_timed_out(remaining, timeout, began_at)
         if not failures and not remaining and not unaccounted:
             if self._fatal is not None:
                 raise self._fatal
