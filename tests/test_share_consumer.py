@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 import tenacity
 from confluent_kafka import AcknowledgeType, Consumer, Message, Producer, ShareConsumer
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from structlog.testing import capture_logs
 
 from kresilient.consumer import RetryPolicy
@@ -638,67 +638,6 @@ def test_outage_hold_is_not_a_handler_stall(share_cluster: KafkaCluster) -> None
     assert false == [], false[:3]
     assert [e for e in logs if e["event"] == "consumer_stalled"] == []
     assert any(e["event"] == "share_dependency_outage_started" for e in logs)
-
-
-def test_a_hung_handler_is_reported_on_its_record_partition_not_the_batch(
-    share_cluster: KafkaCluster,
-) -> None:
-    """Review 5 D9: a batch of two partitions (both led by one broker, so one fetch returns
-    both); the handler hangs on a record of one: the stall names that partition only."""
-    topic = f"share-hp-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": share_cluster.bootstrap_servers})
-    leader = min(admin.list_topics(timeout=30).brokers)
-    new = NewTopic(topic, 2, replica_assignment=[[leader], [leader]])
-    admin.create_topics([new], request_timeout=60)[topic].result(60)
-    _wait(
-        lambda: len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 2,
-        "the topic's partitions in the metadata",
-    )
-    share_cluster.create_topic(topic + ".dlq", partitions=1)
-    group = _group(share_cluster, "hp", lock_ms=15000)
-    hung: list[tuple[int, set[int]]] = []  # (the record's partition, the batch's partitions)
-    release = threading.Event()
-
-    seen: list[int] = []
-
-    def handle(msg: Message) -> None:
-        batch = {m.partition() or 0 for m in consumer.acquired}
-        if not hung and len(batch) == 2:
-            hung.append((msg.partition() or 0, batch))
-            assert release.wait(60)
-        seen.append(1)
-
-    consumer = ResilientShareConsumer(
-        {"bootstrap.servers": share_cluster.bootstrap_servers, "group.id": group},
-        [topic],
-        handle,
-        stall_after_s=1.0,
-    )
-    runner = threading.Thread(target=consumer.run, daemon=True)
-    runner.start()
-    try:
-        # pairs until one poll returns both partitions (it is the first, as a rule)
-        p = Producer({"bootstrap.servers": share_cluster.bootstrap_servers})
-        for rounds in range(1, 6):
-            for partition in (0, 1):
-                for i in range(20):
-                    p.produce(topic, b"v", f"{partition}-{i}".encode(), partition=partition)
-            assert p.flush(30) == 0
-            _wait(lambda n=rounds: bool(hung) or len(seen) >= 40 * n, "the records handled")
-            if hung:
-                break
-        assert hung, "no poll of 5 returned both partitions"
-        _wait(lambda: consumer.health()["stalled"] is not None, "the stall reported")
-        stalled = consumer.health()["stalled"]
-    finally:
-        release.set()
-        consumer.stop()
-        runner.join(60)
-        consumer.close()
-    partition, batch = hung[0]
-    other = ({0, 1} - {partition}).pop()
-    assert batch == {0, 1}
-    assert f"{topic}[{partition}]" in stalled and f"{topic}[{other}]" not in stalled, stalled
 
 
 def test_poll_once_loop_is_live_and_serves_the_probes(share_cluster: KafkaCluster) -> None:
