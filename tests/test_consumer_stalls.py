@@ -495,9 +495,90 @@ def test_heal_is_never_handed_over_for_a_handler_or_in_report_mode_fake() -> Non
                 continue
             assert probes.remedy is not None and probes.remedy[0] == "rebalance_loop"
             probes.healed("rebalance_loop")
+            # review6 D2: reported until the new client makes progress, /ready 503 meanwhile
+            assert _events(logs, "consumer_rebalance_loop_cleared", "g-fake") == []
+            _prove_progress(probes, clock)
         (cleared,) = _events(logs, "consumer_rebalance_loop_cleared", "g-fake")
         assert cleared["healed"] is True
         assert probes.remedy is None and probes.stall_fields()["recreations"] == 1
+
+
+class _Client:
+    """The little of a librdkafka consumer the probes' tick reads."""
+
+    def __init__(self) -> None:
+        self.high: dict[tuple[str, int], int] = {}
+
+    def get_watermark_offsets(self, tp: TopicPartition, cached: bool = True) -> tuple[int, int]:
+        return 0, self.high.get((tp.topic, tp.partition), -1001)
+
+    def position(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(tp.topic, tp.partition, -1001) for tp in tps]
+
+
+def _prove_progress(probes: ConsumerProbes, clock: _Clock) -> None:
+    """The new member is assigned and handles a record (its stored offset moves)."""
+    source = probes._source
+    assert isinstance(source, _Source)
+    probes.consumer = _Client()
+    probes.on_assign([TopicPartition("t", 0)])
+    ready, reasons = probes.ready(clock.now)
+    assert not ready and any("on_stall='heal'" in r for r in reasons), reasons
+    source.stored[("t", 0)] = 5
+    probes.tick(clock.now)
+    assert probes.healed_at is not None  # the first offset seen is no progress yet
+    source.stored[("t", 0)] = 6
+    probes.tick(clock.now)
+    assert probes.healed_at is None
+
+
+def _broker_stats(state: str) -> str:
+    broker = {"nodeid": 1, "source": "configured", "state": state, "waitresp_cnt": 0}
+    return json.dumps({"brokers": {"b:1/1": broker}, "topics": {}})
+
+
+def _loop(probes: ConsumerProbes, clock: _Clock) -> None:
+    probes.on_assign([TopicPartition("t", 0)])
+    for _ in range(8):  # rebalances completing empty again and again (#3866)
+        probes.forget([("t", 0)])
+        probes.on_assign([])
+        clock.now += 0.5
+        _seconds(probes, clock, 1)
+
+
+def test_no_heal_while_no_broker_is_up_fake() -> None:
+    """Review6 D5: a Kafka outage was 'healed' (one useless recreation, then the stall
+    cleared and ``health()`` healthy for the rest of the outage). No broker up in the
+    latest statistics: the stall stays reported, no remedy; control: a broker up, healed."""
+    for state, healed in (("DOWN", False), ("UP", True)):
+        clock = _Clock()
+        probes = _probes(clock, on_stall="heal")
+        probes.on_stats(_broker_stats(state))
+        _loop(probes, clock)
+        assert probes.loop.active
+        assert (probes.remedy is not None) is healed, state
+
+
+def test_heals_back_off_and_a_heal_that_did_not_help_stays_reported_fake() -> None:
+    """Review6 D4: heals had no backoff (a slow leader healed every ~12 s, each heal a
+    group rebalance). After a heal the next waits max(stall_after_s, 30 s), then twice as
+    long; meanwhile the stall stays reported."""
+    clock = _Clock()
+    probes = _probes(clock, on_stall="heal")
+    _loop(probes, clock)
+    assert probes.remedy is not None
+    probes.healed("rebalance_loop")
+    _loop(probes, clock)  # the new member loops too: no progress, still reported
+    assert probes.loop.active and probes.healed_at is not None
+    assert probes.remedy is None  # within the backoff
+    _seconds(probes, clock, 30)
+    assert probes.remedy is not None  # 30 s after the first heal
+    probes.healed("rebalance_loop")
+    _seconds(probes, clock, 31)
+    assert probes.remedy is None  # the second waits 60 s
+    _seconds(probes, clock, 30)
+    assert probes.remedy is not None
+    assert probes.stall_fields()["recreations"] == 2
 
 
 def test_a_watcher_whose_checks_keep_failing_says_so_once(

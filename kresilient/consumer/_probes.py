@@ -110,6 +110,12 @@ _INSTRUMENTATION: Final = "kresilient"
 _DECODER: Final = json.JSONDecoder()
 #: the stall kinds a heal recreates the client for (reported under ``progress``)
 _HEALED: Final = frozenset({"progress", "assignment"})
+#: Heals back off: after the n-th heal within _HEAL_WINDOW_S, the next waits
+#: max(stall_after_s, _HEAL_BACKOFF_MIN_S) x 2^(n-1) seconds, at most _HEAL_BACKOFF_MAX_S (a heal
+#: that did not help the first time will not help the sixth; each is a group rebalance).
+_HEAL_BACKOFF_MIN_S: Final = 30.0
+_HEAL_BACKOFF_MAX_S: Final = 600.0
+_HEAL_WINDOW_S: Final = 3600.0
 
 
 class _Partition(NoProgress):
@@ -216,6 +222,14 @@ class ConsumerProbes:
         self.remedy: tuple[str, str] | None = None
         #: heals so far per kind (``progress``, ``rebalance_loop``)
         self.heals = {"progress": 0, "rebalance_loop": 0}
+        #: monotonic time of the last heal while no progress has been seen since (the stall
+        #: stays reported until the new client proves it works), else None
+        self.healed_at: float | None = None
+        #: monotonic times of the heals within _HEAL_WINDOW_S (the backoff)
+        self._heal_times: deque[float] = deque()
+        #: brokers the latest statistics count up (None: no statistics yet): no broker up is
+        #: an outage, which a new client cannot heal
+        self.brokers_up: int | None = None
 
     @staticmethod
     def max_poll_interval(cfg: Mapping[str, Any]) -> float:
@@ -281,10 +295,12 @@ class ConsumerProbes:
             return
         silent: dict[TP, tuple[int, float, int]] = {}
         wait = self._fetch_wait_s
+        up = 0
         for broker in brokers.values() if isinstance(brokers, dict) else ():
             try:
                 if broker.get("source") == "logical" or broker.get("state") != "UP":
                     continue
+                up += 1
                 waiting = int(broker.get("waitresp_cnt", 0))
                 idle_s = float(broker.get("rxidle", -1)) / 1e6
                 if waiting <= 0 or idle_s <= wait:
@@ -295,6 +311,7 @@ class ConsumerProbes:
             except (AttributeError, KeyError, TypeError, ValueError):
                 continue
         self._silent = silent
+        self.brokers_up = up
 
     def tick(self, now: float) -> None:
         """Lag and progress per partition (the thread calling librdkafka, about once a
@@ -312,10 +329,12 @@ class ConsumerProbes:
         # anew: the time it was held is no stall (the stall check skips it until then)
         held = set(self._source.held())
         released, self._held_at_tick = self._held_at_tick - held, held
+        proof = False  # after a heal: the new client handles records, or fetched to the end
         for tp, part in list(self.parts.items()):
             offset = stored.get(tp)
             if (offset is not None and offset != part.stored) or tp in released:
                 if offset is not None:
+                    proof = proof or part.stored is not None
                     part.stored = offset
                 part.moved(now)
             try:
@@ -330,7 +349,19 @@ class ConsumerProbes:
             lag = max(high - offset, 0)
             if lag == 0 or part.lag == 0:
                 part.moved(now)  # caught up, or work just arrived: not stalled yet
+            proof = proof or lag == 0  # watermarks known: a fetch was answered
             part.lag = lag
+        if proof and self.healed_at is not None:
+            self._proven()
+
+    def _proven(self) -> None:
+        """The client made after a heal works: the stall (or loop) healed is cleared."""
+        with self._check_lock:
+            self.healed_at = None
+            if self.stall.active:
+                self.stall.end(healed=True)
+            if self.loop.active:
+                self.loop.end(healed=True)
 
     # ------------------------------------------------------------------ any thread
 
@@ -353,6 +384,11 @@ class ConsumerProbes:
             return False, reasons
         if not self.joined:
             return False, ["not yet joined the consumer group"]
+        if self.healed_at is not None:
+            reasons.append(
+                f"recreated by on_stall='heal' {max(0.0, now - self.healed_at):.1f} s ago, no "
+                f"progress seen since ({self.stall.reason or self.loop.reason or 'a stall'})"
+            )
         loop = self.rebalance_loop(now)
         if loop is not None:
             reasons.append(loop[0])
@@ -494,8 +530,8 @@ class ConsumerProbes:
                         "docs/stalls.md"
                     ),
                 )
-            elif not found and stall.active:
-                stall.end()
+            elif not found and stall.active and self.healed_at is None:
+                stall.end()  # after a heal: only progress ends it (see tick)
             loop = self.rebalance_loop(now)
             if loop is not None and not self.loop.active:
                 reason, without, count = loop
@@ -512,7 +548,7 @@ class ConsumerProbes:
                         "or exceeding max.poll.interval.ms) and the coordinator's logs"
                     ),
                 )
-            elif loop is None and self.loop.active:
+            elif loop is None and self.loop.active and self.healed_at is None:
                 self.loop.end()
             # heal a fetch that does not move, or a member lost and not rejoined (a hung
             # coordinator connection); not a handler or a retry: a new client would not help
@@ -521,14 +557,35 @@ class ConsumerProbes:
                 remedy = ("rebalance_loop", self.loop.reason)
             elif heal and kinds and kinds <= _HEALED and stall.reason is not None:
                 remedy = ("progress", stall.reason)
+            if remedy is not None and not self._may_heal(now):
+                remedy = None
             self.remedy = remedy
 
+    def _may_heal(self, now: float) -> bool:
+        """Not while no broker is up (an outage: a new client cannot help, the stall stays
+        reported), and not sooner than the backoff after the last heals."""
+        if self.brokers_up == 0:
+            return False
+        times = self._heal_times
+        while times and now - times[0] > _HEAL_WINDOW_S:
+            times.popleft()
+        if not times:
+            return True
+        base = max(self.stall_after_s, _HEAL_BACKOFF_MIN_S)
+        backoff = min(_HEAL_BACKOFF_MAX_S, base * 2 ** (len(times) - 1))
+        return bool(now - times[-1] >= backoff)
+
     def healed(self, kind: str) -> None:
-        """The consumer recreated its client for ``kind``: the stall (or loop) reported is
-        cleared (``healed=True``), its partitions forgotten (the new member is assigned
-        anew), the heal counted."""
+        """The consumer recreated its client for ``kind``: its partitions forgotten (the new
+        member is assigned anew), the heal counted. The stall (or loop) reported stays
+        reported, ``/ready`` 503, until the new client makes progress (:meth:`tick`); then
+        it is cleared with ``healed=True``."""
         with self._check_lock:
+            now = self._clock()
             self.remedy = None
+            self.healed_at = now
+            self._heal_times.append(now)
+            self.brokers_up = None  # the new client's statistics will say
             self.heals[kind] = self.heals.get(kind, 0) + 1
             self.parts.clear()
             self._silent = {}
@@ -537,8 +594,6 @@ class ConsumerProbes:
             self.lost_since = None
             self._empty_since = None
             self._churn.clear()
-            self.stall.end(healed=True)
-            self.loop.end(healed=True)
 
     def stall_fields(self) -> dict[str, Any]:
         """The :class:`~kresilient.consumer.ConsumerHealth` fields ``stalled`` (what stopped,
