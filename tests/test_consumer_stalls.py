@@ -483,12 +483,7 @@ def test_heal_is_never_handed_over_for_a_handler_or_in_report_mode_fake() -> Non
         clock = _Clock()
         probes = _probes(clock, on_stall=on_stall)
         with capture_logs() as logs:
-            probes.on_assign([TopicPartition("t", 0)])
-            for _ in range(8):  # rebalances completing empty again and again (#3866)
-                probes.forget([("t", 0)])
-                probes.on_assign([])
-                clock.now += 0.5
-                _seconds(probes, clock, 1)
+            _loop(probes, clock)
             assert probes.loop.active
             if on_stall == "report":
                 assert probes.remedy is None
