@@ -8,6 +8,9 @@ One partition, ``--records`` records over ``--keys`` keys, a handler that sleeps
   first ``--partition-records`` records only (its rate is flat: one handler call after the
   other);
 - ``key-N``: ``ordering="key"``, ``max_in_flight=N`` for each N of ``--in-flight``;
+- ``aio-partition``, ``aio-key-N`` (``--engines`` with ``asyncio``, the default): the same
+  arms through ``AsyncResilientConsumer``, the handler awaiting ``asyncio.sleep`` (each
+  record of ``"key"`` mode an asyncio task, no thread pool);
 - ``pyrallel-N`` (with ``--pyrallel-python``): the same workload through the peer
   ``pyrallel-consumer`` (``key_hash`` ordering, N in flight, its asyncio engine, the handler's
   sleep awaited), run by ``benchmarks/_pyrallel_arm.py`` under the interpreter given (a
@@ -15,8 +18,11 @@ One partition, ``--records`` records over ``--keys`` keys, a handler that sleeps
   runs on 3.11 with ``pip install --ignore-requires-python``).
 
 Each arm uses a fresh group, reads the same topic from the beginning, and is timed from its
-first handled record to its last (group join excluded). The report gives records/s and the
-ratio to the ``partition`` arm of the same run (the ideal at N in flight is N, less what the
+first handled record to its last (group join excluded). An arm with one record in flight
+(``partition``, ``key-1``) is timed on the first ``--partition-records`` records: its rate is
+one handler call after the other. The report gives records/s and the ratio to the
+``partition`` arm of the same engine, per round (paired: the spread is over the rounds' ratios)
+and of the medians (the ideal at N in flight is N, less what the
 keys' collisions cost: with 1,000 keys and 64 in flight a record often waits behind one of
 its own key). Rounds interleave the arms. Figures taken while the load average exceeds the
 core count are labelled CONTENDED.
@@ -31,6 +37,7 @@ Starts a local 3-node cluster unless ``KRESILIENT_BOOTSTRAP_SERVERS`` is set.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -48,6 +55,7 @@ from _common import contention
 from confluent_kafka import Message, Producer
 
 from kresilient import ResilientConsumer
+from kresilient.aio import AsyncResilientConsumer
 from kresilient.testing import KafkaCluster
 
 
@@ -97,6 +105,41 @@ def _run(bootstrap: str, topic: str, records: int, sleep_s: float, **options: An
     return (records - 1) / (last - first)
 
 
+def _run_aio(bootstrap: str, topic: str, records: int, sleep_s: float, **options: Any) -> float:
+    """Records/s of one ``AsyncResilientConsumer`` over the first ``records`` records."""
+    count = 0
+    first = last = 0.0
+
+    async def consume() -> None:
+        consumer: AsyncResilientConsumer
+
+        async def handle(_msg: Message) -> None:
+            nonlocal count, first, last
+            await asyncio.sleep(sleep_s)
+            count += 1
+            now = time.perf_counter()
+            if count == 1:
+                first = now
+            if count == records:
+                last = now
+                consumer.stop()
+
+        consumer = AsyncResilientConsumer(
+            {"bootstrap.servers": bootstrap, "group.id": f"bench-keyed-{uuid.uuid4().hex[:8]}"},
+            [topic],
+            handle,
+            handle_signals=False,
+            **options,
+        )
+        await consumer.run()
+
+    cpu = time.process_time()
+    asyncio.run(consume())
+    cpu = time.process_time() - cpu
+    print(f"  cpu {cpu / records * 1e6:,.0f} us/record (process, join included)", flush=True)
+    return (records - 1) / (last - first)
+
+
 def _run_pyrallel(
     python: str, bootstrap: str, topic: str, records: int, in_flight: int, sleep_ms: float
 ) -> float:
@@ -123,6 +166,9 @@ def main() -> None:
     parser.add_argument("--partition-records", type=int, default=1_000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument(
+        "--engines", default="sync,asyncio", help="sync (ResilientConsumer), asyncio, or both"
+    )
+    parser.add_argument(
         "--pyrallel-python",
         help="an interpreter with pyrallel-consumer installed: adds its arms (pyrallel-N)",
     )
@@ -140,22 +186,34 @@ def main() -> None:
         cluster.create_topic(topic, 1, 3, {"min.insync.replicas": 2})
         cluster.create_topic(topic + ".dlq", 1, 3, {"min.insync.replicas": 2})
         _produce(bootstrap, topic, args.records, args.keys)
+        engines = args.engines.split(",")
+        slow = min(args.partition_records, args.records)  # one in flight: a flat rate
         for rnd in range(args.rounds):
-            arms: list[tuple[str, int, dict[str, Any]]] = [
-                ("partition", min(args.partition_records, args.records), {})
-            ]
-            arms += [
-                (
-                    f"key-{n}",
-                    args.records,
-                    {
-                        "ordering": "key",
-                        "max_in_flight": n,
-                        "max_process_deaths": None,
-                    },
-                )
-                for n in windows
-            ]
+            arms: list[tuple[str, int, dict[str, Any]]] = []
+            if "sync" in engines:
+                arms.append(("partition", slow, {}))
+                arms += [
+                    (
+                        f"key-{n}",
+                        slow if n == 1 else args.records,
+                        {
+                            "ordering": "key",
+                            "max_in_flight": n,
+                            "max_process_deaths": None,
+                        },
+                    )
+                    for n in windows
+                ]
+            if "asyncio" in engines:
+                arms.append(("aio-partition", slow, {"aio": True}))
+                arms += [
+                    (
+                        f"aio-key-{n}",
+                        slow if n == 1 else args.records,
+                        {"aio": True, "ordering": "key", "max_in_flight": n},
+                    )
+                    for n in windows
+                ]
             if args.pyrallel_python:
                 arms += [(f"pyrallel-{n}", args.records, {"pyrallel": n}) for n in windows]
             if rnd % 2:
@@ -170,12 +228,14 @@ def main() -> None:
                         options["pyrallel"],
                         args.sleep_ms,
                     )
+                elif options.pop("aio", False):
+                    rate = _run_aio(bootstrap, topic, records, sleep_s, **options)
+                    options["aio"] = True  # the same dict again next round
                 else:
                     rate = _run(bootstrap, topic, records, sleep_s, **options)
                 rates.setdefault(name, []).append(rate)
                 print(f"round {rnd} {name}: {rate:,.0f} records/s", flush=True)
     load_after = os.getloadavg()[0]
-    base = statistics.median(rates["partition"])
     print()
     print(
         f"{args.records:,} records over {args.keys:,} keys, one partition, handler sleeps "
@@ -183,11 +243,23 @@ def main() -> None:
         f"{min(args.partition_records, args.records):,} records; {args.rounds} round(s); "
         f"{contention(load_before, load_after)}"
     )
-    print("| arm | records/s (median) | x partition |")
-    print("|---|---:|---:|")
+    print(
+        "| arm | records/s (median) | x partition (medians) | x partition per round: median "
+        "[min-max] |"
+    )
+    print("|---|---:|---:|---:|")
     for name, values in rates.items():
+        base_name = "aio-partition" if name.startswith("aio-") else "partition"
+        bases = rates.get(base_name)
         rate = statistics.median(values)
-        print(f"| {name} | {rate:,.0f} | {rate / base:.1f} |")
+        if not bases:
+            print(f"| {name} | {rate:,.0f} | - | - |")
+            continue
+        paired = [v / b for v, b in zip(values, bases, strict=False)]
+        print(
+            f"| {name} | {rate:,.0f} | {rate / statistics.median(bases):.1f} | "
+            f"{statistics.median(paired):.1f} [{min(paired):.1f}-{max(paired):.1f}] |"
+        )
 
 
 if __name__ == "__main__":

@@ -54,7 +54,6 @@ def consume(bootstrap: str, topic: str) -> dict[bytes, list[int]]:
         handle,
         ordering="key",
         max_in_flight=32,
-        max_process_deaths=None,  # not yet combined with ordering="key" (docs/parallel.md)
         install_signal_handlers=False,
     )
     consumer.run()

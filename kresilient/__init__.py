@@ -29,9 +29,11 @@ if typing.TYPE_CHECKING:  # for type checkers and IDEs; at run time each name is
     from kresilient.consumer import (
         OUTAGE_RETRY,
         ConsumerHealth,
+        Output,
         ResilientConsumer,
         RetryPolicy,
         RetryTopicPolicy,
+        TransactionPolicy,
     )
     from kresilient.deadletter import (
         CircuitBreakerPolicy,
@@ -146,6 +148,7 @@ _EXPORTS: dict[str, str] = {
     "LeadershipState": "kresilient.leadership",
     "MessageTooLargeError": "kresilient.errors",
     "OUTAGE_RETRY": "kresilient.consumer",
+    "Output": "kresilient.consumer",
     "ProduceError": "kresilient.errors",
     "ProducerFencedError": "kresilient.producer",
     "ProducerHealth": "kresilient.producer",
@@ -162,6 +165,7 @@ _EXPORTS: dict[str, str] = {
     "Telemetry": "kresilient.telemetry",
     "TransactionAbortedError": "kresilient.producer",
     "TransactionOutcomeUnknownError": "kresilient.producer",
+    "TransactionPolicy": "kresilient.consumer",
     "TransactionalProducer": "kresilient.producer",
     "UnsafeConfigError": "kresilient.errors",
     "add_trace_context": "kresilient.telemetry",
@@ -235,6 +239,7 @@ __all__ = [  # noqa: RUF022  (plain sorted order, asserted by tests/test_package
     "LeadershipState",
     "MessageTooLargeError",
     "OUTAGE_RETRY",
+    "Output",
     "ProduceError",
     "ProducerFencedError",
     "ProducerHealth",
@@ -251,6 +256,7 @@ __all__ = [  # noqa: RUF022  (plain sorted order, asserted by tests/test_package
     "Telemetry",
     "TransactionAbortedError",
     "TransactionOutcomeUnknownError",
+    "TransactionPolicy",
     "TransactionalProducer",
     "UnsafeConfigError",
     "__version__",

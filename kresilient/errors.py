@@ -709,6 +709,10 @@ class KafkaClientError(KResilientError):
                 f"[{self.partition}]" if self.partition is not None else ""
             )
         c = self.classification
+        if c is _UNKNOWN_EXCEPTION and self.code is None:
+            # raised by kresilient itself, with no Kafka error behind it (a fenced zombie, an
+            # outcome it cannot know): its message says it all, no "not a Kafka error" tail
+            return f"{self.message}{where}"
         return (
             f"{self.name} ({self.code}){where}: {self.message} "
             f"[{c.category.name}, {c.action.name}] {c.remedy}"

@@ -10,12 +10,18 @@ RetryPolicy to the DLQ while a registry's is held as an outage; a failed dead-le
 leaves its record uncommitted; the circuit breaker; dedupe; ``/ready`` after a lost
 assignment that cannot rejoin (the network-fault cluster); a second signal interrupts the
 handler in hand (real signals, a process).
+
+The scenarios that mostly wait (a lost assignment, retries past ``max.poll.interval.ms``,
+the signals to a consumer process) run in the background from the module's first test on
+(the ``background`` fixture), while the others run; their tests come last and wait for their
+own scenario's end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -26,6 +32,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -386,17 +393,9 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_parity_a_lost_assignment_never_runs_two_handlers_on_one_partition(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str
-) -> None:
-    """The assignment is lost (a handler holds the consumer past max.poll.interval.ms: the
-    group throws the member out) while a handler is in hand on p0; the partitions come back
-    to the same member. The record in hand is handled again only after its first handler
-    ended: never two handlers on one partition (issue 37 #6: on c15a167 the asyncio
-    consumer's _on_lost neither waited for nor cancelled it, and a second worker ran the same
-    offset at once). The sync consumer runs one handler at a time: the handler in hand at the
-    loss is the one holding it."""
+def _lost_assignment(kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str) -> None:
+    """The body of test_parity_a_lost_assignment_never_runs_two_handlers_on_one_partition
+    (below; run in the background)."""
     bootstrap = kafka_cluster.bootstrap_servers
     topic, _ = with_dlq(topic_factory, partitions=2)
     group = f"g-{uuid.uuid4().hex[:10]}"
@@ -1027,18 +1026,9 @@ def test_parity_the_circuit_breaker_opens_on_a_poison_flood_and_commits_first(
     assert health.circuit_breaker is not None and health.circuit_breaker["open"] is True
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_parity_failing_longer_than_max_poll_interval_causes_no_rebalance(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str
-) -> None:
-    """Partition 0's record 10 fails for 10 s (max.poll.interval.ms=7 s: retries made from
-    the poll loop, the partition paused), then succeeds: no rebalance, no
-    MAX_POLL_EXCEEDED, partition 1 keeps flowing meanwhile, partition 0's order is kept.
-    The asyncio consumer also polls on while a handler awaits: in its run, partition 2's
-    first handler awaits until record 10 succeeded (longer than max.poll.interval.ms), still
-    without a rebalance (the sync consumer cannot: a handler holds its poll loop). The fault
-    is real (control, tests/test_aio_consumer.py): confluent-kafka's AIOConsumer awaiting as
-    long between polls gets _MAX_POLL_EXCEEDED."""
+def _max_poll(kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str) -> None:
+    """The body of test_parity_failing_longer_than_max_poll_interval_causes_no_rebalance
+    (below; run in the background)."""
     bootstrap = kafka_cluster.bootstrap_servers
     topic, _ = with_dlq(topic_factory, partitions=3)
     produce(bootstrap, topic, [(None, b"p0-%d" % i, None, 0) for i in range(50)])
@@ -1264,13 +1254,17 @@ def _get(port: int, path: str) -> tuple[int, dict[str, Any]]:
 @pytest.mark.chaos
 @pytest.mark.parametrize("kind", KINDS)
 def test_parity_ready_turns_503_when_the_member_lost_its_partitions_and_cannot_rejoin(
-    kafka_network_cluster: KafkaCluster, kind: str
+    kafka_network_cluster: KafkaCluster, background: dict[str, Future[None]], kind: str
 ) -> None:
     """Every node is cut from the clients (the group coordinator unreachable): the session
     times out, the member loses its partitions (the fault is real: ``rebalances["lost"]``)
     and cannot rejoin. ``/live`` stays 200 (the loop polls), ``/ready`` must turn 503 within
     ``stall_after_s`` of the loss, naming it; after the heal it rejoins and is ready again
     (issue 35 suspicion: ``/ready`` stayed 200 with no partition)."""
+    # The network cluster's fault proxies are threads of this process: no background
+    # scenario competes with them for the interpreter (with some beside it, this test once
+    # waited 90 s in vain for the loss)
+    _settled(background)
     cluster = kafka_network_cluster
     topic = f"ready-{uuid.uuid4().hex[:8]}"
     cluster.create_topic(topic, partitions=2)
@@ -1371,20 +1365,11 @@ class _Worker:
         return "".join(self.lines)
 
 
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("mode", ["plain", "turn", "control"])
-@pytest.mark.parametrize("kind", KINDS)
-def test_parity_a_second_signal_interrupts_the_handler_in_hand(
+def _second_signal(
     kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path, kind: str, mode: str
 ) -> None:
-    """Real SIGINTs to a consumer process whose handler hangs on offset 1 (shutdown_timeout
-    600 s): the 1st stops it (the handler still hangs), the 2nd interrupts the handler. Its
-    record is left uncommitted and never dead-lettered, also when the handler turns the
-    interruption into a ValueError (``turn``); offset 0 is committed, the group is left,
-    run() raises KeyboardInterrupt (issue 37 #8: on c15a167 the asyncio consumer ignored the
-    2nd signal and waited the whole shutdown_timeout). ``control``: the same ValueError
-    raised by the handler itself after the 1st signal (no 2nd) is dead-lettered, so the
-    dead-letter path is live and the interruption is what keeps it out."""
+    """The body of test_parity_a_second_signal_interrupts_the_handler_in_hand
+    (below; run in the background)."""
     bootstrap = kafka_cluster.bootstrap_servers
     topic, dlq = with_dlq(topic_factory)
     group = f"g-{uuid.uuid4().hex[:10]}"
@@ -1414,28 +1399,15 @@ def test_parity_a_second_signal_interrupts_the_handler_in_hand(
         assert committed(bootstrap, group, topic, [0]) == {0: 1}, text  # 1 comes again
 
 
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("third_signal", [True, False], ids=["aborted", "control"])
-@pytest.mark.parametrize("kind", KINDS)
-def test_parity_a_third_signal_aborts_a_held_shutdown(
+def _third_signal(
     kafka_cluster: KafkaCluster,
     topic_factory: TopicFactory,
     tmp_path: Path,
     kind: str,
     third_signal: bool,
 ) -> None:
-    """Real SIGINTs to a consumer process whose shutdown is held, each consumer by what its
-    shutdown waits for: the sync one (tests/consumer_worker.py) by a dead letter of offset 5
-    whose write is held back (``--slow-dead-letters``: the shutdown awaits its
-    acknowledgement); the asyncio one by a handler hanging on offset 1 that ignores the
-    cancellation a 2nd signal sends it (``deaf``). Commits only at close. The 1st signal
-    stops; the 2nd does not end the shutdown (sync: only logged; asyncio: it interrupts the
-    handlers, which the deaf one ignores); the 3rd aborts it: no final commit (nothing
-    committed), no close, ``shutdown_aborted`` and no ``consumer_closed`` in the log, a
-    non-zero exit (run() raised KeyboardInterrupt; issue 37 #8: on c15a167 every signal only
-    called the asyncio consumer's stop()). Control, no 3rd signal (asyncio: the handler obeys
-    the 2nd): the shutdown commits what was done and closes, so the abort is what skipped the
-    commit."""
+    """The body of test_parity_a_third_signal_aborts_a_held_shutdown
+    (below; run in the background)."""
     bootstrap = kafka_cluster.bootstrap_servers
     topic, _ = with_dlq(topic_factory)
     group = f"g-{uuid.uuid4().hex[:10]}"
@@ -1488,3 +1460,132 @@ def test_parity_a_third_signal_aborts_a_held_shutdown(
             assert committed(bootstrap, group, topic, [0]) == {0: 5}, text
         else:
             assert committed(bootstrap, group, topic, [0]) == {0: 1}, text  # 0 handled
+
+
+# --------------------------------------------------------------------------- background
+# The scenarios that mostly wait (for a poll interval, a rebalance, a consumer process) run
+# in the background from the module's first test on, while the tests above run: the tests
+# checking them come last and wait for their own scenario's end.
+
+#: The background scenarios, by the test that checks each (its parameters are the
+#: scenario's).
+BACKGROUND: dict[str, Any] = {
+    "test_parity_a_lost_assignment_never_runs_two_handlers_on_one_partition": _lost_assignment,
+    "test_parity_failing_longer_than_max_poll_interval_causes_no_rebalance": _max_poll,
+    "test_parity_a_second_signal_interrupts_the_handler_in_hand": _second_signal,
+    "test_parity_a_third_signal_aborts_a_held_shutdown": _third_signal,
+}
+#: Background scenarios running at once: each takes 2 to 15 s, mostly waiting, so a few
+#: side by side barely slow each other (or the test in front).
+BACKGROUND_WORKERS = 3
+
+
+@pytest.fixture(scope="module", autouse=True, name="background")
+def _background(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[None]]]:
+    """The background scenarios of the tests selected in this run, started at the module's
+    first test, in the order of their tests. Nothing is shared but the cluster: own topics,
+    groups, consumers and processes. A scenario's failure is its own test's (``result()``
+    raises it there); leaving the fixture waits for every scenario to end."""
+    items = [item for item in request.session.items if item.module is request.module]
+    wanted = [i for i in items if getattr(i, "originalname", None) in BACKGROUND]
+    if not wanted:
+        yield {}
+        return
+    cluster: KafkaCluster = request.getfixturevalue("kafka_cluster")
+
+    def topic_factory(partitions: int = 1, *, name: str | None = None) -> str:
+        topic = name or f"t-parity-{uuid.uuid4().hex[:10]}"
+        return cluster.create_topic(topic, partitions, 3, {"min.insync.replicas": 2})
+
+    futures: dict[str, Future[None]] = {}
+    with ThreadPoolExecutor(BACKGROUND_WORKERS, thread_name_prefix="parity") as pool:
+        for item in wanted:
+            run = BACKGROUND[item.originalname]  # type: ignore[attr-defined]
+            params = dict(item.callspec.params)  # type: ignore[attr-defined]
+            if "tmp_path" in inspect.signature(run).parameters:
+                params["tmp_path"] = tmp_path_factory.mktemp("parity")
+            futures[item.name] = pool.submit(run, cluster, topic_factory, **params)
+        yield futures
+
+
+def _verdict(background: dict[str, Future[None]], request: pytest.FixtureRequest) -> None:
+    """Wait for this test's background scenario to end; raise what failed there (its own
+    waits bound it; queued behind the others)."""
+    background[request.node.name].result(timeout=600)
+
+
+def _settled(background: dict[str, Future[None]]) -> None:
+    """Wait for every background scenario to end (their failures are their own tests')."""
+    wait(list(background.values()), timeout=600)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_a_lost_assignment_never_runs_two_handlers_on_one_partition(
+    background: dict[str, Future[None]], request: pytest.FixtureRequest, kind: str
+) -> None:
+    """The assignment is lost (a handler holds the consumer past max.poll.interval.ms: the
+    group throws the member out) while a handler is in hand on p0; the partitions come back
+    to the same member. The record in hand is handled again only after its first handler
+    ended: never two handlers on one partition (issue 37 #6: on c15a167 the asyncio
+    consumer's _on_lost neither waited for nor cancelled it, and a second worker ran the same
+    offset at once). The sync consumer runs one handler at a time: the handler in hand at the
+    loss is the one holding it."""
+    _verdict(background, request)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_failing_longer_than_max_poll_interval_causes_no_rebalance(
+    background: dict[str, Future[None]], request: pytest.FixtureRequest, kind: str
+) -> None:
+    """Partition 0's record 10 fails for 10 s (max.poll.interval.ms=7 s: retries made from
+    the poll loop, the partition paused), then succeeds: no rebalance, no
+    MAX_POLL_EXCEEDED, partition 1 keeps flowing meanwhile, partition 0's order is kept.
+    The asyncio consumer also polls on while a handler awaits: in its run, partition 2's
+    first handler awaits until record 10 succeeded (longer than max.poll.interval.ms), still
+    without a rebalance (the sync consumer cannot: a handler holds its poll loop). The fault
+    is real (control, tests/test_aio_consumer.py): confluent-kafka's AIOConsumer awaiting as
+    long between polls gets _MAX_POLL_EXCEEDED."""
+    _verdict(background, request)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("mode", ["plain", "turn", "control"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_a_second_signal_interrupts_the_handler_in_hand(
+    background: dict[str, Future[None]], request: pytest.FixtureRequest, kind: str, mode: str
+) -> None:
+    """Real SIGINTs to a consumer process whose handler hangs on offset 1 (shutdown_timeout
+    600 s): the 1st stops it (the handler still hangs), the 2nd interrupts the handler. Its
+    record is left uncommitted and never dead-lettered, also when the handler turns the
+    interruption into a ValueError (``turn``); offset 0 is committed, the group is left,
+    run() raises KeyboardInterrupt (issue 37 #8: on c15a167 the asyncio consumer ignored the
+    2nd signal and waited the whole shutdown_timeout). ``control``: the same ValueError
+    raised by the handler itself after the 1st signal (no 2nd) is dead-lettered, so the
+    dead-letter path is live and the interruption is what keeps it out."""
+    _verdict(background, request)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("third_signal", [True, False], ids=["aborted", "control"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_a_third_signal_aborts_a_held_shutdown(
+    background: dict[str, Future[None]],
+    request: pytest.FixtureRequest,
+    kind: str,
+    third_signal: bool,
+) -> None:
+    """Real SIGINTs to a consumer process whose shutdown is held, each consumer by what its
+    shutdown waits for: the sync one (tests/consumer_worker.py) by a dead letter of offset 5
+    whose write is held back (``--slow-dead-letters``: the shutdown awaits its
+    acknowledgement); the asyncio one by a handler hanging on offset 1 that ignores the
+    cancellation a 2nd signal sends it (``deaf``). Commits only at close. The 1st signal
+    stops; the 2nd does not end the shutdown (sync: only logged; asyncio: it interrupts the
+    handlers, which the deaf one ignores); the 3rd aborts it: no final commit (nothing
+    committed), no close, ``shutdown_aborted`` and no ``consumer_closed`` in the log, a
+    non-zero exit (run() raised KeyboardInterrupt; issue 37 #8: on c15a167 every signal only
+    called the asyncio consumer's stop()). Control, no 3rd signal (asyncio: the handler obeys
+    the 2nd): the shutdown commits what was done and closes, so the abort is what skipped the
+    commit."""
+    _verdict(background, request)

@@ -14,6 +14,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -119,6 +120,13 @@ class Load:
         self._thread.join(180)
 
 
+def _concurrently(*calls: Callable[[], Any]) -> list[Any]:
+    """Run independent waits side by side (each keeps its own timeout); results in order."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+    return [f.result() for f in futures]
+
+
 def _recorder(monitor: LeadershipMonitor) -> list[LeadershipChange]:
     changes: list[LeadershipChange] = []
     monitor.add_listener(changes.append)
@@ -147,7 +155,10 @@ def _private_cluster() -> Iterator[KafkaCluster]:
 def test_6a_one_leader_kill_is_a_transient_burst_then_stable(
     kafka_cluster: KafkaCluster, topic: str
 ) -> None:
-    policy = ChurnPolicy(quiet_period_s=10)  # default churn thresholds, shorter quiet period
+    # Default churn thresholds, a shorter quiet period (the default is 60 s). The Load feeds
+    # the monitor stats ticks (leader moves) and leadership-class errors only: after the one
+    # move nothing signals until the test ends (the killed node stays down until STABLE).
+    policy = ChurnPolicy(quiet_period_s=5)
     monitor = LeadershipMonitor(policy)
     changes = _recorder(monitor)
     old = kafka_cluster.wait_for_leader(topic)
@@ -190,7 +201,7 @@ def test_6a_one_preferred_election_is_a_transient_burst_then_stable(
     current = kafka_cluster.wait_for_leader(topic)
     assert current != preferred
     # ... then watch one preferred election while producing.
-    monitor = LeadershipMonitor(ChurnPolicy(quiet_period_s=10))
+    monitor = LeadershipMonitor(ChurnPolicy(quiet_period_s=5))  # see the SIGKILL test
     changes = _recorder(monitor)
     with Load(kafka_cluster.bootstrap_servers, topic, monitor) as load:
         load.wait_delivered(20)
@@ -328,7 +339,7 @@ def test_6d_two_of_three_stopped_is_not_enough_replicas_then_resumes(
         assert cl.category is ErrorCategory.TRANSIENT and cl.retriable
         assert not cl.possibly_persisted and "NotEnoughReplicasException" in cl.remedy
         # With librdkafka's unbounded retries it is retried until message.timeout.ms instead.
-        timed_out = _produce(c.bootstrap_servers, topic, 2, **{"message.timeout.ms": 5_000})
+        timed_out = _produce(c.bootstrap_servers, topic, 2, **{"message.timeout.ms": 3_000})
         assert [e.code() if e else None for e in timed_out] == [KafkaError._MSG_TIMED_OUT] * 2
         assert classify(timed_out[0]).category is ErrorCategory.DELIVERY_TIMEOUT
         # Messages produced during the outage with a long timeout wait in the client ...
@@ -380,11 +391,15 @@ def test_6e_missing_topic_is_classified_with_a_remedy(kafka_cluster: KafkaCluste
     # Broker auto.create.topics.enable=false. librdkafka waits
     # topic.metadata.propagation.max.ms (default 30 s; shortened here) for the topic to
     # appear, then fails the message with UNKNOWN_TOPIC_OR_PART ...
-    errors = _produce(
-        bootstrap,
-        missing,
-        2,
-        **{"topic.metadata.propagation.max.ms": 3000, "message.timeout.ms": 60_000},
+    # The two producers below wait out their own timeouts side by side.
+    errors, timed_out = _concurrently(
+        lambda: _produce(
+            bootstrap,
+            missing,
+            2,
+            **{"topic.metadata.propagation.max.ms": 3000, "message.timeout.ms": 60_000},
+        ),
+        lambda: _produce(bootstrap, missing, 1, **{"message.timeout.ms": 2000}),
     )
     assert [e.code() if e else None for e in errors] == [KafkaError.UNKNOWN_TOPIC_OR_PART] * 2
     c = classify(errors[0], context="delivery")
@@ -392,9 +407,8 @@ def test_6e_missing_topic_is_classified_with_a_remedy(kafka_cluster: KafkaCluste
     assert "create the topic" in c.remedy and "UnknownTopicOrPartitionException" in c.remedy
     # ... unless message.timeout.ms runs out first: then it is a delivery timeout whose
     # remedy names the missing topic among the causes.
-    errors = _produce(bootstrap, missing, 1, **{"message.timeout.ms": 2000})
-    assert [e.code() if e else None for e in errors] == [KafkaError._MSG_TIMED_OUT]
-    c = classify(errors[0], context="delivery")
+    assert [e.code() if e else None for e in timed_out] == [KafkaError._MSG_TIMED_OUT]
+    c = classify(timed_out[0], context="delivery")
     assert c.category is ErrorCategory.DELIVERY_TIMEOUT and "missing topic" in c.remedy
     md = Producer({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
     assert missing not in md.topics, "nothing auto-created the topic"

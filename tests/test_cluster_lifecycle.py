@@ -293,3 +293,40 @@ def test_stale_dir_cleanup_only_touches_marked_dirs_of_dead_owners(tmp_path: Pat
     (foreign / "kresilient-owner").write_text(f"{dead_pid} 1\n")
     assert sorted(remove_stale_dirs(tmp_path)) == sorted([stale, reused])
     assert live.is_dir() and unmarked.is_dir() and foreign.is_dir()
+
+
+def test_free_ports_are_below_the_kernels_ephemeral_range() -> None:
+    """CI: a node restarted after a minute down failed to bind its port, taken meanwhile as
+    the local port of some outgoing connection (the kernel picks those from
+    ip_local_port_range). Free ports now come from below that range, where no connection's
+    local port is ever taken from."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low - 10000 < 2000:
+        pytest.skip(f"the ephemeral range starts at {low}: no room below it")
+    reservation = PortReservation()
+    picked = reservation.take_free(20)
+    try:
+        assert all(10000 <= port < low for port in picked), picked
+        assert len(set(picked)) == 20
+    finally:
+        reservation.release()
+    # the outgoing connections' local ports: all in the range, never one of ours
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = int(server.getsockname()[1])
+        for _ in range(20):
+            with socket.create_connection(("127.0.0.1", port)) as c:
+                assert int(c.getsockname()[1]) >= low
+
+
+def test_free_ports_come_from_the_kernel_when_the_range_leaves_no_room(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    narrow = tmp_path / "ip_local_port_range"
+    narrow.write_text("11000\t60999\n")
+    monkeypatch.setattr(ports_module, "_RANGE_FILE", str(narrow))
+    reservation = PortReservation()
+    picked = reservation.take_free(5)
+    try:
+        assert all(port >= 11000 for port in picked), picked  # chosen by the kernel
+    finally:
+        reservation.release()

@@ -18,9 +18,7 @@ policy) or the distinct-record evidence (several partitions), the outage policy'
 1, 2, 4, 8 s, then the 10 s cap: reached after 15.5 s of waits; the one-partition test asserts
 a retry at the cap), the end of the outage at the first success, the records held in the other
 partitions resumed at once. A longer outage only adds retries at the cap (the 60 s test
-asserts several) and, past a minute, the reminder line. The four run side by side (one
-module fixture starts them together): each mostly waits, so the file pays about the 60 s
-test's time for all four.
+asserts several) and, past a minute, the reminder line. The four run side by side (below).
 
 The negative control (``outage_retry=None``, the pre-issue-36 semantics kept as an explicit
 policy) dead-letters the records of the same kind of outage: the fault is real.
@@ -31,6 +29,12 @@ outage goes on), a record failing at the tail of a partition (kept uncommitted u
 record arrives or the limit), and a probe handled out of turn when the consumer stops before
 the records before it are settled (handled again after a restart). ``_check_common`` is shared
 with tests/test_aio_consumer_outage.py, and the two consumers' probe options are checked equal.
+
+The outages and most edge scenarios run in the background from the module's first test on
+(the ``background`` fixture: each mostly waits), while the pure tests and the one edge test
+whose proof hangs on a one-second window (a record of another partition handled between two
+tries of a probe) run in the foreground; the tests checking a background scenario come last
+and wait for its end. The file pays about the 60 s outage's time for all of them.
 """
 
 from __future__ import annotations
@@ -463,95 +467,6 @@ OUTAGES: dict[str, dict[str, Any]] = {
 CONTROL = "test_control_without_outage_detection_the_same_outage_dead_letters"
 
 
-@pytest.fixture(scope="module", name="outages")
-def _outages(
-    kafka_cluster: KafkaCluster, request: pytest.FixtureRequest
-) -> Iterator[dict[str, Future[dict[str, Any]]]]:
-    """The outages of the tests selected in this run (and the control's), started together
-    when the first of those tests asks: each is mostly waiting (for its dependency's clock,
-    for the outage policy's backoff), so side by side they take about the longest one's time
-    instead of the sum's (each alone: 73 + 41 + 32 + 21 + 8 s). Nothing is shared but the
-    cluster: own topics, group, consumer, health port, logger and dependency clock. A
-    scenario's failure is its own test's (``result()`` raises it there); leaving the fixture
-    waits for every scenario to end."""
-
-    def topic_factory(partitions: int = 1, *, name: str | None = None) -> str:
-        topic = name or f"t-outage-{uuid.uuid4().hex[:10]}"
-        return kafka_cluster.create_topic(topic, partitions, 3, {"min.insync.replicas": 2})
-
-    runs: dict[str, Callable[[], dict[str, Any]]] = {
-        name: functools.partial(_run_outage, kafka_cluster, topic_factory, **spec)
-        for name, spec in OUTAGES.items()
-    }
-    runs[CONTROL] = functools.partial(_run_control, kafka_cluster, topic_factory)
-    selected = {item.name for item in request.session.items if item.module is request.module}
-    wanted = {name: run for name, run in runs.items() if name in selected}
-    with ThreadPoolExecutor(max(1, len(wanted)), thread_name_prefix="outage") as pool:
-        yield {name: pool.submit(run) for name, run in wanted.items()}
-
-
-def _outage(outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest) -> Any:
-    """This test's outage, once it is over (its own bound: the dependency's time plus the
-    waits of ``_run_outage``)."""
-    down_for = OUTAGES[request.node.name]["down_for"] if request.node.name in OUTAGES else 6.0
-    return outages[request.node.name].result(timeout=down_for + 400)
-
-
-@pytest.mark.integration
-def test_dependency_down_60s_three_partitions_nothing_dead_lettered(
-    outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest
-) -> None:
-    """Acceptance 1, the issue's 60 s: records of different partitions fail in a row."""
-    result = _outage(outages, request)
-    _check_common(result)
-    assert result["dead"] == []
-    scenario: Scenario = result["scenario"]
-    # the same record retried with capped backoff: several retries at the 10 s cap
-    held = max(scenario.attempts.values(), key=len)
-    at_cap = [g for g in _gaps(held) if g >= 9.5]
-    assert len(at_cap) >= 2, _gaps(held)
-    assert len(held) <= 15, _gaps(held)  # backed off: not a retry storm
-
-
-@pytest.mark.integration
-def test_dependency_down_one_partition_with_poison_per_message(
-    outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest
-) -> None:
-    """One partition: the first record's RetryPolicy is exhausted with nothing else handled;
-    the next record is probed (the first probe is poison: proves nothing, the probe moves
-    on), fails too (its own RetryPolicy): an outage. 1 % poison: exactly those
-    dead-lettered."""
-    result = _outage(outages, request)
-    _check_common(result)
-    scenario: Scenario = result["scenario"]
-    held = scenario.attempts[(0, 0)]
-    assert any(g >= 9.5 for g in _gaps(held)), _gaps(held)  # the cap reached
-    assert len(scenario.attempts[(0, 1)]) == 2  # the poison probe, then its dead letter
-    assert len(result["poison"]) == 4
-
-
-@pytest.mark.integration
-def test_dependency_down_batch_handler_with_poison(
-    outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest
-) -> None:
-    """Batch handler naming the failed item (``BatchItemError``): the same outcome."""
-    result = _outage(outages, request)
-    _check_common(result)
-    assert len(result["poison"]) == 4
-
-
-@pytest.mark.integration
-def test_dependency_down_with_retry_topics_moves_at_most_the_first_record(
-    outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest
-) -> None:
-    """Retry topics: the record that fails before there is any evidence is moved to the first
-    tier; the next one (a distinct record failing) starts the outage and is held in place:
-    not every record goes through the tiers into the DLQ."""
-    result = _outage(outages, request)
-    _check_common(result)
-    assert result["health"].moved_to_retry <= 1, result["health"]
-
-
 def _run_control(kafka_cluster: KafkaCluster, topic_factory: TopicFactory) -> dict[str, Any]:
     bootstrap = kafka_cluster.bootstrap_servers
     topic, dlq = with_dlq(topic_factory, partitions=1)
@@ -580,18 +495,6 @@ def _run_control(kafka_cluster: KafkaCluster, topic_factory: TopicFactory) -> di
     finally:
         runner.stop()
     return {"error": runner.error, "outage": outage, "dead": read_back(bootstrap, dlq)}
-
-
-@pytest.mark.integration
-def test_control_without_outage_detection_the_same_outage_dead_letters(
-    outages: dict[str, Future[dict[str, Any]]], request: pytest.FixtureRequest
-) -> None:
-    """Negative control: ``outage_retry=None`` (every failure is the record's, the semantics
-    before issue 36) dead-letters good records during the same kind of outage."""
-    result = _outage(outages, request)
-    assert result["outage"] is None
-    assert result["error"] is None, result["error"]
-    assert len(result["dead"]) >= 3  # good records dead-lettered: the fault is real
 
 
 # --------------------------------------------------------------------------- both consumers
@@ -697,16 +600,16 @@ def test_probe_options_are_the_same_for_both_consumers() -> None:
     assert isinstance(ResilientConsumer.health_port, property)
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("limit", ["short", "control"])
-def test_an_outage_longer_than_the_outage_limit_dead_letters_one_record_per_limit(
+# --------------------------------------------------------------------------- edge scenarios
+# The bodies of the edge tests (below, with what each proves). They run in the background
+# (the ``background`` fixture), a few at a time beside the outages; each test waits for its
+# own scenario's end and re-raises what failed there.
+
+
+def _outage_limit(
     kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str, limit: str
 ) -> None:
-    """The dependency stays down past the outage limit (``outage_retry``'s stop, here 6 tries
-    of 0.2 s): the held record is dead-lettered (``message_failed`` names the limit), the
-    outage goes on for the next record, held again: one dead letter per limit, in order, not
-    the topic. Control: with a limit not reached, the same outage dead-letters nothing."""
+    """test_an_outage_longer_than_the_outage_limit_dead_letters_one_record_per_limit."""
     bootstrap = kafka_cluster.bootstrap_servers
     topic, dlq = with_dlq(topic_factory)
     produce(bootstrap, topic, [(b"k", b"ok-%d" % i, None, 0) for i in range(6)])
@@ -763,17 +666,8 @@ def test_an_outage_longer_than_the_outage_limit_dead_letters_one_record_per_limi
     assert all("outage limit" in kw["reason"] and SECRET not in kw["error"] for kw in failed)
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("ending", ["probe", "limit", "control"])
-def test_a_record_failing_at_the_tail_of_a_partition_is_kept_until_a_probe_or_the_limit(
-    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str, ending: str
-) -> None:
-    """The last record of a partition keeps failing (retriable), nothing else to handle: no
-    evidence either way, so it is kept uncommitted and retried under the outage policy's
-    backoff past its RetryPolicy, until a record after it arrives (the probe: handled, the
-    failed one dead-lettered) or the outage limit (dead-lettered). Control
-    (``outage_retry=None``): dead-lettered once its RetryPolicy is exhausted."""
+def _tail(kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str, ending: str) -> None:
+    """test_a_record_failing_at_the_tail_of_a_partition_is_kept_until_a_probe_or_the_limit."""
     bootstrap = kafka_cluster.bootstrap_servers
     topic, dlq = with_dlq(topic_factory)
     group = _group()
@@ -823,19 +717,10 @@ def test_a_record_failing_at_the_tail_of_a_partition_is_kept_until_a_probe_or_th
     assert committed(bootstrap, group, topic, [0]) == {0: end}
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("kind", [*KINDS, "batch"])
-@pytest.mark.parametrize("stop_early", [True, False])
-def test_a_probe_handled_out_of_turn_is_handled_again_after_a_restart(
+def _out_of_turn(
     kafka_cluster: KafkaCluster, topic_factory: TopicFactory, kind: str, stop_early: bool
 ) -> None:
-    """Record 0 keeps failing (retriable), record 1 is poison (as a probe it proves nothing:
-    left for its turn), record 2 is the probe that is handled, out of turn. The consumer
-    stops while the probe is handled, before record 1 is settled: the stored offset stays
-    before the probe, so a restart handles it again (at-least-once) and dead-letters the
-    poison record then. Control: not stopped, 0 and 1 are dead-lettered, the offset after 2
-    is committed (2 handled once, a restart handles nothing). The same with a batch handler
-    (its probe is a run of records)."""
+    """test_a_probe_handled_out_of_turn_is_handled_again_after_a_restart."""
     bootstrap = kafka_cluster.bootstrap_servers
     topic, dlq = with_dlq(topic_factory)
     group = _group()
@@ -909,6 +794,73 @@ def test_a_probe_handled_out_of_turn_is_handled_again_after_a_restart(
     )
 
 
+#: The edge scenarios, by the test that checks each (its parameters are the scenario's).
+EDGES: dict[str, Callable[..., None]] = {
+    "test_an_outage_longer_than_the_outage_limit_dead_letters_one_record_per_limit": (
+        _outage_limit
+    ),
+    "test_a_record_failing_at_the_tail_of_a_partition_is_kept_until_a_probe_or_the_limit": _tail,
+    "test_a_probe_handled_out_of_turn_is_handled_again_after_a_restart": _out_of_turn,
+}
+#: Edge scenarios running at once (beside the outages): each takes 2 to 14 s, mostly waiting
+#: for a retry's backoff or a rebalance, so a few side by side barely slow each other.
+EDGE_WORKERS = 3
+
+
+@pytest.fixture(scope="module", autouse=True, name="background")
+def _background(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[Any]]]:
+    """The outages and edge scenarios of the tests selected in this run, started at the
+    module's first test: each is mostly waiting (for its dependency's clock, for the outage
+    policy's backoff), so side by side they take about the longest one's time instead of the
+    sum's (each outage alone: 73 + 41 + 32 + 21 + 8 s; the 16 edge scenarios: 100 s in a
+    row). Meanwhile the tests above run in the foreground; the tests checking a background
+    scenario come last in this file. Nothing is shared but the cluster: own topics, group,
+    consumer, health port, logger and dependency clock. A scenario's failure is its own
+    test's (``result()`` raises it there); leaving the fixture waits for every scenario to
+    end."""
+    items = [item for item in request.session.items if item.module is request.module]
+    runs: dict[str, Callable[..., Any]] = {}
+    for item in items:
+        if item.name in OUTAGES:
+            runs[item.name] = functools.partial(_run_outage, **OUTAGES[item.name])
+        elif item.name == CONTROL:
+            runs[item.name] = _run_control
+    edges = [item for item in items if getattr(item, "originalname", None) in EDGES]
+    if not runs and not edges:
+        yield {}
+        return
+    kafka_cluster: KafkaCluster = request.getfixturevalue("kafka_cluster")
+
+    def topic_factory(partitions: int = 1, *, name: str | None = None) -> str:
+        topic = name or f"t-outage-{uuid.uuid4().hex[:10]}"
+        return kafka_cluster.create_topic(topic, partitions, 3, {"min.insync.replicas": 2})
+
+    with (
+        ThreadPoolExecutor(max(1, len(runs)), thread_name_prefix="outage") as outages,
+        ThreadPoolExecutor(EDGE_WORKERS, thread_name_prefix="edge") as quick,
+    ):
+        futures: dict[str, Future[Any]] = {
+            name: outages.submit(run, kafka_cluster, topic_factory) for name, run in runs.items()
+        }
+        for item in edges:  # in the file's order: the order their tests ask
+            scenario = EDGES[item.originalname]  # type: ignore[attr-defined]
+            params = item.callspec.params  # type: ignore[attr-defined]
+            futures[item.name] = quick.submit(scenario, kafka_cluster, topic_factory, **params)
+        yield futures
+
+
+def _verdict(background: dict[str, Future[Any]], request: pytest.FixtureRequest) -> Any:
+    """This test's background scenario, once it is over (its own bound: an outage's
+    dependency time plus the waits of ``_run_outage``; an edge scenario's waits, queued
+    behind the others)."""
+    name = request.node.name
+    if name in OUTAGES:
+        return background[name].result(timeout=OUTAGES[name]["down_for"] + 400)
+    return background[name].result(timeout=600)
+
+
+# --------------------------------------------------------------------------- foreground
+
 #: Three tries a second apart: the other partition's record is handled meanwhile.
 SLOW_RETRY = RetryPolicy(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_fixed(1.0))
 
@@ -974,3 +926,118 @@ def test_a_failed_probe_after_a_poison_probe_leaves_the_poison_record_to_its_tur
     failed = {kw["offset"]: kw["reason"] for _, e, kw in log.loud() if e == "message_failed"}
     assert failed == {0: "failed while other records succeeded", 1: "poison (not retried)"}
     assert committed(bootstrap, group, topic, [0, 1]) == {0: 3, 1: 1}
+
+
+# --------------------------------------------------------------------------- background
+# The tests of the scenarios the ``background`` fixture runs: last, so the tests above run
+# while those scenarios wait.
+
+
+@pytest.mark.integration
+def test_dependency_down_60s_three_partitions_nothing_dead_lettered(
+    background: dict[str, Future[Any]], request: pytest.FixtureRequest
+) -> None:
+    """Acceptance 1, the issue's 60 s: records of different partitions fail in a row."""
+    result = _verdict(background, request)
+    _check_common(result)
+    assert result["dead"] == []
+    scenario: Scenario = result["scenario"]
+    # the same record retried with capped backoff: several retries at the 10 s cap
+    held = max(scenario.attempts.values(), key=len)
+    at_cap = [g for g in _gaps(held) if g >= 9.5]
+    assert len(at_cap) >= 2, _gaps(held)
+    assert len(held) <= 15, _gaps(held)  # backed off: not a retry storm
+
+
+@pytest.mark.integration
+def test_dependency_down_one_partition_with_poison_per_message(
+    background: dict[str, Future[Any]], request: pytest.FixtureRequest
+) -> None:
+    """One partition: the first record's RetryPolicy is exhausted with nothing else handled;
+    the next record is probed (the first probe is poison: proves nothing, the probe moves
+    on), fails too (its own RetryPolicy): an outage. 1 % poison: exactly those
+    dead-lettered."""
+    result = _verdict(background, request)
+    _check_common(result)
+    scenario: Scenario = result["scenario"]
+    held = scenario.attempts[(0, 0)]
+    assert any(g >= 9.5 for g in _gaps(held)), _gaps(held)  # the cap reached
+    assert len(scenario.attempts[(0, 1)]) == 2  # the poison probe, then its dead letter
+    assert len(result["poison"]) == 4
+
+
+@pytest.mark.integration
+def test_dependency_down_batch_handler_with_poison(
+    background: dict[str, Future[Any]], request: pytest.FixtureRequest
+) -> None:
+    """Batch handler naming the failed item (``BatchItemError``): the same outcome."""
+    result = _verdict(background, request)
+    _check_common(result)
+    assert len(result["poison"]) == 4
+
+
+@pytest.mark.integration
+def test_dependency_down_with_retry_topics_moves_at_most_the_first_record(
+    background: dict[str, Future[Any]], request: pytest.FixtureRequest
+) -> None:
+    """Retry topics: the record that fails before there is any evidence is moved to the first
+    tier; the next one (a distinct record failing) starts the outage and is held in place:
+    not every record goes through the tiers into the DLQ."""
+    result = _verdict(background, request)
+    _check_common(result)
+    assert result["health"].moved_to_retry <= 1, result["health"]
+
+
+@pytest.mark.integration
+def test_control_without_outage_detection_the_same_outage_dead_letters(
+    background: dict[str, Future[Any]], request: pytest.FixtureRequest
+) -> None:
+    """Negative control: ``outage_retry=None`` (every failure is the record's, the semantics
+    before issue 36) dead-letters good records during the same kind of outage."""
+    result = _verdict(background, request)
+    assert result["outage"] is None
+    assert result["error"] is None, result["error"]
+    assert len(result["dead"]) >= 3  # good records dead-lettered: the fault is real
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("limit", ["short", "control"])
+def test_an_outage_longer_than_the_outage_limit_dead_letters_one_record_per_limit(
+    background: dict[str, Future[Any]], request: pytest.FixtureRequest, kind: str, limit: str
+) -> None:
+    """The dependency stays down past the outage limit (``outage_retry``'s stop, here 6 tries
+    of 0.2 s): the held record is dead-lettered (``message_failed`` names the limit), the
+    outage goes on for the next record, held again: one dead letter per limit, in order, not
+    the topic. Control: with a limit not reached, the same outage dead-letters nothing."""
+    _verdict(background, request)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("ending", ["probe", "limit", "control"])
+def test_a_record_failing_at_the_tail_of_a_partition_is_kept_until_a_probe_or_the_limit(
+    background: dict[str, Future[Any]], request: pytest.FixtureRequest, kind: str, ending: str
+) -> None:
+    """The last record of a partition keeps failing (retriable), nothing else to handle: no
+    evidence either way, so it is kept uncommitted and retried under the outage policy's
+    backoff past its RetryPolicy, until a record after it arrives (the probe: handled, the
+    failed one dead-lettered) or the outage limit (dead-lettered). Control
+    (``outage_retry=None``): dead-lettered once its RetryPolicy is exhausted."""
+    _verdict(background, request)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", [*KINDS, "batch"])
+@pytest.mark.parametrize("stop_early", [True, False])
+def test_a_probe_handled_out_of_turn_is_handled_again_after_a_restart(
+    background: dict[str, Future[Any]], request: pytest.FixtureRequest, kind: str, stop_early: bool
+) -> None:
+    """Record 0 keeps failing (retriable), record 1 is poison (as a probe it proves nothing:
+    left for its turn), record 2 is the probe that is handled, out of turn. The consumer
+    stops while the probe is handled, before record 1 is settled: the stored offset stays
+    before the probe, so a restart handles it again (at-least-once) and dead-letters the
+    poison record then. Control: not stopped, 0 and 1 are dead-lettered, the offset after 2
+    is committed (2 handled once, a restart handles nothing). The same with a batch handler
+    (its probe is a run of records)."""
+    _verdict(background, request)

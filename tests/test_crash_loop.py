@@ -451,3 +451,63 @@ def test_markers_parse_and_ignore_foreign_metadata() -> None:
     assert parse_marker("kresilient.v1 {not json") is None
     garbled: Any = parse_marker('kresilient.v1 {"x":"5"}')
     assert garbled is not None and garbled.offset is None and not garbled.clean
+
+
+@pytest.mark.parametrize("ordering", ["partition", "key"])
+def test_a_graceful_stop_without_records_leaves_the_partition_clean(
+    kafka_cluster: KafkaCluster, topic_factory: TopicFactory, ordering: str
+) -> None:
+    """Review 12 D2. Run 1 handles 10 records and stops cleanly (the clean marker at 10).
+    Run 2 gets no record and stops cleanly: its assignment had committed the marker again
+    without the clean flag (so a death before the next commit is seen), and its clean end
+    now commits the partition back clean (before: ``kresilient.v1 {}`` stayed, and run 3
+    probed its next 20 records one at a time, a synchronous commit each). Run 3 probes
+    nothing."""
+    import threading
+
+    from kresilient.consumer import ResilientConsumer
+
+    bootstrap = kafka_cluster.bootstrap_servers
+    topic, _dlq = with_dlq(topic_factory)
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    probed: list[int] = []
+
+    def run(records: int) -> None:
+        handled: list[int] = []
+        consumer: ResilientConsumer
+
+        def handle(msg: Any) -> None:
+            assert consumer._crash is not None
+            if consumer._crash.probes:
+                probed.append(int(msg.offset()))
+            handled.append(int(msg.offset()))
+
+        consumer = ResilientConsumer(
+            {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"},
+            [topic],
+            handle,
+            ordering=ordering,  # type: ignore[arg-type]
+            install_signal_handlers=False,
+        )
+        thread = threading.Thread(target=consumer.run, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 60
+            while len(handled) < records or consumer.health().rebalances["assigned"] < 1:
+                assert time.monotonic() < deadline, (records, handled)
+                time.sleep(0.05)  # polling what the consumer reports, not settling
+        finally:
+            consumer.stop()
+            thread.join(60)
+        assert len(handled) == records
+
+    produce(bootstrap, topic, [(None, b"v%d" % i, None, 0) for i in range(10)])
+    run(10)
+    assert committed(bootstrap, group, topic, [0]) == {0: 10}
+    assert parse_marker(_marker(bootstrap, group, topic)).clean  # type: ignore[union-attr]
+    run(0)  # idle
+    marker = parse_marker(_marker(bootstrap, group, topic))
+    assert marker is not None and marker.clean, _marker(bootstrap, group, topic)
+    produce(bootstrap, topic, [(None, b"v%d" % i, None, 0) for i in range(10, 15)])
+    run(5)
+    assert probed == []  # the third start probed nothing

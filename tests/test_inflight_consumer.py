@@ -256,8 +256,8 @@ def test_orderings_refuse_what_they_do_not_combine_with_yet(
     kafka_cluster: KafkaCluster,
 ) -> None:
     cfg = config(kafka_cluster)
-    with pytest.raises(ConfigError, match="max_process_deaths=None"):
-        ResilientConsumer(cfg, ["t"], print, ordering="key", outage_retry=None)
+    with pytest.raises(ConfigError, match='trace_spans="call"'):
+        ResilientConsumer(cfg, ["t"], print, ordering="key", trace_spans="call")
     with pytest.raises(ConfigError, match="ordering must be one of"):
         ResilientConsumer(cfg, ["t"], print, ordering="keys")  # type: ignore[arg-type]
 

@@ -70,20 +70,30 @@ def _read_back(cluster: KafkaCluster, topic: str, expected: int, timeout: float 
             break
         assert time.monotonic() < deadline, f"no metadata for {topic}"
         time.sleep(0.2)
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(partitions)])
+    tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(partitions)]
+    consumer.assign(tps)
+
+    def at_log_end() -> bool:
+        # Every record in the log read (a duplicate would be an extra one): positions at the
+        # high watermarks, asked now (a new leader's may still be catching up).
+        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
+        return all(
+            ends[tp.partition] == 0 or tp.offset >= ends[tp.partition]
+            for tp in consumer.position(tps)
+        )
+
     out: list[int] = []
-    idle = 0
     try:
-        # Until everything expected is read, then two idle polls more: a duplicate would
-        # show up as an extra record.
-        while time.monotonic() < deadline and (len(out) < expected or idle < 2):
-            batch = consumer.consume(1000, timeout=0.5)
-            idle = 0 if batch else idle + 1
-            for msg in batch:
+        # Until everything expected is read and nothing more is in the log.
+        while time.monotonic() < deadline:
+            # consume() returns at 1000 records or at the timeout: short, the loop asks again
+            for msg in consumer.consume(1000, timeout=0.2):
                 if msg.error() is None:
                     out.append(int(msg.value()))
                 elif msg.error().code() != KafkaError._PARTITION_EOF:
                     raise AssertionError(f"consume error: {msg.error()}")
+            if len(out) >= expected and at_log_end():
+                break
     finally:
         consumer.close()
     return out

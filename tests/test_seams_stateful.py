@@ -17,8 +17,8 @@ What it drives:
   then);
 * consumers: ``ordering="partition"`` with retry topics, dedupe, a DLQ, crash-loop protection
   (``max_process_deaths=3``), dependency-outage detection and a value deserializer; and
-  ``ordering="key"`` with the same outage detection and value deserializer (docs/parallel.md:
-  no retry topics or crash-loop protection in that mode yet) in the same group; a second
+  ``ordering="key"`` with the same outage detection, value deserializer and crash-loop
+  protection (docs/parallel.md: no retry topics in that mode here) in the same group; a second
   member joining mid-way (a rebalance); a consumer in a child process SIGKILLed without
   ``close()`` and restarted in the same group;
 * handlers failing with poison, transient, HTTP-transport errors of their own
@@ -319,14 +319,14 @@ def make_consumer(
     )
     common["value_deserializer"] = make_deserializer(book)
     if ordering == "key":
-        # issue 40: no retry topics or crash-loop protection in this mode yet
+        # issue 40: crash-loop protection on (a probed partition runs one record at a time)
         return ResilientConsumer(
             conf,
             [topic],
             handler,
             ordering="key",
             max_in_flight=8,
-            max_process_deaths=None,
+            max_process_deaths=3,
             **common,
         )
     return ResilientConsumer(

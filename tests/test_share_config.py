@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException, ShareConsumer
+from confluent_kafka import KafkaError, KafkaException, ShareConsumer
 
 from kresilient import _catalog as catalog
 from kresilient.config import SHARE_CONSUMER_REFUSED
@@ -100,5 +100,39 @@ def test_configure_share_group_without_a_broker_answering_raises_config_error() 
             {"bootstrap.servers": "127.0.0.1:9", "logger": _QUIET},
             "g-none",
             {"share.auto.offset.reset": "earliest"},
+            timeout=1,
+        )
+
+
+class _AdminTimingOutFake:
+    """librdkafka's own request timeout (_TIMED_OUT) firing before the caller's wait."""
+
+    def __init__(self, _config: dict[str, object]) -> None:
+        pass
+
+    def incremental_alter_configs(self, resources: list[object], **_kw: object) -> dict:
+        class _Future:
+            def result(self, _timeout: float) -> None:
+                raise KafkaException(
+                    KafkaError(KafkaError._TIMED_OUT, "Failed while waiting for controller")
+                )
+
+        return {r: _Future() for r in resources}
+
+
+def test_configure_share_group_librdkafka_timeout_reads_as_no_answer_fake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CI of b783a3f: without a broker, librdkafka's request timeout can fire before our wait
+    runs out; the error then said only ``_TIMED_OUT``. Both read "no answer within 1 s" now,
+    the client's own words kept beside."""
+    monkeypatch.setattr("kresilient.share._consumer.AdminClient", _AdminTimingOutFake)
+    with pytest.raises(
+        ConfigError, match=r"g-none: setting .* no answer within 1 s \(.*controller"
+    ):
+        configure_share_group(
+            {"bootstrap.servers": "127.0.0.1:9"},
+            "g-none",
+            {"share.auto.offset.reset": "x"},
             timeout=1,
         )

@@ -143,11 +143,11 @@ def test_batch_million_rows_all_present_no_duplicates(
 def test_task_attempt_failing_mid_write_loses_nothing(
     spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
 ) -> None:
-    rows = 300_000
+    rows = 100_000
     topic = topic_factory(partitions=2)
     marker = tmp_path / "attempt0-failed"
     bootstrap = kafka_cluster.bootstrap_servers
-    fail_at = 250_000  # in partition 1 (ids 150000..299999), after ~10 Arrow batches
+    fail_at = 90_000  # in partition 1 (ids 50000..99999), after 4 Arrow batches of 10,000
 
     def fail_first_attempt(batches: Iterator[Any]) -> Iterator[Any]:
         # Runs in a Python worker: only names importable there (no helpers of this module).
@@ -215,7 +215,9 @@ def _wait_for_records(bootstrap: str, topic: str, *, minimum: int, timeout: floa
 def test_leader_sigkill_during_write_job_succeeds_no_loss(
     spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
 ) -> None:
-    rows = 600_000
+    # The kill comes at 20,000 rows: 280,000 are still to go through the new leader (the
+    # assertion below checks the write was still running).
+    rows = 300_000
     topic = topic_factory(partitions=2)
     killed: dict[str, int] = {}
     write_done = threading.Event()
@@ -299,7 +301,9 @@ def test_builtin_sink_columns_topic_partition_headers_timestamp(
                 got = []
                 deadline = time.monotonic() + 120
                 while len(got) < end and time.monotonic() < deadline:
-                    got += [m for m in c.consume(num_messages=500, timeout=2.0) if not m.error()]
+                    # consume() returns at num_messages or at the timeout: ask for what is left
+                    batch = c.consume(num_messages=end - len(got), timeout=2.0)
+                    got += [m for m in batch if not m.error()]
                 assert len(got) == end, f"read {len(got)} of {end} records of {topic}[{p}]"
                 for m in got:
                     row = int.from_bytes(m.key(), "big")
@@ -324,13 +328,14 @@ def test_oversized_rows_dead_lettered_job_succeeds_counts_reported(
 ) -> None:
     from pyspark.sql import functions as F
 
-    rows = 100_000
+    rows = 20_000
     # The topic takes at most 64 KiB: 100 KiB rows fail at the broker (delivery report);
     # 2 MB rows exceed the producer's message.max.bytes and fail before they are sent.
     topic = topic_factory(partitions=2, config={"max.message.bytes": 65536})
     dlq = topic_factory(partitions=1)
-    broker_rejects = frozenset({11, 50_000, 99_999})
-    client_rejects = frozenset({7, 77_777})
+    # early in partition 0, the first and the last row of partition 1, and one in between
+    broker_rejects = frozenset({11, 10_000, 19_999})
+    client_rejects = frozenset({7, 15_555})
     size = (
         F.when(F.col("id").isin(*broker_rejects), 100 * 1024)
         .when(F.col("id").isin(*client_rejects), 2_000_000)
@@ -378,12 +383,12 @@ def test_rows_refused_only_for_an_oversized_neighbour_are_not_dead_lettered(
 ) -> None:
     from pyspark.sql import functions as F
 
-    rows = 3_000
+    rows = 1_000  # ~120 KB of rows: refused batches of small rows, each re-sent alone
     # Default batch.size (1 MB) > the topic's 16 KiB limit: the broker refuses whole batches
     # of small rows. Only the row that is too large by itself may be dead-lettered.
     topic = topic_factory(partitions=1, config={"max.message.bytes": 16384})
     dlq = topic_factory(partitions=1)
-    oversized = 1_500
+    oversized = 500
     size = F.when(F.col("id") == oversized, 20_000).otherwise(100)
     df = spark.range(rows, numPartitions=1).select(
         F.expr("unhex(lpad(hex(id), 16, '0'))").alias("key"),
@@ -409,7 +414,8 @@ def _read_records(cluster: KafkaCluster, topic: str) -> list[tuple[bytes, Any, l
         out: list[tuple[bytes, Any, list[Any]]] = []
         deadline = time.monotonic() + 60
         while len(out) < end and time.monotonic() < deadline:
-            for m in c.consume(num_messages=100, timeout=1.0):
+            # consume() returns at num_messages or at the timeout: ask for what is left
+            for m in c.consume(num_messages=end - len(out), timeout=1.0):
                 if m.error() is None:
                     out.append((m.key(), m.value(), m.headers() or []))
         return out
@@ -422,7 +428,9 @@ def _read_records(cluster: KafkaCluster, topic: str) -> list[tuple[bytes, Any, l
 def test_streaming_restart_from_checkpoint_loses_nothing(
     spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory, tmp_path: Path
 ) -> None:
-    files, per_file = 12, 5_000
+    # 8 one-file micro-batches: the first run is stopped after 3 of them, so 5 are left as
+    # margin for batches finishing before stop() takes effect.
+    files, per_file = 8, 5_000
     source = tmp_path / "in"
     source.mkdir()
     for f in range(files):
@@ -483,7 +491,7 @@ def test_streaming_exactly_once_replay_after_failed_batch_no_loss_no_duplicates(
 ) -> None:
     """Batch 1 fails in partition 1 after partition 0 committed; the restart replays batch 1:
     partition 0 must be skipped (its marker says committed), partition 1 written once."""
-    files, per_file = 5, 4_000
+    files, per_file = 3, 4_000  # batch 0, the failing batch 1, and one batch after the replay
     source = tmp_path / "in"
     source.mkdir()
     for f in range(files):

@@ -532,3 +532,61 @@ def test_a_new_instance_failing_fatally_at_once_closes_instead_of_recreating_aga
     assert producer.recreations == 1 and len(FakeProducer.instances) == 2  # not a loop
     with pytest.raises(KResilientError, match="closed"):
         _run_one_transaction(producer, fail_block=False)
+
+
+def test_send_offsets_blocked_in_librdkafka_replaces_the_instance_untouched_fake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """librdkafka #5456/#5511: send_offsets_to_transaction() can block for ever once the group
+    coordinator's broker died (seen on the real cluster in tests/test_eos_chaos.py). The call
+    is given up after its timeout and a grace: the transaction is not committed (the error
+    says to redo it, not to count it against the records), the blocked instance is never
+    touched again (no purge or destroy beside the call in progress) and a new instance, whose
+    init_transactions() fences the old epoch, commits the next transaction."""
+    monkeypatch.setattr(txn_module, "_STUCK_GRACE_S", 0.2)
+    release = threading.Event()
+    entered = threading.Event()
+
+    class Wedged(FakeProducer):
+        def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+            self.calls.append("send_offsets_to_transaction")
+            if len(FakeProducer.instances) == 1:  # the first instance only
+                entered.set()
+                release.wait(30)
+
+    monkeypatch.setattr(txn_module, "Producer", Wedged)
+    producer = TransactionalProducer(
+        {"bootstrap.servers": "127.0.0.1:1"}, transactional_id="t-fake", timeout=0.3
+    )
+    try:
+        with pytest.raises(KResilientError, match="blocked") as caught:
+            _run_one_transaction(producer, fail_block=False)
+        assert entered.is_set()
+        # neither an abort (count it against the records) nor a fatal stop: redo the records
+        assert not isinstance(caught.value, (TransactionAbortedError, FatalProducerError))
+        first, second = FakeProducer.instances
+        assert first.calls[-1] == "send_offsets_to_transaction"  # nothing after it
+        assert "purge" not in first.calls and "abort_transaction" not in first.calls
+        assert second.calls == ["init_transactions"] and producer.recreations == 1
+        _run_one_transaction(producer, fail_block=False)  # the new instance commits
+        assert second.calls[-1] == "commit_transaction" and producer.committed == 1
+    finally:
+        release.set()
+
+
+def test_send_offsets_returning_within_the_grace_keeps_the_instance_fake(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The negative control: a slow call that returns is no stuck call."""
+    monkeypatch.setattr(txn_module, "_STUCK_GRACE_S", 5.0)
+
+    class Slow(FakeProducer):
+        def send_offsets_to_transaction(self, offsets: Any, metadata: Any, timeout: float) -> None:
+            self.calls.append("send_offsets_to_transaction")
+            threading.Event().wait(0.05)
+
+    monkeypatch.setattr(txn_module, "Producer", Slow)
+    producer = _producer()
+    _run_one_transaction(producer, fail_block=False)
+    assert producer.recreations == 0 and producer.committed == 1
+    assert len(FakeProducer.instances) == 1

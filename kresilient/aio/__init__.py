@@ -8,7 +8,8 @@
 * :class:`AsyncResilientConsumer`: an ``async def`` handler per record; offsets committed only
   after the handler returned or the dead letter was acknowledged; retries pause the partition
   while polling continues; dead letters, circuit breaker, per-partition order, graceful
-  shutdown on cancellation and SIGTERM.
+  shutdown on cancellation and SIGTERM. With ``transactions=``: consume-transform-produce
+  exactly once, the sync consumer's transactional engine awaiting the handler on the loop.
 
 See docs/asyncio.md.
 """

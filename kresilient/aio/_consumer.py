@@ -11,6 +11,9 @@ Offsets: a partition's records are handled one at a time, in order; the offset a
 is stored (``enable.auto.offset.store=false``) only once its handler returned or its dead
 letter was acknowledged, and stored offsets are committed by librdkafka in the background,
 synchronously on revoke and on shutdown. Nothing is ever stored past an unfinished handler.
+With ``ordering="key"``/``"none"`` (issue 40) many records of a partition are in flight, each
+an asyncio task, under the sync consumer's window (:mod:`kresilient.aio._keyed`): the lowest
+unfinished offset is stored and committed with the finished records above it in the metadata.
 
 Why not ``AIOConsumer`` itself: its rebalance callbacks must be coroutines run through
 ``run_coroutine_threadsafe`` from the executor thread, and each call is a separate executor
@@ -33,7 +36,6 @@ import functools
 import inspect
 import itertools
 import signal
-import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Final, Literal
@@ -44,9 +46,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from kresilient._ratelimit import RateLimiter
 from kresilient._watchdog import bounded_call
+from kresilient.aio._keyed import ORDERINGS, KeyedRunner, Ordering
 from kresilient.aio._producer import AsyncResilientProducer
+from kresilient.aio._signals import install_loop_signals, restore_loop_signals
+from kresilient.aio._transactional import TransactionalRunner
 from kresilient.config import consumer_config
 from kresilient.consumer import (
+    FATAL_CONSUME_CODES,
     ON_STALL,
     OUTAGE_RETRY,
     CircuitBreaker,
@@ -55,6 +61,7 @@ from kresilient.consumer import (
     OutageDecision,
     OutageDetector,
     RetryPolicy,
+    TransactionPolicy,
     is_outage,
     outage_classification,
     poison,
@@ -89,6 +96,16 @@ __all__ = ["AsyncResilientConsumer"]
 
 AsyncHandler = Callable[[Message], Awaitable[object]]
 TP = tuple[str, int]
+#: A worker-thread step's operations: offsets to store, partitions to pause, to resume, idle
+#: partitions to move to their position, and (ordering="key"/"none") offsets with their
+#: finished-record lists to store and commit.
+_Ops = tuple[
+    list[TopicPartition],
+    list[TopicPartition],
+    list[TopicPartition],
+    list[TopicPartition],
+    list[TopicPartition],
+]
 #: (topic, kresilient.message.id): the key of the dedupe window
 _Id = tuple[str, bytes]
 
@@ -139,6 +156,7 @@ class _Partition:
         "last",
         "paused",
         "queue",
+        "record",
         "revoked",
         "slot",
         "task",
@@ -169,6 +187,8 @@ class _Partition:
         # the worker holds a concurrency slot: released once, by whoever holds it (a wait
         # that gives it up and is cancelled while taking it back does not hold it)
         self.slot = False
+        # the state of ONE record (ordering="key"/"none"), not of a partition's worker
+        self.record = False
 
 
 class AsyncResilientConsumer:
@@ -201,6 +221,21 @@ class AsyncResilientConsumer:
             :class:`~kresilient.CircuitBreakerOpenError`.
         max_concurrency: handlers running at once across partitions (default 1). Each
             partition always has at most one, so per-partition order is kept.
+        ordering: how many records of ONE partition are handled at once (docs/parallel.md,
+            issue 40), as :class:`~kresilient.ResilientConsumer`'s: ``"partition"`` (the
+            default: one at a time, in order), ``"key"`` (records with the same key one at a
+            time, in offset order; different keys at once, each an asyncio task; keyless
+            records are ordered among themselves like one key) or ``"none"`` (any records at
+            once). With ``"key"``/``"none"`` the committed offset is the lowest unfinished
+            record, the finished ones above it are listed in the commit metadata and a
+            member taking the partition over skips them; a retry waits only its key;
+            ``max_concurrency`` must stay 1 (``max_in_flight`` bounds the handlers).
+        max_in_flight, max_in_flight_bytes: the window per partition for ``"key"``/``"none"``
+            (records and bytes admitted: running or waiting for a retry); a full window
+            pauses the partition while polling goes on. ``max_in_flight`` also bounds the
+            handlers running at once across partitions, as the sync consumer's thread pool.
+        in_flight_metadata: list the finished records above the committed offset in its
+            metadata (``False``: a restart redoes everything above it; tests' control).
         dead_letter_producer: the application's own client for dead letters, not closed by
             this consumer: an :class:`~kresilient.aio.AsyncResilientProducer` (awaited on the
             loop), a :class:`~kresilient.ResilientProducer` or a
@@ -251,6 +286,33 @@ class AsyncResilientConsumer:
             letter) or a rebalance loop, the librdkafka consumer is recreated between two
             steps of the worker thread (the old one commits what was stored and closes in a
             daemon thread, waited for at most 5 s), one ``consumer_recreated`` WARNING.
+        transactions: a :class:`~kresilient.TransactionPolicy`: consume-transform-produce
+            exactly once (docs/asyncio.md, "Exactly once: transactions="). The handler returns
+            its :class:`~kresilient.Output` records; they, the dead letters and the consumed
+            offsets commit in one Kafka transaction, as with
+            :class:`~kresilient.ResilientConsumer`'s ``transactions=``, whose engine runs in a
+            worker thread and awaits the handler on the caller's loop (retries redo the
+            transaction, dead letters are written in it). A handler cut short (past
+            ``shutdown_timeout`` after a stop or a cancellation, a second signal, its loop
+            closed or not running for longer than ``shutdown_timeout``) aborts the open
+            transaction: its records are handled again by the next owner. ``health()`` is
+            the sync engine's (``health().transactions``); the counters on this object are
+            copied from it when :meth:`run` ends. Refused
+            (:class:`~kresilient.ConfigError` naming the argument): ``ordering`` other than
+            ``"partition"``, ``max_concurrency`` other than 1, ``dead_letter_producer`` and
+            ``dead_letter_producer_config`` (dead letters are written by the transaction's
+            producer: ``TransactionPolicy(producer_config=)``), and
+            ``isolation.level=read_uncommitted``.
+        max_process_deaths, crash_probe_records: crash-loop protection, with
+            ``transactions=`` only (:class:`~kresilient.ResilientConsumer`'s, passed to its
+            engine): a record during whose handling the process died ``max_process_deaths``
+            times is dead-lettered (``kresilient.error.category=crash_loop``) at the next
+            start without awaiting the handler; after an unclean end the first
+            ``crash_probe_records`` records of a partition are handled with a marker
+            committed before each call (docs/transactions.md). ``None``: off. Without
+            ``transactions=`` the asyncio consumer has no crash-loop protection: a value
+            other than the default is refused (:class:`~kresilient.ConfigError` naming it),
+            except ``max_process_deaths=None`` (off: what happens).
 
     Example::
 
@@ -274,6 +336,10 @@ class AsyncResilientConsumer:
         dead_letter: DeadLetterPolicy | None = DeadLetterPolicy(),  # noqa: B008 (frozen)
         circuit_breaker: CircuitBreakerPolicy | None = CircuitBreakerPolicy(),  # noqa: B008
         max_concurrency: int = 1,
+        ordering: Ordering = "partition",
+        max_in_flight: int = 64,
+        max_in_flight_bytes: int = 64 << 20,
+        in_flight_metadata: bool = True,
         dead_letter_producer: AsyncResilientProducer
         | ResilientProducer
         | DeadLetterWriter
@@ -292,6 +358,9 @@ class AsyncResilientConsumer:
         health_host: str = "127.0.0.1",
         stall_after_s: float = 60.0,
         on_stall: Literal["report", "heal"] = "report",
+        transactions: TransactionPolicy | None = None,
+        max_process_deaths: int | None = 3,
+        crash_probe_records: int = 20,
     ) -> None:
         if on_stall not in ON_STALL:
             raise ConfigError(
@@ -315,6 +384,69 @@ class AsyncResilientConsumer:
                 "`handler(msg)`; define it with `async def` (or use ResilientConsumer for a "
                 "plain function)"
             )
+        # ---- transactions= (issue 41): the sync transactional engine drives the handler
+        # (kresilient/aio/_transactional.py); run(), stop(), health() and health_port delegate
+        self._txn: TransactionalRunner | None = None
+        if transactions is not None:
+            self._topics = [topics] if isinstance(topics, str) else list(topics)
+            self._txn = TransactionalRunner(
+                config,
+                self._topics,
+                handler,
+                transactions=transactions,
+                handler_name=getattr(handler, "__qualname__", type(handler).__qualname__),
+                max_concurrency=max_concurrency,
+                ordering=ordering,
+                dead_letter_producer=dead_letter_producer,
+                dead_letter_producer_config=dead_letter_producer_config,
+                blocking_warning_s=blocking_warning_s,
+                shutdown_timeout=shutdown_timeout,
+                handle_signals=handle_signals,
+                logger=logger,
+                allow_unsafe=allow_unsafe,
+                retry=retry if retry is not None else RetryPolicy(),
+                outage_retry=outage_retry,
+                dead_letter=dead_letter,
+                circuit_breaker=circuit_breaker,
+                max_in_flight=max_in_flight,
+                max_in_flight_bytes=max_in_flight_bytes,
+                in_flight_metadata=in_flight_metadata,
+                tracer_provider=tracer_provider,
+                meter_provider=meter_provider,
+                propagator=propagator,
+                record_message_key=record_message_key,
+                dedupe=dedupe,
+                health_port=health_port,
+                health_host=health_host,
+                stall_after_s=stall_after_s,
+                on_stall=on_stall,
+                max_process_deaths=max_process_deaths,
+                crash_probe_records=crash_probe_records,
+            )
+            sync = self._txn.consumer
+            self.group_id: str = sync.group_id
+            self.client_id: str = sync.client_id
+            # counters as health() reports them, copied when run() ends
+            self.processed = self.dead_lettered = self.retries = self.blocked_warnings = 0
+            self.commit_failures = 0
+            return
+        # crash-loop protection is the sync engine's, built only with transactions=: a value
+        # set here would do nothing (None, protection off, is what happens and is accepted)
+        for key, value, default in (
+            ("max_process_deaths", max_process_deaths, 3),
+            ("crash_probe_records", crash_probe_records, 20),
+        ):
+            if value != default and not (key == "max_process_deaths" and value is None):
+                raise ConfigError(
+                    f"{key}={value!r} applies only with transactions=: the asyncio consumer "
+                    "without transactions has no crash-loop protection (remove it, or use "
+                    "ResilientConsumer)",
+                    key=key,
+                )
+        # ---- end of transactions=
+        # the ordering's refusals first: ordering="key" with max_concurrency=0 is the
+        # combination KR073 names (ConfigError), not a bare bound
+        _check_ordering(ordering, max_in_flight, max_in_flight_bytes, max_concurrency)
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, not {max_concurrency}")
         if isinstance(topics, str):
@@ -337,8 +469,8 @@ class AsyncResilientConsumer:
             )
         self._scrub: Callable[[str], str] = Redactor.for_config(cfg)
         self._cfg = cfg
-        self.group_id: str = str(cfg["group.id"])
-        self.client_id: str = str(cfg.get("client.id", ""))
+        self.group_id = str(cfg["group.id"])
+        self.client_id = str(cfg.get("client.id", ""))
         self._log = base_log.bind(
             client_id=self.client_id, group=self.group_id, kafka_role="consumer"
         )
@@ -355,7 +487,7 @@ class AsyncResilientConsumer:
         self._outage_over: asyncio.Event | None = None
         self._dead_letter = dead_letter
         self._breaker = CircuitBreaker(circuit_breaker) if circuit_breaker is not None else None
-        self._max_concurrency = max_concurrency
+        self._max_concurrency = max_concurrency if ordering == "partition" else max_in_flight
         # None: no step timing (saves a clock read a record; blocking handlers go unnoticed)
         self._timing = blocking_warning_s is not None
         self._blocking_threshold = float(blocking_warning_s or 0.0)
@@ -459,12 +591,40 @@ class AsyncResilientConsumer:
         self._health_addr = (health_host, health_port)
         self._health_port: int | None = None
         self._next_tick = 0.0
+        # ordering="key"/"none": the windows and the record tasks (None: one at a time)
+        self._keyed: KeyedRunner | None = None
+        # per partition, the state of each of its records in hand that failed once (its
+        # retries, outage hold, dead letter): a revoke marks them revoked
+        self._recs: dict[TP, set[_Partition]] = {}
+        # positions of idle windows' partitions (worker thread: written in a step, read by
+        # the loop before the next one)
+        self._ahead: dict[TP, int] = {}
+        # ordering="key"/"none" during a dependency outage: the held record tried next (one
+        # at a time, each time the next one, as the sync runner), the others in line
+        self._prober: _Partition | None = None
+        self._probe_line: collections.deque[_Partition] = collections.deque()
+        self._probe_turn: asyncio.Event | None = None  # set when the turn passes
+        if ordering != "partition":
+            self._keyed = KeyedRunner(
+                ordering=ordering,
+                max_records=max_in_flight,
+                max_bytes=max_in_flight_bytes,
+                metadata=in_flight_metadata,
+                run_record=self._keyed_record,
+                may_start=self._may_start,
+                commit_interval=min(self._commit_interval, 1.0),
+                log=self._log,
+                redact=self._scrub,
+            )
 
     # ------------------------------------------------------------------ public API
 
     def stop(self) -> None:
         """Ask :meth:`run` to finish: the records in hand complete, what was handled is
         committed, the group is left. Safe from any thread and from signal handlers."""
+        if self._txn is not None:
+            self._txn.stop()
+            return
         self._stop = True
         self._halt_all()
         loop = self._loop
@@ -493,6 +653,8 @@ class AsyncResilientConsumer:
         of :class:`~kresilient.ResilientConsumer` (counts, held partitions, rebalances,
         commit failures, circuit breaker, leadership). Cheap and non-blocking: call it on the
         loop (or from another thread)."""
+        if self._txn is not None:  # the sync engine's, with health().transactions
+            return self._txn.health()
         for _ in range(10):  # another thread may change the dicts while we copy them
             try:
                 return self._health()
@@ -504,6 +666,8 @@ class AsyncResilientConsumer:
     def health_port(self) -> int | None:
         """The port ``/live`` and ``/ready`` are served on while :meth:`run` runs (the one
         picked when ``health_port=0``); ``None`` without a server or before :meth:`run`."""
+        if self._txn is not None:
+            return self._txn.consumer.health_port
         return self._health_port
 
     def _health(self) -> ConsumerHealth:
@@ -526,8 +690,7 @@ class AsyncResilientConsumer:
                     "attempts": part.hold[1],
                     "resumed": False,
                 }
-                for tp, part in list(self._parts.items())
-                if part.held
+                for tp, part in self._held_states()
             ],
             rebalances=dict(self._rebalances),
             commit_failures=self.commit_failures,
@@ -537,6 +700,14 @@ class AsyncResilientConsumer:
             outage=self._detector.snapshot() if self._detector is not None else None,
             **self._probes.stall_fields(),
         )
+
+    def _held_states(self) -> list[tuple[TP, _Partition]]:
+        """Each state waiting for a retry or a dead letter's acknowledgement: a partition's
+        (one at a time), or a record's (ordering="key"/"none": several per partition)."""
+        held = [(tp, part) for tp, part in list(self._parts.items()) if part.held]
+        for tp, recs in list(self._recs.items()):
+            held += [(tp, rec) for rec in list(recs) if rec.held]
+        return held
 
     def _cut_all(self) -> None:
         for part in list(self._parts.values()):
@@ -555,7 +726,15 @@ class AsyncResilientConsumer:
         handler's exception when ``dead_letter=None`` and a record exhausted its retries, or a
         fatal consumer error; in every case after committing what was handled. Re-raises
         ``CancelledError`` after the same shutdown when cancelled. One call per instance.
+        With ``transactions=``: the same, and :class:`~kresilient.ProducerFencedError` when
+        another instance took the ``transactional_id``.
         """
+        if self._txn is not None:
+            try:
+                await self._txn.run()
+            finally:
+                self._copy_counters(self._txn)
+            return
         if self._running or self._ran:
             raise RuntimeError("run() can be called once per AsyncResilientConsumer")
         self._running = self._ran = True
@@ -713,12 +892,7 @@ class AsyncResilientConsumer:
                 key=None,
             )
 
-    def _step(
-        self,
-        ops: tuple[
-            list[TopicPartition], list[TopicPartition], list[TopicPartition], list[TopicPartition]
-        ],
-    ) -> list[Message]:
+    def _step(self, ops: _Ops) -> list[Message]:
         """On the worker thread: store offsets, pause/resume, then consume one batch."""
         consumer = self._consumer
         assert consumer is not None
@@ -728,11 +902,30 @@ class AsyncResilientConsumer:
             self._next_tick = now + 1.0
             self._probe_source.sample(now)
             probes.tick(now)
-        store, pause, resume, idle = ops
+        store, pause, resume, idle, keyed = ops
         self._store(store)
-        if idle:
-            store = self._advance_idle(idle)
-            self._store(store)
+        if keyed:
+            # ordering="key"/"none": the lowest unfinished offsets with their lists of
+            # finished records, stored (an auto-commit carries the same metadata) and
+            # committed once per interval
+            self._store(keyed)
+            try:
+                consumer.commit(offsets=keyed, asynchronous=True)
+            except KafkaException as exc:
+                self._log.warning("commit_failed", reason="in_flight", error=self._scrub(str(exc)))
+        if idle and self._keyed is not None:
+            # positions past the stored offsets of idle windows (a transaction's markers at a
+            # partition's end): the loop moves the windows there (KeyedRunner.advance)
+            self._ahead = positions_ahead(
+                consumer, [(p.topic, p.partition) for p in idle], {}, self._log, self._scrub
+            )
+        elif idle:
+            ahead = self._advance_idle(idle)
+            self._store(ahead)
+            # both: the handled records' offsets of this step are committed on the interval
+            # even when this step is also the idle tick (it replaced them here, so an idle
+            # consumer did not commit its last record until the next one)
+            store = [*store, *ahead]
         if store:
             self._unsynced = True
         if self._unsynced and not self._auto_commit and time.monotonic() >= self._next_commit:
@@ -866,6 +1059,8 @@ class AsyncResilientConsumer:
             return False
         if detector is not None and detector.active:
             return False
+        if self._keyed is not None and not self._keyed.idle():
+            return False
         return not any(
             part.held or part.inhand is not None or (part.task is not None and not part.task.done())
             for part in self._parts.values()
@@ -880,6 +1075,10 @@ class AsyncResilientConsumer:
         if old is None:
             return
         self._store(self._take_done())
+        keyed = self._keyed
+        if keyed is not None:  # idle (_may_heal): the loop awaits this, no task runs
+            self._store(keyed.offsets(list(keyed.windows)))
+            keyed.forget(list(keyed.windows))
         generation = self._generation + 1
         try:
             new = Consumer(self._client_conf(generation))
@@ -940,6 +1139,8 @@ class AsyncResilientConsumer:
             # librdkafka may keep a pause from a previous assignment of this partition:
             # the next step resumes it (harmless when it was not paused)
             part.paused = True
+        if self._keyed is not None:
+            self._keyed.on_assign(_consumer, partitions)  # the finished-record lists
         self._probes.on_assign(partitions)
         self._rebalances["assigned"] += 1
         self._log.debug("partitions_assigned", partitions=len(partitions))
@@ -948,6 +1149,9 @@ class AsyncResilientConsumer:
         """Let the revoked partitions' handlers in hand finish, then commit them (sync)."""
         tps = [(p.topic, p.partition) for p in partitions]
         loop = self._loop
+        if self._keyed is not None:
+            self._revoke_keyed(consumer, tps)
+            return
         busy = [part for tp in tps if (part := self._parts.get(tp)) is not None and part.task]
         if not busy:  # nothing in hand (e.g. at close): no hop to the loop needed
             for tp in tps:
@@ -972,6 +1176,47 @@ class AsyncResilientConsumer:
         self._rebalances["revoked"] += 1
         self._log.debug("partitions_revoked", partitions=len(tps))
 
+    def _revoke_keyed(self, consumer: Consumer, tps: list[TP]) -> None:
+        """Worker thread, ordering="key"/"none": on the loop, wait (up to
+        ``shutdown_timeout``) for the revoked partitions' records in hand and take the lowest
+        unfinished offsets with their lists; store and commit them (synchronously, with the
+        metadata: always explicit, at close too), forget the partitions."""
+        loop = self._loop
+        parts: list[TopicPartition] = []
+        if loop is not None and not loop.is_closed():
+            future = asyncio.run_coroutine_threadsafe(self._settle_keyed(tps, lost=False), loop)
+            try:
+                parts = future.result(self._shutdown_timeout + 10)
+            except Exception as exc:  # the loop is gone or stuck: nothing safe to commit
+                self._log.warning("revoke_wait_failed", error=type(exc).__name__)
+        if parts:
+            self._store(parts)
+            try:
+                committed = consumer.commit(offsets=parts, asynchronous=False)
+                self._tel.record_commit(committed or [])
+            except KafkaException as exc:
+                self._log.warning("commit_failed", reason="revoke", error=self._scrub(str(exc)))
+        for tp in tps:
+            if (part := self._parts.pop(tp, None)) is not None:
+                part.revoked = part.halt = True
+            self._stored.pop(tp, None)
+        self._probes.forget(tps)
+        self._rebalances["revoked"] += 1
+        self._log.debug("partitions_revoked", partitions=len(tps))
+
+    async def _settle_keyed(self, tps: list[TP], *, lost: bool) -> list[TopicPartition]:
+        """On the loop: wait for ``tps``' records in hand (bounded; the rest cancelled, left
+        unfinished), then their committable offsets (none when ``lost``); forget them."""
+        keyed = self._keyed
+        assert keyed is not None
+        try:
+            await self._finish(tps)
+            return [] if lost else keyed.offsets(tps)
+        finally:
+            keyed.forget(tps)
+            for tp in tps:
+                self._recs.pop(tp, None)
+
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Lost (not revoked): commits would be refused; the new owner re-reads from the last
         commit. Stop the workers, and (as a revoke does) wait for the handlers in hand, up to
@@ -982,7 +1227,16 @@ class AsyncResilientConsumer:
         tps = [(p.topic, p.partition) for p in partitions]
         loop = self._loop
         busy = [part for tp in tps if (part := self._parts.get(tp)) is not None and part.task]
-        if busy and loop is not None and not loop.is_closed():
+        if self._keyed is not None and loop is not None and not loop.is_closed():
+            settled = asyncio.run_coroutine_threadsafe(self._settle_keyed(tps, lost=True), loop)
+            try:
+                settled.result(self._shutdown_timeout + 10)  # nothing to commit: lost
+            except Exception as exc:  # the loop is gone or stuck
+                self._log.warning("lost_wait_failed", error=type(exc).__name__)
+            for tp in tps:
+                if (part := self._parts.get(tp)) is not None:
+                    part.revoked = part.halt = True
+        elif busy and loop is not None and not loop.is_closed():
             future = asyncio.run_coroutine_threadsafe(self._finish(tps), loop)
             try:
                 future.result(self._shutdown_timeout + 10)
@@ -1019,15 +1273,30 @@ class AsyncResilientConsumer:
 
     # ------------------------------------------------------------------ the event loop
 
-    def _pending_ops(
-        self,
-    ) -> tuple[
-        list[TopicPartition], list[TopicPartition], list[TopicPartition], list[TopicPartition]
-    ]:
+    def _pending_ops(self) -> _Ops:
         pause: list[TopicPartition] = []
         resume: list[TopicPartition] = []
         idle: list[TopicPartition] = []
         now = time.monotonic()
+        keyed = self._keyed
+        if keyed is not None:
+            ahead, self._ahead = self._ahead, {}
+            for tp, position in ahead.items():
+                keyed.advance(tp, position)  # an idle window past a transaction's markers
+            if now >= self._advance_due:
+                self._advance_due = now + 1.0
+                idle = [TopicPartition(*tp) for tp, w in keyed.windows.items() if w.idle]
+            # the windows decide: a full one (or a long backlog, or a partition too far past
+            # its lowest unfinished record) pauses its partition until it has room again
+            for tp, part in list(self._parts.items()):
+                blocked = keyed.blocked(tp)
+                if blocked and not part.paused:
+                    part.paused = True
+                    pause.append(TopicPartition(*tp))
+                elif part.paused and not blocked:
+                    part.paused = False
+                    resume.append(TopicPartition(*tp))
+            return [], pause, resume, idle, keyed.due_offsets(now)
         if now >= self._advance_due:
             # Once a second: partitions with nothing queued, running or held move to the
             # consumer's position in the worker (past a transaction's markers at the end, as
@@ -1055,7 +1324,7 @@ class AsyncResilientConsumer:
             elif part.paused and not blocked and len(part.queue) <= _MAX_BUFFERED // 2:
                 part.paused = False
                 resume.append(TopicPartition(*tp))
-        return self._take_done(), pause, resume, idle
+        return self._take_done(), pause, resume, idle, []
 
     def _dispatch(self, batch: list[Message]) -> None:
         """Queue each record behind its partition's; start the partition's worker if idle.
@@ -1066,6 +1335,17 @@ class AsyncResilientConsumer:
         ``deque.extend``); otherwise record by record, by topic and partition.
         """
         parts = self._parts
+        if self._keyed is not None:
+            kept = []
+            for msg in batch:
+                if msg.error() is not None:
+                    self._consume_error(msg)
+                    continue
+                part = parts.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
+                if part is not None and not part.revoked:  # else: the new owner reads it
+                    kept.append(msg)
+            self._keyed.offer(kept)
+            return
         touched: list[_Partition] = []
         queued = 0
         single = self._single_topic
@@ -1114,7 +1394,7 @@ class AsyncResilientConsumer:
         if err.code() == KafkaError._PARTITION_EOF:
             return
         self._monitor.on_error(err, msg.topic(), msg.partition())
-        if err.fatal():
+        if err.fatal() or err.code() in FATAL_CONSUME_CODES:  # a fenced static member too
             self._error = translate(KafkaException(err), operation="consume", redactor=self._scrub)
         self._log.warning("consume_error", error=err.name(), reason=self._scrub(err.str()))
 
@@ -1212,6 +1492,82 @@ class AsyncResilientConsumer:
                         sem.release()
         finally:
             part.task = None
+
+    def _may_start(self, busy: bool) -> bool:
+        """ordering="key"/"none": may new records start? Not while stopping, and not during
+        a dependency outage while records are in hand (their held retries tell when it ends;
+        with none in hand, only a new record can)."""
+        if self._stop or self._error is not None:
+            return False
+        detector = self._detector
+        return not (busy and detector is not None and detector.active)
+
+    async def _keyed_record(self, tp: TP, msg: Message) -> bool:
+        """ordering="key"/"none": one record, in its own task, under a slot of the
+        semaphore (``max_in_flight``). True: it finished (handled, dead-lettered, skipped as a
+        duplicate); False: it did not (stopping, revoked, a fatal outcome): it stays
+        unfinished, so no commit passes it.
+
+        The hot path is ``await handler(msg)``; a failure (or a span per record, or dedupe)
+        goes through :meth:`_process` with a state of its own (its retry waits, outage hold
+        and dead letter), whose waits the partition's ``cut`` ends."""
+        part = self._parts.get(tp)
+        if part is None or part.revoked or self._stop or self._error is not None:
+            return False
+        sem = self._sem
+        assert sem is not None
+        rec: _Partition | None = None
+        await sem.acquire()
+        try:
+            if part.revoked or self._stop or self._error is not None:
+                return False
+            dedupe = self._dedupe
+            if dedupe is not None and dedupe.is_duplicate(msg):
+                # checked at its turn: in "key" mode a re-sent copy's original (same key)
+                # finished before it started
+                ident, _ = record_id(msg)
+                self._skipped(msg, ident or b"")
+                return True
+            first: Exception | None = None
+            if dedupe is None and not self._traced:
+                began = time.monotonic() if self._timing else 0.0
+                try:
+                    await self._handler(msg)
+                except Exception as exc:  # retries, dead letter
+                    first = exc
+                else:
+                    self.processed += 1  # the breaker is credited in bulk (_credit_breaker)
+                    if self._detector is not None:
+                        self._succeeded()
+                    return True
+                finally:
+                    if self._timing and (took := time.monotonic() - began) > (
+                        self._blocking_threshold
+                    ):
+                        self._check_blocked(msg, took)  # did it hold the loop, or await?
+            rec = _Partition(tp)
+            rec.cut = part.cut  # stop() and the revoke end its waits
+            rec.slot = rec.record = True
+            self._recs.setdefault(tp, set()).add(rec)
+            if part.revoked:
+                rec.revoked = True
+            return await self._process(msg, rec, first)
+        except BaseException as exc:  # not an Exception: the record stays unfinished
+            if self._interrupted(msg, rec if rec is not None else _Partition(tp), exc):
+                raise
+            return False
+        finally:
+            if rec is None:
+                sem.release()
+            else:
+                recs = self._recs.get(tp)
+                if recs is not None:
+                    recs.discard(rec)
+                if self._prober is rec:  # its probe is over, whatever the outcome
+                    self._pass_probe()
+                if rec.slot:  # a wait that gave it up and was cancelled holds none
+                    rec.slot = False
+                    sem.release()
 
     async def _deduped(self, msg: Message, part: _Partition) -> bool:
         """``dedupe`` on: skip a marked copy of a handled id, else handle the record (as the
@@ -1608,6 +1964,8 @@ class AsyncResilientConsumer:
         )
         over = self._outage_over
         self._outage_over = None
+        self._prober = None  # the held records all run again now (ordering="key"/"none")
+        self._probe_line.clear()
         if over is not None:
             over.set()  # cut short the waits of the records it held
 
@@ -1652,6 +2010,8 @@ class AsyncResilientConsumer:
             over = self._outage_over
             if over is None:
                 over = self._outage_over = asyncio.Event()
+            if part.record:
+                return await self._held_turn(delay, part, over)
             waits = [asyncio.ensure_future(part.cut.wait()), asyncio.ensure_future(over.wait())]
             try:
                 await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
@@ -1662,6 +2022,58 @@ class AsyncResilientConsumer:
         finally:
             await sem.acquire()  # cancelled here: no slot held (part.slot stays False)
             part.slot = True
+
+    async def _held_turn(self, delay: float, rec: _Partition, over: asyncio.Event) -> bool:
+        """ordering="key"/"none", a record held by a dependency outage: as in the sync runner,
+        ONE held record at a time is tried again, after ``outage_retry``'s wait, each time the
+        next one in line (a bad record among them cannot keep the outage going); the others
+        wait for the outage's end or their turn. True: the outage ended meanwhile."""
+        line = self._probe_line
+        if self._prober is rec:
+            self._pass_probe()  # its probe failed: the next held record's turn
+        if self._prober is None:
+            self._prober = rec
+        else:
+            line.append(rec)
+        try:
+            while self._prober is not rec:
+                turn = self._probe_turn
+                if turn is None:
+                    turn = self._probe_turn = asyncio.Event()
+                if await self._first_of(rec.cut, over, turn):
+                    return over.is_set()
+            await self._first_of(rec.cut, over, timeout=delay)
+            return over.is_set()
+        finally:
+            if rec in line:
+                line.remove(rec)
+
+    def _pass_probe(self) -> None:
+        """The turn to be tried again passes to the next held record in line (none: free)."""
+        line = self._probe_line
+        self._prober = line.popleft() if line else None
+        turn, self._probe_turn = self._probe_turn, None
+        if turn is not None:
+            turn.set()
+
+    @staticmethod
+    async def _first_of(
+        cut: asyncio.Event,
+        over: asyncio.Event,
+        turn: asyncio.Event | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> bool:
+        """Wait for the first of the events (or ``timeout``); True when ``cut`` or ``over``
+        is set (stop, revoke, the outage's end)."""
+        events = [cut, over] if turn is None else [cut, over, turn]
+        waits = [asyncio.ensure_future(e.wait()) for e in events]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+        return cut.is_set() or over.is_set()
 
     async def _sleep(self, delay: float, part: _Partition) -> None:
         """Wait ``delay`` s, cut short by stop() or the partition's revocation."""
@@ -1895,6 +2307,14 @@ class AsyncResilientConsumer:
             part.revoked = part.halt = True
             self._drop_queue(part)  # not started: the next owner (or the restart) reads them
         tasks = [p.task for p in parts if p.task is not None]
+        if self._keyed is not None:
+            # nothing more starts on them; records waiting for a retry are cut short (left
+            # unfinished: their new owner handles them), those in their handler waited for
+            tps = [p.tp for p in parts]
+            tasks.extend(self._keyed.close_windows(tps))
+            for tp in tps:
+                for rec in self._recs.get(tp, ()):
+                    rec.revoked = rec.halt = True
         for part in parts:
             part.cut.set()  # end retry and dead-letter waits
         if tasks:
@@ -2000,6 +2420,8 @@ class AsyncResilientConsumer:
             for part in list(self._parts.values())
             if (task := part.task) is not None and not task.done()
         ]
+        if self._keyed is not None:
+            in_hand += [t for ts in self._keyed.tasks.values() for t in ts.values() if not t.done()]
         if in_hand and not self._committing and not self._signal_interrupted:
             self._signal_interrupted = True  # first: a CancelledError turned into another
             # exception by the handler is still the interruption (_process)
@@ -2035,30 +2457,21 @@ class AsyncResilientConsumer:
             task.cancel()
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[signal.Signals]:
-        if not self._handle_signals or threading.current_thread() is not threading.main_thread():
+        if not self._handle_signals:
             return []
-        installed: list[signal.Signals] = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous = signal.getsignal(sig)
-            try:
-                loop.add_signal_handler(sig, self._on_signal, sig)
-            except (NotImplementedError, RuntimeError, ValueError):
-                continue
-            installed.append(sig)
-            self._previous_signals[sig] = previous
-        return installed
+        return install_loop_signals(loop, self._on_signal, self._previous_signals)
 
     def _restore_signals(
         self, loop: asyncio.AbstractEventLoop, signals: list[signal.Signals]
     ) -> None:
-        # remove_signal_handler resets to SIG_DFL; put back what was there before run()
-        # (e.g. the sync producer's SIGTERM safety net)
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-            previous = self._previous_signals.pop(sig, None)
-            if previous is not None:
-                with contextlib.suppress(ValueError, TypeError, OSError):
-                    signal.signal(sig, previous)
+        restore_loop_signals(loop, signals, self._previous_signals)
+
+    def _copy_counters(self, txn: TransactionalRunner) -> None:
+        health = txn.health()
+        self.processed, self.dead_lettered = health.processed, health.dead_lettered
+        self.retries, self.commit_failures = health.retries, health.commit_failures
+        self.duplicates_skipped = health.duplicates_skipped
+        self.blocked_warnings = txn.blocked_warnings
 
     def __repr__(self) -> str:
         return (
@@ -2104,17 +2517,30 @@ class _ProbeSource:
         ]
 
     def retry_waits(self) -> list[tuple[TP, int, float]]:
-        return [
-            (tp, part.hold[0], part.due)
-            for tp, part in list(self._consumer._parts.items())
-            if part.held
-        ]
+        return [(tp, part.hold[0], part.due) for tp, part in self._consumer._held_states()]
 
     def held(self) -> Collection[TP]:
-        return [tp for tp, part in list(self._consumer._parts.items()) if part.held]
+        return list(dict.fromkeys(tp for tp, _ in self._consumer._held_states()))
 
     def duplicates(self) -> int:
         return self._consumer.duplicates_skipped
+
+
+def _check_ordering(
+    ordering: str, max_in_flight: int, max_bytes: int, max_concurrency: int
+) -> None:
+    """Refuse what in-partition concurrency does not take, as ResilientConsumer does (the
+    sync consumer's other refusals name options this consumer does not have)."""
+    if ordering not in ORDERINGS:
+        raise ConfigError(f"ordering must be one of {ORDERINGS}, got {ordering!r}", key="ordering")
+    if max_in_flight < 1 or max_bytes < 1:
+        raise ConfigError("max_in_flight and max_in_flight_bytes must be >= 1", key="ordering")
+    if ordering != "partition" and max_concurrency != 1:
+        raise ConfigError(
+            f"ordering={ordering!r} does not combine with max_concurrency={max_concurrency}: "
+            "max_in_flight bounds the handlers running at once in this mode",
+            key="max_concurrency",
+        )
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -30,6 +30,11 @@ What it adds to ``confluent_kafka.Consumer`` (see docs/consumer.md):
 * a **circuit breaker** stops the consumer (:class:`~kresilient.CircuitBreakerOpenError`)
   when dead-lettering exceeds its limit;
 * optional **deserializers** whose failures are dead-lettered with the raw bytes;
+* **outputs**: a handler may return :class:`Output` records; with
+  ``transactions=TransactionPolicy(...)`` they, the dead letters, the retry-topic records
+  and the consumed offsets commit in one Kafka transaction (exactly once, :mod:`._output`);
+  without, they are produced and confirmed before the batch's offsets are stored
+  (at-least-once);
 * a graceful **shutdown** on :meth:`ResilientConsumer.stop`, SIGTERM or SIGINT: the message in
   hand is finished, what was processed is committed, the group is left.
 
@@ -47,7 +52,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal, cast
@@ -66,6 +71,17 @@ from kresilient.consumer._failures import DeadLetterSink, FailureHandler
 from kresilient.consumer._holds import TP, Hold, Holds, LoopState, Verdict
 from kresilient.consumer._inflight import ORDERINGS, Ordering
 from kresilient.consumer._offsets import OffsetKeeper
+from kresilient.consumer._output import (
+    AtLeastOnceOutputs,
+    HandlerOutputError,
+    Output,
+    TransactionalBatches,
+    TransactionPolicy,
+    TxnCrashOffsets,
+    emitting,
+    outputs_of,
+    refusing_batch_outputs,
+)
 from kresilient.consumer._parallel import ParallelRunner
 from kresilient.consumer._probes import ON_STALL, Probes
 from kresilient.consumer._retrytopics import RetryTopicPolicy, RetryView
@@ -95,6 +111,7 @@ from kresilient.producer import (
     LogBridge,
     Reachability,
     ResilientProducer,
+    TransactionalProducer,
     client_certificate,
     connect_failure,
 )
@@ -107,9 +124,12 @@ __all__ = [
     "OUTAGE_RETRY",
     "BatchItemError",
     "ConsumerHealth",
+    "HandlerOutputError",
+    "Output",
     "ResilientConsumer",
     "RetryPolicy",
     "RetryTopicPolicy",
+    "TransactionPolicy",
 ]
 
 Handler = Callable[[Message], object]
@@ -182,12 +202,21 @@ class ConsumerHealth:
     stalls: int = 0
     #: librdkafka consumers recreated by ``on_stall="heal"`` so far
     recreations: int = 0
+    #: with ``transactions=``: ``transactional_id``, ``committed``, ``aborted``, ``fenced``,
+    #: ``open``, ``recreations`` (of the transactional producer); ``None`` without
+    transactions: dict[str, Any] | None = None
 
     @property
     def healthy(self) -> bool:
-        """Running, not stopping, no stall and no dependency outage (``/ready`` says the same
-        of a member that has joined its group)."""
-        return self.running and not self.stopping and self.stalled is None and self.outage is None
+        """Running, not stopping, no stall, no dependency outage and not fenced (``/ready``
+        says the same of a member that has joined its group)."""
+        return (
+            self.running
+            and not self.stopping
+            and self.stalled is None
+            and self.outage is None
+            and not (self.transactions is not None and self.transactions["fenced"])
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict (what ``health()`` returned in 0.1)."""
@@ -229,11 +258,17 @@ def _check_ordering(
     max_bytes: int,
     *,
     batch: bool,
-    retry_topics: bool,
+    ordered_retry_topics: bool,
     span_per_call: bool,
-    crash_loop: bool,
 ) -> None:
-    """Refuse what in-partition concurrency does not combine with yet (issue 40)."""
+    """Refuse what in-partition concurrency does not combine with yet (issue 40).
+
+    Crash-loop protection combines: a partition probed after an unclean end runs its probe
+    one record at a time (``ParallelRunner``), the others concurrently. Retry topics combine
+    (``RetryTopicPolicy(ordered=False)``: a failure is moved to its tier and finished when the
+    write is acknowledged; a retry-topic record waits in its window until it is due);
+    ``ordered=True`` does not yet: its blocked keys would have to route a key's later records
+    behind the moved one across many records in flight."""
     if ordering not in ORDERINGS:
         raise ConfigError(f"ordering must be one of {ORDERINGS}, got {ordering!r}", key="ordering")
     if max_in_flight < 1 or max_bytes < 1:
@@ -244,9 +279,8 @@ def _check_ordering(
         name
         for name, on in (
             ("batch_handler", batch),
-            ("retry_topics", retry_topics),
+            ("retry_topics=RetryTopicPolicy(ordered=True)", ordered_retry_topics),
             ('trace_spans="call"', span_per_call),
-            ("crash-loop protection (pass max_process_deaths=None)", crash_loop),
         )
         if on
     ]
@@ -255,6 +289,41 @@ def _check_ordering(
             f"ordering={ordering!r} does not combine with {', '.join(refused)} yet: "
             "each would lose its per-record guarantee with many records in flight (issue 40)",
             key="ordering",
+        )
+
+
+def _check_transactions(
+    policy: TransactionPolicy, *, batch: bool, ordering: str, own_dlq_producer: str | None = None
+) -> None:
+    """Refuse what consume-transform-produce in transactions does not combine with."""
+    if not isinstance(policy, TransactionPolicy):
+        raise ConfigError(
+            f"transactions must be a kresilient.TransactionPolicy, got {type(policy).__name__}",
+            key="transactions",
+        )
+    refused = [
+        name
+        for name, on in (
+            ("batch_handler", batch),
+            (f"ordering={ordering!r}", ordering != "partition"),
+        )
+        if on
+    ]
+    if refused:
+        raise ConfigError(
+            f"transactions= does not combine with {', '.join(refused)}: a transaction holds "
+            "the records of a batch in offset order, per-record outputs and their dead letters "
+            "(docs/transactions.md)",
+            key="transactions",
+        )
+    if own_dlq_producer is not None:
+        # it would be ignored: dead letters are written by the transactional producer,
+        # inside the transaction (a producer of its own could not be in it)
+        raise ConfigError(
+            f"transactions= does not combine with {own_dlq_producer}: dead letters are "
+            "written inside the transaction by its transactional producer; set that "
+            "producer's settings with TransactionPolicy(producer_config=...)",
+            key=own_dlq_producer,
         )
 
 
@@ -393,15 +462,35 @@ class ResilientConsumer:
             different keys at once on a thread pool; ``"none"``: any records at once. Commits
             never pass an unfinished record; the finished records above the committed offset
             are listed in its metadata and skipped by the next owner. Not yet combined with
-            ``batch_handler``, ``retry_topics``, ``trace_spans="call"`` or crash-loop
-            protection (pass ``max_process_deaths=None``): issue 40. Outage detection works
-            as in ``"partition"`` mode (the held records, one probe at a time).
+            ``batch_handler``, ``RetryTopicPolicy(ordered=True)`` or ``trace_spans="call"``:
+            issue 40 (unordered ``retry_topics`` combine: a record's move is acknowledged
+            before it counts as finished, a retry-topic record waits in its window until it
+            is due, without holding other keys or polling). Outage
+            detection works as in ``"partition"`` mode (the held records, one probe at a
+            time); crash-loop protection too (a partition probed after an unclean end runs
+            its ``crash_probe_records`` one at a time, then concurrently again).
         max_in_flight, max_in_flight_bytes: the window per partition for ``"key"``/``"none"``
             (records and bytes of key + value admitted and not finished); a full window
             pauses the partition while polling goes on. ``max_in_flight`` is the size of the
             thread pool too.
         in_flight_metadata: list the finished records above the committed offset in its
             metadata (``False``: a restart redoes everything from the committed offset).
+        transactions: a :class:`TransactionPolicy`: consume-transform-produce exactly once.
+            The handler returns its output records (:class:`Output`); they, the dead letters
+            and the consumed offsets commit in one Kafka transaction per group of batches
+            (``max_records`` / ``max_interval_s``), or none of them does; the consumer's own
+            offset commits are off. A failing record aborts the transaction and the batch is
+            redone after the retry policy's wait; once the policy gives up, the record is
+            dead-lettered inside the transaction. With ``retry_topics``, a failure they take
+            is written to its retry topic inside the transaction, which goes on; the retry
+            topics' records are handled in transactions too. Fenced (another instance took
+            the ``transactional_id``): ``run()`` raises
+            :class:`~kresilient.ProducerFencedError`. Not combined with ``batch_handler`` or
+            ``ordering="key"``/``"none"`` (:class:`~kresilient.ConfigError`). Crash-loop
+            protection counts deaths in markers committed outside the transactions, at the
+            committed position (docs/transactions.md). Without ``transactions=``, the
+            :class:`Output` records a handler returns are produced at-least-once: delivered
+            before the batch's offsets are stored.
     """
 
     def __init__(
@@ -447,6 +536,7 @@ class ResilientConsumer:
         max_in_flight: int = 64,
         max_in_flight_bytes: int = 64 << 20,
         in_flight_metadata: bool = True,
+        transactions: TransactionPolicy | None = None,
     ) -> None:
         if (handler is None) == (batch_handler is None):
             raise ConfigError("pass exactly one of handler= and batch_handler=")
@@ -465,14 +555,24 @@ class ResilientConsumer:
                 key="trace_spans",
             )
         self._span_per_call = trace_spans == "call"
+        if transactions is not None:
+            _check_transactions(
+                transactions,
+                batch=batch_handler is not None,
+                ordering=ordering,
+                own_dlq_producer="dead_letter_producer"
+                if dead_letter_producer is not None
+                else "dead_letter_producer_config"
+                if dead_letter_producer_config
+                else None,
+            )
         _check_ordering(
             ordering,
             max_in_flight,
             max_in_flight_bytes,
             batch=batch_handler is not None,
-            retry_topics=retry_topics is not None,
+            ordered_retry_topics=retry_topics is not None and retry_topics.ordered,
             span_per_call=self._span_per_call,
-            crash_loop=max_process_deaths is not None,
         )
         if dedupe is not None and not isinstance(dedupe, Deduplicator):
             raise ConfigError(
@@ -511,6 +611,15 @@ class ResilientConsumer:
         # every log line, exception and repr of this consumer goes through it (issue 11, 5)
         self._redact = Redactor.for_config(config)
         cfg = build_consumer_config(config, allow_unsafe, base_log)
+        if transactions is not None:
+            if str(cfg.get("isolation.level", "read_committed")) != "read_committed":
+                raise ConfigError(
+                    "transactions= reads with isolation.level=read_committed: records of "
+                    "aborted transactions (its own redone ones included) would be handled",
+                    key="isolation.level",
+                )
+            # the offsets commit in the transaction only (send_offsets_to_transaction)
+            cfg["enable.auto.commit"] = False
         self._user_cb: dict[str, Callable[..., Any] | None] = {
             name: cfg.pop(name, None) for name in ("error_cb", "stats_cb", "on_commit", "logger")
         }
@@ -538,7 +647,9 @@ class ResilientConsumer:
         self._call: Callable[[Any], object]
         if self._batch_mode:
             assert batch_handler is not None
-            self._call = self._deser.call_batch if self._deser is not None else batch_handler
+            self._call = refusing_batch_outputs(
+                self._deser.call_batch if self._deser is not None else batch_handler
+            )
         else:
             assert handler is not None
             self._call = self._deser if self._deser is not None else handler
@@ -556,9 +667,30 @@ class ResilientConsumer:
                 allow_unsafe=allow_unsafe,
                 logger=base_log,
             )
-            if dead_letter is not None and dead_letter_producer is None
+            if dead_letter is not None and dead_letter_producer is None and transactions is None
             else None
         )
+        self._txn_policy = transactions
+        self._txn: TransactionalBatches | None = None
+        self._txn_config: dict[str, Any] | None = None
+        if transactions is not None:
+            # derived like the dead-letter producer's (connection and security keys, the
+            # consumer's accepted unsafe settings), then the policy's overrides
+            txn_cfg = dead_letter_producer_config_of(
+                config,
+                client_id=self.client_id or self.group_id,
+                allow_unsafe=allow_unsafe,
+                logger=base_log,
+            )
+            txn_cfg["client.id"] = f"{self.client_id or self.group_id}-txn"
+            for key in ("message.timeout.ms", "delivery.timeout.ms"):
+                # a dead-letter producer's delivery timeout; a transaction's records must be
+                # delivered within transaction.timeout.ms (TransactionalProducer's default)
+                txn_cfg.pop(key, None)
+            txn_cfg.update(transactions.producer_config or {})
+            self._txn_config = txn_cfg
+        self._tracer_provider = tracer_provider
+        self._propagator = propagator
         self._max_batch = max_batch_size
         self._poll_timeout = poll_timeout
         self._shutdown_timeout = shutdown_timeout
@@ -626,18 +758,44 @@ class ResilientConsumer:
         if max_process_deaths is not None and not self._batch_mode:
             self._crash = CrashGuard(
                 self._consumer,
-                offsets,
+                # transactions=: its markers are plain commits at the committed position,
+                # outside the transactions (docs/transactions.md, crash loops)
+                offsets
+                if transactions is None
+                else cast(Any, TxnCrashOffsets(offsets, self._txn_position)),
                 max_deaths=max_process_deaths,
                 window=crash_probe_records,
                 log=log,
                 redact=self._redact,
                 offset_reset=str(conf.get("auto.offset.reset", "largest")),  # librdkafka's default
             )
-            offsets.clean_marker = CLEAN
+            if ordering == "partition":
+                offsets.clean_marker = CLEAN
+            # else the runner commits the clean marker itself, with the finished-records list
+            # (OffsetKeeper's clean commit would drop the list)
         self._guarded: Callable[[Any], object] = (
             self._crash.wrap(self._call) if self._crash is not None else self._call
         )
         self._inner: Callable[[Any], object] = self._call
+        # the Output records a handler returns: in the transaction (transactions=), else
+        # produced and confirmed before the batch's offsets are stored (ordering="partition");
+        # outside the crash guard (its probe is around the handler call alone)
+        self._outputs: AtLeastOnceOutputs | None = None
+        self._outputs_failing = False  # output failures being handled (see _confirm_outputs)
+        # the handler (and guarded) without the output wrapper: the untraced per-message
+        # loop checks the result inline instead (a call frame less per record, ~35 ns)
+        self._raw_call, self._raw_guarded = self._call, self._guarded
+        if transactions is None and not self._batch_mode:
+            if ordering == "partition":
+                self._outputs = AtLeastOnceOutputs(self._output_producer)
+                # a crash marker's commit (crash-loop protection) flushes them first
+                self._offsets.output_floor = self._outputs.floor
+            plain = self._call
+            self._call = self._inner = emitting(plain, self._outputs)
+            if self._guarded is not plain:
+                self._guarded = emitting(self._guarded, self._outputs)
+            else:
+                self._guarded = self._call
         self._failures = failures = FailureHandler(
             group_id=self.group_id,
             state=state,
@@ -683,8 +841,9 @@ class ResilientConsumer:
             outage=failures.detector,
             log=log,
             redact=self._redact,
-            # ordering="key"/"none": the runner's records held by a dependency outage
-            held=lambda: self._parallel.held_partitions() if self._parallel is not None else (),
+            # ordering="key"/"none": the runner's records held by a dependency outage;
+            # transactions=: the retry-topic partitions waiting for their record's due time
+            held=self._held_elsewhere,
             on_stall=on_stall,
             fetch_wait_s=float(cfg.get("fetch.wait.max.ms", 500)) / 1000.0,
         )
@@ -732,6 +891,9 @@ class ResilientConsumer:
                 revoke_timeout=shutdown_timeout,
                 detector=failures.detector,
                 outage_retrying=failures.outage_retrying,
+                guard=self._crash,
+                retry_topics=retry_topics,
+                retry_map=retry_map,
             )
         log.debug(
             "consumer_created",
@@ -779,7 +941,11 @@ class ResilientConsumer:
 
     def _start(self) -> None:
         policy = self._dlq_policy
-        if policy is not None or self._retry_map:
+        if self._txn_policy is not None:
+            if policy is None or policy.require_topic:  # and the retry topics, if any
+                self._check_dead_letter_topics(policy)
+            self._start_transactions(self._txn_policy)
+        elif policy is not None or self._retry_map:
             if policy is None or policy.require_topic:
                 self._check_dead_letter_topics(policy)
             target: ResilientProducer | DeadLetterWriter | None = self._user_dlq
@@ -814,6 +980,86 @@ class ResilientConsumer:
             self._log.info("health_probes_serving", host=host, port=self._health_port)
         self._log.debug("consumer_started", topics=self._topics)
 
+    def _output_producer(self) -> ResilientProducer:
+        """The producer of the handler's outputs (at-least-once), made at the first one:
+        the consumer's connection and security keys, its telemetry providers."""
+        base = self.client_id or self.group_id
+        cfg = dead_letter_producer_config_of(
+            self._user_config, client_id=base, allow_unsafe=self._allow_unsafe, logger=self._log
+        )
+        cfg["client.id"] = f"{base}-out"
+        return ResilientProducer(
+            cfg,
+            allow_unsafe=self._allow_unsafe,
+            logger=self._log,
+            tracer_provider=self._tracer_provider,
+            meter_provider=self._meter_provider,
+            propagator=self._propagator,
+        )
+
+    def _confirm_outputs(self) -> list[tuple[Any, BaseException]]:
+        """Every output queued so far delivered (before offsets are stored: at a batch's end,
+        and after a held record's retry); the earliest record of a partition whose output
+        failed is that record's failure (retried or dead-lettered: the records after it are
+        handled again). Returns those records with their errors (empty: all delivered)."""
+        assert self._outputs is not None
+        failed = self._outputs.confirm()
+        # set while their failures are handled: one that stops the consumer (no dead-letter
+        # topic, the breaker) leaves the others unhandled, and nothing of the batch is stored
+        self._outputs_failing = bool(failed)
+        for msg, exc in failed:
+            self._state.nonsuccess += 1
+            self._failures.on_failure(msg, exc)
+        self._outputs_failing = False
+        return failed
+
+    def _start_transactions(self, policy: TransactionPolicy) -> None:
+        """The transactional producer (its ``init_transactions()`` fences an older instance
+        with the same id) and the collaborator writing each batch's transaction."""
+        assert self._txn_config is not None
+        producer = TransactionalProducer(
+            self._txn_config,
+            transactional_id=policy.transactional_id,
+            timeout=policy.timeout,
+            allow_unsafe=self._allow_unsafe,
+            logger=self._log,
+        )
+        failures = self._failures
+        self._txn = TransactionalBatches(
+            consumer=self._consumer,
+            producer=producer,
+            policy=policy,
+            # crash-loop protection around the handler call (its markers outside the
+            # transactions, see TxnCrashOffsets)
+            call=self._crash.wrap(self._call) if self._crash is not None else self._call,
+            dead_letter=self._dlq_policy,
+            retrying=failures.retrying,
+            outage_retrying=failures.outage_retrying,
+            detector=failures.detector,
+            deser=self._deser,
+            breaker=self._breaker,
+            dedupe=self._dedupe,
+            tel=self._tel,
+            state=self._state,
+            consume_error=self._events.consume_error,
+            group=self.group_id,
+            log=self._log,
+            redact=self._redact,
+            tracer_provider=self._tracer_provider,
+            # committed: what the probes read as progress (never committed again by the
+            # consumer: nothing is stored in librdkafka in this mode)
+            on_committed=self._offsets.stored.update,
+            retry_topics=self._retry_topics,
+            retry_map=self._retry_map,
+            probing=self._crash.probing if self._crash is not None else None,
+        )
+        self._txn.register_metrics(self._meter_provider)
+
+    def _txn_position(self, tp: TP) -> int | None:
+        """The committed position of ``tp`` (crash-loop markers with ``transactions=``)."""
+        txn = self._txn
+        return txn.committed_position(tp) if txn is not None else None
+
     def _subscribe(self) -> None:
         """Subscribe the current librdkafka consumer. Its callbacks are ignored once a heal
         replaced it (the old one's revoke at its close in the background must not touch
@@ -821,7 +1067,13 @@ class ResilientConsumer:
         assign: RebalanceCallback
         revoke: RebalanceCallback
         lost: RebalanceCallback
-        if self._parallel is None:
+        if self._txn is not None:
+            assign, revoke, lost = (
+                self._events.on_assign,
+                self._revoked_transactional,
+                self._lost_transactional,
+            )
+        elif self._parallel is None:
             assign, revoke, lost = (
                 self._events.on_assign,
                 self._events.on_revoke,
@@ -858,6 +1110,18 @@ class ResilientConsumer:
                 self._probes.on_stats(stats)
 
         return on_stats
+
+    def _revoked_transactional(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """Abort the open transaction (its records are redone: the partitions that stay
+        are rewound), then the usual revoke (it commits nothing: nothing is stored)."""
+        assert self._txn is not None
+        self._txn.on_revoke(partitions)
+        self._events.on_revoke(consumer, partitions)
+
+    def _lost_transactional(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        assert self._txn is not None
+        self._txn.on_revoke(partitions, lost=True)
+        self._events.on_lost(consumer, partitions)
 
     def _assigned_parallel(self, consumer: Any, partitions: list[TopicPartition]) -> None:
         self._events.on_assign(consumer, partitions)
@@ -937,6 +1201,9 @@ class ResilientConsumer:
         parallel = self._parallel
         if parallel is not None:
             process = parallel.process
+        txn = self._txn
+        if txn is not None:
+            process = txn.process
         watchdog = self._watchdog
         tel = self._tel
         state = self._state
@@ -962,9 +1229,14 @@ class ResilientConsumer:
                 timeout = holds.service(timeout)
             if parallel is not None:
                 timeout = parallel.service(timeout)
-            if offsets.pending:
+            if txn is not None:
+                if txn.fatal is not None:
+                    raise txn.fatal
+                txn.tick(now)
+                timeout = txn.timeout(timeout)
+            elif offsets.pending:
                 self._release_dead_letters()
-            if not self._auto_commit and time.monotonic() >= self._next_commit:
+            if txn is None and not self._auto_commit and time.monotonic() >= self._next_commit:
                 self._next_commit = time.monotonic() + self._commit_interval
                 offsets.commit_async()
             revocations = state.revocations
@@ -983,11 +1255,16 @@ class ResilientConsumer:
                 # iteration had returned messages: those of partitions revoked meanwhile were
                 # committed past on revoke and belong to their new owner now (issue 11, 10).
                 msgs = self._drop_unassigned(msgs)
+                if txn is not None:
+                    msgs = txn.drop_rewound(msgs)
             if not msgs:
                 if parallel is None and now >= advance:
                     # idle: past a transaction marker at a partition's end (see advance_idle)
                     advance = now + 1.0
-                    offsets.advance_idle(holds.by_tp)
+                    if txn is None:
+                        offsets.advance_idle(holds.by_tp)
+                    else:
+                        txn.advance_idle()
                 continue
             watchdog.started = now = time.monotonic()
             if now >= recheck:  # a tracer provider may be installed after start
@@ -1000,6 +1277,14 @@ class ResilientConsumer:
 
     # ------------------------------------------------------------------ heal (issue 42)
 
+    def _held_elsewhere(self) -> Collection[TP]:
+        """Partitions held by a collaborator (no progress expected of them)."""
+        if self._parallel is not None:
+            return self._parallel.held_partitions()
+        if self._txn is not None:
+            return self._txn.deferred()
+        return ()
+
     def _may_heal(self) -> bool:
         """Nothing in hand (the loop thread, between batches: no handler runs), nothing held
         by a retry or an outage, no dead letter waiting for its acknowledgement."""
@@ -1011,6 +1296,7 @@ class ResilientConsumer:
             or self._offsets.pending
             or (detector is not None and detector.active)
             or (parallel is not None and (parallel.in_flight or parallel.held_partitions()))
+            or (self._txn is not None and self._txn.open)
         )
 
     def _heal(self, kind: str, reason: str) -> None:
@@ -1041,7 +1327,9 @@ class ResilientConsumer:
                 offset = window.committable()
                 if offset is not None:
                     stored[tp] = offset
-                    metadata[tp] = window.metadata(None)
+                    # the clean-end marker beside the list (crash-loop protection): the
+                    # new member would otherwise probe every partition one record at a time
+                    metadata[tp] = window.metadata(CLEAN if self._crash is not None else None)
         # the old member's partitions: the new one is assigned anew from the commits
         tps = set(stored) | set(self._probes.parts)
         retire_client(
@@ -1060,8 +1348,10 @@ class ResilientConsumer:
             self._crash.forget(list(tps))
         if self._parallel is not None:
             self._parallel.lost(tps)
+        if self._txn is not None:
+            self._txn.forget(tps | set(self._txn.deferred()))
         # the collaborators that call librdkafka (built with the consumer) take the new one
-        for keeper in (self._holds, offsets, self._crash, self._parallel):
+        for keeper in (self._holds, offsets, self._crash, self._parallel, self._txn):
             if keeper is not None:
                 keeper._consumer = new
         self._probes.consumer = new
@@ -1100,7 +1390,18 @@ class ResilientConsumer:
         if state.traced and self._span_per_call:
             self._process_in_span(msgs)
             return
-        self._handle_each(msgs, self._traced_call if state.traced else self._inner)
+        if state.traced:
+            self._handle_each(msgs, self._traced_call)
+        elif self._outputs is not None and not self._routes():
+            # the hot path: the raw handler, its outputs taken from its result inline
+            raw = self._raw_guarded if self._inner is self._guarded else self._raw_call
+            self._handle_each(msgs, raw, self._outputs.send)
+        else:
+            self._handle_each(msgs, self._inner)
+
+    def _routes(self) -> bool:
+        """A record may take another way than the handler (see :meth:`_routed`)."""
+        return self._failures.keys is not None or bool(self._retry_map) or self._dedupe is not None
 
     def _process_in_span(self, msgs: list[Message]) -> None:
         """``trace_spans="call"``: the whole batch inside one process span, linked to the
@@ -1126,15 +1427,22 @@ class ResilientConsumer:
             self._tel.set_error(exc, classify(exc) if isinstance(exc, Exception) else None)
             raise
 
-    def _handle_each(self, msgs: list[Message], plain: Callable[[Any], object]) -> None:
-        """Handle *msgs* one by one with *plain* (behind the routes, if any)."""
+    def _handle_each(
+        self,
+        msgs: list[Message],
+        plain: Callable[[Any], object],
+        send: Callable[[Any, tuple[Output, ...]], None] | None = None,
+    ) -> None:
+        """Handle *msgs* one by one with *plain* (behind the routes, if any).
+
+        ``send``: *plain* is the raw handler (no routes, untraced): its :class:`Output`
+        results are queued with ``send`` here; a held record's retry goes through the
+        wrapped ``_inner``."""
         state = self._state
         # Ordered key retries, retry topics and dedupe wrap the call (once per batch): the
         # default consumer's loop tests nothing per message that the old layout did not.
-        if self._failures.keys is not None or self._retry_map or self._dedupe is not None:
-            call = self._routed(plain)
-        else:
-            call = plain
+        call = self._routed(plain) if self._routes() else plain
+        retry_call = plain if send is None else self._inner
         holds = self._holds.by_tp
         on_failure = self._failures.on_failure
         state.batch = msgs
@@ -1151,12 +1459,16 @@ class ResilientConsumer:
                 if holds:
                     hold = holds.get((msg.topic(), msg.partition()))  # type: ignore[arg-type]
                     if hold is not None:
-                        self._held(hold, msg, plain)
+                        self._held(hold, msg, retry_call)
                         if state.interrupt:
                             break
                         continue
                 try:
-                    call(msg)
+                    result = call(msg)
+                    if result is not None and send is not None:
+                        produced = outputs_of(result, msg, strict=False)
+                        if produced:
+                            send(msg, produced)
                 except _Handled as handled:
                     state.nonsuccess += 1
                     if handled.stop is not None:
@@ -1168,9 +1480,37 @@ class ResilientConsumer:
                     break
             else:
                 msg = None
+            if self._outputs is not None and self._outputs.pending:
+                failed = self._confirm_outputs()
+                if failed and state.interrupt:
+                    # stopping (a failure the consumer stops on, stop()): nothing at or after
+                    # the earliest record whose outputs were not delivered is stored, in any
+                    # partition of the batch (handled again after a restart, never lost)
+                    position = {id(m): i for i, m in enumerate(msgs)}
+                    in_batch = [m for m, _ in failed if id(m) in position]
+                    earliest = min(in_batch, key=lambda m: position[id(m)]) if in_batch else msgs[0]
+                    self._finish(msgs, earliest, done=False)
+                    return
         except BaseException:
             # stopping with an exception (breaker open, KeyboardInterrupt in the handler ...):
             # the message in hand is not done, whatever happened to it
+            outputs = self._outputs
+            if outputs is not None and (outputs.pending or self._outputs_failing):
+                # the batch's outputs not confirmed yet (or their failures not all handled):
+                # store nothing of it unless every one was delivered (handled again after a
+                # restart, never lost)
+                try:
+                    undelivered = self._outputs_failing or bool(outputs.confirm())
+                except Exception:
+                    undelivered = True
+                self._outputs_failing = False
+                if undelivered:
+                    self._log.warning(
+                        "outputs_unconfirmed_at_stop",
+                        note="the batch's offsets are not stored: its records are handled "
+                        "again after a restart",
+                    )
+                    raise
             self._finish(msgs, msg, done=False)
             raise
         self._finish(msgs, msg)
@@ -1313,6 +1653,16 @@ class ResilientConsumer:
             self._failures.on_failure(msg, exc)
             state.nonsuccess += 1
             return
+        if (
+            verdict is Verdict.RETRY
+            and self._outputs is not None
+            and self._outputs.pending
+            and any((m.topic(), m.partition()) == hold.tp for m, _ in self._confirm_outputs())
+        ):
+            # confirmed alone, now: a broker refusing a whole batch of outputs fails every
+            # record in it, so only the retry's own delivery says whether this record is bad
+            # (another partition's failed output is that partition's failure, not this one's)
+            return
         if self._dedupe is not None:
             self._dedupe.processed(self._original(msg))
         if keys is not None and keys.blocked:
@@ -1416,7 +1766,8 @@ class ResilientConsumer:
         self._probes.running = False
         self._log.debug(
             "consumer_stopping",
-            dead_letters_pending=self._offsets.pending_count(),
+            dead_letters_pending=self._offsets.pending_count()
+            + (self._parallel.pending_writes if self._parallel is not None else 0),
             error=type(error).__name__ if error is not None else None,
         )
         self._watchdog.stop()
@@ -1428,6 +1779,10 @@ class ResilientConsumer:
         parallel = self._parallel
         if parallel is not None:
             steps.insert(0, ("await_in_flight", lambda: parallel.close(self._shutdown_timeout)))
+        txn = self._txn
+        if txn is not None:
+            # what was processed commits with its offsets (a graceful stop), else aborts
+            steps.insert(0, ("finish_transaction", lambda: txn.finish(error is None)))
         if sink is not None and self._offsets.pending:
             steps.insert(
                 0,
@@ -1438,6 +1793,9 @@ class ResilientConsumer:
             )
         if sink is not None and sink.owned:
             steps.append(("close_dead_letter_producer", lambda: sink.close(10)))
+        outputs = self._outputs
+        if outputs is not None and outputs.producer is not None:
+            steps.append(("close_output_producer", lambda: outputs.close(10)))
         signals = self._signals
         try:
             for name, step in steps:
@@ -1542,8 +1900,10 @@ class ResilientConsumer:
             stopping=state.stop_requested,
             processed=state.processed,
             retries=state.retries,
-            dead_lettered=offsets.dead_lettered,
-            dead_letters_pending=offsets.pending_count(),
+            dead_lettered=offsets.dead_lettered
+            + (self._txn.dead_lettered if self._txn is not None else 0),
+            dead_letters_pending=offsets.pending_count()
+            + (self._parallel.pending_writes if self._parallel is not None else 0),
             held_partitions=[h.snapshot() for h in list(self._holds.by_tp.values())],
             rebalances=dict(state.rebalances),
             commit_failures=offsets.commit_failures,
@@ -1552,13 +1912,22 @@ class ResilientConsumer:
             else None,
             circuit_breaker=breaker.snapshot() if breaker is not None else None,
             leadership=self._monitor.snapshot(),
-            moved_to_retry=self._failures.moved,
+            moved_to_retry=self._failures.moved
+            + (self._txn.moved if self._txn is not None else 0)
+            + (self._parallel.moved if self._parallel is not None else 0),
             crash_loops=self._crash.crash_loops if self._crash is not None else 0,
             duplicates_skipped=state.duplicates,
-            blocked_keys=len(self._failures.keys) if self._failures.keys is not None else 0,
+            blocked_keys=(
+                self._txn.blocked_keys
+                if self._txn is not None
+                else len(self._failures.keys)
+                if self._failures.keys is not None
+                else 0
+            ),
             outage=self._failures.detector.snapshot()
             if self._failures.detector is not None
             else None,
+            transactions=self._txn.snapshot() if self._txn is not None else None,
             **self._probes.stall_fields(),
         )
 

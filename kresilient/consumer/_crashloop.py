@@ -37,6 +37,13 @@ A record whose handler FAILED (raised) is not in flight while it waits for its n
 marker at once (its deaths so far, ``"w":1``), so a kill during the wait (a deploy, an
 eviction) is not counted as a death of that record (issue 35), and the unclean end is not
 attributed to the next record either: nothing of this partition was in flight.
+
+Many records of a partition in flight (``ordering="key"``/``"none"``, issue 40): the runner
+(:mod:`._parallel`) runs a probed partition's records one at a time, in offset order, as
+here, and goes back to concurrency when the probe ends; it commits the steps' markers
+(:meth:`CrashGuard.begin`, :meth:`CrashGuard.waiting`, :data:`PROBE_END`) itself, beside the
+list of finished records, and the clean-end marker on revoke and close. An unprobed
+partition costs nothing more than in ``"partition"`` mode.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from confluent_kafka import (
@@ -63,14 +70,22 @@ if TYPE_CHECKING:
 
     from kresilient.consumer._offsets import OffsetKeeper
 
-__all__ = ["CLEAN", "CRASH_LOOP", "CrashGuard", "is_crash_loop", "parse_marker"]
+__all__ = [
+    "CLEAN",
+    "CRASH_LOOP",
+    "PROBE_END",
+    "CrashGuard",
+    "Probe",
+    "is_crash_loop",
+    "parse_marker",
+]
 
 #: Prefix of every kresilient offset-metadata marker (other committers' metadata is ignored).
 PREFIX: Final = "kresilient.v1 "
 #: The marker of a clean end (revoke, close).
 CLEAN: Final = PREFIX + '{"clean":1}'
 #: The marker that closes a probe (the records after it were not probed).
-_PROBE_END: Final = PREFIX + "{}"
+PROBE_END: Final = PREFIX + "{}"
 #: Committed-offset lookups on assignment.
 _COMMITTED_TIMEOUT: Final = 10.0
 #: Where librdkafka starts a never-committed partition, per ``auto.offset.reset`` (the logical
@@ -131,6 +146,38 @@ def parse_marker(metadata: str | None) -> Marker | None:
     )
 
 
+def _fields(metadata: str | None) -> dict[str, Any] | None:
+    """The JSON fields of kresilient's ``metadata``; ``None``: not ours, or unreadable."""
+    if not metadata or not metadata.startswith(PREFIX):
+        return None
+    try:
+        data = json.loads(metadata[len(PREFIX) :])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _without_clean(metadata: str | None) -> str:
+    """``metadata`` (kresilient's, with the clean flag) less that flag, its other fields
+    kept (the finished list of ``ordering="key"``); :data:`PROBE_END` if unreadable."""
+    data = _fields(metadata)
+    if data is None:
+        return PROBE_END
+    data.pop("clean", None)
+    return PREFIX + json.dumps(data, separators=(",", ":"))
+
+
+def _as_clean(metadata: str | None) -> str:
+    """The clean-end marker for a partition committed with ``metadata`` whose records this
+    member never handled: ``metadata``'s fields other than a record marker (the finished
+    list of ``ordering="key"``) kept beside the clean flag."""
+    data = _fields(metadata)
+    if data is None:
+        return CLEAN
+    kept = {k: v for k, v in data.items() if k not in ("x", "d", "t", "w", "clean")}
+    return PREFIX + json.dumps({"clean": 1, **kept}, separators=(",", ":"))
+
+
 def _marker(offset: int, deaths: int, first_ms: int, *, waiting: bool = False) -> str:
     data: dict[str, int] = {"x": offset, "d": deaths, "t": first_ms}
     if waiting:
@@ -183,6 +230,10 @@ class CrashGuard:
         self._redact = redact
         self.probes: dict[TP, Probe] = {}
         self.crash_loops = 0
+        #: each assigned partition's committed offset and metadata as read at its assignment:
+        #: one this member never commits (no record came) is committed back clean at a clean
+        #: end (:meth:`clean_end`)
+        self.assigned_at: dict[TP, TopicPartition] = {}
 
     # ------------------------------------------------------------------ assignment
 
@@ -198,11 +249,16 @@ class CrashGuard:
             self._log.warning("crash_marker_unknown", error=self._redact(str(exc)), note="probing")
             committed = [TopicPartition(p.topic, p.partition, 0) for p in asked]
         seeds: list[TP] = []
+        cleaned: list[TopicPartition] = []
         for part in committed:
             tp = (part.topic, part.partition)
+            if part.offset >= 0 and part.error is None:
+                self.assigned_at[tp] = part
             marker = parse_marker(part.metadata)
             if marker is not None and marker.clean:
                 self.probes.pop(tp, None)
+                if part.offset >= 0:
+                    cleaned.append(part)
                 continue
             if part.offset < 0 and marker is None:
                 # never committed (a new group): no probe, a commit without the clean marker,
@@ -241,6 +297,43 @@ class CrashGuard:
             self.probes[tp] = probe
         if seeds and self._reset_to is not None:
             self._seed(seeds, self._reset_to)
+        if cleaned:
+            self._unclean(cleaned)
+
+    def _unclean(self, parts: list[TopicPartition]) -> None:
+        """The partitions the previous owner ended cleanly start unprobed (nothing per
+        record), but their clean marker must not outlive this start: a record killing the
+        process before their next commit would leave it in place, and every restart would
+        run unprobed into the same record for ever (review 11, #10: the "deploy, then the
+        new version dies" case). One synchronous commit of all of them, here in the
+        assignment callback, at the committed offset just read with its metadata less the
+        clean flag (the finished list of ``ordering="key"`` kept): a death from now on
+        leaves them unclean, and the next start probes them. The offsets do not move.
+        A failure is logged; the partitions then keep the hole until their next commit."""
+        self._commit_all(
+            [
+                TopicPartition(p.topic, p.partition, p.offset, metadata=_without_clean(p.metadata))
+                for p in parts
+            ]
+        )
+
+    def _commit_all(self, parts: list[TopicPartition]) -> None:
+        """One synchronous commit of ``parts`` (offsets and metadata as given); a failure is
+        logged (``crash_marker_commit_failed``), never raised."""
+        try:
+            result = self._consumer.commit(offsets=parts, asynchronous=False)
+        except (KafkaException, RuntimeError) as exc:
+            self._log.warning(
+                "crash_marker_commit_failed", error=self._redact(str(exc)), partitions=len(parts)
+            )
+            return
+        failed = [p for p in result or [] if p.error is not None]
+        if failed:
+            self._log.warning(
+                "crash_marker_commit_failed",
+                error=self._redact(str(failed[0].error)),
+                partitions=len(failed),
+            )
 
     def _seed(self, tps: list[TP], reset_to: int) -> None:
         """One synchronous commit of every never-committed partition of this assignment, at
@@ -260,7 +353,7 @@ class CrashGuard:
         starts = {
             (p.topic, p.partition): p.offset for p in found if p.error is None and p.offset >= 0
         }
-        for tp in self._offsets.commit_markers(starts, _PROBE_END):
+        for tp in self._offsets.commit_markers(starts, PROBE_END):
             del self.probes[tp]
 
     def in_batch(self) -> bool:
@@ -289,10 +382,33 @@ class CrashGuard:
                 moved = True
         return moved
 
+    def probing(self, tp: TP) -> bool:
+        """``tp`` is probed after an unclean end (a seeded partition is not)."""
+        probe = self.probes.get(tp)
+        return probe is not None and not probe.seed
+
     def forget(self, tps: list[TP]) -> None:
         """Revoked or lost partitions are no longer probed here."""
         for tp in tps:
             self.probes.pop(tp, None)
+            self.assigned_at.pop(tp, None)
+
+    def clean_end(self, tps: Iterable[TP], committed_here: Callable[[TP], bool]) -> None:
+        """A clean end (revoke, close) of ``tps``: those this member never committed
+        (``committed_here`` false: no record came, nothing stored) are committed back at the
+        offset read at their assignment with the clean-end marker (a keyed finished list
+        kept), in one synchronous commit. Else they would keep what the assignment left (its
+        metadata without the clean flag, :meth:`_unclean`) or what a dead previous owner left,
+        and the next start would probe them although this member ended cleanly (review 12,
+        D2). No record of theirs came, so none was in flight: the clean marker is true."""
+        parts = []
+        for tp in tps:
+            read = self.assigned_at.pop(tp, None)
+            if read is not None and not committed_here(tp):
+                meta = _as_clean(read.metadata)
+                parts.append(TopicPartition(tp[0], tp[1], read.offset, metadata=meta))
+        if parts:
+            self._commit_all(parts)
 
     # ------------------------------------------------------------------ per record
 
@@ -306,38 +422,37 @@ class CrashGuard:
                 return call(msg)
             if probe.seed:
                 del self.probes[probe.tp]
-                self._offsets.commit_marker(probe.tp, msg.offset(), _PROBE_END)
+                self._offsets.commit_marker(probe.tp, msg.offset(), PROBE_END)
                 return call(msg)
             try:
-                self._before(probe, msg)
+                offset: int = msg.offset()  # type: ignore[assignment]
+                self._offsets.commit_marker(probe.tp, offset, self.begin(probe, msg))
                 try:
                     result = call(msg)
                 except Exception:
-                    self._failed(probe)
+                    waiting = self.waiting(probe)
+                    if waiting is not None:
+                        self._offsets.commit_marker(probe.tp, waiting[0], waiting[1])
                     raise
                 # stored at once: the next record's marker commit carries exact progress
-                self._offsets.store(probe.tp, msg.offset() + 1, msg.leader_epoch())  # type: ignore[operator]
+                self._offsets.store(probe.tp, offset + 1, msg.leader_epoch())
                 return result
             finally:
-                if probe.suspect is None:
-                    probe.remaining -= 1
-                    if probe.remaining <= 0 and self.probes.get(probe.tp) is probe:
-                        del self.probes[probe.tp]
-                        self._offsets.commit_marker(probe.tp, None, _PROBE_END)
+                if self.settle(probe):
+                    self._offsets.commit_marker(probe.tp, None, PROBE_END)
 
         return guarded
 
-    def _failed(self, probe: Probe) -> None:
-        """The handler raised: the process survived the record, which now waits (a retry hold,
-        a dead-letter or retry-topic write) and is no longer in flight. Its marker says so,
-        keeping only the deaths it really caused: a kill during the wait is not its death."""
-        inflight, probe.inflight = probe.inflight, None
-        if inflight is None:
-            return
-        offset, deaths, first = inflight
-        self._offsets.commit_marker(probe.tp, offset, _marker(offset, deaths, first, waiting=True))
+    # The steps of a probed record, without client calls: :meth:`wrap` (one record at a time
+    # on the loop thread) and the in-flight runner (``ordering="key"``/``"none"``: a probed
+    # partition runs one record at a time, and the runner commits each marker with its list
+    # of finished records) commit what they return.
 
-    def _before(self, probe: Probe, msg: Message) -> None:
+    def begin(self, probe: Probe, msg: Message) -> str:
+        """The marker to commit before ``msg``'s handler call (it names ``msg`` as in flight).
+
+        Raises :class:`~kresilient.errors.CrashLoopError` for a record that killed the process
+        ``max_deaths`` times: dead-letter it without calling the handler."""
         offset = msg.offset()
         assert offset is not None
         now_ms = int(time.time() * 1000)
@@ -363,4 +478,35 @@ class CrashGuard:
             # the unclean end is attributed to this record only if it dies too (base)
             deaths, first, own = probe.base, now_ms, 0
         probe.inflight = (offset, own, first)
-        self._offsets.commit_marker(probe.tp, offset, _marker(offset, deaths, first))
+        return _marker(offset, deaths, first)
+
+    def waiting(self, probe: Probe) -> tuple[int, str] | None:
+        """The handler raised: the process survived the record, which now waits (a retry hold,
+        a dead-letter or retry-topic write) and is no longer in flight. Its marker (returned
+        with its offset) says so, keeping only the deaths it really caused: a kill during the
+        wait is not its death."""
+        inflight, probe.inflight = probe.inflight, None
+        if inflight is None:
+            return None
+        offset, deaths, first = inflight
+        return offset, _marker(offset, deaths, first, waiting=True)
+
+    def settle(self, probe: Probe) -> bool:
+        """A probed record's call ended (or it was dead-lettered as a crash loop): count it.
+        ``True``: the probe is over (forgotten here); commit :data:`PROBE_END` to close it."""
+        if probe.suspect is not None:
+            return False
+        probe.remaining -= 1
+        if probe.remaining <= 0 and self.probes.get(probe.tp) is probe:
+            del self.probes[probe.tp]
+            return True
+        return False
+
+    def seeded(self, tp: TP) -> bool:
+        """``tp`` is seeded at its first record (see the module): forget it. ``True``: commit
+        the first record's offset with :data:`PROBE_END` before its handler call."""
+        probe = self.probes.get(tp)
+        if probe is None or not probe.seed:
+            return False
+        del self.probes[tp]
+        return True

@@ -35,6 +35,11 @@ _PARTITION_EOF: Final = KafkaError._PARTITION_EOF
 _CONNECT_CODES: Final = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE})
 #: error_cb codes that say the cluster refused the credentials or the certificate.
 _REFUSAL_CODES: Final = frozenset({KafkaError._AUTHENTICATION, KafkaError._SSL})
+#: Consume errors that end this client whatever ``err.fatal()`` says: a static member whose
+#: ``group.instance.id`` another member took is fenced for good, and librdkafka (2.16) says
+#: so with a consume error ``_FATAL`` ("Static consumer fenced by other consumer with same
+#: group.instance.id") that is not flagged fatal; polling on would hold no partition, forever.
+FATAL_CONSUME_CODES: Final = frozenset({KafkaError._FATAL, KafkaError.FENCED_INSTANCE_ID})
 
 Listener = Callable[[list[TopicPartition]], object]
 
@@ -176,7 +181,7 @@ class ClientEvents:
         if err.code() == _PARTITION_EOF:
             return
         self.monitor.on_error(err, msg.topic(), msg.partition())
-        if err.fatal():
+        if err.fatal() or err.code() in FATAL_CONSUME_CODES:
             raise translate(
                 err,
                 topic=msg.topic(),
@@ -225,6 +230,9 @@ class ClientEvents:
                 self.log.warning("dead_letter_wait_failed", error=self.redact(repr(exc)))
         self.holds.release([tp for tp in self.holds.by_tp if tp in revoked])
         self.offsets.commit_sync("revoke")
+        if self.crash is not None:  # those never committed here: back to clean
+            stored = self.offsets.stored
+            self.crash.clean_end(revoked, lambda tp: tp in stored)
         self.offsets.forget_stored(revoked)
         if self.crash is not None:
             self.crash.forget(list(revoked))

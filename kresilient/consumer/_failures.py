@@ -34,7 +34,8 @@ from kresilient.consumer._retrytopics import (
     KeyBlocks,
     RetryTopicPolicy,
     RetryView,
-    retry_headers,
+    next_tier,
+    retry_record,
 )
 from kresilient.deadletter import (
     DeadLetterPolicy,
@@ -632,11 +633,7 @@ class FailureHandler:
         policy = self.retry_topics
         sink = self.sink
         assert policy is not None
-        retried = self.retry_map.get(msg.topic() or "")
-        if retried is not None:
-            source, tier = retried[0], retried[1] + 1
-        else:
-            source, tier = msg.topic() or "", 0
+        source, tier = next_tier(msg.topic() or "", self.retry_map)
         if tier >= len(policy.delays):
             self._dead_letter(tp, tier + 1, [msg], exc, classify(exc))
             return
@@ -668,15 +665,10 @@ class FailureHandler:
         policy, sink = self.retry_topics, self.sink
         assert policy is not None and sink is not None
         raw = self.deser.raw_bytes(msg) if self.deser is not None else None
-        topic = policy.topic(source, tier)
-        record = DeadLetterRecord(
-            topic=topic,
-            key=raw[0] if raw is not None else msg.key(),
-            value=raw[1] if raw is not None else msg.value(),
-            headers=retry_headers(
-                msg, tier=tier, delay=policy.delays[tier], exc=exc, retry_topics=self.retry_map
-            ),
+        record = retry_record(
+            msg, policy, source=source, tier=tier, exc=exc, retry_topics=self.retry_map, raw=raw
         )
+        topic = record.topic
         handle = sink.send(record)
         offset = msg.offset()
         assert offset is not None

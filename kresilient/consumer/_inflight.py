@@ -18,6 +18,8 @@ Ordering modes (which records may run at the same time):
 
 A record waiting for its retry stays the head of its chain: it blocks the later records of
 its key (``"key"``), of the partition (``"partition"``), or nothing else (``"none"``).
+A ``serial`` window (crash-loop protection's probe) starts only its lowest unfinished
+record, and only while nothing runs, whatever the mode.
 
 Window: at most ``max_records`` records and ``max_bytes`` bytes are *admitted* (started or
 startable, running, or waiting for a retry) per partition. A record over ``max_bytes`` on
@@ -61,6 +63,7 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
+import contextlib
 import dataclasses
 import heapq
 import json
@@ -190,6 +193,10 @@ class OffsetTracker:
         """The offset after the last one offered (``None``: none offered)."""
         return self._next
 
+    def lowest(self) -> int | None:
+        """The lowest unfinished offset (``None``: none unfinished)."""
+        return self._low
+
     def committable(self) -> int | None:
         """The offset a commit may carry: the lowest unfinished one (``None``: none offered)."""
         return self._next if self._low is None else self._low
@@ -291,6 +298,9 @@ class InflightWindow(Generic[T]):
         #: set when the partition is revoked or lost (and by :meth:`clear`): records handed
         #: to a worker and not started yet are not to run (the consumer checks it)
         self.closed = False
+        #: one record at a time, in offset order, whatever the ordering mode: the crash-loop
+        #: probe of a partition taken over after an unclean end (:meth:`ready`)
+        self.serial = False
 
     # ------------------------------------------------------------------ feeding
 
@@ -357,7 +367,14 @@ class InflightWindow(Generic[T]):
         """The records that may start now (each returned once; they count as running).
 
         ``new=False``: only records whose retry is due (a dependency outage starts nothing
-        new: the records in hand are held, and only its probe is retried)."""
+        new: the records in hand are held, and only its probe is retried).
+
+        :attr:`serial`: at most the lowest unfinished record, and only while nothing runs, so
+        a record starts only after every record before it finished: one in flight, as in
+        ``"partition"`` mode (the record that started is always the lowest unfinished one,
+        so a record waiting for its retry or held by an outage is that one)."""
+        if self.serial:
+            return self._ready_serial(now, new)
         delayed, entries = self._delayed, self._entries
         due: list[_Entry[T]] = []
         while delayed and delayed[0][0] <= now:
@@ -377,6 +394,66 @@ class InflightWindow(Generic[T]):
             self._running += 1
             out.append(entry.item)
         return out
+
+    def serial_ready(self, now: float, *, new: bool = True) -> bool:
+        """:attr:`serial`: whether :meth:`ready` would start a record now (nothing started)."""
+        return self._serial_entry(now, new) is not None
+
+    def _serial_entry(self, now: float, new: bool) -> _Entry[T] | None:
+        if self._running:
+            return None
+        low = self.offsets.lowest()
+        entry = self._entries.get(low) if low is not None else None
+        if entry is None or entry.running or entry.due > now or (not new and not entry.due):
+            # not admitted yet, running, waiting for its retry (or held: ``inf``); during an
+            # outage (``new=False``) only a retry that came due (``due`` set) starts
+            return None
+        return entry
+
+    def _ready_serial(self, now: float, new: bool) -> list[T]:
+        entry = self._serial_entry(now, new)
+        if entry is None:
+            return []
+        if entry.due:
+            entry.due = 0.0  # its heap item is stale from now on (see next_due)
+        else:
+            with contextlib.suppress(ValueError):  # a chain head not started yet is queued
+                self._ready.remove(entry)
+        entry.running = True
+        self._running += 1
+        return [entry.item]
+
+    def ready_new(self) -> T | None:
+        """One record that never started and may start now (``None``: none), for a dependency
+        outage's probe by a new record (a held record failing every probe cannot end one).
+        :attr:`serial`: only the lowest unfinished record, only while nothing runs."""
+        entries = self._entries
+        if self.serial:
+            if self._running:
+                return None
+            low = self.offsets.lowest()
+            entry = entries.get(low) if low is not None else None
+            if entry is None or entry.running or entry.due:
+                return None
+            with contextlib.suppress(ValueError):
+                self._ready.remove(entry)
+        else:
+            while True:
+                if not self._ready:
+                    if not self._backlog:
+                        return None
+                    # the window is full of held records: one more admitted past its limit
+                    # (the probe; a record of a held key queues behind it, admitted)
+                    entry = self._backlog.popleft()
+                    self._backlog_bytes -= entry.size
+                    self._admit_one(entry)
+                    continue
+                entry = self._ready.popleft()
+                if not entry.running and entries.get(entry.offset) is entry and not entry.due:
+                    break
+        entry.running = True
+        self._running += 1
+        return entry.item
 
     def next_due(self) -> float | None:
         """When the earliest record waiting for its retry may start (``None``: none waits)."""

@@ -51,12 +51,21 @@ class OffsetKeeper:
         self.clean_marker: str | None = None
         self.dead_lettered = 0
         self.commit_failures = 0
+        #: the lowest offset of a partition whose handler outputs (at-least-once Output
+        #: records) are not delivered, after flushing them (``None``: none): no stored offset
+        #: nor crash marker commit passes it (set by the consumer when it has outputs)
+        self.output_floor: Callable[[TP], int | None] | None = None
         self.last_commit_error: CommitError | None = None
 
     # ------------------------------------------------------------------ storing
 
     def store(self, tp: TP, offset: int, epoch: int | None = None) -> None:
-        """Everything of ``tp`` before ``offset`` is done."""
+        """Everything of ``tp`` before ``offset`` is done (handled; with at-least-once
+        outputs, stored no further than the first record whose outputs are not delivered)."""
+        if self.output_floor is not None:
+            undelivered = self.output_floor(tp)
+            if undelivered is not None and undelivered < offset:
+                offset, epoch = undelivered, None
         pending = self.pending.get(tp)
         if pending is not None:
             pending.high = max(pending.high, offset)
@@ -136,6 +145,12 @@ class OffsetKeeper:
             if offset is None:
                 return  # nothing processed yet on this partition: nothing to commit
             target = offset
+        if self.output_floor is not None:
+            # the records before ``target`` are handled, but their outputs may still be in
+            # the producer's queue: flushed first, and never committed past one not delivered
+            undelivered = self.output_floor(tp)
+            if undelivered is not None and undelivered < target:
+                target = undelivered
         part = TopicPartition(tp[0], tp[1], target, metadata=metadata)
         try:
             # stored with the metadata too: librdkafka would otherwise commit its stored

@@ -23,7 +23,14 @@ a queue and are dealt with on the loop thread:
 * a full window pauses its partition (polling goes on) until it has room again, and so does
   a partition that went ``max_ahead`` offsets past its lowest unfinished record;
 * dedupe is checked when a record's turn comes (not when polled): a re-sent copy behind its
-  original of the same key is skipped.
+  original of the same key is skipped;
+* crash-loop protection (``guard``, :mod:`._crashloop`): a partition probed after an unclean
+  end runs one record at a time, lowest offset first (its window is ``serial``); before each
+  handler call the marker naming the record is committed synchronously with the finished
+  list; a record that killed the process ``max_process_deaths`` times is dead-lettered
+  without calling its handler. When the probe ends the partition runs concurrently again.
+  Revoke and close commit the clean-end marker with the list; the periodic commits carry
+  none (or the probed record's marker), so a death leaves the partition unclean.
 
 Offsets: the lowest unfinished offset of each partition is stored, with the finished offsets
 above it in the metadata (:func:`~kresilient.consumer._inflight.with_finished`), and
@@ -47,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Final
 import tenacity
 from confluent_kafka import KafkaException, Message, TopicPartition
 
+from kresilient.consumer._crashloop import CLEAN, PROBE_END
 from kresilient.consumer._failures import (
     log_outage_ended,
     log_outage_started,
@@ -56,17 +64,20 @@ from kresilient.consumer._failures import (
     write_dead_letter,
 )
 from kresilient.consumer._holds import TP, LoopState
-from kresilient.consumer._inflight import InflightWindow, Ordering, finished_from
+from kresilient.consumer._inflight import Finished, InflightWindow, Ordering, finished_from
 from kresilient.consumer._offsets import positions_ahead
 from kresilient.consumer._outage import OutageDecision, OutageDetector
 from kresilient.consumer._registry import is_outage, outage_classification
+from kresilient.consumer._retrytopics import RetryView, next_tier, retry_record
 from kresilient.deadletter import DeadLetterPolicy
-from kresilient.errors import DeadLetterError, classify
+from kresilient.errors import CrashLoopError, DeadLetterError, classify
 
 if TYPE_CHECKING:
     from kresilient.consumer._breaker import CircuitBreaker
+    from kresilient.consumer._crashloop import CrashGuard, Probe
     from kresilient.consumer._failures import DeadLetterSink
     from kresilient.consumer._offsets import OffsetKeeper
+    from kresilient.consumer._retrytopics import RetryTopicPolicy
     from kresilient.consumer._support import Deserializing
     from kresilient.dedupe import Deduplicator
     from kresilient.telemetry import Telemetry
@@ -130,6 +141,9 @@ class ParallelRunner:
         revoke_timeout: float,
         detector: OutageDetector | None = None,
         outage_retrying: tenacity.Retrying | None = None,
+        guard: CrashGuard | None = None,
+        retry_topics: RetryTopicPolicy | None = None,
+        retry_map: dict[str, tuple[str, int]] | None = None,
     ) -> None:
         self._consumer = consumer
         self._call = call
@@ -165,7 +179,15 @@ class ParallelRunner:
         self.windows: dict[TP, InflightWindow[Message]] = {}
         self._skips: dict[TP, Any] = {}  #: finished-offset lists read at assignment
         self._attempts: dict[tuple[TP, int], tenacity.RetryCallState] = {}
+        #: writes a record's finish waits for (dead letters and moves to a retry topic)
         self._dead_letters: list[tuple[InflightWindow[Message], TP, int, Any]] = []
+        #: the moves among them: id of the write's handle -> its retry topic
+        self._moves: dict[int, str] = {}
+        #: retry topics (``RetryTopicPolicy(ordered=False)``): a failure the policy takes is
+        #: moved to its tier; ``retry_map``: retry topic -> (source topic, 0-based tier)
+        self._retry_topics = retry_topics
+        self._retry_map: dict[str, tuple[str, int]] = retry_map or {}
+        self.moved = 0  #: records written to a retry topic (counted at the acknowledgement)
         self._paused: set[TP] = set()
         self._dirty: set[TP] = set()  #: partitions whose committable state changed
         self._uncommitted: set[TP] = set()  #: stored since the last explicit commit
@@ -186,6 +208,23 @@ class ParallelRunner:
         self._held: dict[tuple[TP, int], InflightWindow[Message]] = {}
         self._probe: tuple[TP, int] | None = None  #: the held record being tried again
         self._probe_wait: tenacity.RetryCallState | None = None  #: the probes' backoff
+        #: a held probe failed: the next probe is ONE new record (a held record failing every
+        #: probe, or two bad ones, cannot end the outage; as partition mode probes the next)
+        self._probe_new = False
+        self._new_probe: tuple[TP, int] | None = None  #: the new record probing, running
+        #: records held by an outage that a record NOT held ended: they failed while others
+        #: succeed, so their failures are no evidence of an outage any more (else two bad
+        #: ones start one again at once, for ever); their RetryPolicy decides
+        self._suspects: set[tuple[TP, int]] = set()
+        #: crash-loop protection: a partition it probes runs one record at a time (its window
+        #: is ``serial``), each record's marker committed before its handler call
+        self._guard = guard
+        #: the probed records started, until their outcome is dealt with
+        self._probed: dict[tuple[InflightWindow[Message], int], Probe] = {}
+        #: per probed partition, the marker of its record in flight (or waiting for its retry):
+        #: the periodic commits carry it, so they never erase what a death must find
+        self._markers: dict[TP, str] = {}
+        self._last_probed: TP | None = None  #: the probed partition started last
 
     # ------------------------------------------------------------------ the loop
 
@@ -207,6 +246,12 @@ class ParallelRunner:
                     max_ahead=self.max_ahead,
                     skip=self._skips.pop(tp, None),
                 )
+                guard = self._guard
+                if guard is not None and guard.probes:
+                    if guard.seeded(tp):  # never committed: a commit before its first record
+                        self._offsets.commit_marker(tp, msg.offset(), PROBE_END)
+                    else:
+                        window.serial = tp in guard.probes
             offset: int = msg.offset()  # type: ignore[assignment]
             expected = window.offsets.next_offset
             if expected is not None and offset < expected:
@@ -261,11 +306,22 @@ class ParallelRunner:
 
     def held_partitions(self) -> set[TP]:
         """The partitions a dependency outage keeps from moving (all of them: nothing new
-        starts during one), for the stall report (an outage is not a stall)."""
+        starts during one), and the retry-topic partitions whose records wait for their due
+        time, for the stall report (neither is a stall)."""
         detector = self._detector
         if detector is not None and detector.active:
             return set(self.windows)
-        return set()
+        retry_map = self._retry_map
+        return {
+            tp
+            for tp, w in self.windows.items()
+            if tp[0] in retry_map and not w.running and w.next_due() is not None
+        }
+
+    @property
+    def pending_writes(self) -> int:
+        """Dead-letter and retry-topic writes not acknowledged yet (``health()``)."""
+        return len(self._dead_letters)
 
     @property
     def in_flight(self) -> int:
@@ -287,13 +343,63 @@ class ParallelRunner:
                 # nothing held nor running (every held record dead-lettered at its limit, or
                 # its partition revoked): only a new record can tell the outage ended
                 new = True
+        if self._probe_new and self._new_probe is None:
+            self._start_new_probe()
+        if self._guard is not None and self._probe_gate(now, new):
+            for tp, window in self.windows.items():
+                self._flow(tp, window)
+            return
         for tp, window in self.windows.items():
             for msg in window.ready(now, new=new):
                 self._submit(window, tp, msg)
             self._flow(tp, window)
 
+    def _probe_gate(self, now: float, new: bool) -> bool:
+        """Crash-loop probes run alone in the process, as in ``"partition"`` mode: a probed
+        record starts only when no handler runs, and nothing starts while it runs, so the
+        marker of a death names only the record that was in flight. True: start nothing
+        else now (a probed record runs, or one waits for the running handlers to end)."""
+        if self._probed:
+            return True
+        windows = self.windows
+        waiting = [
+            (tp, w) for tp, w in windows.items() if w.serial and w.serial_ready(now, new=new)
+        ]
+        if not waiting:
+            return False
+        if any(w.running for w in windows.values()):
+            return True  # nothing new starts: the running handlers end, then the probe
+        # the probed partitions take turns (else the first could starve the others)
+        waiting.sort(key=lambda item: item[0] == self._last_probed)
+        for tp, window in waiting:
+            self._last_probed = tp
+            for msg in window.ready(now, new=new):
+                self._submit(window, tp, msg)
+            if self._probed or any(w.running for w in windows.values()):
+                return True  # started (or its dead letter is being written)
+        return False
+
+    def _start_new_probe(self) -> None:
+        """During an outage, after a held probe failed: start ONE record that never ran (any
+        partition); its success ends the outage, its failure holds it like the others."""
+        if self._probed:
+            return  # a crash-loop probe runs alone (see _probe_gate)
+        busy = any(w.running for w in self.windows.values())
+        for tp, window in self.windows.items():
+            if window.serial and busy:
+                continue  # a crash-loop probe runs alone (see _probe_gate)
+            while (msg := window.ready_new()) is not None:
+                offset: int = msg.offset()  # type: ignore[assignment]
+                self._submit(window, tp, msg)
+                if (window, offset) in self._futures:  # started (not deferred nor skipped)
+                    self._probe_new = False
+                    self._new_probe = (tp, offset)
+                    return
+
     def _submit(self, window: InflightWindow[Message], tp: TP, msg: Message) -> None:
-        if self._dedupe is not None and self._dedupe.is_duplicate(msg):
+        if self._retry_map and tp[0] in self._retry_map and self._defer(window, msg):
+            return
+        if self._dedupe is not None and self._dedupe.is_duplicate(self._original(msg)):
             # checked at its turn, not when polled: in "key" mode the earlier records of its
             # key (a re-sent copy's original) finished and were recorded by now
             offset: int = msg.offset()  # type: ignore[assignment]
@@ -303,7 +409,97 @@ class ParallelRunner:
             self._dirty.add(tp)
             return
         offset = msg.offset()  # type: ignore[assignment]
+        if window.serial and not self._probe_start(window, tp, msg, offset):
+            return
         self._futures[(window, offset)] = self._pool.submit(self._run, window, tp, msg)
+
+    def _defer(self, window: InflightWindow[Message], msg: Message) -> bool:
+        """A retry-topic record not due yet waits in its window until its due time, like a
+        retry's backoff (it keeps its place: in ``"key"`` mode it blocks only its key); True
+        if deferred. Nothing sleeps and nothing is paused: polling goes on, and the window's
+        limits pause the partition if too much waits behind it."""
+        if not RetryView.is_retry(msg, self._retry_map):
+            return False
+        due_ms = RetryView(msg).due_ms()
+        if due_ms is None:
+            return False
+        wait = due_ms / 1000.0 - time.time()
+        if wait <= 0:
+            return False
+        window.retry(msg.offset(), time.monotonic() + wait)  # type: ignore[arg-type]
+        return True
+
+    def _original(self, msg: Message) -> Any:
+        """``msg``, or for a record of this consumer's retry topics the original it stands
+        for (dedupe keys on its topic and headers; a last tier dead-letters it)."""
+        return RetryView(msg) if self._retry_map and msg.topic() in self._retry_map else msg
+
+    # ------------------------------------------------------------------ crash-loop probes
+
+    def _probe_start(
+        self, window: InflightWindow[Message], tp: TP, msg: Message, offset: int
+    ) -> bool:
+        """Commit the marker naming ``msg`` (the only record of its partition in flight)
+        before its handler call; ``False``: it killed the process ``max_process_deaths``
+        times and is dead-lettered instead (its handler is not called)."""
+        guard = self._guard
+        probe = guard.probes.get(tp) if guard is not None else None
+        if guard is None or probe is None:  # forgotten meanwhile: concurrent again
+            window.serial = False
+            return True
+        try:
+            marker = guard.begin(probe, msg)
+        except CrashLoopError as exc:
+            if guard.settle(probe):
+                self._probe_ended(window, tp)
+            self._give_up(window, tp, msg, exc, exc.classification, attempts=exc.deaths)
+            return False
+        self._markers[tp] = marker
+        self._commit_marker(window, tp, marker)
+        self._probed[(window, offset)] = probe
+        return True
+
+    def _probe_outcome(
+        self, probe: Probe, window: InflightWindow[Message], tp: TP, error: BaseException | None
+    ) -> None:
+        """A probed record's handler returned or raised (before the outcome is dealt with)."""
+        guard = self._guard
+        assert guard is not None
+        if error is None:
+            self._markers.pop(tp, None)  # handled: no longer in flight
+            if guard.settle(probe):
+                self._probe_ended(window, tp)
+            else:
+                # committed past it at once: the next probed record (of any partition) may
+                # kill the process, and its marker must be the only one naming a record
+                self._commit_marker(window, tp, PROBE_END)
+            return
+        elif isinstance(error, Exception):
+            waiting = guard.waiting(probe)
+            if waiting is not None:
+                # it waits for its next attempt (or its dead letter): not in flight
+                self._markers[tp] = waiting[1]
+                self._commit_marker(window, tp, waiting[1])
+        if guard.settle(probe):
+            self._probe_ended(window, tp)
+
+    def _probe_ended(self, window: InflightWindow[Message], tp: TP) -> None:
+        """The probe of ``tp`` is over: concurrent again; one commit closes it."""
+        window.serial = False
+        self._markers.pop(tp, None)
+        self._commit_marker(window, tp, PROBE_END)
+
+    def _commit_marker(self, window: InflightWindow[Message], tp: TP, marker: str) -> None:
+        """Commit the window's committable offset synchronously with ``marker`` and the list
+        of finished records (stored first: the commit never goes below what is stored)."""
+        offset = window.committable()
+        if offset is None:
+            return
+        meta = window.metadata(marker) if self.metadata else marker
+        assert meta is not None
+        self._offsets.store_metadata(tp, offset, meta)
+        self._offsets.commit_marker(tp, offset, meta)
+        self._uncommitted.discard(tp)
 
     def _run(self, window: InflightWindow[Message], tp: TP, msg: Message) -> None:
         """A worker thread: the handler, inside its process span when traced."""
@@ -338,6 +534,13 @@ class ParallelRunner:
         while True:
             window, tp, msg, error, started = outcome
             self._futures.pop((window, msg.offset()), None)  # type: ignore[arg-type]
+            if self._new_probe == (tp, msg.offset()):
+                self._new_probe = None  # its outcome: a success ends the outage, else held
+            probe = (
+                self._probed.pop((window, msg.offset()), None)  # type: ignore[arg-type]
+                if self._probed
+                else None
+            )
             if error is _NOT_STARTED:
                 window.abandon(msg.offset())  # type: ignore[arg-type]
             elif self.windows.get(tp) is window:  # else revoked or lost meanwhile
@@ -351,9 +554,13 @@ class ParallelRunner:
                         and not (detector.active and started < (detector.since or 0.0))
                         and detector.success()
                     ):
-                        self._outage_ended(detector)
+                        self._outage_ended(detector, (tp, msg.offset()) not in self._held)
                     self._finished(window, tp, msg)
+                    if probe is not None:  # finished first: the probe's end commits past it
+                        self._probe_outcome(probe, window, tp, error)
                 else:
+                    if probe is not None:  # its waiting marker before a retry or dead letter
+                        self._probe_outcome(probe, window, tp, error)
                     self._failed(window, tp, msg, error)
             try:
                 outcome = done.get_nowait()
@@ -371,7 +578,7 @@ class ParallelRunner:
         window.finish(offset)
         self._dirty.add(tp)
         if self._dedupe is not None:
-            self._dedupe.processed(msg)
+            self._dedupe.processed(self._original(msg))
 
     def _failed(
         self, window: InflightWindow[Message], tp: TP, msg: Message, exc: BaseException
@@ -397,28 +604,44 @@ class ParallelRunner:
         # transport error from the handler's own HTTP dependency is judged by the evidence
         registry = outage_classification(exc) if detector is not None else None
         classification = registry if registry is not None else classify(exc)
+        # a retriable failure the retry topics take is moved to its tier (not retried here)
+        topics = self._retry_topics
+        to_topic = topics is not None and registry is None and topics.retries(exc)
         if registry is not None and not is_outage(registry):
             pass  # the registry said 4xx (schema unknown): poison, at once
-        elif registry is None and not retrying.retry(state):
+        elif registry is None and not to_topic and not retrying.retry(state):
             classification = poison(classification)  # no evidence of an outage either way
         else:
             if detector is not None:
                 if self._probe == record:
                     self._probe = None
-                if detector.failure(
-                    (tp[0], tp[1], offset),
-                    error_type=type(exc).__name__,
-                    error=self._error_text(exc),
-                    classified=registry is not None,
+                    self._probe_new = detector.active  # the next probe: a new record
+                # a record of our retry topics failed before and comes due when its tier
+                # says, often with others: no new evidence (it starts no outage), held during
+                # one like any record (as the one-at-a-time path does)
+                if (
+                    tp[0] not in self._retry_map
+                    and record not in self._suspects
+                    and detector.failure(
+                        (tp[0], tp[1], offset),
+                        error_type=type(exc).__name__,
+                        error=self._error_text(exc),
+                        classified=registry is not None,
+                    )
                 ):
                     log_outage_started(self._log, detector, tp, offset)
                 if detector.active:
-                    # held, its RetryPolicy not spent: after the outage it has it whole again
+                    # held, its RetryPolicy not spent: after the outage it has it whole again;
+                    # never moved to a retry topic during one (its next tier would fail the
+                    # same way)
                     note_outage(self._log, detector, held_records=len(self._held) + 1)
                     state.attempt_number -= 1
                     if not self._hold(window, record, exc):
                         self._give_up(window, tp, msg, exc, classification, limit=True)
                     return
+            if to_topic:
+                self._move(window, tp, msg, exc, state.attempt_number)
+                return
             delay = float(retrying.wait(state))
             state.upcoming_sleep = delay
             if not retrying.stop(state):
@@ -447,6 +670,7 @@ class ParallelRunner:
                     wait = self._outage_wait(record, exc)
                     if wait is not None:
                         window.retry(offset, time.monotonic() + wait)
+                        self._probe_new = True  # one more record, past a full window
                         return
                     self._give_up(window, tp, msg, exc, classification, limit=True)
                     return
@@ -460,8 +684,11 @@ class ParallelRunner:
         self._marks.pop(record, None)
         self._outage_states.pop(record, None)
         self._held.pop(record, None)
+        self._suspects.discard(record)
         if self._probe == record:
             self._probe = None
+        if self._new_probe == record:
+            self._new_probe = None
 
     # ------------------------------------------------------------------ outages
 
@@ -505,12 +732,15 @@ class ParallelRunner:
                 window.reschedule(record[1], time.monotonic() + float(retrying.wait(state)))
                 return
 
-    def _outage_ended(self, detector: OutageDetector) -> None:
+    def _outage_ended(self, detector: OutageDetector, by_new: bool = False) -> None:
         """The first success after an outage: every held record is retried at once, each with
-        its RetryPolicy's whole budget again."""
+        its RetryPolicy's whole budget again (``by_new``: a record not held ended it, the
+        held ones are suspects, see ``_suspects``)."""
         now = time.monotonic()
         mark = detector.mark()
         for record, window in self._held.items():
+            if by_new:
+                self._suspects.add(record)
             self._attempts.pop(record, None)
             self._outage_states.pop(record, None)
             self._marks[record] = mark
@@ -520,6 +750,7 @@ class ParallelRunner:
         self._held.clear()
         self._probe = None
         self._probe_wait = None
+        self._probe_new = False
         log_outage_ended(self._log, detector)
 
     def _give_up(
@@ -531,11 +762,14 @@ class ParallelRunner:
         classification: Any,
         *,
         limit: bool = False,
+        attempts: int | None = None,
     ) -> None:
-        """Dead-letter ``msg``; it is finished when the write is acknowledged."""
+        """Dead-letter ``msg``; it is finished when the write is acknowledged (``attempts``:
+        the attempts to report, else the RetryPolicy's count)."""
         offset: int = msg.offset()  # type: ignore[assignment]
-        state = self._attempts.get((tp, offset))
-        attempts = state.attempt_number if state is not None else 1
+        if attempts is None:
+            state = self._attempts.get((tp, offset))
+            attempts = state.attempt_number if state is not None else 1
         self._forget_record((tp, offset))
         self._log.warning(
             "message_failed",
@@ -578,7 +812,8 @@ class ParallelRunner:
                 self._deser,
                 policy,
                 sink,
-                msg,
+                # a record of our retry topics: its ORIGINAL record, to the original's DLQ
+                self._original(msg),
                 exc,
                 classification,
                 attempts,
@@ -592,6 +827,57 @@ class ParallelRunner:
             self._breaker.record_dead_letter()
         self._dead_letters.append((window, tp, offset, handle))
 
+    def _move(
+        self,
+        window: InflightWindow[Message],
+        tp: TP,
+        msg: Message,
+        exc: Exception,
+        attempts: int,
+    ) -> None:
+        """Write ``msg`` to its next retry tier (after the last: dead-letter the original);
+        it is finished when the write is acknowledged, like a dead letter, so the gap-safe
+        commit and the finished list cover it (a crash before the ack redoes the record: at
+        most a duplicate in the retry topic)."""
+        policy, sink = self._retry_topics, self.sink
+        assert policy is not None
+        offset: int = msg.offset()  # type: ignore[assignment]
+        source, tier = next_tier(tp[0], self._retry_map)
+        if tier >= len(policy.delays):
+            self._give_up(window, tp, msg, exc, classify(exc), attempts=tier + 1)
+            return
+        if sink is None:  # cannot happen: the consumer makes the writer for retry topics
+            self._fatal(window, offset, exc)
+            return
+        self._forget_record((tp, offset))
+        raw = self._deser.raw_bytes(msg) if self._deser is not None else None
+        try:
+            record = retry_record(
+                msg,
+                policy,
+                source=source,
+                tier=tier,
+                exc=exc,
+                retry_topics=self._retry_map,
+                raw=raw,
+            )
+            handle = sink.send(record)
+        except Exception as refused:
+            self._fatal(window, offset, refused)
+            return
+        self._dead_letters.append((window, tp, offset, handle))
+        self._moves[id(handle)] = record.topic
+        self._log.info(
+            "message_moved_to_retry_topic",
+            topic=tp[0],
+            partition=tp[1],
+            offset=offset,
+            retry_topic=record.topic,
+            delay_s=policy.delays[tier],
+            attempts=attempts,
+            error_type=type(exc).__name__,
+        )
+
     def _fatal(self, window: InflightWindow[Message], offset: int, exc: BaseException) -> None:
         """Stop the consumer at its next turn; the record stays unfinished, not running."""
         window.abandon(offset)
@@ -602,25 +888,44 @@ class ParallelRunner:
         if self.sink is not None:
             self.sink.poll(0)
         waiting = []
-        for window, tp, offset, handle in self._dead_letters:
+        pending = self._dead_letters
+        for i, (window, tp, offset, handle) in enumerate(pending):
             if not handle.done():
                 waiting.append((window, tp, offset, handle))
                 continue
+            moved = self._moves.pop(id(handle), None) if self._moves else None
             error = handle.exception(0)
             if error is not None:
-                # raised once: later calls (a revoke, the close) go on with the others
-                self._dead_letters = [d for d in self._dead_letters if d[3] is not handle]
+                # raised once: later calls (a revoke, the close) go on with the others not
+                # dealt with yet (those finished in this pass are not finished again)
+                self._dead_letters = waiting + pending[i + 1 :]
+                # unfinished (the commit stays below it) and no longer running: the close
+                # does not wait its whole timeout for it
+                window.abandon(offset)
+                what = "retry-topic" if moved is not None else "dead-letter"
                 raise DeadLetterError(
-                    f"dead-letter write for {tp[0]}[{tp[1]}]@{offset} failed: "
+                    f"{what} write for {tp[0]}[{tp[1]}]@{offset} failed: "
                     f"{self._redact(str(error))}; the source offset is not committed",
-                    topic=self._policy.topic_for(tp[0]) if self._policy is not None else None,
+                    topic=moved
+                    if moved is not None
+                    else self._policy.topic_for(self._original_topic(tp[0]))
+                    if self._policy is not None
+                    else None,
                     classification=error.classification,
                 ) from error
             if self.windows.get(tp) is window:
                 window.finish(offset)
                 self._dirty.add(tp)
-            self._offsets.dead_lettered += 1
+            if moved is None:
+                self._offsets.dead_lettered += 1
+            else:
+                self.moved += 1
         self._dead_letters = waiting
+
+    def _original_topic(self, topic: str) -> str:
+        """The source topic of a retry topic (``topic`` itself for any other)."""
+        retried = self._retry_map.get(topic)
+        return retried[0] if retried is not None else topic
 
     # ------------------------------------------------------------------ offsets
 
@@ -644,8 +949,18 @@ class ParallelRunner:
         except KafkaException as exc:  # revoked meanwhile: its new owner fetches it
             self._log.debug("pause_resume_failed", topic=tp[0], partition=tp[1], error=str(exc))
 
-    def _meta(self, tp: TP, window: InflightWindow[Message]) -> str | None:
-        return window.metadata(None) if self.metadata else None
+    def _meta(self, tp: TP, window: InflightWindow[Message], clean: bool = False) -> str | None:
+        """The metadata of a commit of ``tp``: the finished list (``metadata``), in the
+        crash-loop marker when protection is on: the clean-end one on revoke and close
+        (``clean``), else the marker of a probed record in flight or waiting (none: a death
+        now leaves the partition unclean, so its next owner probes it)."""
+        if self._guard is None:
+            marker = None
+        elif clean:
+            marker = CLEAN
+        else:
+            marker = self._markers.get(tp)
+        return window.metadata(marker) if self.metadata else marker
 
     def _advance_idle(self) -> None:
         """Idle windows move to the consumer's position: past a transaction's commit or abort
@@ -658,7 +973,7 @@ class ParallelRunner:
             if window is not None and window.advance(position):
                 self._dirty.add(tp)
 
-    def _store(self) -> None:
+    def _store(self, clean: frozenset[TP] | set[TP] = frozenset()) -> None:
         for tp in self._dirty:
             window = self.windows.get(tp)
             if window is None:
@@ -666,18 +981,18 @@ class ParallelRunner:
             offset = window.committable()
             if offset is None:
                 continue
-            self._offsets.store_metadata(tp, offset, self._meta(tp, window))
+            self._offsets.store_metadata(tp, offset, self._meta(tp, window, tp in clean))
             self._uncommitted.add(tp)
         self._dirty.clear()
 
-    def _commit(self, tps: list[TP], *, asynchronous: bool) -> None:
+    def _commit(self, tps: list[TP], *, asynchronous: bool, clean: bool = False) -> None:
         parts = []
         for tp in tps:
             window = self.windows.get(tp)
             offset = window.committable() if window is not None else None
             if window is None or offset is None:
                 continue
-            meta = self._meta(tp, window)
+            meta = self._meta(tp, window, clean)
             parts.append(
                 TopicPartition(tp[0], tp[1], offset)
                 if meta is None
@@ -695,26 +1010,10 @@ class ParallelRunner:
 
     def on_assign(self, partitions: list[TopicPartition]) -> None:
         """Read the finished-offset lists of the committed offsets being taken over."""
-        if not self.metadata or not partitions:
-            return
-        asked = [TopicPartition(p.topic, p.partition) for p in partitions]
-        try:
-            committed = self._consumer.committed(asked, timeout=_COMMITTED_TIMEOUT)
-        except KafkaException as exc:  # the records are redone: at-least-once
-            self._log.warning("committed_unknown", error=self._redact(str(exc)))
-            return
-        for part in committed:
-            skip = finished_from(part.metadata, part.offset)
-            if skip is not None:
-                self._skips[(part.topic, part.partition)] = skip
-                self._log.info(
-                    "finished_records_skipped",
-                    topic=part.topic,
-                    partition=part.partition,
-                    committed=part.offset,
-                    finished=len(skip),
-                    note="finished before the previous owner stopped: not handled again",
-                )
+        if self.metadata and partitions:
+            self._skips.update(
+                finished_taken_over(self._consumer, partitions, self._log, self._redact)
+            )
 
     def revoke(self, tps: set[TP], timeout: float | None = None) -> None:
         """Wait (bounded) for the running records of ``tps``, store what is safe, forget them."""
@@ -728,8 +1027,9 @@ class ParallelRunner:
         finally:
             self._dirty.update(tp for tp, _ in windows)
             try:
-                self._store()
-                self._commit([tp for tp, _ in windows], asynchronous=False)
+                # the clean-end marker (crash-loop protection): the process did not die
+                self._store(clean={tp for tp, _ in windows})
+                self._commit([tp for tp, _ in windows], asynchronous=False, clean=True)
             finally:
                 self._forget([tp for tp, _ in windows])
                 for tp in tps:  # read at assignment, never fetched: not for a later one
@@ -777,15 +1077,27 @@ class ParallelRunner:
             self._paused.discard(tp)
             self._dirty.discard(tp)
             self._uncommitted.discard(tp)
+            self._markers.pop(tp, None)
+        if self._probed:
+            self._probed = {k: v for k, v in self._probed.items() if v.tp not in tps}
         self._attempts = {k: v for k, v in self._attempts.items() if k[0] not in tps}
         self._marks = {k: v for k, v in self._marks.items() if k[0] not in tps}
         self._outage_states = {k: v for k, v in self._outage_states.items() if k[0] not in tps}
         self._held = {k: v for k, v in self._held.items() if k[0] not in tps}
+        self._suspects = {k for k in self._suspects if k[0] not in tps}
+        if self._new_probe is not None and self._new_probe[0] in tps:
+            self._new_probe = None
         if self._probe is not None and self._probe[0] in tps:
             self._probe = None
             if self._held and self._probe_wait is not None:
                 self._next_probe(backoff=False)
         self._dead_letters = [d for d in self._dead_letters if d[1] not in tps]
+        if self._moves:
+            self._moves = {
+                id(d[3]): self._moves[id(d[3])]
+                for d in self._dead_letters
+                if id(d[3]) in self._moves
+            }
         self._cancel_closed()
 
     def close(self, timeout: float) -> None:
@@ -794,3 +1106,34 @@ class ParallelRunner:
             self.revoke(set(self.windows), timeout)
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def finished_taken_over(
+    consumer: Any,
+    partitions: list[TopicPartition],
+    log: Any,
+    redact: Callable[[str], str],
+) -> dict[TP, Finished]:
+    """The finished offsets the committed offsets' metadata lists for ``partitions`` (taken
+    over in an assignment), each logged once; none when the committed offsets cannot be read
+    (the records are redone: at-least-once). Shared by the sync runner and the asyncio one."""
+    asked = [TopicPartition(p.topic, p.partition) for p in partitions]
+    try:
+        committed = consumer.committed(asked, timeout=_COMMITTED_TIMEOUT)
+    except KafkaException as exc:
+        log.warning("committed_unknown", error=redact(str(exc)))
+        return {}
+    skips: dict[TP, Finished] = {}
+    for part in committed:
+        skip = finished_from(part.metadata, part.offset)
+        if skip is not None:
+            skips[(part.topic, part.partition)] = skip
+            log.info(
+                "finished_records_skipped",
+                topic=part.topic,
+                partition=part.partition,
+                committed=part.offset,
+                finished=len(skip),
+                note="finished before the previous owner stopped: not handled again",
+            )
+    return skips

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Container, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -36,6 +36,7 @@ import tenacity
 from tenacity.retry import retry_base
 
 from kresilient.consumer._support import NOT_RETRIED
+from kresilient.deadletter import DeadLetterRecord
 from kresilient.errors import ConfigError
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "RetryTopicPolicy",
     "RetryView",
     "delay_name",
+    "next_tier",
+    "retry_record",
 ]
 
 RETRY_HEADER_PREFIX: Final = "kresilient.retry."
@@ -152,12 +155,15 @@ class KeyBlocks:
     the same retry partition: same key, same partitioner) until it is done.
     """
 
-    __slots__ = ("blocked", "retry_topics")
+    __slots__ = ("_journal", "blocked", "retry_topics")
 
     def __init__(self, retry_topics: Container[str] = frozenset()) -> None:
         self.blocked: dict[BK, _Block] = {}
         #: this consumer's retry topics: only their records are read as retries
         self.retry_topics = retry_topics
+        #: ``transactions=``: each key's block as it was before the open transaction first
+        #: touched it (``None``: not blocked then), for :meth:`undo`; ``None``: no journal
+        self._journal: dict[BK, _Block | None] | None = None
 
     def key_of(self, msg: Any) -> tuple[BK | None, Any]:
         """``(block key, original record view)`` of ``msg``; no key: ``None``."""
@@ -180,6 +186,7 @@ class KeyBlocks:
         if block.pending and block.pending[0] == offset:
             return None  # the first record of the key: its turn
         if offset not in block.pending:
+            self._touch(bk)  # type: ignore[arg-type]
             block.pending.append(offset)
         return block.tier
 
@@ -189,6 +196,7 @@ class KeyBlocks:
         if bk is None:
             return
         offset = int(original.offset())
+        self._touch(bk)
         block = self.blocked.get(bk)
         if block is None:
             self.blocked[bk] = _Block(tier=tier, pending=deque([offset]))
@@ -207,10 +215,38 @@ class KeyBlocks:
         if block is None:
             return
         offset = int(original.offset())
+        self._touch(bk)  # type: ignore[arg-type]
         if block.pending and block.pending[0] == offset:
             block.pending.popleft()
         if not block.pending:
             del self.blocked[bk]  # type: ignore[arg-type]
+
+    # ``transactions=``: the blocks a transaction added, changed or released are undone
+    # when it does not commit (its moves hidden, its records handled again). An undo journal
+    # of the keys it touched, not a copy of every block: O(keys touched) per transaction.
+
+    def begin(self) -> None:
+        """A transaction begins: journal the keys it touches from now on."""
+        self._journal = {}
+
+    def settle(self) -> None:
+        """It committed: what it did to the blocks stands."""
+        self._journal = None
+
+    def undo(self) -> None:
+        """It did not commit: each key it touched goes back to its block before it."""
+        journal, self._journal = self._journal, None
+        for bk, before in (journal or {}).items():
+            if before is None:
+                self.blocked.pop(bk, None)
+            else:
+                self.blocked[bk] = before
+
+    def _touch(self, bk: BK) -> None:
+        journal = self._journal
+        if journal is not None and bk not in journal:
+            block = self.blocked.get(bk)
+            journal[bk] = None if block is None else _Block(block.tier, deque(block.pending))
 
     def __len__(self) -> int:
         return len(self.blocked)
@@ -333,3 +369,35 @@ def retry_headers(
         (EXCEPTION, f"{type(exc).__module__}.{type(exc).__qualname__}"),
     ]
     return original + [(k, v.encode("utf-8")) for k, v in block if v]
+
+
+def next_tier(topic: str, retry_map: Mapping[str, tuple[str, int]]) -> tuple[str, int]:
+    """``(source topic, 0-based tier)`` a failed record of ``topic`` moves to: tier 0 for a
+    record of a source topic, the next tier for a record of one of ``retry_map``'s retry
+    topics (a tier past the policy's last means: dead-letter it)."""
+    retried = retry_map.get(topic)
+    return (retried[0], retried[1] + 1) if retried is not None else (topic, 0)
+
+
+def retry_record(
+    msg: Any,
+    policy: RetryTopicPolicy,
+    *,
+    source: str,
+    tier: int,
+    exc: BaseException,
+    retry_topics: Container[str],
+    raw: tuple[bytes | None, bytes | None] | None = None,
+) -> DeadLetterRecord:
+    """The record moving ``msg`` to retry tier ``tier`` of ``source``: its key and value as
+    read (``raw``: the bytes before a deserializer), its headers by :func:`retry_headers`.
+    Written by the dead-letter writer, or inside the batch's transaction
+    (``transactions=``): the same record either way."""
+    return DeadLetterRecord(
+        topic=policy.topic(source, tier),
+        key=raw[0] if raw is not None else msg.key(),
+        value=raw[1] if raw is not None else msg.value(),
+        headers=retry_headers(
+            msg, tier=tier, delay=policy.delays[tier], exc=exc, retry_topics=retry_topics
+        ),
+    )

@@ -361,6 +361,11 @@ def retire_client(
 
     def retire() -> None:
         if parts:
+            # stored with their metadata first: librdkafka's own commit at close would
+            # otherwise commit its stored offsets again with their (empty) metadata, erasing
+            # the clean-end marker (the new member then probed every partition)
+            with contextlib.suppress(KafkaException, RuntimeError):
+                old.store_offsets(offsets=parts)
             try:
                 result = old.commit(offsets=parts, asynchronous=False)
                 outcome["committed"] = not [p for p in result or [] if p.error is not None]

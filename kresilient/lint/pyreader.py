@@ -99,9 +99,21 @@ _RAW_CLIENT_RULES = frozenset({"KR013", "KR014"})
 #: kresilient functions that build a client's config from the user's dict (safe defaults).
 _CONFIG_BUILDERS = frozenset({"producer_config", "consumer_config", "share_consumer_config"})
 #: The kresilient consumers' own arguments KR073 reads (what ``ordering="key"``/``"none"``
-#: combines with; the runtime's refusal is ``kresilient.consumer._consumer._check_ordering``).
+#: combines with; the runtime's refusals are ``_check_ordering`` in
+#: ``kresilient.consumer._consumer`` and ``kresilient.aio._consumer``).
 _CONSUMER_OPTIONS = frozenset(
-    {"ordering", "batch_handler", "retry_topics", "trace_spans", "max_process_deaths"}
+    {
+        "ordering",
+        "batch_handler",
+        "retry_topics",
+        "trace_spans",
+        "max_process_deaths",
+        "crash_probe_records",
+        "max_concurrency",
+        "max_in_flight",
+        "max_in_flight_bytes",
+        "transactions",
+    }
 )
 #: Calls by which a consumer chooses its own positions (aiokafka, kafka-python).
 _SEEKS = frozenset({"seek", "seek_to_beginning", "seek_to_end", "seek_to_committed", "assign"})
@@ -545,7 +557,12 @@ def _units(tree: ast.Module, path: str) -> Iterator[ConfigUnit]:
         if built and sink.resilient:
             # ResilientConsumer(consumer_config({...})): the config is the inner call's unit;
             # this one is judged only on the consumer's own arguments (KR073)
-            if "ordering" in options:
+            if options.keys() & {
+                "ordering",
+                "max_in_flight",
+                "max_in_flight_bytes",
+                "transactions",
+            }:
                 yield ConfigUnit(
                     path=path,
                     line=call.lineno,
@@ -675,6 +692,8 @@ def _functions_only(tree: ast.Module) -> frozenset[str]:
     return frozenset(defined - other)
 
 
+#: ``ordered=`` of the ``RetryTopicPolicy(...)`` built in a consumer's ``retry_topics=`` (KR073).
+RETRY_TOPICS_ORDERED: Final = "retry_topics.ordered"
 #: A ``**`` argument lint cannot read: the options it may carry are unknown (KR073).
 SPLAT: Final = "**"
 #: The value of an option given as an object built on the spot (a call, a lambda): not None.
@@ -695,6 +714,14 @@ def _consumer_options(call: ast.Call, functions: frozenset[str]) -> dict[str, En
         dynamic = False
         if isinstance(node, ast.Constant):
             value = node.value
+        elif (
+            isinstance(node, ast.UnaryOp)
+            and isinstance(node.op, ast.USub)
+            and isinstance(node.operand, ast.Constant)
+            and isinstance(node.operand.value, int | float)
+            and not isinstance(node.operand.value, bool)
+        ):
+            value = -node.operand.value  # max_in_flight=-1 is a literal too
         elif isinstance(node, (ast.Call, ast.Lambda)) or (
             isinstance(node, ast.Name) and node.id in functions
         ):
@@ -704,6 +731,23 @@ def _consumer_options(call: ast.Call, functions: frozenset[str]) -> dict[str, En
         options[name] = Entry(
             key=name, value=value, line=node.lineno, col=node.col_offset + 1, dynamic=dynamic
         )
+        # RetryTopicPolicy(ordered=True), also through .replace(...) on it (the outermost
+        # ordered= wins, as at run time): refused beside transactions= (KR073)
+        chain: ast.expr | None = node if name == "retry_topics" else None
+        while isinstance(chain, ast.Call):
+            ordered = next((a for a in chain.keywords if a.arg == "ordered"), None)
+            if ordered is not None:
+                if isinstance(ordered.value, ast.Constant):
+                    options[RETRY_TOPICS_ORDERED] = Entry(
+                        key=RETRY_TOPICS_ORDERED,
+                        value=bool(ordered.value.value),
+                        line=ordered.value.lineno,
+                        col=ordered.value.col_offset + 1,
+                    )
+                break
+            func = chain.func
+            replaced = isinstance(func, ast.Attribute) and func.attr == "replace"
+            chain = func.value if replaced and isinstance(func, ast.Attribute) else None
 
     for kw in call.keywords:
         if kw.arg is None:

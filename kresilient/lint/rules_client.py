@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from kresilient import _catalog as catalog
 from kresilient.config import SHARE_CONSUMER_REFUSED
 from kresilient.lint.model import TOPIC_SPEC_KEYS, ConfigUnit, Entry, Severity
-from kresilient.lint.pyreader import SPLAT
+from kresilient.lint.pyreader import RETRY_TOPICS_ORDERED
 from kresilient.lint.registry import (
     Hit,
     client_of,
@@ -1069,47 +1069,137 @@ def _share_implicit(unit: ConfigUnit) -> Iterator[Hit]:
     E,
     C,
     "consumer",
-    summary='A kresilient consumer given ordering="key"/"none" with an option that '
-    "ordering refuses.",
-    why="With many records of a partition in flight, a batch handler, retry topics, one span "
-    "per handler call and crash-loop protection (on by default: max_process_deaths=3) would "
+    summary='A kresilient consumer given ordering="key"/"none", or transactions= (or not), with '
+    "an option that mode refuses.",
+    why="With many records of a partition in flight, a batch handler, ordered retry topics "
+    "(RetryTopicPolicy(ordered=True): its blocked keys) and one span per handler call would "
     "each lose their per-record guarantee, so ResilientConsumer refuses the combination with "
-    "a ConfigError at construction; AsyncResilientConsumer takes no ordering argument yet "
-    "(a TypeError).",
-    fix='Pass max_process_deaths=None with ordering="key"/"none" and drop batch_handler, '
-    'retry_topics and trace_spans="call"; or keep ordering="partition" (the default).',
+    "a ConfigError at construction (crash-loop protection combines: a partition probed after "
+    "an unclean end runs its probe one record at a time; unordered retry topics combine: a "
+    "move is acknowledged before its record counts as finished); AsyncResilientConsumer "
+    "has none of those options and "
+    "refuses max_concurrency other than 1 instead (max_in_flight bounds its handlers); both "
+    "refuse an unknown ordering and a window (max_in_flight, max_in_flight_bytes) under 1. "
+    "ResilientConsumer(transactions=) refuses a batch handler and ordering other than "
+    '"partition"; retry topics (ordered or not) are written inside the transaction. '
+    "AsyncResilientConsumer(transactions=) refuses the same and max_concurrency other than 1; "
+    "without transactions= it has no crash-loop protection and refuses max_process_deaths or "
+    "crash_probe_records other than their defaults.",
+    fix='With ordering="key"/"none" drop batch_handler and trace_spans="call", and use '
+    "RetryTopicPolicy(ordered=False) (the default) "
+    "(AsyncResilientConsumer: drop max_concurrency, "
+    'size max_in_flight instead); or keep ordering="partition" (the default). With '
+    'transactions=: drop batch_handler and keep ordering="partition". Set max_process_deaths '
+    "and crash_probe_records on AsyncResilientConsumer only with transactions=.",
     clients=LIBRDKAFKA,
 )
 def _ordering_combination(unit: ConfigUnit) -> Iterator[Hit]:
     options = unit.context.get("options")
     if not isinstance(options, dict):
         return
-    ordering = options.get("ordering")
-    if ordering is None:
-        return
-    if unit.context.get("constructor") == "AsyncResilientConsumer":
-        # any value, a variable too: the asyncio consumer has no such argument (TypeError)
-        yield f"ordering={ordering.shown}: AsyncResilientConsumer takes no ordering yet", ordering
-        return
-    if ordering.dynamic or ordering.value == "partition":
-        return
-    if ordering.value not in ("key", "none"):
-        yield f"ordering={ordering.shown}: one of 'partition', 'key', 'none'", ordering
-        return
-    splat = SPLAT in options  # a **argument lint cannot read may carry any option
+    for name in ("max_in_flight", "max_in_flight_bytes"):
+        size = options.get(name)
+        if (
+            size is not None
+            and not size.dynamic
+            and isinstance(size.value, int)
+            and not isinstance(size.value, bool)
+            and size.value < 1
+        ):
+            yield f"{name}={size.shown}: the window must be at least 1 (ConfigError)", size
+            return
 
     def given(name: str) -> bool:
         """Known to be passed and not None."""
         entry = options.get(name)
         return entry is not None and not entry.dynamic and entry.value is not None
 
-    refused = [name for name in ("batch_handler", "retry_topics") if given(name)]
+    ordering = options.get("ordering")
+    txn = options.get("transactions")
+    if (
+        txn is not None
+        and given("transactions")
+        and unit.context.get("constructor") != "AsyncResilientConsumer"
+    ):
+        # checked first at construction: ResilientConsumer(transactions=) refuses these
+        # before it looks at ordering's own combinations
+        keyed = ordering is not None and not ordering.dynamic and ordering.value != "partition"
+        with_txn = ["batch_handler"] if given("batch_handler") else []
+        if keyed and ordering is not None:
+            with_txn.insert(1 if given("batch_handler") else 0, f"ordering={ordering.shown}")
+        if with_txn:
+            yield (
+                f"transactions= does not combine with {', '.join(with_txn)}: "
+                "ResilientConsumer refuses it (ConfigError)",
+                txn,
+            )
+            return
+        if keyed:
+            return
+    if (
+        txn is not None
+        and given("transactions")
+        and unit.context.get("constructor") == "AsyncResilientConsumer"
+    ):
+        # AsyncResilientConsumer(transactions=) drives the sync engine, one handler at a
+        # time in offset order: kresilient/aio/_transactional.py refuses the rest (and
+        # dead_letter_producer, which lint does not read)
+        refused_txn = []
+        if ordering is not None and not ordering.dynamic and ordering.value != "partition":
+            refused_txn.append(f"ordering={ordering.shown}")
+        concurrency = options.get("max_concurrency")
+        if concurrency is not None and given("max_concurrency") and concurrency.value != 1:
+            refused_txn.append(f"max_concurrency={concurrency.shown}")
+        if refused_txn:
+            yield (
+                f"transactions= does not combine with {', '.join(refused_txn)}: "
+                "AsyncResilientConsumer refuses it (ConfigError)",
+                txn,
+            )
+        return
+    if unit.context.get("constructor") == "AsyncResilientConsumer" and not given("transactions"):
+        # crash-loop protection is the transactional engine's (transactions=): without it the
+        # asyncio consumer refuses settings it would not apply (ConfigError)
+        for name, default in (("max_process_deaths", 3), ("crash_probe_records", 20)):
+            entry = options.get(name)
+            if (
+                entry is not None
+                and not entry.dynamic
+                and isinstance(entry.value, int)
+                and not isinstance(entry.value, bool)
+                and entry.value != default
+                and txn is None
+            ):
+                yield (
+                    f"{name}={entry.shown} without transactions=: AsyncResilientConsumer has "
+                    "no crash-loop protection there and refuses it (ConfigError)",
+                    entry,
+                )
+                return
+    if ordering is None or ordering.dynamic or ordering.value == "partition":
+        return
+    if ordering.value not in ("key", "none"):
+        yield f"ordering={ordering.shown}: one of 'partition', 'key', 'none'", ordering
+        return
+
+    if unit.context.get("constructor") == "AsyncResilientConsumer":
+        concurrency = options.get("max_concurrency")
+        if concurrency is not None and given("max_concurrency") and concurrency.value != 1:
+            yield (
+                f"ordering={ordering.shown} does not combine with max_concurrency="
+                f"{concurrency.shown}: AsyncResilientConsumer refuses it (ConfigError); "
+                "max_in_flight bounds the handlers in this mode",
+                ordering,
+            )
+        return
+    refused = ["batch_handler"] if given("batch_handler") else []
+    ordered = options.get(RETRY_TOPICS_ORDERED)
+    if given("retry_topics") and ordered is not None and ordered.value is True:
+        # unordered retry topics combine; the ordered policy's blocked keys do not yet
+        refused.append("retry_topics=RetryTopicPolicy(ordered=True)")
     spans = options.get("trace_spans")
     if spans is not None and not spans.dynamic and spans.value == "call":
         refused.append('trace_spans="call"')
-    deaths = options.get("max_process_deaths")
-    if (deaths is None and not splat) or (deaths is not None and given("max_process_deaths")):
-        refused.append("crash-loop protection (pass max_process_deaths=None)")
     if refused:
         yield (
             f"ordering={ordering.shown} does not combine with {', '.join(refused)}: "

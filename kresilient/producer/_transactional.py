@@ -81,6 +81,17 @@ _PURGED: Final = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT}
 #: destroyed before it is left to a daemon thread (rd_kafka_destroy can block on a frozen
 #: broker).
 _RELEASE_TIMEOUT: Final = DRAIN_TIMEOUT + 5.0
+# How long past its own timeout send_offsets_to_transaction() may take before the instance is
+# given up as stuck: librdkafka (2.16 included) can block in it for ever when the group
+# coordinator's broker died (its coordinator request timer is never checked, librdkafka
+# #5456; a coordinator decommissioned from metadata is waited for until some broker changes
+# state, #5511). Seen on the real cluster: tests/test_eos_chaos.py, the coordinator's broker
+# SIGKILLed, the call still blocked minutes later.
+_STUCK_GRACE_S = 10.0
+
+
+class _Stuck(Exception):
+    """A librdkafka call did not return within its timeout and the grace."""
 
 
 class TransactionAbortedError(KafkaClientError):
@@ -256,6 +267,28 @@ class TransactionalProducer:
             )
         self._commit()
 
+    def topic_exists(self, topic: str, timeout: float = 5.0) -> bool | None:
+        """Whether the cluster knows ``topic`` (one metadata request; ``None``: no answer
+        within ``timeout``). A record to a topic that does not exist is not refused by
+        librdkafka when produced: its delivery fails after ``topic.metadata.propagation.max.ms``
+        (30 s) and the transaction with it, so a caller asks first."""
+        producer = self._producer
+        if producer is None:
+            return None
+        try:
+            meta = producer.list_topics(topic, timeout=timeout)
+        except KafkaException:
+            return None
+        info = meta.topics.get(topic)
+        if info is None:
+            return False
+        err = info.error
+        if err is None:
+            return True
+        if err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+            return False
+        return None
+
     def produce(
         self,
         topic: str,
@@ -319,10 +352,53 @@ class TransactionalProducer:
         if not chosen:
             return
         metadata = consumer.consumer_group_metadata()
-        self._call(
-            "send_offsets_to_transaction",
-            lambda t: self._producer.send_offsets_to_transaction(chosen, metadata, t),
+        producer = self._producer
+
+        def send(timeout: float) -> None:
+            # in a daemon thread, waited for its timeout and a grace at most (librdkafka
+            # #5456, #5511: the call can block for ever once the group coordinator died)
+            done, _ = bounded_call(
+                lambda: producer.send_offsets_to_transaction(chosen, metadata, timeout),
+                timeout + _STUCK_GRACE_S,
+                name="kresilient-txn-send-offsets",
+            )
+            if not done:
+                raise _Stuck(timeout + _STUCK_GRACE_S)
+
+        try:
+            self._call("send_offsets_to_transaction", send)
+        except _Stuck as stuck:
+            self._stuck("send_offsets_to_transaction", float(stuck.args[0]))
+
+    def _stuck(self, call: TransactionCall, waited: float) -> None:
+        """``call`` is blocked inside librdkafka: the open transaction cannot commit (the
+        commit was never asked). The instance is left to the blocked thread, never touched
+        again (a purge or destroy beside a call in progress is not safe), and a new one
+        replaces it: its init_transactions() bumps the epoch, which fences whatever the old
+        one still sends and has the coordinator abort its transaction. Raises
+        :class:`~kresilient.KafkaClientError` (the transaction's records are to be redone)."""
+        kerr = KafkaError(
+            KafkaError._TIMED_OUT,
+            f"{call} did not return within {waited:g} s (librdkafka #5456/#5511: blocked "
+            "after the group coordinator's broker went away)",
+            retriable=True,
         )
+        exc = KafkaException(kerr)
+        verdict = classify_transaction_error(exc, call)
+        self._log.error(
+            "transaction_call_stuck",
+            call=call,
+            waited_s=round(waited, 3),
+            note="the librdkafka instance is abandoned to the blocked call and replaced; the "
+            "transaction is not committed and its records are redone",
+        )
+        self._replace(f"{call} blocked for {waited:g} s", abandon=True)
+        raise self._error(
+            KafkaClientError,
+            exc,
+            verdict,
+            f"{call} blocked; the transaction was not committed (the instance was replaced)",
+        ) from exc
 
     def close(self, timeout: float | None = None) -> None:
         """Abort an open transaction, deliver what is queued outside one, release the client.
@@ -434,17 +510,22 @@ class TransactionalProducer:
         if self._state is _State.NEEDS_INIT:
             self._init()
 
-    def _replace(self, why: str) -> None:
+    def _replace(self, why: str, *, abandon: bool = False) -> None:
         """Drop the librdkafka instance and build a new one with the same transactional.id.
 
         The new instance's ``init_transactions()`` bumps the producer epoch: the coordinator
         then refuses every request of the old one (a late EndTxn included) and aborts its
         open transaction, unless the old commit already reached the coordinator. When the
         init cannot complete now (the coordinator unreachable), the next transaction()
-        retries it: no transaction ever starts on the old epoch."""
+        retries it: no transaction ever starts on the old epoch. ``abandon``: a thread is
+        blocked in a call of the old instance; it keeps the instance (released when the
+        call returns, if ever) and nothing else touches it."""
         self._state = _State.NEEDS_INIT
-        # purge what it still holds; never close(): that would abort/flush
-        self._release(f"replace ({why})", _RELEASE_TIMEOUT)
+        if abandon:
+            self._producer = None
+        else:
+            # purge what it still holds; never close(): that would abort/flush
+            self._release(f"replace ({why})", _RELEASE_TIMEOUT)
         self._fatal_cause = self._fence_seen = None  # those were the old instance's
         self._producer = self._new_instance()
         self.recreations += 1

@@ -98,6 +98,7 @@ from kresilient.errors import (
     exception_type_name,
 )
 from kresilient.redaction import Redactor, redact_config
+from kresilient.share._deadletters import DEFAULT_LOOKBACK_S, DeadLetterIndex, record_key
 from kresilient.telemetry import Telemetry
 
 __all__ = [
@@ -192,7 +193,14 @@ def configure_share_group(
         admin.incremental_alter_configs([res], request_timeout=timeout)[res].result(timeout)
         brokers = sorted(admin.list_topics(timeout=timeout).brokers)
     except (KafkaException, TimeoutError) as exc:
-        detail = str(exc) or f"no answer within {timeout:g} s"  # a TimeoutError says nothing
+        # Both ways of running out of time read the same: our wait (a TimeoutError, which says
+        # nothing) and librdkafka's own request timeout (_TIMED_OUT), whichever comes first.
+        detail = f"no answer within {timeout:g} s"
+        err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+        if isinstance(err, KafkaError) and err.code() != KafkaError._TIMED_OUT:
+            detail = str(exc)
+        elif str(exc):
+            detail = f"{detail} ({exc})"
         raise ConfigError(
             redact(f"share group {group}: setting {sorted(settings)} failed: {detail}")
         ) from None
@@ -271,6 +279,12 @@ class ShareConsumerStats:
     #: records at ``share.delivery.count.limit`` whose dead letter was not acknowledged
     #: before their lock's end: the broker archives them (each logged as an ERROR)
     lost_at_limit: int = 0
+    #: redelivered poison records whose dead letter was already written (a member died
+    #: between its acknowledgement and the ACCEPT): ACCEPTed without a second one
+    dead_letters_found: int = 0
+    #: redelivered poison records dead-lettered without knowing whether one was already
+    #: written (the dead-letter reader behind or down): a duplicate is possible
+    dead_letters_unconfirmed: int = 0
 
 
 class _Stop(Exception):
@@ -308,6 +322,12 @@ class ResilientShareConsumer:
             :meth:`stop` or :meth:`close`, or when nothing has polled for twice the lock
             duration plus 10 s (a batch, its releases and an outage pause all fit in that),
             whether :meth:`run` or the application's own :meth:`poll_once` loop polls.
+        dead_letter_lookback_s: one dead letter per record even when a member dies between
+            a dead letter's acknowledgement and its record's ACCEPT: a background reader
+            tails the dead-letter topics from this many seconds before the start, and a
+            redelivered record whose dead letter it has read is ACCEPTed without a second one
+            (``stats.dead_letters_found``). ``None``: no reader (a duplicate is then possible).
+            See :mod:`kresilient.share._deadletters` for its limits.
 
     Example::
 
@@ -338,6 +358,7 @@ class ResilientShareConsumer:
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
         stall_after_s: float = 60.0,
+        dead_letter_lookback_s: float | None = DEFAULT_LOOKBACK_S,
     ) -> None:
         base = logger if logger is not None else structlog.get_logger("kresilient.share")
         self._cfg = share_consumer_config(config, allow_unsafe=allow_unsafe, logger=base)
@@ -367,12 +388,25 @@ class ResilientShareConsumer:
                 client_id=str(self._cfg["client.id"]),
                 logger=self._log,
             )
+        self._index: DeadLetterIndex | None = None
+        self._index_gave_up = -1.0  # the batch (its acquisition time) whose question timed out
+        if dead_letter is not None and dead_letter_lookback_s is not None:
+            self._index = DeadLetterIndex(
+                self._cfg,
+                [dead_letter.topic_for(t) for t in self.topics if not t.startswith("^")],
+                self.group,
+                client_id=str(self._cfg["client.id"]),
+                log=self._log,
+                redact=self._redact,
+                lookback_s=dead_letter_lookback_s,
+            )
         rdk = dict(self._cfg)
         try:
             self._consumer = ShareConsumer(rdk)
         except KafkaException as exc:
             if self._writer is not None:
                 self._writer.close(0)
+            self._index = None
             text = self._redact(f"the share consumer refused its config: {exc}")
             raise ConfigError(text) from None
         self._consumer.set_acknowledgement_commit_callback(self._on_acknowledged)
@@ -487,6 +521,8 @@ class ResilientShareConsumer:
         try:
             self._consumer.close()
         finally:
+            if self._index is not None:
+                self._index.close()
             if self._writer is not None:
                 self._writer.close()
 
@@ -509,6 +545,8 @@ class ResilientShareConsumer:
     def _start_probes(self) -> None:
         """The first poll: the member is live from now on (until :meth:`stop`, :meth:`close`
         or ``max_poll_s`` without a poll), and the probe server starts."""
+        if self._index is not None and not self._index.started:
+            self._index.start()  # at the first poll: a member that never polls reads nothing
         probes = self._probes
         probes.running = True
         if self._stopping.is_set():  # stop() raced this call: it wins
@@ -809,6 +847,8 @@ class ResilientShareConsumer:
             self._late(msg, ran=True, exc=exc)
             return
         dlq_topic = self._dlq.topic_for(msg.topic() or "")
+        if count > 1 and self._already_dead_lettered(msg, deadline, lock_end):
+            return
         with self._tel.dead_letter_span(
             dlq_topic,
             source=msg,
@@ -842,6 +882,38 @@ class ResilientShareConsumer:
         # acknowledgement and the batch's commit would have its broker deliver every dead
         # letter of the batch again (one duplicate dead letter per member at most, not many)
         self._commit()
+
+    def _already_dead_lettered(self, msg: Message, deadline: float, lock_end: float) -> bool:
+        """A redelivered record whose dead letter is known to be written (a member died
+        between the dead letter's acknowledgement and the ACCEPT): ACCEPTed, True. Unknown
+        within half the time left (at most 2 s): False, the dead letter is written (a
+        duplicate is possible, counted and logged; never a loss). After one unknown answer
+        the batch's other records do not wait (the lock is the whole batch's)."""
+        if self._index is None:
+            return False
+        acquired = lock_end - self.lock_duration
+        wait = 0.0 if self._index_gave_up == acquired else 2.0
+        wait = min(wait, max((deadline - time.monotonic()) / 2, 0.0))
+        found = self._index.contains(record_key(msg), wait, since=acquired)
+        fields = {
+            "topic": msg.topic(),
+            "partition": msg.partition(),
+            "offset": msg.offset(),
+            "delivery_count": msg.delivery_count(),
+        }
+        if found is None:
+            self._index_gave_up = acquired
+            self.stats.dead_letters_unconfirmed += 1
+            self._log.warning("share_dead_letter_unconfirmed", **fields)
+            return False
+        if not found:
+            return False
+        self._marks.pop(self._key(msg), None)
+        self._ack(msg, AcknowledgeType.ACCEPT)
+        self.stats.dead_letters_found += 1
+        self._log.info("share_dead_letter_already_written", **fields)
+        self._commit()
+        return True
 
     def _write_dead_letter(
         self, record: DeadLetterRecord, deadline: float, *, retry: bool

@@ -133,6 +133,11 @@ def default_kafka_version() -> str:
 
 _PROBE_TOPIC = "__kresilient_probe"
 _PROPAGATION_S = 15.0
+# how long a read-only metadata question is asked again while no broker answers it
+_METADATA_RETRY_S = 60.0
+_UNANSWERED = frozenset(
+    {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
+)
 _DIR_PREFIX = "kresilient-kafka-"
 _OWNER_FILE = "kresilient-owner"
 _START_ATTEMPTS = 3
@@ -1583,14 +1588,21 @@ class KafkaCluster:
     def _partition_settled(self, topic: str, partition: int) -> Any:
         # Each broker learns of a new topic from the metadata log on its own schedule, and
         # a metadata request may reach any of them: give propagation a few seconds.
+        # A metadata request that timed out (it went to a node just killed, or the survivors
+        # answered late on a loaded machine) is asked again: the question is read-only.
         deadline = time.monotonic() + _PROPAGATION_S
+        unanswered_until = time.monotonic() + _METADATA_RETRY_S
         while True:
             try:
                 return self._partition(topic, partition)
             except _NotYet as exc:
                 if time.monotonic() >= deadline:
                     raise ClusterError(str(exc)) from None
-                time.sleep(0.1)
+            except KafkaException as exc:
+                code = exc.args[0].code() if exc.args else None
+                if code not in _UNANSWERED or time.monotonic() >= unanswered_until:
+                    raise
+            time.sleep(0.1)
 
     def leader(self, topic: str, partition: int = 0) -> int:
         """Node id of the partition's current leader (-1 while there is none)."""
@@ -1846,8 +1858,10 @@ class KafkaCluster:
         node = self._node(node_id)
         if node.process is not None and node.process.poll() is None:
             raise ClusterError(f"node {node_id} is already running (pid {node.process.pid})")
-        node.expected_down = False
+        # expected up only once the new process replaced the exited one: another thread's
+        # liveness check (a wait of its own) meanwhile would take the old exit for a crash
         self._spawn(node)
+        node.expected_down = False
         self._poll_until(
             f"node {node_id} to register", lambda: node_id in self._metadata_brokers(), timeout
         )

@@ -5,12 +5,37 @@ could receive the very same number (~0.13% of 3-node clusters drew a duplicate) 
 other process could take it before the broker bound it. Here every port of a cluster is a
 *listening* socket held open until the moment the process that needs it is started, so the
 kernel can neither hand it out twice nor give it to anyone else meanwhile.
+
+The free ports are picked BELOW the kernel's ephemeral range (``ip_local_port_range``,
+32768-60999 by default) where it leaves room: the kernel takes the local port of every
+outgoing connection from that range, so a port of a node that is down (stopped, killed,
+waiting for its restart) could be taken by any client's connection meanwhile, and the
+restarted broker then failed to bind it (seen in CI: "Socket server failed to bind to
+127.0.0.1:32901: Address already in use", a node restarted after a minute down). Below the
+range only an explicit bind can take a port, and every bind here is checked.
 """
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Iterable
+
+#: the lowest port picked below the ephemeral range (above the usual fixed services' ports)
+_LOW: int = 10000
+#: the ephemeral range's file (Linux); elsewhere the kernel picks (port 0)
+_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def _below_ephemeral() -> range | None:
+    """The ports to pick from: from :data:`_LOW` to the ephemeral range's start, or ``None``
+    (the range cannot be read, or leaves fewer than 2,000 ports below it)."""
+    try:
+        with open(_RANGE_FILE, encoding="ascii") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return range(_LOW, low) if low - _LOW >= 2000 else None
 
 
 class PortInUseError(OSError):
@@ -39,10 +64,26 @@ class PortReservation:
         self._held: dict[int, socket.socket] = {}
 
     def take_free(self, count: int) -> list[int]:
-        """Reserve ``count`` kernel-chosen ports, distinct from each other and from held ones."""
+        """Reserve ``count`` free ports, distinct from each other and from held ones: picked
+        at random below the ephemeral range (see the module's docstring), else chosen by the
+        kernel."""
         out: list[int] = []
+        pool = _below_ephemeral()
+        pick = random.SystemRandom()
         for _ in range(count):
-            s = _listening(0)
+            s = None
+            if pool is not None:
+                for _try in range(200):
+                    port = pick.randrange(pool.start, pool.stop)
+                    if port in self._held:
+                        continue
+                    try:
+                        s = _listening(port)
+                    except OSError:  # taken by another process: another one
+                        continue
+                    break
+            if s is None:
+                s = _listening(0)
             port = int(s.getsockname()[1])
             self._held[port] = s
             out.append(port)
