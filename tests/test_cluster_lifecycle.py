@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka import Producer
 
 from kresilient.testing import JVM_OPTIONS_ENV, ClusterError, KafkaCluster, remove_stale_dirs
-from kresilient.testing import _ports as ports_module
-from kresilient.testing._ports import PortReservation
+from kresilient import _ports as ports_module
+from kresilient._ports import PortReservation
 
 pytestmark = pytest.mark.integration
 

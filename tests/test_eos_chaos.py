@@ -69,6 +69,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from kresilient.deadletter import parse_dead_letter_headers
 from kresilient.errors import KafkaClientError
@@ -440,6 +441,16 @@ def _coordinator(
         if found is not None:
             return found
     return None
+
+
+def _topic_led_by(cluster: KafkaCluster, name: str, replicas: list[int]) -> str:
+    """A one-partition topic whose replicas are ``replicas``, in that order: the first leads
+    (min.insync.replicas 2)."""
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    new = NewTopic(name, 1, -1, replica_assignment=[replicas], config={"min.insync.replicas": "2"})
+    admin.create_topics([new], operation_timeout=60, request_timeout=60)[name].result(90)
+    cluster.wait_for_isr(name, 0, size=len(replicas))
+    return name
 
 
 def _transactions(
@@ -829,10 +840,6 @@ def test_send_offsets_blocked_by_a_dead_group_coordinator_is_given_up_and_redone
     cluster = eos_cluster
     run = uuid.uuid4().hex[:6]
     source = cluster.create_topic(f"stuck-in-{run}", 1, 3, {"min.insync.replicas": 2})
-    target = cluster.create_topic(f"stuck-out-{run}", 1, 3, {"min.insync.replicas": 2})
-    # the control's own output: its transaction left open holds back that topic's last
-    # stable offset (read_committed readers of it wait) until transaction.timeout.ms
-    raw_target = cluster.create_topic(f"stuck-raw-{run}", 1, 3, {"min.insync.replicas": 2})
     _produce(cluster, source, {i: _value(i) for i in range(5)}, partitions=1)
 
     def coordinator_of(key: str, key_type: int = 1) -> int:
@@ -844,17 +851,22 @@ def test_send_offsets_blocked_by_a_dead_group_coordinator_is_given_up_and_redone
         )
         return int(found[-1] or 0)
 
-    # A group whose coordinator leads neither output topic: the broker that dies then
-    # changes no leadership the producers write to. (A leader moving makes librdkafka
-    # reconnect, and that broker state change re-triggers the blocked coordinator request:
-    # the call then returns: the likely cause of the 2 runs of 5 where it did, before this)
+    # The group's coordinator's broker is the one that dies; the output topics are created
+    # led elsewhere, with that broker their last replica: its death then changes no
+    # leadership the producers write to. (A leader moving makes librdkafka reconnect, and
+    # that broker state change re-triggers the blocked coordinator request: the call then
+    # returns.) Chosen in that order, not by searching for a group whose coordinator leads
+    # neither topic: the tests before this one kill nodes, whose leaderships stay moved, and
+    # a CI run found no such group in 64 (every coordinator on the two topics' leaders).
+    group = f"stuck-{run}-g"
+    dead = coordinator_of(group, key_type=0)
+    first, second = [n for n in cluster.node_ids if n != dead][:2]
+    target = _topic_led_by(cluster, f"stuck-out-{run}", [first, second, dead])
+    # the control's own output: its transaction left open holds back that topic's last
+    # stable offset (read_committed readers of it wait) until transaction.timeout.ms
+    raw_target = _topic_led_by(cluster, f"stuck-raw-{run}", [second, first, dead])
     leaders = {cluster.leader(target), cluster.leader(raw_target)}
-    for i in range(64):
-        group = f"stuck-{run}-g{i}"
-        dead = coordinator_of(group, key_type=0)
-        if dead not in leaders:
-            break
-    assert dead not in leaders, (dead, leaders)
+    assert leaders == {first, second}, (dead, leaders)
     # two transactional ids whose coordinators are elsewhere: only the group's broker dies
     tids = [t for t in (f"stuck-{run}-{i}" for i in range(16)) if coordinator_of(t) != dead][:2]
     assert len(tids) == 2, tids

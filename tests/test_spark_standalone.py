@@ -101,6 +101,49 @@ def _assert_all_present(ids: Any, rows: int) -> None:
     assert ((ids >= 0) & (ids < rows)).all(), "records that were never written appeared"
 
 
+def test_start_keeps_polling_past_an_answer_that_is_not_the_masters_json() -> None:
+    """CI once saw the web port polled for the master's JSON answer with an empty body (its
+    ports were then picked by binding port 0: drawn twice or taken meanwhile); the wait
+    crashed with a JSONDecodeError at once. Now such an answer is "not ready yet": the wait
+    goes on to its deadline and its error says what the port answered."""
+    import http.server
+
+    from kresilient.spark.testing import SparkStandaloneCluster
+
+    class Empty(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Empty)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        cluster = SparkStandaloneCluster(workers=1, start_timeout=2.0)
+        cluster._web_port = server.server_address[1]
+        with pytest.raises(RuntimeError, match=r"0/1 Spark workers.*last: not JSON"):
+            cluster._wait_for_workers()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_clusters_ports_are_distinct_and_below_the_ephemeral_range(standalone: Any) -> None:
+    """The master's and the workers' ports are held until their process starts and picked
+    below the kernel's ephemeral range, where no outgoing connection takes them."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+        ephemeral_start = int(f.read().split()[0])
+    master = int(standalone.master_url.rsplit(":", 1)[1])
+    web = standalone._web_port
+    assert master != web
+    assert master < ephemeral_start and web < ephemeral_start, (master, web, ephemeral_start)
+    assert all(p.poll() is None for p in standalone._procs)
+
+
 def test_standalone_write_executors_in_own_jvms_all_rows_present(
     standalone: Any, spark: Any, kafka_cluster: KafkaCluster, topic_factory: TopicFactory
 ) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,13 +31,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from kresilient._ports import PortReservation
+
 __all__ = ["SparkStandaloneCluster", "local_session"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _spark_home() -> Path:
@@ -128,24 +123,35 @@ class SparkStandaloneCluster:
         """Start the master and the workers; wait until every worker is registered."""
         self._dir = tempfile.TemporaryDirectory(prefix="kresilient-spark-cluster-")
         base = Path(self._dir.name)
-        port, self._web_port = _free_port(), _free_port()
+        # Every port distinct and held (a listening socket, below the kernel's ephemeral
+        # range) until just before its process starts: a port picked by binding port 0 and
+        # closing could be drawn twice, or taken meanwhile by any outgoing connection; the
+        # master's web UI then fell back to another port and the one polled answered
+        # something else (seen in CI: an empty answer where the master's JSON was expected).
+        ports = PortReservation()
+        port, self._web_port, *worker_ports = ports.take_free(2 + 2 * self.workers)
         self.master_url = f"spark://127.0.0.1:{port}"
         try:
+            ports.release([port, self._web_port])
             self._launch(base / "master.log", "org.apache.spark.deploy.master.Master",
                          "--host", "127.0.0.1", "--port", str(port),
                          "--webui-port", str(self._web_port))  # fmt: skip
             for i in range(self.workers):
                 work = base / f"worker-{i}"
                 work.mkdir()
+                rpc, web = worker_ports[2 * i], worker_ports[2 * i + 1]
+                ports.release([rpc, web])
                 self._launch(base / f"worker-{i}.log", "org.apache.spark.deploy.worker.Worker",
-                             "--host", "127.0.0.1", "--port", str(_free_port()),
-                             "--webui-port", str(_free_port()), "--cores", str(self.cores),
+                             "--host", "127.0.0.1", "--port", str(rpc),
+                             "--webui-port", str(web), "--cores", str(self.cores),
                              "--memory", self.memory, "--work-dir", str(work),
                              self.master_url)  # fmt: skip
             self._wait_for_workers()
         except BaseException:
             self.close()
             raise
+        finally:
+            ports.release()
         return self
 
     def _launch(self, log: Path, cls: str, *args: str) -> None:
@@ -170,6 +176,7 @@ class SparkStandaloneCluster:
 
         deadline = time.monotonic() + self.start_timeout
         alive = 0
+        last = "no answer yet"
         while time.monotonic() < deadline:
             for p in self._procs:
                 if p.poll() is not None:
@@ -184,12 +191,15 @@ class SparkStandaloneCluster:
                 alive = sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
                 if alive >= self.workers:
                     return
-            except OSError:
-                pass
+                last = f"{alive} ALIVE"
+            except OSError as exc:  # not listening yet (or an HTTP error status)
+                last = f"{type(exc).__name__}: {exc}"
+            except ValueError as exc:  # an answer that is not the master's JSON (yet)
+                last = f"not JSON ({exc})"
             time.sleep(0.5)  # polling for a condition with a deadline
         raise RuntimeError(
-            f"{alive}/{self.workers} Spark workers registered after {self.start_timeout} s: "
-            f"{self._log_tail()}"
+            f"{alive}/{self.workers} Spark workers registered after {self.start_timeout} s "
+            f"(the master's web UI on port {self._web_port}, last: {last}): {self._log_tail()}"
         )
 
     def _log_tail(self) -> str:

@@ -92,7 +92,7 @@ from kresilient.testing import _launcher
 from kresilient.testing._broker_jars import KAFKA_VERSION, kafka_libs
 from kresilient.testing._network import NetworkFaults, _Proxy, _State
 from kresilient.testing._pki import CertificateAuthority, ClientCertificate, new_secret
-from kresilient.testing._ports import PortInUseError, PortReservation
+from kresilient._ports import PortInUseError, PortReservation
 from kresilient.testing._wire import PartitionView, broker_metadata
 
 __all__ = [
