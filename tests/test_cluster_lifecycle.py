@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from kresilient.testing import JVM_OPTIONS_ENV, ClusterError, KafkaCluster, remove_stale_dirs
 from kresilient import _ports as ports_module
 from kresilient._ports import PortReservation
+from kresilient.testing import JVM_OPTIONS_ENV, ClusterError, KafkaCluster, remove_stale_dirs
 
 pytestmark = pytest.mark.integration
 

@@ -87,12 +87,12 @@ from confluent_kafka.admin._scram import (
 )
 from confluent_kafka.cimpl import NewTopic
 
+from kresilient._ports import PortInUseError, PortReservation
 from kresilient.errors import ChaosNotSupportedError, ClusterError
 from kresilient.testing import _launcher
 from kresilient.testing._broker_jars import KAFKA_VERSION, kafka_libs
 from kresilient.testing._network import NetworkFaults, _Proxy, _State
 from kresilient.testing._pki import CertificateAuthority, ClientCertificate, new_secret
-from kresilient._ports import PortInUseError, PortReservation
 from kresilient.testing._wire import PartitionView, broker_metadata
 
 __all__ = [
