@@ -101,6 +101,20 @@ class FakeShare:
         pass
 
 
+class Handle:
+    """A write's outcome: done once acknowledged (never failed here)."""
+
+    def __init__(self, record: Any) -> None:
+        self.record = record
+        self.acked = False
+
+    def done(self) -> bool:
+        return self.acked
+
+    def exception(self, timeout: float | None = None) -> None:
+        return None
+
+
 class Writer:
     """A dead-letter writer: ``fail`` refuses every write, ``ack_after`` seconds (fake
     clock) pass between a write and its acknowledgement (flush raises while it is pending)."""
@@ -112,25 +126,57 @@ class Writer:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._acked_at: float | None = None
+        self._handle: Handle | None = None
 
-    def write(self, record: Any) -> None:
+    def write(self, record: Any) -> Handle:
         if Writer.fail:
             raise DeadLetterError("dead-letter topic unreachable", topic=record.topic)
-        self._record = record
+        self._handle = Handle(record)
         self._acked_at = Writer.clock.now + Writer.ack_after
+        return self._handle
+
+    def poll(self, timeout: float = 0.0) -> int:
+        if self._acked_at is None:
+            Writer.clock.now += timeout
+            return 0
+        wait = self._acked_at - Writer.clock.now
+        if wait > timeout:
+            Writer.clock.now += timeout
+            return 0
+        self.flush(None)
+        return 1
 
     def flush(self, timeout: float | None = None) -> None:
-        if self._acked_at is None:
+        if self._acked_at is None or self._handle is None:
             return
         wait = self._acked_at - Writer.clock.now
         if timeout is not None and wait > timeout:
             Writer.clock.now += timeout
             raise DeliveryError("1 dead letter(s) still unacknowledged after flush")
         Writer.clock.now += max(wait, 0.0)
-        Writer.written.append(self._record)
+        Writer.written.append(self._handle.record)
+        self._handle.acked = True
         self._acked_at = None
 
     def close(self, timeout: float | None = None) -> None:
+        pass
+
+
+class NoIndex:
+    """A dead-letter reader that has read everything: no dead letter is known."""
+
+    started = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def contains(self, *args: Any, **kwargs: Any) -> bool:
+        return False
+
+    def state(self) -> dict[str, Any]:
+        return {"state": "reading"}
+
+    def close(self, timeout: float = 0.0) -> None:
         pass
 
 
@@ -141,6 +187,9 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     monkeypatch.setattr(sc, "ShareConsumer", FakeShare)
     monkeypatch.setattr(sc, "DeadLetterWriter", Writer)
     monkeypatch.setattr(sc.ResilientShareConsumer, "_group_settings", lambda self: (30.0, LIMIT))
+    # no cluster: the dead-letter topics are not checked, and no dead letter is known
+    monkeypatch.setattr(sc.ResilientShareConsumer, "_check_dead_letter_topics", lambda s, p: None)
+    monkeypatch.setattr(sc, "DeadLetterIndex", NoIndex)
     FakeShare.batches, FakeShare.poll_takes, FakeShare.clock = [], 0.0, c
     Writer.fail, Writer.ack_after, Writer.clock, Writer.written = False, 0.0, c, []
     return c
@@ -245,18 +294,27 @@ def test_dead_letter_acknowledged_after_the_lock_is_not_accepted(clock: Clock) -
     assert c.stats.lock_expired == 1
 
 
-def test_dead_letter_below_the_limit_not_acknowledged_within_the_lock_is_released(
+def test_dead_letter_below_the_limit_in_flight_at_the_lock_end_is_not_released_early(
     clock: Clock,
 ) -> None:
-    Writer.ack_after = 1.0
-    FakeShare.batches = [[Msg(0, 1)]]
+    # the dead letter outlives the lock: no RELEASE while the broker still holds the record
+    # (its next delivery would write a second dead letter); the RELEASE comes after the lock
+    # (refused by the broker, needed by the client), and the next delivery to this member
+    # ACCEPTs it without a second write (review13 finding 1)
+    Writer.ack_after = 1.2  # written at 1000.5, acknowledged at 1001.7: in the next lock
+    FakeShare.batches = [[Msg(0, 1)], [Msg(0, 2)]]
     c = sc.ResilientShareConsumer(
         CFG, ["jobs"], _failing(ValueError("not JSON"), clock, 0.5), lock_duration=1.0
     )
     c.poll_once(0.1)
-    assert c._consumer.acks == [(0, "RELEASE")]  # the flush was bounded by the lock
-    assert clock.now < 1000.0 + 1.0
+    assert c._consumer.acks == [(0, "RELEASE")]
+    assert clock.now >= 1000.0 + 1.0  # sent after the lock's end, not before
     assert c.stats.dead_lettered == 0
+    assert c.stats.dead_letters_in_flight == 1
+    c.poll_once(0.1)
+    assert c._consumer.acks == [(0, "RELEASE"), (0, "ACCEPT")]
+    assert _dead_lettered_offsets() == [0]  # one dead letter
+    assert c.stats.dead_lettered == 1  # counted once
 
 
 def test_negative_control_dead_letter_acknowledged_in_time_is_accepted(clock: Clock) -> None:

@@ -18,7 +18,11 @@ on top of that:
   kresilient's headers, ``kresilient.attempts`` = the delivery count) and the record is
   ACCEPTed only once the dead letter is acknowledged (an acknowledgement after the lock's
   end: no ACCEPT, reported as ``lock_expired``); a failed dead-letter write RELEASEs it below
-  the limit. Without a dead-letter policy it is REJECTed;
+  the limit; one still in flight at the lock's end is waited for past it and the record left
+  to the broker's lock expiry (never RELEASEd while its dead letter may still land), and the
+  record's next delivery to this member waits for that dead letter instead of writing a
+  second one. Before any dead letter, the dead-letter reader is asked whether one is already
+  written (:mod:`kresilient.share._deadletters`). Without a dead-letter policy it is REJECTed;
 * a record at its last delivery is never RELEASEd (nor is it safe unacknowledged: the lock's
   expiry archives it too): the outage hold and ``stop()`` dead-letter it instead, its
   dead-letter write is retried until the lock's end, and if that fails it is reported
@@ -83,6 +87,7 @@ from kresilient.consumer import (
     poison,
 )
 from kresilient.deadletter import (
+    DeadLetterHandle,
     DeadLetterPolicy,
     DeadLetterRecord,
     DeadLetterWriter,
@@ -96,9 +101,16 @@ from kresilient.errors import (
     UnsafeConfigError,
     classify,
     exception_type_name,
+    translate,
 )
 from kresilient.redaction import Redactor, redact_config
-from kresilient.share._deadletters import DEFAULT_LOOKBACK_S, DeadLetterIndex, record_key
+from kresilient.share._deadletters import (
+    DEFAULT_LOOKBACK_S,
+    DeadLetterIndex,
+    Key,
+    check_lookback,
+    record_key,
+)
 from kresilient.telemetry import Telemetry
 
 __all__ = [
@@ -121,6 +133,10 @@ DEFAULT_LOCK_DURATION_S: Final = 30.0
 DEFAULT_DELIVERY_COUNT_LIMIT: Final = 5
 #: Share-consumer keys that would weaken "acknowledged only after processing".
 _IMPLICIT = "share.acknowledgement.mode"
+#: Seconds the start waits for the cluster's metadata (the dead-letter topics' check).
+_METADATA_TIMEOUT: Final = 10.0
+#: Dead letters still in flight kept at most (by record); settled ones go first.
+_IN_FLIGHT_MAX: Final = 10_000
 
 
 def share_consumer_config(
@@ -282,9 +298,14 @@ class ShareConsumerStats:
     #: redelivered poison records whose dead letter was already written (a member died
     #: between its acknowledgement and the ACCEPT): ACCEPTed without a second one
     dead_letters_found: int = 0
-    #: redelivered poison records dead-lettered without knowing whether one was already
-    #: written (the dead-letter reader behind or down): a duplicate is possible
+    #: poison records dead-lettered without knowing whether one was already written (the
+    #: dead-letter reader behind, down, or refused its topic): a duplicate is possible
     dead_letters_unconfirmed: int = 0
+    #: poison records whose dead letter was still in flight (written, neither acknowledged
+    #: nor failed) at their lock's end: left to the broker's lock expiry, never RELEASEd
+    #: early; the dead letter may still land, so a member that gets the record next and
+    #: cannot see it yet may write a second one (this member never does)
+    dead_letters_in_flight: int = 0
 
 
 class _Stop(Exception):
@@ -298,13 +319,17 @@ class ResilientShareConsumer:
     Args:
         config: librdkafka settings (``bootstrap.servers``, ``group.id`` = the share group,
             security); see :func:`share_consumer_config`.
-        topics: topics to subscribe to.
+        topics: topics to subscribe to (names: a share group has no regex subscription, a
+            ``^`` pattern is refused with a :class:`~kresilient.ConfigError`).
         handler: called with each ``confluent_kafka.Message``; returning is success.
         retry: which failures are retried and how long to wait before the RELEASE; the
             broker's delivery count is the attempt number (default :class:`RetryPolicy`:
             5 attempts, capped by the group's ``share.delivery.count.limit``).
         dead_letter: where poison and exhausted records go (default ``<topic>.dlq``);
-            ``None``: they are REJECTed (the broker archives them).
+            ``None``: they are REJECTed (the broker archives them). Its ``require_topic``
+            (default True): the constructor raises a :class:`~kresilient.ConfigError` naming
+            the dead-letter topics that do not exist. The member's principal needs WRITE,
+            READ and DESCRIBE on them (READ for the dead-letter reader below).
         outage: the outage hold's policy (its ``wait`` paces the retries of the held
             record); ``None`` turns outage detection off.
         lock_duration: seconds a record stays acquired (default: the group's
@@ -325,9 +350,10 @@ class ResilientShareConsumer:
         dead_letter_lookback_s: one dead letter per record even when a member dies between
             a dead letter's acknowledgement and its record's ACCEPT: a background reader
             tails the dead-letter topics from this many seconds before the start, and a
-            redelivered record whose dead letter it has read is ACCEPTed without a second one
-            (``stats.dead_letters_found``). ``None``: no reader (a duplicate is then possible).
-            See :mod:`kresilient.share._deadletters` for its limits.
+            poison record whose dead letter it has read is ACCEPTed without a second one
+            (``stats.dead_letters_found``). ``None``: no reader (a duplicate is then possible);
+            not a finite number >= 0: :class:`~kresilient.ConfigError`. See
+            :mod:`kresilient.share._deadletters` for its limits.
 
     Example::
 
@@ -366,6 +392,16 @@ class ResilientShareConsumer:
         self.group: str = str(self._cfg["group.id"])
         self._log = base.bind(client_id=self._cfg["client.id"], group=self.group)
         self.topics = list(topics)
+        regex = [t for t in self.topics if t.startswith("^")]
+        if regex:
+            raise ConfigError(
+                f"ResilientShareConsumer subscribes to topic names, not patterns: {regex}; a "
+                "share group (KIP-932) has no regex subscription (nothing is delivered); list "
+                "the topics",
+                key="topics",
+            )
+        if dead_letter is not None and dead_letter_lookback_s is not None:
+            dead_letter_lookback_s = check_lookback(dead_letter_lookback_s)
         self._handler = handler
         self._retry = retry if retry is not None else RetryPolicy()
         self._retrying = self._retry.retrying()
@@ -377,6 +413,8 @@ class ResilientShareConsumer:
         self._stopping = threading.Event()
         self._tel = telemetry if telemetry is not None else Telemetry.for_client(self._cfg)
         group_lock, group_limit = self._group_settings()
+        if dead_letter is not None and dead_letter.require_topic:
+            self._check_dead_letter_topics(dead_letter)
         self.lock_duration: float = lock_duration if lock_duration is not None else group_lock
         self.delivery_count_limit: int = (
             delivery_count_limit if delivery_count_limit is not None else group_limit
@@ -390,10 +428,21 @@ class ResilientShareConsumer:
             )
         self._index: DeadLetterIndex | None = None
         self._index_gave_up = -1.0  # the batch (its acquisition time) whose question timed out
+        #: dead letters written by this member whose acknowledgement outlived their record's
+        #: lock, by record: checked before any dead letter is written (a second one is never
+        #: written while the first may still land)
+        self._in_flight: dict[Key, DeadLetterHandle] = {}
+        #: when the previous poll call began: a record it fetched in the background may be
+        #: handed out by the next one, its lock running since then (``_maybe_acquired``: the
+        #: batch in hand's earliest possible acquisition)
+        self._last_poll = 0.0
+        self._maybe_acquired = 0.0
+        #: when the batch in hand was returned by poll (the broker acquired it by then)
+        self._returned = 0.0
         if dead_letter is not None and dead_letter_lookback_s is not None:
             self._index = DeadLetterIndex(
                 self._cfg,
-                [dead_letter.topic_for(t) for t in self.topics if not t.startswith("^")],
+                [dead_letter.topic_for(t) for t in self.topics],
                 self.group,
                 client_id=str(self._cfg["client.id"]),
                 log=self._log,
@@ -469,6 +518,38 @@ class ResilientShareConsumer:
             )
         return lock, limit
 
+    def _check_dead_letter_topics(self, policy: DeadLetterPolicy) -> None:
+        """Fail fast when a dead-letter topic is missing (``require_topic``), as
+        :class:`~kresilient.ResilientConsumer` does, not at the first poison record."""
+        wanted = sorted({policy.topic_for(t) for t in self.topics})
+        if not wanted:
+            return
+        admin_keys = {
+            k: v
+            for k, v in self._cfg.items()
+            if not k.startswith("share.") and k not in ("group.id", "client.id")
+        }
+        try:
+            metadata = AdminClient(admin_keys).list_topics(timeout=_METADATA_TIMEOUT)
+        except KafkaException as exc:
+            error = translate(exc, operation="consume", redactor=self._redact)
+            raise type(error)(
+                f"no broker reachable within {_METADATA_TIMEOUT:g} s to check the dead-letter "
+                f"topics {wanted}: {error.message} (or pass DeadLetterPolicy(require_topic="
+                "False))",
+                classification=error.classification,
+            ) from None
+        missing = [
+            t for t in wanted if t not in metadata.topics or metadata.topics[t].error is not None
+        ]
+        if missing:
+            raise ConfigError(
+                f"dead-letter topic(s) {missing} do not exist: create them (replicated like "
+                "the source topics, e.g. `kresilient topic create NAME --dlq`) or pass "
+                "DeadLetterPolicy(require_topic=False)",
+                key=None,
+            )
+
     # ------------------------------------------------------------------ lifecycle
 
     def stop(self) -> None:
@@ -480,7 +561,10 @@ class ResilientShareConsumer:
     def health(self) -> dict[str, Any]:
         """The counters, the current outage (``None`` when there is none), what ``/live`` and
         ``/ready`` would answer (``live``, ``ready``, ``reasons``) and the stall fields
-        (``stalled``, ``stalled_since``, ``stalls``) of the probes."""
+        (``stalled``, ``stalled_since``, ``stalls``) of the probes, and ``dead_letter_index``:
+        the dead-letter reader's state (``None`` without one: ``state``, each topic's, the
+        last client error) and ``dead_letters_in_flight``: this member's dead letters written
+        and not yet acknowledged past their record's lock."""
         live, _ = self._probes.live()
         ready, reasons = self._probes.ready()
         return {
@@ -492,6 +576,8 @@ class ResilientShareConsumer:
             "ready": ready,
             "reasons": reasons,
             **self._probes.stall_fields(),
+            "dead_letter_index": self._index.state() if self._index is not None else None,
+            "dead_letters_in_flight": sum(not h.done() for h in list(self._in_flight.values())),
         }
 
     @property
@@ -571,6 +657,13 @@ class ResilientShareConsumer:
         # point during it (or earlier, see docs/share-groups.md), never after it returned
         # (the wait is capped at a tenth of the lock so that it cannot eat a batch's lock)
         acquired = time.monotonic()
+        # a fetch in flight when the previous poll returned may have acquired records then,
+        # which this poll hands out with their lock running since: such a record may be stale
+        # (its lock expired, another member holding it). Its handler runs (a refused ACCEPT
+        # only means one more delivery), but it is dead-lettered only while the lock counted
+        # from the previous poll's start runs (_give_up): a stale one is left to its lock
+        self._maybe_acquired = self._last_poll or acquired
+        self._last_poll = acquired
         probes = self._probes
         probes.last_poll = acquired
         if not probes.running and not self._stopping.is_set() and not self._closed:
@@ -579,6 +672,7 @@ class ResilientShareConsumer:
             self._next_tick = acquired + 1.0
             probes.tick(acquired)
         batch = list(self._consumer.poll(min(timeout, self.lock_duration / 10)))
+        self._returned = time.monotonic()
         probes.joined = True  # a share group tells a member no assignment: it has polled
         if not batch:
             return 0
@@ -842,12 +936,25 @@ class ResilientShareConsumer:
             return
         last = count >= self.delivery_count_limit
         deadline = lock_end - _margin(self.lock_duration)
-        if not last and time.monotonic() >= deadline:
+        key = record_key(msg)
+        dlq_topic = self._dlq.topic_for(msg.topic() or "")
+        earlier = self._in_flight.get(key)
+        if earlier is not None and self._settle_in_flight(msg, earlier, key, exc, count, lock_end):
+            return  # this member's own dead letter of an earlier delivery: never a second one
+        stale_end = min(
+            deadline, self._maybe_acquired + self.lock_duration - _margin(self.lock_duration)
+        )
+        if not last and time.monotonic() >= stale_end:
             # no time left to write and ACCEPT: the broker delivers it again after the lock
+            # (counted from the previous poll's start: a record fetched in the background may
+            # have been acquired then, its lock expired and another member holding it; a
+            # dead letter written now could be that member's second one)
             self._late(msg, ran=True, exc=exc)
             return
-        dlq_topic = self._dlq.topic_for(msg.topic() or "")
-        if count > 1 and self._already_dead_lettered(msg, deadline, lock_end):
+        # every poison record is looked up, not only a redelivered one: a record fetched in
+        # the background may come with delivery count 1 after its lock expired and another
+        # member dead-lettered it
+        if earlier is None and self._already_dead_lettered(msg, key, dlq_topic, deadline, lock_end):
             return
         with self._tel.dead_letter_span(
             dlq_topic,
@@ -867,8 +974,15 @@ class ResilientShareConsumer:
                 trace_context=self._tel.trace_carrier(),
                 redact=self._redact,
             )
-            failure = self._write_dead_letter(record, deadline, retry=last)
+            failure, handle = self._write_dead_letter(record, deadline, retry=last)
         if failure is not None:
+            if handle is not None and not handle.done() and not last:
+                # still in flight: no RELEASE (the next delivery would not see it and write
+                # a second one); the lock runs to its end, the write with it
+                self._remember(key, handle)
+                if self._settle_in_flight(msg, handle, key, exc, count, lock_end):
+                    return
+                failure = handle.exception(0) or failure  # failed for good meanwhile
             self._dead_letter_failed(msg, failure, dlq_topic, count, last, lock_end)
             return
         if time.monotonic() >= lock_end:
@@ -883,18 +997,21 @@ class ResilientShareConsumer:
         # letter of the batch again (one duplicate dead letter per member at most, not many)
         self._commit()
 
-    def _already_dead_lettered(self, msg: Message, deadline: float, lock_end: float) -> bool:
-        """A redelivered record whose dead letter is known to be written (a member died
-        between the dead letter's acknowledgement and the ACCEPT): ACCEPTed, True. Unknown
-        within half the time left (at most 2 s): False, the dead letter is written (a
-        duplicate is possible, counted and logged; never a loss). After one unknown answer
-        the batch's other records do not wait (the lock is the whole batch's)."""
+    def _already_dead_lettered(
+        self, msg: Message, key: Key, dlq_topic: str, deadline: float, lock_end: float
+    ) -> bool:
+        """A record whose dead letter is known to be written (a member died between the
+        dead letter's acknowledgement and the ACCEPT, or a stale prefetched record another
+        member dead-lettered): ACCEPTed, True. Unknown within half the time left (at most
+        2 s): False, the dead letter is written (a duplicate is possible, counted and logged;
+        never a loss). After one unknown answer the batch's other records do not wait (the
+        lock is the whole batch's)."""
         if self._index is None:
             return False
-        acquired = lock_end - self.lock_duration
+        acquired = min(lock_end - self.lock_duration, self._maybe_acquired)
         wait = 0.0 if self._index_gave_up == acquired else 2.0
         wait = min(wait, max((deadline - time.monotonic()) / 2, 0.0))
-        found = self._index.contains(record_key(msg), wait, since=acquired)
+        found = self._index.contains(key, wait, since=acquired, topic=dlq_topic)
         fields = {
             "topic": msg.topic(),
             "partition": msg.partition(),
@@ -917,30 +1034,115 @@ class ResilientShareConsumer:
 
     def _write_dead_letter(
         self, record: DeadLetterRecord, deadline: float, *, retry: bool
-    ) -> DeadLetterError | DeliveryError | None:
-        """Write and flush ``record`` until ``deadline``; the last failure, or None once it
-        is acknowledged. ``retry`` (a record at its last delivery): a failed write is written
-        again while time is left, and at least one flush of 1 s is made even past the lock
-        (the dead letter is then the record's only trace)."""
+    ) -> tuple[DeadLetterError | DeliveryError | None, DeadLetterHandle | None]:
+        """Write and flush ``record`` until ``deadline``: (the last failure or None once it
+        is acknowledged, the handle of the write in flight or settled). ``retry`` (a record at
+        its last delivery): a failed write is written again while time is left, and at least
+        one flush of 1 s is made even past the lock (the dead letter is then the record's
+        only trace). The outcome is the handle's: a flush's error may list another dead
+        letter's failure."""
         assert self._writer is not None
-        written = False
+        handle: DeadLetterHandle | None = None
         while True:
             try:
-                if not written:
-                    self._writer.write(record)
-                    written = True
+                if handle is None:
+                    handle = self._writer.write(record)
                 left = deadline - time.monotonic()
                 self._writer.flush(max(left, 1.0) if retry else max(left, 0.01))
-                return None
+                return None, handle
             except (DeadLetterError, DeliveryError) as err:
-                if not isinstance(err, DeliveryError) or not err.failures:
-                    written = isinstance(err, DeliveryError)  # a timeout: still pending
-                else:
-                    written = False  # failed for good: write it again
+                if handle is not None and handle.done():
+                    if handle.exception(0) is None:
+                        return None, handle  # acknowledged: the failure was another's
+                    handle = None  # failed for good: write it again
                 left = deadline - time.monotonic()
                 if not retry or left <= 0 or self._closed:
-                    return err
+                    return err, handle
                 time.sleep(min(0.25, left))
+
+    def _remember(self, key: Key, handle: DeadLetterHandle) -> None:
+        """Keep ``handle`` as the record's dead letter in flight (bounded: settled ones go
+        first, then the oldest)."""
+        flights = self._in_flight
+        if len(flights) >= _IN_FLIGHT_MAX:
+            for old in [k for k, h in flights.items() if h.done()]:
+                del flights[old]
+            while len(flights) >= _IN_FLIGHT_MAX:
+                del flights[next(iter(flights))]
+        flights[key] = handle
+
+    def _settle_in_flight(
+        self,
+        msg: Message,
+        handle: DeadLetterHandle,
+        key: Key,
+        exc: BaseException,
+        count: int,
+        lock_end: float,
+    ) -> bool:
+        """The record's dead letter written by this member and not acknowledged within the
+        lock of the delivery that wrote it (this one, or an earlier one): no second dead
+        letter while it may still land. Waits for it (serving the writer) until the broker's
+        lock surely ended (the poll's return plus the lock). Acknowledged before the lock's
+        end: ACCEPT (counted once, in ``dead_lettered``); after it: reported as a lock
+        expiry, kept for the next delivery to this member (ACCEPTed at once). Failed for
+        good: False, the caller writes it again. Still in flight at the end: left to the
+        broker's lock expiry, never RELEASEd early, counted in ``dead_letters_in_flight``."""
+        assert self._writer is not None
+        release_at = max(lock_end, self._returned + self.lock_duration)
+        while not handle.done():
+            left = release_at - time.monotonic()
+            if left <= 0 or self._closed:
+                break
+            self._writer.poll(min(left, 0.1))
+        fields = {
+            "topic": msg.topic(),
+            "partition": msg.partition(),
+            "offset": msg.offset(),
+            "delivery_count": count,
+            "dlq_topic": handle.record.topic,
+        }
+        if handle.done():
+            if handle.exception(0) is not None:
+                self._in_flight.pop(key, None)
+                return False
+            if time.monotonic() >= lock_end:
+                # acknowledged after the lock: this member ACCEPTs its next delivery at once
+                # (another member's reader finds it); an ACCEPT now could be refused
+                self._remember(key, handle)
+                self._late(msg, ran=True, exc=exc, dead_lettered=True)
+                return True
+            self._in_flight.pop(key, None)
+            self._marks.pop(self._key(msg), None)
+            self._ack(msg, AcknowledgeType.ACCEPT)
+            self.stats.dead_lettered += 1
+            self._log.info("share_dead_letter_acknowledged_late", **fields)
+            self._commit()
+            return True
+        self.stats.dead_letters_in_flight += 1
+        if count >= self.delivery_count_limit:
+            # the broker archives it at this lock's end whatever is sent: the pending dead
+            # letter, if it lands, is its only trace
+            err = DeadLetterError(
+                f"its dead letter to {handle.record.topic} is still in flight (neither "
+                "acknowledged nor failed)",
+                topic=handle.record.topic,
+            )
+            self._dead_letter_failed(msg, err, handle.record.topic, count, True, lock_end)
+            return True
+        self._log.warning(
+            "share_dead_letter_in_flight",
+            **fields,
+            detail=(
+                "the dead letter is neither acknowledged nor failed at the lock's end: the "
+                "record was left to the broker's lock expiry (not RELEASEd); this member writes "
+                "no second one, another member that gets it before the dead letter lands may"
+            ),
+        )
+        # the broker's lock has ended: refused or a no-op; the client wants every record of
+        # the batch acknowledged before the next poll
+        self._ack(msg, AcknowledgeType.RELEASE, counted=False)
+        return True
 
     def _dead_letter_failed(
         self,
