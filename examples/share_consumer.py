@@ -8,7 +8,8 @@ start a local 1-node KRaft cluster on Kafka 4.4.0 (needs Java and Maven; ~30 s):
 What happens:
 
 1. The share group ``jobs-<id>`` is set to start at the earliest offset (a new share group
-   starts at the latest one) and 600 jobs are produced to a 2-partition topic; 1 % are not
+   starts at the latest one) and 600 jobs are produced to a 2-partition topic (created with its
+   dead-letter topic ``jobs-<id>.dlq``: the consumer checks at start that it exists); 1 % are not
    JSON (poison) and 5 % hit a flaky "renderer" that fails their first delivery.
 2. Three members in threads share both partitions record by record. A flaky job is RELEASEd
    after the retry policy's wait and delivered again (its delivery count is the attempt, so the
@@ -28,6 +29,7 @@ import uuid
 from typing import Any
 
 from confluent_kafka import Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from kresilient.share import ResilientShareConsumer, configure_share_group
 from kresilient.testing import KafkaCluster
@@ -57,6 +59,11 @@ def run(
     if cluster is not None:
         cluster.create_topic(topic, 2, replication_factor=replication)
         cluster.create_topic(topic + ".dlq", 1, replication_factor=replication)
+    else:  # the dead-letter topic must exist (DeadLetterPolicy.require_topic, the default)
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        wanted = [NewTopic(topic, 2, replication), NewTopic(topic + ".dlq", 1, replication)]
+        for future in admin.create_topics(wanted).values():
+            future.result(30)
     config = {"bootstrap.servers": bootstrap, "group.id": topic}
     configure_share_group(config, topic, {"share.auto.offset.reset": "earliest"})
     produce_jobs(bootstrap, topic)

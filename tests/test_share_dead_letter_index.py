@@ -10,6 +10,7 @@ dead letter is still in flight when its record's lock ends.
   while another member dead-lettered it: no second dead letter;
 * several dead-letter topics: ``require_topic`` is enforced at start; with it off, one missing
   topic does not stop the index for the others;
+* a dead-letter topic the member may not read (the error path, no cluster);
 * configuration refused without a cluster: regex topics, a lookback of inf/nan.
 """
 
@@ -22,12 +23,20 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
-from confluent_kafka import AcknowledgeType, Consumer, Message, Producer, ShareConsumer
+from confluent_kafka import (
+    AcknowledgeType,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    ShareConsumer,
+)
 
 from kresilient.deadletter import DeadLetterPolicy, build_dead_letter_record
 from kresilient.errors import ConfigError
 from kresilient.pytest_plugin import session_kafka_version
 from kresilient.share import ResilientShareConsumer, configure_share_group
+from kresilient.share._deadletters import DeadLetterIndex
 from kresilient.testing import KafkaCluster
 
 NEWEST = "4.4.0"
@@ -308,3 +317,56 @@ def test_regex_subscription_is_refused_naming_it() -> None:
     with pytest.raises(ConfigError, match=r"\^jobs-.\*") as exc:
         ResilientShareConsumer(cfg, ["^jobs-.*"], print)
     assert exc.value.key == "topics"
+
+
+class _Log:
+    """A logger keeping (level, event, fields)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, dict[str, object]]] = []
+
+    def __getattr__(self, level: str) -> Callable[..., None]:
+        def log(event: str, **fields: object) -> None:
+            self.events.append((level, event, fields))
+
+        return log
+
+
+def test_a_dead_letter_topic_the_member_may_not_read_is_reported_and_answered_unknown() -> None:
+    """review13 finding 4, the error path (no cluster): the reader's fetch of a dead-letter
+    topic refused for authorization (the member may WRITE it, not READ it) is reported once
+    as a WARNING naming the topic and the missing ACL, shown in the index's state, and every
+    lookup is answered ``None`` (unknown: the dead letter is written, counted unconfirmed) at
+    once instead of waiting. A real SASL_SSL cluster with ACLs gave the same (probe p5 of
+    review13 on this code: state ``refused``, found 0, unconfirmed 1; READ granted: found 1).
+    """
+    log = _Log()
+    index = DeadLetterIndex(
+        {"bootstrap.servers": "127.0.0.1:9"},
+        ["jobs.dlq"],
+        "g",
+        client_id="acl-test",
+        log=log,
+        redact=str,
+    )
+    index.start()
+    try:
+        refused = KafkaError(
+            KafkaError.TOPIC_AUTHORIZATION_FAILED, "Fetch from broker 1 failed: Topic authorization"
+        )
+        index._on_error(refused)
+        index._on_error(refused)  # reported once
+        key = ("jobs", 0, 7, 1700000000000, hash(b"v"))
+        assert index.contains(key, 60.0, since=time.monotonic(), topic="jobs.dlq") is None
+        state = index.state()
+    finally:
+        index.close()
+    assert state["state"] == "refused", state
+    assert state["topics"]["jobs.dlq"].startswith("refused: "), state
+    assert "TOPIC_AUTHORIZATION_FAILED" in str(state["error"])
+    warnings = [e for e in log.events if e[1] == "share_dead_letter_index_refused"]
+    assert len(warnings) == 1, log.events
+    level, _event, fields = warnings[0]
+    assert level == "warning"
+    assert fields["topic"] == "jobs.dlq"
+    assert "READ" in str(fields["remedy"])
