@@ -65,7 +65,9 @@ def _cluster() -> Iterator[KafkaCluster]:
         yield cluster
 
 
-def _wait(cond: Callable[[], bool], what: str, step: Callable[[], object], timeout: float = 90.0):
+def _wait(
+    cond: Callable[[], bool], what: str, step: Callable[[], object], timeout: float = 90.0
+) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
@@ -108,8 +110,9 @@ def _dead_letters(cluster: KafkaCluster, topic: str) -> Counter[bytes]:
             m = c.poll(0.5)
             if m is None:
                 continue
-            if m.error():
-                if m.error().code() == -191 and c.assignment():  # _PARTITION_EOF
+            err = m.error()
+            if err is not None:
+                if err.code() == -191 and c.assignment():  # _PARTITION_EOF
                     break
                 continue
             out[m.value() or b""] += 1
@@ -196,36 +199,60 @@ def test_dead_letter_in_flight_at_the_lock_end_is_not_written_twice(
 # --------------------------------------------------------------------------- stale record
 
 
+class _Prefetching:
+    """A share consumer whose poll keeps what the broker handed it for a later poll call: the
+    records a fetch acquired during one call and librdkafka hands out at the next (review13
+    probe p6 saw it happen on its own; here it happens at a known point)."""
+
+    def __init__(self, real: ShareConsumer) -> None:
+        self._real = real
+        self.held: list[Message] = []
+        self.holding = True
+
+    def poll(self, timeout: float) -> list[Message]:
+        if self.holding:
+            self.held += self._real.poll(timeout)
+            return []
+        out, self.held = self.held, []
+        return out
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
 def test_stale_background_record_is_not_dead_lettered_twice(cluster: KafkaCluster) -> None:
-    """review13 finding 2 (no fault): member B polls, then is busy longer than the lock while a
-    fetch it had in flight acquires ``x``; the lock expires, A gets ``x`` (delivery 2) and
-    dead-letters it; B's next poll hands it the stale ``x`` (delivery count 1). B writes no
-    second dead letter: the lock counted from its previous poll had ended (or its lookup finds
-    A's dead letter)."""
+    """review13 finding 2 (no fault): member B's fetch acquires ``x`` during one poll call that
+    hands it nothing, then B is busy longer than the lock; the lock expires, A gets ``x``
+    (delivery 2) and dead-letters it; B's next poll hands it the stale ``x``, with delivery
+    count 1. B writes no second dead letter: the lock counted from its previous poll's start
+    has ended, so the record is left to its lock (``lock_expired``), not dead-lettered."""
     topic = cluster.create_topic(f"share-stale-{uuid.uuid4().hex[:6]}", 1, 1)
     cluster.create_topic(topic + ".dlq", 1, 1)
     group = _group(cluster, "stale", 3000)
     calls: list[tuple[str, bytes, int]] = []
     base = {"bootstrap.servers": cluster.bootstrap_servers, "group.id": group}
-    a = ResilientShareConsumer({**base, "client.id": "A"}, [topic], _poisoned(calls, "A"))
     b = ResilientShareConsumer({**base, "client.id": "B"}, [topic], _poisoned(calls, "B"))
+    fetch = _Prefetching(b._consumer)
+    b._consumer = fetch  # type: ignore[assignment]
+    a = ResilientShareConsumer({**base, "client.id": "A"}, [topic], _poisoned(calls, "A"))
     try:
-        for _ in range(10):  # B joins and polls; then it is busy
-            b.poll_once(0.3)
         _produce(cluster, topic, b"x", b"poison-x")
+        _wait(lambda: bool(fetch.held), "B acquires x", lambda: b.poll_once(0.3))
         _wait(
             lambda: a.stats.dead_lettered + a.stats.dead_letters_found > 0,
-            "A settles x",
+            "A settles x after B's lock",
             lambda: a.poll_once(0.3),
         )
-        for _ in range(3):
-            b.poll_once(0.3)
+        fetch.holding = False
+        assert b.poll_once(0.3) == 1  # the stale x
     finally:
         b.close()
         a.close()
+    assert calls == [("A", b"x", 2), ("B", b"x", 1)], calls
     dlq = _dead_letters(cluster, topic + ".dlq")
     assert dlq == Counter({b"poison-x": 1}), (dlq, calls)
     assert b.stats.dead_lettered == 0, (b.stats, calls)
+    assert b.stats.lock_expired == 1
 
 
 # --------------------------------------------------------------------------- several topics
@@ -251,7 +278,7 @@ def _die_after_dead_letter(cluster: KafkaCluster, group: str, topic: str) -> Non
         got[0], policy=DeadLetterPolicy(), group=group, exc=ValueError("poison"), attempts=1
     )
     p = Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all"})
-    p.produce(rec.topic, rec.value, rec.key, headers=rec.headers)
+    p.produce(rec.topic, rec.value, rec.key, headers=list(rec.headers))
     assert p.flush(30) == 0
     for m in got:
         sc.acknowledge(m, AcknowledgeType.RELEASE)
