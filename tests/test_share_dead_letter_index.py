@@ -32,7 +32,15 @@ from confluent_kafka import (
     ShareConsumer,
 )
 
-from kresilient.deadletter import DeadLetterPolicy, build_dead_letter_record
+from kresilient.deadletter import (
+    CONSUMER_GROUP,
+    ORIGINAL_OFFSET,
+    ORIGINAL_PARTITION,
+    ORIGINAL_TIMESTAMP,
+    ORIGINAL_TOPIC,
+    DeadLetterPolicy,
+    build_dead_letter_record,
+)
 from kresilient.errors import ConfigError
 from kresilient.pytest_plugin import session_kafka_version
 from kresilient.share import ResilientShareConsumer, configure_share_group
@@ -397,3 +405,62 @@ def test_a_dead_letter_topic_the_member_may_not_read_is_reported_and_answered_un
     assert level == "warning"
     assert fields["topic"] == "jobs.dlq"
     assert "READ" in str(fields["remedy"])
+
+
+class _Letter:
+    """A dead letter as the reader sees it: kresilient's header block for group ``g``."""
+
+    def __init__(self, offset: int, written_ms: int, original_offset: int) -> None:
+        self._offset, self._ts = offset, written_ms
+        self._headers = [
+            (ORIGINAL_TOPIC, b"jobs"),
+            (ORIGINAL_PARTITION, b"0"),
+            (ORIGINAL_OFFSET, str(original_offset).encode()),
+            (ORIGINAL_TIMESTAMP, b"1700000000000"),
+            (CONSUMER_GROUP, b"g"),
+        ]
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._headers
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def topic(self) -> str:
+        return "jobs.dlq"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._ts)
+
+
+def test_index_forgets_dead_letters_older_than_lookback_and_the_delivery_window() -> None:
+    """review13 findings 6-7: a long-running member no longer keeps every dead letter it ever
+    read (memory, and an earlier run's dead letters passing for this run's): one written
+    longer ago than ``lookback_s + keep_s`` (the delivery-count limit times the lock: no
+    delivery of its record can still be pending) is forgotten; a recent one is kept."""
+    index = DeadLetterIndex(
+        {"bootstrap.servers": "127.0.0.1:9"},
+        ["jobs.dlq"],
+        "g",
+        client_id="age-test",
+        log=_Log(),
+        redact=str,
+        lookback_s=60.0,
+        keep_s=30.0,
+    )
+    now = int(time.time() * 1000)
+    index._add(_Letter(0, now - 3_600_000, original_offset=1))  # type: ignore[arg-type]
+    index._add(_Letter(1, now - 1_000, original_offset=2))  # type: ignore[arg-type]
+
+    def key(original_offset: int) -> tuple[str, int, int, int, int]:
+        return ("jobs", 0, original_offset, 1700000000000, hash(b"v"))
+
+    assert index.contains(key(2), 0.0, since=0.0, topic="jobs.dlq") is True
+    assert index.contains(key(1), 0.0, since=0.0, topic="jobs.dlq") is not True
+    assert index.state()["entries"] == 1

@@ -448,6 +448,7 @@ class ResilientShareConsumer:
                 log=self._log,
                 redact=self._redact,
                 lookback_s=dead_letter_lookback_s,
+                keep_s=self.delivery_count_limit * self.lock_duration,
             )
         rdk = dict(self._cfg)
         try:
@@ -953,8 +954,9 @@ class ResilientShareConsumer:
             return
         # every poison record is looked up, not only a redelivered one: a record fetched in
         # the background may come with delivery count 1 after its lock expired and another
-        # member dead-lettered it
-        if earlier is None and self._already_dead_lettered(msg, key, dlq_topic, deadline, lock_end):
+        # member dead-lettered it (and one whose own earlier dead letter failed: another
+        # member may have written one since)
+        if self._already_dead_lettered(msg, key, dlq_topic, deadline, lock_end):
             return
         with self._tel.dead_letter_span(
             dlq_topic,

@@ -28,18 +28,22 @@ on a shared dead-letter topic (kresilient's exactly-once services write theirs i
 transactions) must not hold every answer back.
 
 Limits: a dead letter written more than ``lookback_s`` before this member started is not
-known to it, and one written by an earlier run of the group within that time is (a group
+known to it; one written longer ago than ``lookback_s + keep_s`` (the caller's delivery-count
+limit times its lock: no delivery of its record can still be pending) is forgotten while the
+member runs; one written by an earlier run of the group within that time counts (a group
 reset to reprocess its records finds the earlier run's dead letters: the record is ACCEPTed,
-not dead-lettered again); the reader keeps at most ``max_entries`` keys (the oldest go first;
-about 300 bytes each, ~290 MiB at the default cap, per consumer). When a key was dropped or
-the topic cannot be read, :meth:`contains` answers ``False`` or ``None`` and the caller writes
-the dead letter: a duplicate, never a loss.
+not dead-lettered again). The reader keeps at most ``max_entries`` keys (the oldest go first;
+about 260 bytes each with the dead letter's timestamp, ~250 MiB at the default cap, per
+consumer; the age limit keeps it to the dead letters of that window). When a key was dropped
+or the topic cannot be read, :meth:`contains` answers ``False`` or ``None`` and the caller
+writes the dead letter: a duplicate, never a loss.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sys
 import threading
 import time
 import uuid
@@ -71,7 +75,7 @@ __all__ = ["DEFAULT_LOOKBACK_S", "DeadLetterIndex", "Key", "reader_config", "rec
 
 #: How far back (s) before the member's start the reader begins.
 DEFAULT_LOOKBACK_S: Final = 3600.0
-#: Keys kept at most (about 300 bytes each: ~290 MiB at the cap, measured with tracemalloc).
+#: Keys kept at most (about 260 bytes each: ~250 MiB at the cap, measured with tracemalloc).
 _MAX_ENTRIES: Final = 1_000_000
 #: The consumer settings the reader sets itself (a reader of its own, never a group member).
 #: read_uncommitted: the group's own dead letters are never transactional, and a transaction
@@ -178,6 +182,7 @@ class DeadLetterIndex:
         redact: Callable[[str], str],
         lookback_s: float = DEFAULT_LOOKBACK_S,
         max_entries: int = _MAX_ENTRIES,
+        keep_s: float = 0.0,
     ) -> None:
         lookback_s = check_lookback(lookback_s)
         self._cfg = reader_config(config, client_id)
@@ -188,7 +193,12 @@ class DeadLetterIndex:
         self._redact = redact
         self._since_ms = int((time.time() - lookback_s) * 1000)
         self._max = max_entries
-        self._seen: dict[Key, None] = {}  # insertion order: the oldest first
+        #: a dead letter older than this (ms before now, by its timestamp) is forgotten: it
+        #: cannot be an earlier delivery's of a record still delivered (``keep_s``: the
+        #: caller's delivery-count limit times its lock)
+        self._horizon_ms = int((lookback_s + max(keep_s, 0.0)) * 1000)
+        #: key -> the dead letter's timestamp (ms); insertion order: the oldest first
+        self._seen: dict[Key, int] = {}
         self._read: dict[tuple[str, int], int] = {}  # next offset the reader will read
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -314,6 +324,8 @@ class DeadLetterIndex:
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's client errors (from consume(), on the reader thread): kept for
         :meth:`state`; a refusal of the whole cluster stops every answer."""
+        if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            return  # its own group id (librdkafka looks its coordinator up): never used
         text = self._redact(str(err))
         with self._cond:
             self._error = text
@@ -535,7 +547,7 @@ class DeadLetterIndex:
             if found.get(CONSUMER_GROUP) == self._group and topic and part and off:
                 try:
                     key: Key | None = (
-                        topic.decode(),
+                        sys.intern(topic.decode()),  # one str a topic, not one a key
                         int(part),
                         int(off),
                         int(stamp) if stamp else -1,  # no timestamp: record_key's -1 too
@@ -544,9 +556,18 @@ class DeadLetterIndex:
                 except ValueError:
                     key = None
                 if key is not None:
-                    self._seen[key] = None
-                    if len(self._seen) > self._max:
-                        del self._seen[next(iter(self._seen))]
+                    seen = self._seen
+                    seen[key] = int(msg.timestamp()[1])
+                    if len(seen) > self._max:
+                        del seen[next(iter(seen))]
+                    # forget by age, from the front (read order is about time order: an old
+                    # one behind a newer one is kept a while longer, never dropped early)
+                    oldest = int(time.time() * 1000) - self._horizon_ms
+                    while seen:
+                        first = next(iter(seen))
+                        if not 0 <= seen[first] < oldest:
+                            break
+                        del seen[first]
         at: int = msg.offset()  # type: ignore[assignment]
         self._read[(str(msg.topic()), int(msg.partition()))] = at + 1  # type: ignore[arg-type]
 
