@@ -161,6 +161,7 @@ def main() -> None:
         topic = f"bench-share-{uuid.uuid4().hex[:6]}"
         if cluster is not None:
             cluster.create_topic(topic, args.partitions, replication_factor=1)
+            cluster.create_topic(topic + ".dlq", 1, replication_factor=1)
         _produce(bootstrap, topic, args.records)
         load_before = os.getloadavg()[0]
         ratios: list[float] = []
