@@ -10,6 +10,24 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from confluent_kafka.admin import AdminClient
 
 
+def _high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
+    """The partition's high watermark, asked again while the client's own metadata does not
+    know the partition or its leader yet (CI at a load of 20-37, a topic of a broker thawed a
+    moment before: ``_UNKNOWN_PARTITION`` although ``list_topics`` had listed it)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return int(
+                consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)[1]
+            )
+        except KafkaException as exc:
+            code = exc.args[0].code()
+            retriable = code in (KafkaError._UNKNOWN_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
+            if not retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)  # until the client's metadata names the partition's leader
+
+
 def read_back(bootstrap: str, topic: str, *, timeout: float = 120.0) -> list[Message]:
     """Every record of ``topic`` from offset 0 to each partition's high watermark, in order."""
     consumer = Consumer(
@@ -24,10 +42,7 @@ def read_back(bootstrap: str, topic: str, *, timeout: float = 120.0) -> list[Mes
     try:
         meta = consumer.list_topics(topic, timeout=30)
         parts = sorted(meta.topics[topic].partitions)
-        ends = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
-            for p in parts
-        }
+        ends = {p: _high_watermark(consumer, topic, p) for p in parts}
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         out: list[Message] = []
         done = {p for p, end in ends.items() if end == 0}

@@ -220,6 +220,7 @@ _DROPPING_OWNER = """
     cluster.start_cluster()
     print(json.dumps({"root": str(cluster.data_dir), "pids": list(cluster.pids().values())}),
           flush=True)
+    sys.stdin.readline()  # the test looks at the running cluster before it is dropped
     warnings.simplefilter("error")  # pytest's filterwarnings = error, as in this project
     gc.disable()
     cluster.cycle = [cluster]  # only the cycle collector can free it
@@ -243,6 +244,8 @@ def test_dropped_cluster_is_released_when_collected_and_says_so() -> None:
         started = _report(owner)
         root, pids = Path(started["root"]), started["pids"]
         assert root.is_dir() and pids and all(_pid_alive(p) for p in pids)
+        _tell(owner, "")  # now drop and collect it (CI at a load of 20-37: the owner had
+        # collected it before this test looked, when it did not wait for the look)
         collected = _report(owner)
         assert owner.poll() is None  # not the death signal of an ended owner
         assert _wait_gone(pids, timeout=5) == [], "the collected cluster's JVMs still run"
@@ -263,6 +266,7 @@ def test_cluster_never_closed_is_released_silently_at_interpreter_exit() -> None
         started = _report(owner)
         root, pids = Path(started["root"]), started["pids"]
         assert root.is_dir() and pids and all(_pid_alive(p) for p in pids)
+        _tell(owner, "")  # now drop it
         assert _report(owner)["unraisable"] == []  # not collected before the exit
         # the owner waited while the test looked (CI of 9223008: it had already exited and
         # released its broker before the check above); now it ends without close()
