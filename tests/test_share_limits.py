@@ -123,6 +123,7 @@ class Writer:
     ack_after = 0.0
     clock: Clock
     written: list[Any] = []
+    writes = 0  # write() calls (a dead letter written twice shows here before it lands)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._acked_at: float | None = None
@@ -131,6 +132,7 @@ class Writer:
     def write(self, record: Any) -> Handle:
         if Writer.fail:
             raise DeadLetterError("dead-letter topic unreachable", topic=record.topic)
+        Writer.writes += 1
         self._handle = Handle(record)
         self._acked_at = Writer.clock.now + Writer.ack_after
         return self._handle
@@ -180,6 +182,31 @@ class NoIndex:
         pass
 
 
+class EndsIndex:
+    """DeadLetterIndex.contains' rule on the fake clock: a topic's high watermarks are read
+    again only for a question whose ``since`` is later than their last read, and the answer
+    knows the dead letters acknowledged before that read (``landed``: record key -> when
+    another member's dead letter of it was acknowledged)."""
+
+    started = True
+    landed: dict[Any, float] = {}
+    clock: Clock
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.ends_at = -1.0
+
+    def contains(self, key: Any, timeout: float, *, since: float, topic: Any = None) -> bool:
+        if self.ends_at < since:
+            self.ends_at = EndsIndex.clock.now
+        return EndsIndex.landed.get(key, float("inf")) <= self.ends_at
+
+    def state(self) -> dict[str, Any]:
+        return {"state": "reading"}
+
+    def close(self, timeout: float = 0.0) -> None:
+        pass
+
+
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
@@ -192,6 +219,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     monkeypatch.setattr(sc, "DeadLetterIndex", NoIndex)
     FakeShare.batches, FakeShare.poll_takes, FakeShare.clock = [], 0.0, c
     Writer.fail, Writer.ack_after, Writer.clock, Writer.written = False, 0.0, c, []
+    Writer.writes = 0
+    EndsIndex.landed, EndsIndex.clock = {}, c
     return c
 
 
@@ -339,3 +368,124 @@ def test_lock_is_counted_from_before_the_poll(clock: Clock, poll_takes: float, r
     assert bool(calls) is ran
     assert ((0, "ACCEPT") in c._consumer.acks) is ran
     assert c.stats.lock_expired == (0 if ran else 1)
+
+
+@pytest.mark.parametrize("written_meanwhile", [True, False])
+def test_index_question_reads_the_ends_after_this_batch_returned(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch, written_meanwhile: bool
+) -> None:
+    """review14 F3: batch 1's poison record asks the index (its ends are read then). Another
+    member then dead-letters r and dies before its ACCEPT; r comes to this member in batch 2.
+    The question for r must read the ends again (``since`` = batch 2's return), not reuse
+    batch 1's, which cannot hold r's dead letter: a confident False writes a second one.
+    Control (no dead letter of r anywhere): r is dead-lettered by this member."""
+    monkeypatch.setattr(sc, "DeadLetterIndex", EndsIndex)
+    FakeShare.poll_takes = 0.1
+    FakeShare.batches = [[Msg(0, 1)], [Msg(1, 2)]]
+    c = sc.ResilientShareConsumer(
+        CFG, ["jobs"], _failing(ValueError("not JSON"), clock, 0.5), lock_duration=30.0
+    )
+    c.poll_once(0.1)
+    assert c._consumer.acks == [(0, "ACCEPT")]
+    if written_meanwhile:  # after batch 1's question, before batch 2 is acquired
+        EndsIndex.landed = {sc.record_key(Msg(1, 2)): clock.now + 0.05}
+    c.poll_once(0.1)
+    assert c._consumer.acks == [(0, "ACCEPT"), (1, "ACCEPT")]
+    if written_meanwhile:
+        assert _dead_lettered_offsets() == [0]  # no second dead letter of r
+        assert c.stats.dead_letters_found == 1
+        assert c.stats.dead_lettered == 1
+    else:
+        assert _dead_lettered_offsets() == [0, 1]
+        assert c.stats.dead_letters_found == 0
+        assert c.stats.dead_lettered == 2
+
+
+@pytest.mark.parametrize("hung", [True, False])
+def test_in_flight_dead_letter_does_not_stall_the_rest_of_the_batch_past_its_lock(
+    clock: Clock, hung: bool
+) -> None:
+    """review14 F2: x's dead letter hangs (the writer's connection frozen). The batch's other
+    records, y at its last delivery among them, are handled and ACCEPTed within the lock;
+    only then does the member wait for x's dead letter (x is never RELEASEd before the
+    broker's lock ended, nor written twice, also when it comes back while still pending).
+    Control (the dead letter acknowledged at once): x is ACCEPTed in place."""
+    Writer.ack_after = 1000.0 if hung else 0.1
+    FakeShare.batches = [[Msg(0, 1), Msg(1, LIMIT), Msg(2, 1)], [Msg(0, 2), Msg(3, LIMIT)]]
+    accepted_at: dict[int, float] = {}
+
+    def handler(msg: Any) -> None:
+        clock.now += 0.1
+        if msg.offset() == 0:
+            raise ValueError("not JSON")
+        accepted_at[msg.offset()] = clock.now
+
+    c = sc.ResilientShareConsumer(CFG, ["jobs"], handler, lock_duration=30.0, outage=None)
+    c.poll_once(0.1)
+    assert accepted_at[1] < 1000.0 + 30.0 and accepted_at[2] < 1000.0 + 30.0
+    assert c.stats.lock_expired == 0  # nothing archived, no delivery spent
+    assert c.stats.lost_at_limit == 0
+    if not hung:
+        assert c._consumer.acks == [(0, "ACCEPT"), (1, "ACCEPT"), (2, "ACCEPT")]
+        assert c.stats.dead_lettered == 1
+        return
+    assert c._consumer.acks == [(1, "ACCEPT"), (2, "ACCEPT"), (0, "RELEASE")]
+    assert clock.now >= 1000.0 + 30.0  # x's RELEASE after the broker's lock ended
+    assert c.stats.dead_letters_in_flight == 1
+    # x comes back while its dead letter is still pending: the record behind it is
+    # ACCEPTed first, x is not written again
+    c.poll_once(0.1)
+    assert c._consumer.acks[3:] == [(3, "ACCEPT"), (0, "RELEASE")]
+    assert Writer.writes == 1
+    assert c.stats.lock_expired == 0
+
+
+@pytest.mark.parametrize("position", [2, 6])
+def test_poison_late_in_a_long_batch_is_dead_lettered_at_its_first_delivery(
+    clock: Clock, position: int
+) -> None:
+    """review14 F1: no fault, no prefetch; batches of 10 records at 2 s each (20 s of a 30 s
+    lock). A poison record late in the batch that follows another long batch is dead-lettered
+    at its first delivery, not RELEASEd as a lock expiry (the lock is counted from this
+    poll's start, as for the handler's ACCEPT). Control: one early in the batch."""
+
+    def handler(msg: Any) -> None:
+        clock.now += 2.0
+        if msg.offset() == 999:
+            raise ValueError("not JSON")
+
+    second = [Msg(100 + i, 1) for i in range(10)]
+    second[position] = Msg(999, 1)
+    FakeShare.batches = [[Msg(i, 1) for i in range(10)], second]
+    c = sc.ResilientShareConsumer(CFG, ["jobs"], handler, lock_duration=30.0, outage=None)
+    c.poll_once(0.1)
+    c.poll_once(0.1)
+    assert (999, "ACCEPT") in c._consumer.acks
+    assert (999, "RELEASE") not in c._consumer.acks
+    assert _dead_lettered_offsets() == [999]
+    assert c.stats.dead_lettered == 1
+    assert c.stats.lock_expired == 0
+    assert c.stats.accepted == 19
+
+
+def test_health_in_flight_figure_goes_down_once_the_dead_letter_lands(clock: Clock) -> None:
+    """review14 F5: a dead letter in flight past its record's lock lands later, while no
+    other dead letter is written: the next poll serves the writer's reports and health()
+    stops counting it. Control: while it is still pending, it is counted."""
+    Writer.ack_after = 45.0  # past the lock (30 s) and the in-flight wait
+    FakeShare.batches = [[Msg(0, 1)]]
+    c = sc.ResilientShareConsumer(
+        CFG, ["jobs"], _failing(ValueError("not JSON"), clock, 0.5), lock_duration=30.0
+    )
+    try:
+        c.poll_once(0.1)
+        assert c._consumer.acks == [(0, "RELEASE")]
+        assert c.health()["dead_letters_in_flight"] == 1
+        c.poll_once(0.1)  # an empty poll: still pending
+        assert c.health()["dead_letters_in_flight"] == 1
+        clock.now += 20.0  # past its acknowledgement
+        assert c.poll_once(0.1) == 0
+        assert c.health()["dead_letters_in_flight"] == 0
+        assert _dead_lettered_offsets() == [0]
+    finally:
+        c._probes.running = False

@@ -427,18 +427,20 @@ class ResilientShareConsumer:
                 logger=self._log,
             )
         self._index: DeadLetterIndex | None = None
-        self._index_gave_up = -1.0  # the batch (its acquisition time) whose question timed out
+        self._index_gave_up = -1.0  # the batch (its poll's return) whose question timed out
         #: dead letters written by this member whose acknowledgement outlived their record's
         #: lock, by record: checked before any dead letter is written (a second one is never
         #: written while the first may still land)
         self._in_flight: dict[Key, DeadLetterHandle] = {}
-        #: when the previous poll call began: a record it fetched in the background may be
-        #: handed out by the next one, its lock running since then (``_maybe_acquired``: the
-        #: batch in hand's earliest possible acquisition)
-        self._last_poll = 0.0
-        self._maybe_acquired = 0.0
-        #: when the batch in hand was returned by poll (the broker acquired it by then)
+        #: when the batch in hand was returned by poll (the broker acquired it by then): the
+        #: dead-letter index's question is asked with the high watermarks read after it
         self._returned = 0.0
+        #: the batch's poison records whose dead letter is still in flight: settled once the
+        #: rest of the batch is handled and acknowledged (a wait inline would take the later
+        #: records past the batch's lock)
+        self._deferred: list[
+            tuple[Message, DeadLetterHandle, Key, BaseException, Classification, int, float]
+        ] = []
         if dead_letter is not None and dead_letter_lookback_s is not None:
             self._index = DeadLetterIndex(
                 self._cfg,
@@ -661,10 +663,9 @@ class ResilientShareConsumer:
         # a fetch in flight when the previous poll returned may have acquired records then,
         # which this poll hands out with their lock running since: such a record may be stale
         # (its lock expired, another member holding it). Its handler runs (a refused ACCEPT
-        # only means one more delivery), but it is dead-lettered only while the lock counted
-        # from the previous poll's start runs (_give_up): a stale one is left to its lock
-        self._maybe_acquired = self._last_poll or acquired
-        self._last_poll = acquired
+        # only means one more delivery); a poison one asks the dead-letter index, whose high
+        # watermarks are read after this poll returned (_already_dead_lettered), before its
+        # dead letter is written
         probes = self._probes
         probes.last_poll = acquired
         if not probes.running and not self._stopping.is_set() and not self._closed:
@@ -672,12 +673,17 @@ class ResilientShareConsumer:
         if acquired >= self._next_tick:  # about once a second; the first starts the watcher
             self._next_tick = acquired + 1.0
             probes.tick(acquired)
+        if self._in_flight and self._writer is not None:
+            # serve the dead-letter writer's reports: a dead letter in flight that lands
+            # settles its handle (health()'s dead_letters_in_flight goes down)
+            self._writer.poll(0)
         batch = list(self._consumer.poll(min(timeout, self.lock_duration / 10)))
         self._returned = time.monotonic()
         probes.joined = True  # a share group tells a member no assignment: it has polled
         if not batch:
             return 0
         self._acquired = tuple(batch)
+        self._deferred = []
         lock_end = acquired + self.lock_duration
         releases: list[tuple[float, Message]] = []
         sent = acquired  # acknowledgements of a quick batch go with its final commit
@@ -754,6 +760,11 @@ class ResilientShareConsumer:
         if releases:
             self._due_releases(releases, lock_end)
         self._commit()
+        if self._deferred:
+            # the rest of the batch is acknowledged and committed within its lock: now wait
+            # for the dead letters still in flight
+            self._settle_deferred()
+            self._commit()
         self._acquired = ()
         if self._fatal is not None:
             raise self._fatal
@@ -940,16 +951,15 @@ class ResilientShareConsumer:
         key = record_key(msg)
         dlq_topic = self._dlq.topic_for(msg.topic() or "")
         earlier = self._in_flight.get(key)
-        if earlier is not None and self._settle_in_flight(msg, earlier, key, exc, count, lock_end):
-            return  # this member's own dead letter of an earlier delivery: never a second one
-        stale_end = min(
-            deadline, self._maybe_acquired + self.lock_duration - _margin(self.lock_duration)
-        )
-        if not last and time.monotonic() >= stale_end:
+        if earlier is not None:
+            # this member's own dead letter of an earlier delivery: never a second one
+            if not earlier.done():
+                self._deferred.append((msg, earlier, key, exc, classification, count, lock_end))
+                return  # waited for at the batch's end
+            if self._settle_in_flight(msg, earlier, key, exc, count, lock_end):
+                return
+        if not last and time.monotonic() >= deadline:
             # no time left to write and ACCEPT: the broker delivers it again after the lock
-            # (counted from the previous poll's start: a record fetched in the background may
-            # have been acquired then, its lock expired and another member holding it; a
-            # dead letter written now could be that member's second one)
             self._late(msg, ran=True, exc=exc)
             return
         # every poison record is looked up, not only a redelivered one: a record fetched in
@@ -982,9 +992,8 @@ class ResilientShareConsumer:
                 # still in flight: no RELEASE (the next delivery would not see it and write
                 # a second one); the lock runs to its end, the write with it
                 self._remember(key, handle)
-                if self._settle_in_flight(msg, handle, key, exc, count, lock_end):
-                    return
-                failure = handle.exception(0) or failure  # failed for good meanwhile
+                self._deferred.append((msg, handle, key, exc, classification, count, lock_end))
+                return  # waited for at the batch's end, after the batch's other records
             self._dead_letter_failed(msg, failure, dlq_topic, count, last, lock_end)
             return
         if time.monotonic() >= lock_end:
@@ -1010,10 +1019,14 @@ class ResilientShareConsumer:
         lock is the whole batch's)."""
         if self._index is None:
             return False
-        acquired = min(lock_end - self.lock_duration, self._maybe_acquired)
-        wait = 0.0 if self._index_gave_up == acquired else 2.0
+        # the high watermarks must be read after this batch was returned (the broker had
+        # acquired all of it by then; a dead letter of an earlier delivery, another member's
+        # included, was acknowledged before that): ends read for an earlier batch's question
+        # would miss one acknowledged since, and answer a confident False (review14 F3)
+        since = max(self._returned, lock_end - self.lock_duration)
+        wait = 0.0 if self._index_gave_up == since else 2.0
         wait = min(wait, max((deadline - time.monotonic()) / 2, 0.0))
-        found = self._index.contains(key, wait, since=acquired, topic=dlq_topic)
+        found = self._index.contains(key, wait, since=since, topic=dlq_topic)
         fields = {
             "topic": msg.topic(),
             "partition": msg.partition(),
@@ -1021,7 +1034,7 @@ class ResilientShareConsumer:
             "delivery_count": msg.delivery_count(),
         }
         if found is None:
-            self._index_gave_up = acquired
+            self._index_gave_up = since
             self.stats.dead_letters_unconfirmed += 1
             self._log.warning("share_dead_letter_unconfirmed", **fields)
             return False
@@ -1072,6 +1085,16 @@ class ResilientShareConsumer:
             while len(flights) >= _IN_FLIGHT_MAX:
                 del flights[next(iter(flights))]
         flights[key] = handle
+
+    def _settle_deferred(self) -> None:
+        """Settle the batch's poison records whose dead letter was still in flight (see
+        ``_settle_in_flight``), once the batch's other records are acknowledged. One whose
+        dead letter failed for good meanwhile goes through ``_give_up`` again (written again
+        while its lock leaves time or at its last delivery, else left to its lock)."""
+        while self._deferred:
+            msg, handle, key, exc, classification, count, lock_end = self._deferred.pop(0)
+            if not self._settle_in_flight(msg, handle, key, exc, count, lock_end):
+                self._give_up(msg, exc, classification, count, lock_end)
 
     def _settle_in_flight(
         self,
