@@ -489,3 +489,42 @@ def test_health_in_flight_figure_goes_down_once_the_dead_letter_lands(clock: Clo
         assert _dead_lettered_offsets() == [0]
     finally:
         c._probes.running = False
+
+
+@pytest.mark.parametrize("comes_back", [True, False])
+def test_landed_in_flight_dead_letter_keeps_no_record_bytes_and_is_forgotten(
+    clock: Clock, comes_back: bool
+) -> None:
+    """review14 F4: a dead letter in flight past its record's lock that lands is kept
+    without the record (its bytes would pile up on a long-running member): the record's next
+    delivery to this member is still ACCEPTed with no second write; a record that never
+    comes back (another member got it) is forgotten once no delivery can still be pending
+    (the delivery-count limit times the lock)."""
+    Writer.ack_after = 45.0
+    FakeShare.batches = [[Msg(0, 1)]]
+    c = sc.ResilientShareConsumer(
+        CFG, ["jobs"], _failing(ValueError("not JSON"), clock, 0.5), lock_duration=30.0
+    )
+    try:
+        c.poll_once(0.1)
+        clock.now += 20.0
+        c.poll_once(0.1)  # the dead letter lands
+        (flight,) = c._in_flight.values()
+        assert flight.done() and flight.exception(0) is None
+        assert getattr(flight.record, "value", None) is None  # the record's bytes are gone
+        if comes_back:
+            FakeShare.batches = [[Msg(0, 2)]]
+            c.poll_once(0.1)
+            assert c._consumer.acks == [(0, "RELEASE"), (0, "ACCEPT")]
+            assert Writer.writes == 1
+            assert c.stats.dead_lettered == 1
+            assert not c._in_flight
+            return
+        clock.now += LIMIT * 30.0 - 1.0
+        c.poll_once(0.1)
+        assert len(c._in_flight) == 1  # still within the window
+        clock.now += 2.0
+        c.poll_once(0.1)
+        assert not c._in_flight
+    finally:
+        c._probes.running = False

@@ -18,7 +18,8 @@ on top of that:
   kresilient's headers, ``kresilient.attempts`` = the delivery count) and the record is
   ACCEPTed only once the dead letter is acknowledged (an acknowledgement after the lock's
   end: no ACCEPT, reported as ``lock_expired``); a failed dead-letter write RELEASEs it below
-  the limit; one still in flight at the lock's end is waited for past it and the record left
+  the limit; one still in flight at the lock's end is waited for once the batch's other
+  records are acknowledged, until past the lock, and the record left
   to the broker's lock expiry (never RELEASEd while its dead letter may still land), and the
   record's next delivery to this member waits for that dead letter instead of writing a
   second one. Before any dead letter, the dead-letter reader is asked whether one is already
@@ -137,6 +138,32 @@ _IMPLICIT = "share.acknowledgement.mode"
 _METADATA_TIMEOUT: Final = 10.0
 #: Dead letters still in flight kept at most (by record); settled ones go first.
 _IN_FLIGHT_MAX: Final = 10_000
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Topic:
+    topic: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Landed:
+    """A dead letter of this member's, in flight at its record's lock end, that was
+    acknowledged since: what is kept of it (not the record's bytes, nor the delivery report's
+    message). The record's next delivery to this member is ACCEPTed at once; forgotten once
+    no delivery of the record can still be pending (``at`` + the delivery-count limit times
+    the lock). Answers as a settled :class:`DeadLetterHandle` does."""
+
+    record: _Topic
+    at: float
+
+    def done(self) -> bool:
+        return True
+
+    def exception(self, timeout: float | None = None) -> None:
+        return None
+
+
+_Flight = DeadLetterHandle | _Landed
 
 
 def share_consumer_config(
@@ -431,7 +458,7 @@ class ResilientShareConsumer:
         #: dead letters written by this member whose acknowledgement outlived their record's
         #: lock, by record: checked before any dead letter is written (a second one is never
         #: written while the first may still land)
-        self._in_flight: dict[Key, DeadLetterHandle] = {}
+        self._in_flight: dict[Key, _Flight] = {}
         #: when the batch in hand was returned by poll (the broker acquired it by then): the
         #: dead-letter index's question is asked with the high watermarks read after it
         self._returned = 0.0
@@ -439,7 +466,7 @@ class ResilientShareConsumer:
         #: rest of the batch is handled and acknowledged (a wait inline would take the later
         #: records past the batch's lock)
         self._deferred: list[
-            tuple[Message, DeadLetterHandle, Key, BaseException, Classification, int, float]
+            tuple[Message, _Flight, Key, BaseException, Classification, int, float]
         ] = []
         if dead_letter is not None and dead_letter_lookback_s is not None:
             self._index = DeadLetterIndex(
@@ -673,10 +700,8 @@ class ResilientShareConsumer:
         if acquired >= self._next_tick:  # about once a second; the first starts the watcher
             self._next_tick = acquired + 1.0
             probes.tick(acquired)
-        if self._in_flight and self._writer is not None:
-            # serve the dead-letter writer's reports: a dead letter in flight that lands
-            # settles its handle (health()'s dead_letters_in_flight goes down)
-            self._writer.poll(0)
+        if self._in_flight:
+            self._tidy_in_flight(acquired)
         batch = list(self._consumer.poll(min(timeout, self.lock_duration / 10)))
         self._returned = time.monotonic()
         probes.joined = True  # a share group tells a member no assignment: it has polled
@@ -1075,7 +1100,26 @@ class ResilientShareConsumer:
                     return err, handle
                 time.sleep(min(0.25, left))
 
-    def _remember(self, key: Key, handle: DeadLetterHandle) -> None:
+    def _tidy_in_flight(self, now: float) -> None:
+        """Serve the dead-letter writer's reports (a dead letter in flight that lands settles
+        its handle: health()'s ``dead_letters_in_flight`` goes down), keep only what is needed
+        of a landed one (:class:`_Landed`), drop a failed one (the record's next delivery asks
+        the index and writes it again) and forget landed ones no delivery can still need."""
+        assert self._writer is not None
+        self._writer.poll(0)
+        horizon = now - self.delivery_count_limit * self.lock_duration
+        flights = self._in_flight
+        for key, flight in list(flights.items()):
+            if isinstance(flight, _Landed):
+                if flight.at < horizon:
+                    del flights[key]
+            elif flight.done():
+                if flight.exception(0) is None:
+                    flights[key] = _Landed(_Topic(flight.record.topic), now)
+                else:
+                    del flights[key]
+
+    def _remember(self, key: Key, handle: _Flight) -> None:
         """Keep ``handle`` as the record's dead letter in flight (bounded: settled ones go
         first, then the oldest)."""
         flights = self._in_flight
@@ -1099,7 +1143,7 @@ class ResilientShareConsumer:
     def _settle_in_flight(
         self,
         msg: Message,
-        handle: DeadLetterHandle,
+        handle: _Flight,
         key: Key,
         exc: BaseException,
         count: int,
@@ -1134,7 +1178,7 @@ class ResilientShareConsumer:
             if time.monotonic() >= lock_end:
                 # acknowledged after the lock: this member ACCEPTs its next delivery at once
                 # (another member's reader finds it); an ACCEPT now could be refused
-                self._remember(key, handle)
+                self._remember(key, _Landed(_Topic(handle.record.topic), time.monotonic()))
                 self._late(msg, ran=True, exc=exc, dead_lettered=True)
                 return True
             self._in_flight.pop(key, None)
