@@ -700,8 +700,8 @@ class ResilientShareConsumer:
         if acquired >= self._next_tick:  # about once a second; the first starts the watcher
             self._next_tick = acquired + 1.0
             probes.tick(acquired)
-        if self._in_flight:
-            self._tidy_in_flight(acquired)
+            if self._in_flight:
+                self._tidy_in_flight(acquired)
         batch = list(self._consumer.poll(min(timeout, self.lock_duration / 10)))
         self._returned = time.monotonic()
         probes.joined = True  # a share group tells a member no assignment: it has polled
