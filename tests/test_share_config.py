@@ -136,3 +136,41 @@ def test_configure_share_group_librdkafka_timeout_reads_as_no_answer_fake(
             {"share.auto.offset.reset": "x"},
             timeout=1,
         )
+
+
+def test_an_unreachable_cluster_at_construction_is_one_clear_error_and_no_raw_librdkafka_line(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Against a cluster nobody answers, the constructor's admin calls (the group's settings,
+    the dead-letter topics' check) end in one error naming the way out, and every librdkafka
+    line goes through structlog and the Redactor: none reaches stderr raw (review14 F7: ~400
+    ``%3|...|FAIL|`` lines in 20 s, before the clients were given the consumer's log bridge).
+    The password is in no output."""
+    from structlog.testing import capture_logs
+
+    from kresilient.errors import ConsumeError
+    from kresilient.share import ResilientShareConsumer
+
+    secret = "sh4re-Secret-771"
+    config = {
+        "bootstrap.servers": "127.0.0.1:9",  # discard: nothing listens there
+        "group.id": "unreachable-share",
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "worker",
+        "sasl.password": secret,
+    }
+    with (
+        capture_logs() as logs,
+        pytest.raises(ConsumeError, match=r"require_topic=False") as raised,
+    ):
+        ResilientShareConsumer(config, ["jobs"], lambda _m: None)
+    out, err = capfd.readouterr()
+    assert "%3|" not in err and "FAIL" not in err, err[-2000:]
+    assert secret not in out + err + repr(logs) + str(raised.value)
+    # what the user reads instead: the group's settings not read (their defaults used), then
+    # the one error, which says no broker answered
+    assert [e["event"] for e in logs if e["log_level"] == "warning"] == [
+        "share_group_config_unread"
+    ], logs
+    assert "no broker reachable within" in str(raised.value)

@@ -213,9 +213,13 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     monkeypatch.setattr(sc, "time", c)
     monkeypatch.setattr(sc, "ShareConsumer", FakeShare)
     monkeypatch.setattr(sc, "DeadLetterWriter", Writer)
-    monkeypatch.setattr(sc.ResilientShareConsumer, "_group_settings", lambda self: (30.0, LIMIT))
+    monkeypatch.setattr(
+        sc.ResilientShareConsumer, "_group_settings", lambda self, admin: (30.0, LIMIT)
+    )
     # no cluster: the dead-letter topics are not checked, and no dead letter is known
-    monkeypatch.setattr(sc.ResilientShareConsumer, "_check_dead_letter_topics", lambda s, p: None)
+    monkeypatch.setattr(
+        sc.ResilientShareConsumer, "_check_dead_letter_topics", lambda s, a, p: None
+    )
     monkeypatch.setattr(sc, "DeadLetterIndex", NoIndex)
     FakeShare.batches, FakeShare.poll_takes, FakeShare.clock = [], 0.0, c
     Writer.fail, Writer.ack_after, Writer.clock, Writer.written = False, 0.0, c, []

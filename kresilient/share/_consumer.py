@@ -104,6 +104,7 @@ from kresilient.errors import (
     exception_type_name,
     translate,
 )
+from kresilient.reachability import LogBridge, Reachability
 from kresilient.redaction import Redactor, redact_config
 from kresilient.share._deadletters import (
     DEFAULT_LOOKBACK_S,
@@ -418,6 +419,17 @@ class ResilientShareConsumer:
         self._redact = Redactor.for_config(self._cfg)
         self.group: str = str(self._cfg["group.id"])
         self._log = base.bind(client_id=self._cfg["client.id"], group=self.group)
+        # every librdkafka line of this member's clients (the share consumer, the admin
+        # clients reading the group's settings and the dead-letter topics) through structlog
+        # and the Redactor, connection failures summarised: never raw %3|...|FAIL| lines on
+        # stderr (review14 F7: ~400 of them in 20 s against an unreachable cluster)
+        self._bridge = LogBridge(
+            self._log,
+            lambda _line: None,
+            self._redact,
+            user_logger=self._cfg.get("logger"),
+            reachability=Reachability(self._log),
+        )
         self.topics = list(topics)
         regex = [t for t in self.topics if t.startswith("^")]
         if regex:
@@ -439,9 +451,19 @@ class ResilientShareConsumer:
         self.stats = ShareConsumerStats()
         self._stopping = threading.Event()
         self._tel = telemetry if telemetry is not None else Telemetry.for_client(self._cfg)
-        group_lock, group_limit = self._group_settings()
-        if dead_letter is not None and dead_letter.require_topic:
-            self._check_dead_letter_topics(dead_letter)
+        admin_conf: dict[str, Any] = {
+            k: v
+            for k, v in self._cfg.items()
+            if not k.startswith("share.") and k not in ("group.id", "client.id")
+        }
+        admin_conf["logger"] = self._bridge
+        admin = AdminClient(admin_conf)
+        try:
+            group_lock, group_limit = self._group_settings(admin)
+            if dead_letter is not None and dead_letter.require_topic:
+                self._check_dead_letter_topics(admin, dead_letter)
+        finally:
+            admin.poll(0)  # its queued log lines, through the bridge
         self.lock_duration: float = lock_duration if lock_duration is not None else group_lock
         self.delivery_count_limit: int = (
             delivery_count_limit if delivery_count_limit is not None else group_limit
@@ -479,7 +501,7 @@ class ResilientShareConsumer:
                 lookback_s=dead_letter_lookback_s,
                 keep_s=self.delivery_count_limit * self.lock_duration,
             )
-        rdk = dict(self._cfg)
+        rdk: dict[str, Any] = {**self._cfg, "logger": self._bridge}
         try:
             self._consumer = ShareConsumer(rdk)
         except KafkaException as exc:
@@ -522,17 +544,11 @@ class ResilientShareConsumer:
 
     # ------------------------------------------------------------------ cluster settings
 
-    def _group_settings(self) -> tuple[float, int]:
+    def _group_settings(self, admin: AdminClient) -> tuple[float, int]:
         """The group's lock duration (s) and delivery-count limit, read with DescribeConfigs
         (Kafka 4.2+ has them as group configs); the broker defaults when that fails."""
         lock, limit = DEFAULT_LOCK_DURATION_S, DEFAULT_DELIVERY_COUNT_LIMIT
-        admin_keys = {
-            k: v
-            for k, v in self._cfg.items()
-            if not k.startswith("share.") and k not in ("group.id", "client.id")
-        }
         try:
-            admin = AdminClient(admin_keys)
             res = ConfigResource(ResourceType.GROUP, self.group)
             entries = admin.describe_configs([res], request_timeout=10)[res].result(15)
             if "share.record.lock.duration.ms" in entries:
@@ -548,19 +564,14 @@ class ResilientShareConsumer:
             )
         return lock, limit
 
-    def _check_dead_letter_topics(self, policy: DeadLetterPolicy) -> None:
+    def _check_dead_letter_topics(self, admin: AdminClient, policy: DeadLetterPolicy) -> None:
         """Fail fast when a dead-letter topic is missing (``require_topic``), as
         :class:`~kresilient.ResilientConsumer` does, not at the first poison record."""
         wanted = sorted({policy.topic_for(t) for t in self.topics})
         if not wanted:
             return
-        admin_keys = {
-            k: v
-            for k, v in self._cfg.items()
-            if not k.startswith("share.") and k not in ("group.id", "client.id")
-        }
         try:
-            metadata = AdminClient(admin_keys).list_topics(timeout=_METADATA_TIMEOUT)
+            metadata = admin.list_topics(timeout=_METADATA_TIMEOUT)
         except KafkaException as exc:
             error = translate(exc, operation="consume", redactor=self._redact)
             raise type(error)(
@@ -574,7 +585,8 @@ class ResilientShareConsumer:
         ]
         if missing:
             raise ConfigError(
-                f"dead-letter topic(s) {missing} do not exist: create them (replicated like "
+                f"dead-letter topic(s) {missing} do not exist (or this principal may not "
+                "DESCRIBE them): create them (replicated like "
                 "the source topics, e.g. `kresilient topic create NAME --dlq`) or pass "
                 "DeadLetterPolicy(require_topic=False)",
                 key=None,
