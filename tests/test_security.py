@@ -741,3 +741,58 @@ def test_certificate_authority_issues_valid_and_expired_client_certificates(
     load_pem_private_key(key, password=b"key-pass-123456")
     assert "key-pass" not in repr(good) and "key-pass" not in repr(ca)
     assert good.key.stat().st_mode & 0o077 == 0
+
+
+def test_share_dead_letter_index_reports_an_unreadable_topic_and_still_answers_for_the_other(
+    cluster: KafkaCluster,
+) -> None:
+    """The share consumer's dead-letter reader (a plain consumer: any broker version) run as a
+    principal that may WRITE one dead-letter topic but not READ it, and READ another. The real
+    refusal (the fetch's per-partition error, not a client error) refuses that topic only: one
+    WARNING naming it and the missing READ, its questions answered unknown at once, while the
+    readable topic is read and answered (review14 F6: no test drove this path, and a refusal
+    through the client error callback refused every topic). The password is in no event."""
+    from kresilient.redaction import Redactor
+    from kresilient.share._deadletters import DeadLetterIndex
+
+    user = _user(cluster)
+    unreadable, readable = _topic(cluster), _topic(cluster)
+    cluster.grant(user, topic=unreadable, operations=("WRITE", "DESCRIBE"))
+    cluster.grant(user, topic=readable, operations=("READ", "DESCRIBE"))
+    config = cluster.client_config(user)
+    events: list[tuple[str, str, dict[str, Any]]] = []
+
+    class _Log:
+        def __getattr__(self, level: str) -> Any:
+            return lambda event, **fields: events.append((level, event, fields))
+
+    index = DeadLetterIndex(
+        config,
+        [unreadable, readable],
+        "share-g",
+        client_id=_name("dlq-index"),
+        log=_Log(),
+        redact=Redactor.for_config(config),
+    )
+    index.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            topics = index.state()["topics"]
+            if topics[unreadable].startswith("refused") and topics[readable] == "reading":
+                break
+            assert time.monotonic() < deadline, index.state()
+            time.sleep(0.1)  # polling the reader's state, with a deadline
+        key = ("jobs", 0, 7, 1700000000000, hash(b"v"))
+        started = time.monotonic()
+        assert index.contains(key, 30.0, since=started, topic=unreadable) is None
+        assert index.contains(key, 30.0, since=time.monotonic(), topic=readable) is False
+        state = index.state()
+    finally:
+        index.close()
+    assert state["state"] == "refused", state
+    assert "TOPIC_AUTHORIZATION_FAILED" in state["topics"][unreadable], state
+    refused = [e for e in events if e[1] == "share_dead_letter_index_refused"]
+    assert [e[2]["topic"] for e in refused] == [unreadable], events
+    assert "READ" in str(refused[0][2]["remedy"])
+    assert config["sasl.password"] not in repr(events) + repr(state)

@@ -443,7 +443,15 @@ def test_mtls_cli_refused_certificate_exits_2_naming_the_setting(
     assert "refused this client's credentials or certificate [_SSL]" in text, text
     assert cause in text and setting in text, text
     assert bad["ssl.key.password"] not in text and good["ssl.key.password"] not in text
-    assert "PRIVATE KEY" not in text and "|FAIL|" not in text
+    # no raw librdkafka line of the CLI's clients: lines naming this cluster's addresses (a
+    # client another test of this worker left behind may still log, raw, about its own stopped
+    # cluster into this process's stderr: CI saw one, "Connect to ... :10495 failed")
+    raw = [
+        line
+        for line in text.splitlines()
+        if "|FAIL|" in line and any(a in line for a in cluster.bootstrap_servers.split(","))
+    ]
+    assert "PRIVATE KEY" not in text and not raw, raw
 
 
 # --------------------------------------------------------------------------- Spark sink

@@ -379,7 +379,7 @@ def test_a_dead_letter_topic_the_member_may_not_read_is_reported_and_answered_un
     log = _Log()
     index = DeadLetterIndex(
         {"bootstrap.servers": "127.0.0.1:9"},
-        ["jobs.dlq"],
+        ["jobs.dlq", "other.dlq"],
         "g",
         client_id="acl-test",
         log=log,
@@ -387,8 +387,16 @@ def test_a_dead_letter_topic_the_member_may_not_read_is_reported_and_answered_un
     )
     index.start()
     try:
-        refused = KafkaError(
+        # a client error that names no topic is kept, and refuses nothing (review14 F6: it
+        # refused every topic); the real refusal of one topic's fetch is a message of that
+        # partition (the real-cluster test of it is in tests/test_security.py)
+        vague = KafkaError(
             KafkaError.TOPIC_AUTHORIZATION_FAILED, "Fetch from broker 1 failed: Topic authorization"
+        )
+        index._on_error(vague)
+        assert not any(s.startswith("refused") for s in index.state()["topics"].values())
+        refused = KafkaError(
+            KafkaError.TOPIC_AUTHORIZATION_FAILED, "jobs.dlq [0]: Topic authorization failed"
         )
         index._on_error(refused)
         index._on_error(refused)  # reported once
@@ -397,6 +405,7 @@ def test_a_dead_letter_topic_the_member_may_not_read_is_reported_and_answered_un
         state = index.state()
     finally:
         index.close()
+    assert not state["topics"]["other.dlq"].startswith("refused"), state
     assert state["state"] == "refused", state
     assert state["topics"]["jobs.dlq"].startswith("refused: "), state
     assert "TOPIC_AUTHORIZATION_FAILED" in str(state["error"])

@@ -323,14 +323,18 @@ class DeadLetterIndex:
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's client errors (from consume(), on the reader thread): kept for
-        :meth:`state`; a refusal of the whole cluster stops every answer."""
+        :meth:`state`. A refusal refuses only the topics its text names: a fetch refused for
+        one topic arrives as that partition's error message (:meth:`_run`), and one unreadable
+        dead-letter topic must not stop the answers for the others (review14 F6)."""
         if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
             return  # its own group id (librdkafka looks its coordinator up): never used
         text = self._redact(str(err))
         with self._cond:
             self._error = text
         if err.code() in _REFUSED:
-            self._refuse(list(self._ready) or list(self._topics), text)
+            named = [t for t in self._topics if t in str(err)]
+            if named:
+                self._refuse(named, text)
 
     def _refuse(self, topics: list[str], reason: str) -> None:
         """``topics`` may not be read by this member: report each once, answer None."""
