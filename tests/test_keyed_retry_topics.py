@@ -612,7 +612,8 @@ def test_keyed_crash_after_a_moves_write_redoes_only_that_record(
     )
     # the fault hit where meant: the commit after the move's write did not pass the record
     # (its offset is the committed one, every later record listed as finished); the write
-    # may or may not have reached the retry topic
+    # may or may not have reached the retry topic, and a request the dead process had sent
+    # may still land after this look (CI: [] here, the copy visible later)
     before = [r.value() for r in read_back(bootstrap, tier)]
     assert before in ([], [b"v%d" % CRASH_AT])
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
@@ -644,15 +645,20 @@ def test_keyed_crash_after_a_moves_write_redoes_only_that_record(
     )
     runner = Runner(consumer)
     try:
+        # once the restart's own move is acknowledged, the dead process's write (sent seconds
+        # before, if at all) has landed too: the tier's contents are final
+        wait_for(lambda: consumer.health().moved_to_retry >= 1, 60, "the restart's move")
+        copies = [r.value() for r in read_back(bootstrap, tier)]
         wait_for(
-            lambda: len([s for s in seen if s[0] == tier]) > len(before), 60, "the tier copies"
+            lambda: len([s for s in seen if s[0] == tier]) >= len(copies), 60, "the tier copies"
         )
     finally:
         runner.stop()
     assert runner.error is None, runner.error
     assert [s for s in seen if s[0] == topic] == [(topic, CRASH_AT, b"v%d" % CRASH_AT)]
-    copies = [r.value() for r in read_back(bootstrap, tier)]
-    assert copies == [*before, b"v%d" % CRASH_AT]  # at most one duplicate, nothing lost
+    # at most one duplicate (the dead process's write), nothing lost, what was seen kept
+    assert copies in ([b"v%d" % CRASH_AT], [b"v%d" % CRASH_AT] * 2)
+    assert copies[: len(before)] == before
     assert [s[2] for s in seen if s[0] == tier] == copies
     assert committed(bootstrap, group, topic, [0]) == {0: N_CRASH}
     assert committed(bootstrap, group, tier, [0]) == {0: len(copies)}
