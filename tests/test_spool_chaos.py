@@ -1,13 +1,15 @@
 """All three brokers stopped for longer than the delivery timeout while a spooled producer
 keeps producing: nothing is reported lost, everything is delivered after the restart.
 
-Issue 20 acceptance 2: the cluster is down while the producer keeps producing (~1,000
-messages a second) for eighteen delivery timeouts (delivery timed out -> kept in the spool ->
-re-sent after its 1 s back-off, again and again for the first messages). What the spool must
-survive is that cycle repeated, not its length: CI runs 36 s at ``message.timeout.ms=2000`` (it ran
-3 minutes at 10 s, 264 s of a CI run, issue 39); ``KRESILIENT_SPOOL_OUTAGE_S=180`` runs the
-acceptance's 3 minutes, the timeout scaled to keep eighteen. A producer without a spool in
-the same outage is the negative control: it reports the messages failed.
+Issue 20 acceptance 2 (down for 3 minutes): the cluster is down while the producer keeps
+producing (~1,000 messages a second) for eighteen delivery timeouts. librdkafka never times
+a spooled message out (the spool hands it ``message.timeout.ms=0``); the delivery timeout is
+when the spool reports the outage (``spool_delivery_deferred``) and when the unspooled control
+fails its messages. What the test proves is an outage past that timeout, not its length: CI
+runs 18 s at ``message.timeout.ms=1000`` (3 minutes at 10 s took 264 s of a CI run, issue 39;
+then 36 s at 2 s); ``KRESILIENT_SPOOL_OUTAGE_S=180`` runs the acceptance's 3 minutes, the
+timeout scaled to keep eighteen. A producer without a spool in the same outage is the negative
+control: it reports the messages failed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 import structlog
 import structlog.testing
 from _producer_helpers import header_dict, read_back
+from confluent_kafka import KafkaError, KafkaException
 
 from kresilient.dedupe import Deduplicator
 from kresilient.errors import ClusterError, DeliveryError, ErrorCategory
@@ -30,7 +33,7 @@ from kresilient.testing import KafkaCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
-DOWN_S = float(os.environ.get("KRESILIENT_SPOOL_OUTAGE_S", "36"))
+DOWN_S = float(os.environ.get("KRESILIENT_SPOOL_OUTAGE_S", "18"))
 TIMEOUT_MS = round(DOWN_S * 1000 / 18)
 KEYS = 20
 
@@ -56,6 +59,25 @@ def _restart_all(cluster: KafkaCluster, topic: str) -> None:
     for t in starters:
         t.join(200)
     cluster.heal([topic], timeout=180)
+
+
+_LEADER_NOT_BACK = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError._UNKNOWN_PARTITION,
+)
+
+
+def _later_written(bootstrap: str, topic: str) -> int:
+    """How many ``later-`` records the topic holds; 0 while the restarted leader does not
+    answer for its partition yet (the watermark request can meet NOT_LEADER_FOR_PARTITION
+    right after ``start``: seen once on a machine at a load of 12)."""
+    try:
+        return sum(m.value().startswith(b"later-") for m in read_back(bootstrap, topic))
+    except KafkaException as exc:
+        if exc.args[0].code() not in _LEADER_NOT_BACK:
+            raise
+        return 0
 
 
 def test_cluster_down_longer_than_delivery_timeout_loses_nothing(
@@ -196,10 +218,7 @@ def test_messages_queued_past_the_delivery_timeout_keep_their_order(
             spooled.produce(topic, value, key=b"k")
         # Wait (without polling the producer) until librdkafka has written the later ones.
         deadline = time.monotonic() + 120
-        while sum(
-            m.value().startswith(b"later-")
-            for m in read_back(kafka_cluster.bootstrap_servers, topic)
-        ) < len(later):
+        while _later_written(kafka_cluster.bootstrap_servers, topic) < len(later):
             assert time.monotonic() < deadline, "the later messages were never written"
             time.sleep(0.5)  # polling the topic for a condition with a deadline
         result = spooled.flush(120)
