@@ -4,8 +4,11 @@ A plain ``confluent_kafka.Producer`` feeds its statistics (``stats_cb``), ``erro
 delivery reports into a :class:`LeadershipMonitor`, while the tests kill, stop, restart and
 re-elect real brokers (3-node KRaft Kafka 4.1, ``kresilient.testing.KafkaCluster``).
 
-6a runs on the shared session cluster and restores it; 6b and 6d damage the controller
-quorum (every node is also a controller) and run on a private cluster of this module.
+Every test runs on the worker's session cluster. 6b and 6d damage the controller quorum (every
+node is also a controller) as the spool's all-brokers outage does on the same cluster; each
+restores it before it ends (``heal``), and the plugin's teardown of a chaos test heals the
+cluster again and waits for every topic's full ISR. (They had a 3-node cluster of this module,
+which cost its start, about 30 worker-seconds a run, issue 39.)
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -21,6 +24,7 @@ import pytest
 from confluent_kafka import KafkaError, Producer
 
 from kresilient.errors import (
+    ClusterError,
     ErrorCategory,
     MessageTooLargeError,
     classify,
@@ -127,6 +131,28 @@ def _concurrently(*calls: Callable[[], Any]) -> list[Any]:
     return [f.result() for f in futures]
 
 
+def _start_side_by_side(cluster: KafkaCluster, nodes: list[int]) -> None:
+    """Start stopped nodes at the same time: one node start's wait instead of one per node
+    (issue 39). ``KafkaCluster.start`` checks every node while it waits, so a sibling caught
+    between "expected up" and its new process can make one call raise although the node it
+    started runs; ``heal`` then starts whatever is still down and waits for full ISRs."""
+    failed: list[BaseException] = []
+
+    def start(node: int) -> None:
+        try:
+            cluster.start(node, timeout=180)
+        except ClusterError as exc:
+            failed.append(exc)
+
+    starters = [threading.Thread(target=start, args=(n,)) for n in nodes]
+    for t in starters:
+        t.start()
+    for t in starters:
+        t.join(200)
+    if failed:
+        cluster.heal(timeout=180)
+
+
 def _recorder(monitor: LeadershipMonitor) -> list[LeadershipChange]:
     changes: list[LeadershipChange] = []
     monitor.add_listener(changes.append)
@@ -135,17 +161,6 @@ def _recorder(monitor: LeadershipMonitor) -> list[LeadershipChange]:
 
 def _states(changes: list[LeadershipChange], topic: str, partition: int = 0) -> list[Any]:
     return [c.state for c in changes if (c.topic, c.partition) == (topic, partition)]
-
-
-@pytest.fixture(scope="module", name="private_cluster")
-def _private_cluster() -> Iterator[KafkaCluster]:
-    """A private 3-node cluster for tests that break the controller quorum."""
-    cluster = KafkaCluster()
-    cluster.start_cluster()
-    try:
-        yield cluster
-    finally:
-        cluster.close()
 
 
 # --------------------------------------------------------------------------- 6a
@@ -219,10 +234,10 @@ def test_6a_one_preferred_election_is_a_transient_burst_then_stable(
 
 @pytest.mark.chaos
 def test_6b_a_broker_killed_and_restarted_repeatedly_is_sustained_churn(
-    private_cluster: KafkaCluster,
+    kafka_cluster: KafkaCluster, topic_factory: Any
 ) -> None:
-    c = private_cluster
-    topic = c.create_topic("churn", 3, 3, {"min.insync.replicas": 2})
+    c = kafka_cluster
+    topic = topic_factory(partitions=3, config={"min.insync.replicas": 2})
     for p in range(3):
         c.wait_for_isr(topic, p)
     c.elect_preferred_leaders(topic)
@@ -315,10 +330,10 @@ def _produce(bootstrap: str, topic: str, n: int, **config: Any) -> list[KafkaErr
 
 @pytest.mark.chaos
 def test_6d_two_of_three_stopped_is_not_enough_replicas_then_resumes(
-    private_cluster: KafkaCluster,
+    kafka_cluster: KafkaCluster, topic_factory: Any
 ) -> None:
-    c = private_cluster
-    topic = c.create_topic("isr", 1, 3, {"min.insync.replicas": 2})
+    c = kafka_cluster
+    topic = topic_factory(config={"min.insync.replicas": 2})
     c.wait_for_isr(topic)
     leader = c.wait_for_leader(topic)
     followers = [n for n in c.replicas(topic) if n != leader]
@@ -347,9 +362,7 @@ def test_6d_two_of_three_stopped_is_not_enough_replicas_then_resumes(
             waiting.produce(topic, b"w%d" % i, on_delivery=lambda e, m: queued.append(e))
         waiting.poll(1)
     finally:
-        for f in followers:
-            if not c.running(f):
-                c.start(f, timeout=180)
+        _start_side_by_side(c, [f for f in followers if not c.running(f)])
         c.wait_for_isr(topic, timeout=180)
     # ... and are delivered once the followers are back: delivery resumes.
     assert waiting.flush(240) == 0
@@ -358,12 +371,14 @@ def test_6d_two_of_three_stopped_is_not_enough_replicas_then_resumes(
 
 
 @pytest.mark.chaos
-def test_6d_killed_followers_freeze_the_isr_and_time_out(private_cluster: KafkaCluster) -> None:
+def test_6d_killed_followers_freeze_the_isr_and_time_out(
+    kafka_cluster: KafkaCluster, topic_factory: Any
+) -> None:
     """SIGKILL instead of a controlled shutdown: the second ISR shrink needs the controller
     quorum, which the two dead nodes took with them, so the ISR keeps a dead follower and
     acks=all requests wait until they time out: no NOT_ENOUGH_REPLICAS."""
-    c = private_cluster
-    topic = c.create_topic("isr-kill", 1, 3, {"min.insync.replicas": 2})
+    c = kafka_cluster
+    topic = topic_factory(config={"min.insync.replicas": 2})
     c.wait_for_isr(topic)
     leader = c.wait_for_leader(topic)
     first, second = (n for n in c.replicas(topic) if n != leader)
