@@ -22,7 +22,11 @@ def _high_watermark(consumer: Consumer, topic: str, partition: int) -> int:
             )
         except KafkaException as exc:
             code = exc.args[0].code()
-            retriable = code in (KafkaError._UNKNOWN_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
+            retriable = code in (
+                KafkaError._UNKNOWN_PARTITION,
+                KafkaError.LEADER_NOT_AVAILABLE,
+                KafkaError.NOT_LEADER_FOR_PARTITION,  # asked of a leader restarted a moment ago
+            )
             if not retriable or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)  # until the client's metadata names the partition's leader
