@@ -25,7 +25,7 @@ from typing import Any, cast
 import pytest
 import structlog
 import tenacity
-from _producer_helpers import read_back
+from _eos_helpers import read_back
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from structlog.testing import capture_logs
 
@@ -108,7 +108,7 @@ def _uncommitted(bootstrap: str, topic: str, partitions: int = 1) -> list[bytes]
         deadline = time.monotonic() + 60
         while len(done) < partitions:
             assert time.monotonic() < deadline, f"read_uncommitted({topic}) timed out"
-            for m in c.consume(1000, 0.5):
+            for m in c.consume(1000, 0.1):  # consume() waits out its timeout: poll briefly
                 err = m.error()
                 if err is None:
                     out.append(m.value() or b"")
@@ -160,9 +160,10 @@ def _consumer(
     **kwargs: Any,
 ) -> ResilientConsumer:
     policy = kwargs.pop("policy", {})
+    config = kwargs.pop("config", {})
     kwargs.setdefault("dead_letter", None)
     return ResilientConsumer(
-        {"bootstrap.servers": bootstrap, "group.id": group},
+        {"bootstrap.servers": bootstrap, "group.id": group, **config},
         [source],
         handler,
         transactions=TransactionPolicy(transactional_id=tid, **policy),
@@ -495,6 +496,9 @@ def test_a_member_joining_aborts_the_open_transaction_of_the_revoked_partitions(
         return Output(target, value=b"%d" % (2 * n), key=msg.key(), partition=msg.partition())
 
     policy = {"max_records": 1000, "max_interval_s": 600}  # open until the revoke or the stop
+    # a member learns of a rebalance from its next heartbeat: every 0.5 s, not 3 s (the
+    # default), so the join is not waited out for up to 3 s; the revoke is the same
+    config = {"heartbeat.interval.ms": 500}
     a = _Running(
         _consumer(
             bootstrap,
@@ -503,12 +507,15 @@ def test_a_member_joining_aborts_the_open_transaction_of_the_revoked_partitions(
             double_a,
             tid,
             policy=policy,
+            config=config,
             on_revoke=lambda _p: revoked.set(),
         )
     )
     _wait_for("20 outputs in the log", lambda: _high(bootstrap, target, 2) >= 20)
     assert not revoked.is_set()
-    b = _Running(_consumer(bootstrap, group, source, double_b, tid + "b", policy=policy))
+    b = _Running(
+        _consumer(bootstrap, group, source, double_b, tid + "b", policy=policy, config=config)
+    )
     _wait_for(
         "every record handled after the revoke",
         lambda: {n for n, after in handled_a if after} | handled_b == everything,
@@ -877,8 +884,13 @@ def test_an_output_to_a_missing_topic_fails_its_record_without_aborting_the_prod
         n = int(msg.value() or b"")
         return Output(missing if n == 2 else target, value=b"%d" % (2 * n))
 
+    # one retry, at once: a redo is enough to show the producer is not recreated per attempt
+    # (the default policy's 5 attempts, each redo resuming ~2 s later, took ~10 s)
+    retry = RetryPolicy(stop=tenacity.stop_after_attempt(2), wait=tenacity.wait_fixed(0))
     running = _Running(
-        _consumer(bootstrap, group, source, double, tid, dead_letter=DeadLetterPolicy())
+        _consumer(
+            bootstrap, group, source, double, tid, dead_letter=DeadLetterPolicy(), retry=retry
+        )
     )
     _wait_for("the 6 offsets committed", lambda: _committed(bootstrap, group, source) >= 6)
     txn = running.consumer.health().transactions
