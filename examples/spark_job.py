@@ -16,7 +16,9 @@ import contextlib
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -25,6 +27,10 @@ def _bootstrap(servers: str | None) -> Iterator[tuple[str, object]]:
 
     with KafkaCluster(bootstrap_servers=servers) as cluster:
         yield cluster.bootstrap_servers, cluster
+
+
+def _wrote_a_micro_batch(summary: Any) -> bool:
+    return summary is not None and summary.mode == "streaming" and summary.written > 0
 
 
 def main() -> int:
@@ -95,7 +101,11 @@ def main() -> int:
                 .option("checkpointLocation", checkpoint)
                 .start()
             )
-            query.awaitTermination(10)
+            # Run until a micro-batch has written rows (at most 60 s), then stop. A query that
+            # failed raises here, from awaitTermination().
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not _wrote_a_micro_batch(last_write_summary()):
+                query.awaitTermination(0.2)
             query.stop()
         summary = last_write_summary()
         assert summary is not None
