@@ -25,7 +25,7 @@ from typing import Any, cast
 import pytest
 import structlog
 import tenacity
-from _eos_helpers import read_back
+from _producer_helpers import read_back
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from structlog.testing import capture_logs
 
