@@ -567,7 +567,7 @@ def test_exactly_once_through_processor_kills_coordinator_loss_lost_responses_an
     committed = _Committed(cluster, group, source, PARTITIONS)
     net = cluster.network
     kills: list[int] = []  # committed input offsets at each processor kill
-    facts: dict[str, Any] = {}
+    facts: dict[str, Any] = {"kill_deferred_polls": 0}
     restarter: threading.Thread | None = None
 
     def third_death() -> bool:
@@ -588,6 +588,7 @@ def test_exactly_once_through_processor_kills_coordinator_loss_lost_responses_an
                 and marker.offset >= offset
                 and marker.deaths >= 2
             ):
+                facts["kill_deferred_polls"] += 1  # how often the guard held a kill back
                 return True
         return False
 
@@ -725,7 +726,14 @@ def test_exactly_once_through_processor_kills_coordinator_loss_lost_responses_an
     # the DLQ holds exactly the poison inputs, byte for byte, each once
     poison = {i for i in range(N_RECORDS) if _poison(i)}
     dead = _read(cluster, dlq)
-    assert sorted(m.value() or b"" for m in dead) == sorted(values[i] for i in poison)
+    got_dead = Counter(m.value() or b"" for m in dead)
+    want_dead = Counter(values[i] for i in poison)
+    assert got_dead == want_dead, (
+        f"DLQ: missing {sorted(want_dead - got_dead)}, extra {sorted(got_dead - want_dead)} "
+        f"(original partition and offset of each missing one: "
+        f"{[(i % PARTITIONS, offsets[i]) for i in sorted(poison) if values[i] not in got_dead]}); "
+        f"facts {facts}"
+    )
     for m in dead:
         i = int((m.value() or b"").split(b"-")[1])
         info = parse_dead_letter_headers(m.headers())
