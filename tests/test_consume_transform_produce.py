@@ -1362,6 +1362,9 @@ def test_a_transactional_source_is_committed_past_its_last_commit_marker_no_fals
     for i in range(3):
         writer.produce(source, b"%d" % i, key=b"k", partition=0)
     writer.commit_transaction(30)
+    # the coordinator writes the commit marker after commit_transaction() returns (CI: the
+    # end read at once was 3): wait for it, then it is the partition's last offset
+    _wait_for("the commit marker in the log", lambda: _high(bootstrap, source) >= 4)
     end = _high(bootstrap, source)
     assert end == 4, end  # 3 records and the commit marker
     group, tid = _ids()
