@@ -21,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from _cluster_helpers import start_side_by_side
 from confluent_kafka import KafkaError, Producer
 
 from kresilient.errors import (
-    ClusterError,
     ErrorCategory,
     MessageTooLargeError,
     classify,
@@ -133,23 +133,8 @@ def _concurrently(*calls: Callable[[], Any]) -> list[Any]:
 
 def _start_side_by_side(cluster: KafkaCluster, nodes: list[int]) -> None:
     """Start stopped nodes at the same time: one node start's wait instead of one per node
-    (issue 39). ``KafkaCluster.start`` checks every node while it waits, so a sibling caught
-    between "expected up" and its new process can make one call raise although the node it
-    started runs; ``heal`` then starts whatever is still down and waits for full ISRs."""
-    failed: list[BaseException] = []
-
-    def start(node: int) -> None:
-        try:
-            cluster.start(node, timeout=180)
-        except ClusterError as exc:
-            failed.append(exc)
-
-    starters = [threading.Thread(target=start, args=(n,)) for n in nodes]
-    for t in starters:
-        t.start()
-    for t in starters:
-        t.join(200)
-    if failed:
+    (issue 39); ``heal`` starts whatever is still down and waits for full ISRs."""
+    if not start_side_by_side(cluster, nodes, timeout=180):
         cluster.heal(timeout=180)
 
 

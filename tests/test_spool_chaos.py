@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 import structlog
 import structlog.testing
+from _cluster_helpers import start_side_by_side
 from _producer_helpers import header_dict, read_back
 from confluent_kafka import KafkaError, KafkaException
 
 from kresilient.dedupe import Deduplicator
-from kresilient.errors import ClusterError, DeliveryError, ErrorCategory
+from kresilient.errors import DeliveryError, ErrorCategory
 from kresilient.producer import ResilientProducer, Spool
 from kresilient.testing import KafkaCluster
 
@@ -44,20 +45,7 @@ def _restart_all(cluster: KafkaCluster, topic: str) -> None:
     sibling caught between "expected up" and its new process can make one call raise; the
     node it started is running anyway, and a node that did not come up is started again once
     the others form a quorum (then ``heal`` waits for full ISRs)."""
-    down = [n for n in cluster.node_ids if not cluster.running(n)]
-    failed: list[BaseException] = []
-
-    def start(node: int) -> None:
-        try:
-            cluster.start(node)
-        except ClusterError as exc:
-            failed.append(exc)
-
-    starters = [threading.Thread(target=start, args=(n,)) for n in down]
-    for t in starters:
-        t.start()
-    for t in starters:
-        t.join(200)
+    start_side_by_side(cluster, [n for n in cluster.node_ids if not cluster.running(n)])
     cluster.heal([topic], timeout=180)
 
 
