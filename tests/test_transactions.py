@@ -8,6 +8,7 @@ did reach the log, so a test cannot pass because nothing was written.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import structlog
 from _producer_helpers import read_back
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from kresilient import KResilientError
 from kresilient.producer import (
     ProducerFencedError,
     TransactionAbortedError,
@@ -397,6 +399,109 @@ def test_a_commit_answered_in_time_keeps_the_instance_negative_control(
     run = _lost_commit_response_run(kafka_network_cluster, fault=False)
     assert run["outcome"] is None and run["recreations"] == 0
     assert run["values"] == [*(b"first-%d" % i for i in range(5)), b"second"]
+
+
+def _lost_send_offsets_run(cluster: KafkaCluster, *, fault: bool) -> dict[str, Any]:
+    """Consume 10 records, write them doubled in a transaction whose send_offsets' answers
+    are lost (``fault``) or answered; the block aborts on that failure (healed first, so the
+    abort itself is answered), then a second transaction writes them again with the offsets."""
+    bootstrap = cluster.bootstrap_servers
+    source = cluster.create_topic(f"txn-so-in-{uuid.uuid4().hex[:8]}", 1, 3)
+    target = cluster.create_topic(
+        f"txn-so-out-{uuid.uuid4().hex[:8]}", 1, 3, {"min.insync.replicas": 2}
+    )
+    leaders = {cluster.leader(source), cluster.leader(target)}
+    seed = Producer({"bootstrap.servers": bootstrap})
+    for i in range(10):
+        seed.produce(source, b"%d" % i)
+    assert seed.flush(30) == 0
+    seed.close()  # no client of this test left to log against a cluster gone later
+    config = {"bootstrap.servers": bootstrap, "socket.timeout.ms": 4000}
+    for _ in range(20):  # a coordinator that leads neither topic: only its answers are lost
+        tid = _tid()
+        producer = TransactionalProducer(config, transactional_id=tid, timeout=6)
+        coordinator = _coordinator(cluster, tid)
+        if coordinator not in leaders:
+            break
+        producer.close()
+    else:
+        pytest.fail("no transactional.id found whose coordinator leads neither topic")
+    group = f"txn-so-{uuid.uuid4().hex[:8]}"
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    net = cluster.network
+    failure: BaseException | None = None
+    try:
+        consumer.subscribe([source])
+        got: list[Any] = []
+        deadline = time.monotonic() + 60
+        while len(got) < 10:
+            assert time.monotonic() < deadline, f"consumed {len(got)} of 10"
+            got += [m for m in consumer.consume(100, 0.5) if m.error() is None]
+        with contextlib.suppress(KResilientError), producer.transaction():
+            for m in got:
+                producer.produce(target, b"x" + (m.value() or b""))
+            _wait_for("the records in the log", lambda: _high(bootstrap, target) >= 10)
+            if fault:  # AddOffsetsToTxn reaches the coordinator; its answer never comes back
+                net.drop_responses(coordinator)
+            try:
+                producer.send_offsets(consumer)
+            except KResilientError as exc:
+                failure = exc
+                raise
+            finally:
+                net.heal(coordinator)  # the abort (or the commit) is answered
+        first_aborted, recreations = producer.aborted, producer.recreations
+        with producer.transaction():  # the records again, with the offsets
+            for m in got:
+                producer.produce(target, b"x" + (m.value() or b""))
+            producer.send_offsets(consumer)
+        (tp,) = consumer.committed([TopicPartition(source, 0)], timeout=30)
+    finally:
+        producer.close()
+        consumer.close()
+    return {
+        "failure": failure,
+        "aborted": first_aborted,
+        "recreations": recreations,
+        "committed": tp.offset,
+        "values": _values(bootstrap, target),
+        "dropped": net.dropped_responses(coordinator),
+    }
+
+
+def test_an_abort_after_lost_send_offsets_answers_uses_a_new_epoch(
+    kafka_network_cluster: KafkaCluster,
+) -> None:
+    """send_offsets_to_transaction whose answers are lost fails; the transaction is aborted
+    and the next one runs on a new instance (a new epoch): a TxnOffsetCommit of the aborted
+    transaction that lands late is fenced instead of joining the next transaction and
+    committing offsets past records it does not hold (librdkafka has no KIP-890 epoch per
+    transaction; tests/test_eos_chaos.py lost a record this way)."""
+    run = _lost_send_offsets_run(kafka_network_cluster, fault=True)
+    assert isinstance(run["failure"], KResilientError), run
+    assert run["dropped"] > 0 and run["aborted"] == 1
+    assert run["recreations"] == 1, run
+    # the second transaction holds the records once, with its offsets (10 records)
+    assert run["values"] == [b"x%d" % i for i in range(10)], run["values"]
+    assert run["committed"] == 10
+
+
+def test_send_offsets_answered_in_time_keeps_the_instance_negative_control(
+    kafka_network_cluster: KafkaCluster,
+) -> None:
+    run = _lost_send_offsets_run(kafka_network_cluster, fault=False)
+    assert run["failure"] is None and run["aborted"] == 0 and run["recreations"] == 0
+    # both transactions committed: the records twice, the offsets past them
+    assert run["values"] == [b"x%d" % i for i in range(10)] * 2, run["values"]
+    assert run["committed"] == 10
 
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "transactional_producer.py"

@@ -235,18 +235,29 @@ def test_the_action_taken_for_each_transaction_error_fake(row: TransactionErrorR
         assert first.calls.count(row.call) == 2, first.calls  # the same call, again
         if fail_block:
             assert isinstance(raised, ValueError) and producer.aborted == 1
+            # the abort's first EndTxn went unanswered: the next transaction gets a new
+            # epoch, which fences that request should it land late (KIP-890)
+            _assert_new_epoch(producer, first)
         else:
             assert raised is None and producer.committed == 1
-        assert producer.recreations == 0
+            assert producer.recreations == 0  # committed: nothing of it can land later
     elif row.kind is _A:
         assert isinstance(raised, TransactionAbortedError | ProduceError), raised
-        assert first.calls[-1] == "abort_transaction", first.calls  # aborted, not committed
+        assert "abort_transaction" in first.calls, first.calls  # aborted, not committed
+        assert first.calls.index("abort_transaction") == len(first.calls) - 1 or (
+            first.calls[-1] == "purge"
+        ), first.calls
         if row.call != "commit_transaction":  # aborted before any commit was tried
             assert "commit_transaction" not in first.calls
         assert producer.aborted == 1 and producer.committed == 0
-        assert producer.recreations == 0
-        _run_one_transaction(producer, fail_block=False)  # the producer stays usable
-        assert producer.committed == 1
+        if row.call in txn_module._EPOCH_CALLS:
+            # a send_offsets or commit that failed may still land (its TxnOffsetCommit or
+            # EndTxn): the aborted transaction's epoch is never used again
+            _assert_new_epoch(producer, first)
+        else:
+            assert producer.recreations == 0  # a produce() refused locally: nothing sent
+            _run_one_transaction(producer, fail_block=False)  # the producer stays usable
+            assert producer.committed == 1
     elif _fenced(row):
         if fail_block:
             assert isinstance(raised, ValueError)
@@ -280,6 +291,56 @@ def test_the_action_taken_for_each_transaction_error_fake(row: TransactionErrorR
         assert producer.recreations == 0
         with pytest.raises(KResilientError):
             _run_one_transaction(producer, fail_block=False)
+
+
+def _assert_new_epoch(producer: TransactionalProducer, first: FakeProducer) -> None:
+    """The aborted transaction's instance was replaced (purged, never used again) and the
+    next transaction runs on a new one, initialised first: a new epoch."""
+    assert producer.recreations == 1, first.calls
+    assert first.calls[-1] == "purge", first.calls
+    second = FakeProducer.instances[-1]
+    assert second is not first and second.calls[0] == "init_transactions", second.calls
+    calls_before = len(first.calls)
+    _run_one_transaction(producer, fail_block=False)
+    assert len(first.calls) == calls_before and "commit_transaction" in second.calls
+    assert producer.committed == 1
+
+
+def test_an_abort_after_a_timed_out_send_offsets_uses_a_new_epoch_fake() -> None:
+    """The defect tests/test_eos_chaos.py found: send_offsets_to_transaction timed out
+    (AddOffsetsToTxn unanswered under lost responses), the transaction was aborted and the
+    next one ran on the same epoch, so the late TxnOffsetCommit could join it and commit
+    offsets past records it did not hold. After such an abort the instance is replaced.
+    The negative control: an abort because the block raised, with every request answered,
+    keeps the instance (no init_transactions round trip for a handler's retry)."""
+    timed_out = KafkaError(
+        KafkaError._TIMED_OUT, "Failed to add offsets to transaction: Timed out", retriable=True
+    )
+    producer = _producer()
+    first = FakeProducer.instances[0]
+    FakeProducer.script = {"send_offsets_to_transaction": [timed_out] * 10_000}
+    clock = iter(range(0, 10_000))
+    real = txn_module.time.monotonic
+    try:
+        txn_module.time.monotonic = lambda: float(next(clock))  # type: ignore[assignment]
+        with pytest.raises(KResilientError, match="still failing"), producer.transaction():
+            producer.produce("out", b"v")
+            producer.send_offsets(FakeConsumer())
+    finally:
+        txn_module.time.monotonic = real  # type: ignore[assignment]
+        FakeProducer.script = {}
+    assert producer.aborted == 1 and "abort_transaction" in first.calls
+    _assert_new_epoch(producer, first)
+
+    # the control: the block raised, nothing unanswered: the same instance goes on
+    second = FakeProducer.instances[-1]
+    with pytest.raises(ValueError), producer.transaction():
+        producer.produce("out", b"v")
+        raise ValueError("the handler failed")
+    assert producer.aborted == 2 and producer.recreations == 1
+    assert FakeProducer.instances[-1] is second
+    _run_one_transaction(producer, fail_block=False)
+    assert producer.committed == 2 and second.calls.count("commit_transaction") == 2
 
 
 def test_a_commit_retried_until_its_timeout_has_an_unknown_outcome_fake() -> None:

@@ -88,6 +88,11 @@ _RELEASE_TIMEOUT: Final = DRAIN_TIMEOUT + 5.0
 # state, #5511). Seen on the real cluster: tests/test_eos_chaos.py, the coordinator's broker
 # SIGKILLed, the call still blocked minutes later.
 _STUCK_GRACE_S = 10.0
+#: Calls whose failure leaves a transaction request possibly in flight: an abort after one
+#: replaces the instance (a new epoch), see :meth:`TransactionalProducer._abort`.
+_EPOCH_CALLS: Final = frozenset(
+    {"send_offsets_to_transaction", "commit_transaction", "abort_transaction"}
+)
 
 
 class _Stuck(Exception):
@@ -210,6 +215,9 @@ class TransactionalProducer:
         self._failed = 0
         #: a record of the open transaction was refused by the broker (not purged locally)
         self._refused = False
+        #: a transaction request of the open transaction went unanswered or failed (its
+        #: send_offsets, commit or abort raised): it may still land later (KIP-890)
+        self._unanswered = False
         #: transactions committed / aborted, librdkafka instances replaced, over its life
         self.committed = 0
         self.aborted = 0
@@ -251,6 +259,7 @@ class TransactionalProducer:
         self._failures = []
         self._failed = 0
         self._refused = False
+        self._unanswered = False
         try:
             yield self
         except BaseException as exc:
@@ -564,6 +573,8 @@ class TransactionalProducer:
                 fn(max(remaining, 0.001))
                 return
             except KafkaException as exc:
+                if call in _EPOCH_CALLS:
+                    self._unanswered = True
                 verdict = classify_transaction_error(exc, call)
                 if verdict.kind is TransactionErrorKind.FATAL:
                     self._fatal(verdict, exc, call)
@@ -596,12 +607,23 @@ class TransactionalProducer:
         self._state = _State.READY
         self.aborted += 1
         self._log.info("transaction_aborted", why=why)
-        if self._refused and not self._closing:
+        if self._closing:
+            return
+        if self._refused:
             # librdkafka 2.16 keeps the sequence numbers of a batch the broker refused
             # (MSG_SIZE_TOO_LARGE...) after the abort: the next transaction then fails with
             # OUT_OF_ORDER_SEQUENCE_NUMBER (seen on the real cluster). A new instance starts
             # with a new epoch and fresh sequences.
             self._replace("records refused by the broker in the aborted transaction")
+        elif self._unanswered:
+            # a request of the aborted transaction (AddOffsetsToTxn, TxnOffsetCommit, EndTxn)
+            # went unanswered: librdkafka may still send it, or the broker process it, after
+            # the abort. Without KIP-890's per-transaction epoch (librdkafka #5423) it would
+            # then join the NEXT transaction of the same epoch: its consumed offsets, past
+            # records the next transaction does not hold, committed with it, and those
+            # records lost (tests/test_eos_chaos.py lost one this way). A new instance's
+            # epoch fences every request of the old one.
+            self._replace("a transaction request went unanswered before the abort (KIP-890)")
 
     def _abortable(self, verdict: TransactionVerdict, exc: KafkaException, call: str) -> None:
         if call == "commit_transaction" or self._state is _State.OPEN:
