@@ -32,6 +32,7 @@ from structlog.testing import capture_logs
 from kresilient import (
     ConfigError,
     DeadLetterPolicy,
+    FatalProducerError,
     Output,
     ProducerFencedError,
     ResilientConsumer,
@@ -1271,6 +1272,28 @@ class _StubClient:
         return True
 
     fenced = False
+    closed_by: FatalProducerError | None = None
+
+
+class _ClosingStub(_StubClient):
+    """Its abort fails fatally and closes the producer, as librdkafka#4849's
+    INVALID_TXN_STATE did in tests/test_eos_chaos.py (a real broker does not answer an abort
+    so on demand)."""
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        if self.closed_by is not None:
+            raise FatalProducerError(f"closed by a fatal error: {self.closed_by}")
+        self.calls.append(("begin", None))
+        try:
+            yield
+        except BaseException:
+            self.calls.append(("abort", None))
+            self.closed_by = FatalProducerError(
+                "abort_transaction: Failed to end transaction: INVALID_TXN_STATE (scripted)"
+            )
+            raise
+        self.calls.append(("commit", None))
 
 
 def _stub_batches(client: _StubClient, call: Any, retrying: Any) -> Any:
@@ -1299,6 +1322,30 @@ def _stub_batches(client: _StubClient, call: Any, retrying: Any) -> Any:
         retry_topics=_retry_topics(),
         retry_map={"s.retry.1s": ("s", 0)},
     )
+
+
+def test_an_abort_that_closes_the_producer_stops_the_consumer_not_redone_for_ever_stub() -> None:
+    """tests/test_eos_chaos.py saw an abort refused with INVALID_TXN_STATE (librdkafka#4849)
+    close the transactional producer; every later batch then failed to begin ("the
+    transactional producer is closed") and was redone every second for ever, nothing
+    processed, the process alive. Now the abort's fatal error stops the consumer
+    (``FatalProducerError`` out of the loop: run() raises, a supervisor restarts it).
+    The negative control: the same retried failure with an abort that succeeds is redone."""
+
+    def handle(msg: Any) -> Output:
+        raise RuntimeError("a dependency hiccup")  # the RetryPolicy's: abort and redo
+
+    retrying = RetryPolicy(wait=tenacity.wait_fixed(0)).retrying()
+    closing = _ClosingStub()
+    batches = _stub_batches(closing, handle, retrying)
+    with pytest.raises(FatalProducerError, match="INVALID_TXN_STATE"):
+        batches.process(cast(Any, [_StubMessage("s", 0, [])]))
+    assert closing.calls.count(("abort", None)) == 1
+
+    control = _StubClient()
+    batches = _stub_batches(control, handle, retrying)
+    batches.process(cast(Any, [_StubMessage("s", 0, [])]))  # redone: no raise
+    assert ("abort", None) in control.calls and ("seek", ("s", 0)) in control.calls
 
 
 def test_a_deferred_retry_partition_rewound_by_an_abort_resumes_from_its_rewound_offset_stub() -> (

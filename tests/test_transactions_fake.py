@@ -289,7 +289,9 @@ def test_the_action_taken_for_each_transaction_error_fake(row: TransactionErrorR
     else:  # fatal, nothing a new instance would fix: stopped
         assert isinstance(raised, FatalProducerError | ValueError), raised
         assert producer.recreations == 0
-        with pytest.raises(KResilientError):
+        assert producer.closed_by is not None and not producer.fenced
+        # the fatal error again, never a plain "closed" a caller might retry for ever
+        with pytest.raises(FatalProducerError, match="closed by a fatal error"):
             _run_one_transaction(producer, fail_block=False)
 
 

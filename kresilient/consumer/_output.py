@@ -1072,7 +1072,7 @@ class TransactionalBatches:
         staying = {tp: off for tp, off in self._first.items() if tp not in gone}
         try:
             self.abort("partitions lost" if lost else "partitions revoked", rewind=staying)
-        except ProducerFencedError as exc:
+        except FatalProducerError as exc:  # fenced, or the abort closed the producer
             self.fatal = exc  # raised by the loop (never from inside consume())
             return
         self.rewound.update(staying)
@@ -1199,6 +1199,9 @@ class TransactionalBatches:
         raise KafkaException(error)
 
     def _check_fenced(self) -> None:
+        """After an abort: fenced, or closed by a fatal error of the abort itself
+        (librdkafka#4849: INVALID_TXN_STATE with a single producer): raise, the consumer
+        stops. A closed producer is never waited on (each batch would be redone for ever)."""
         if self.producer.fenced:
             self._fenced(
                 ProducerFencedError(
@@ -1206,6 +1209,16 @@ class TransactionalBatches:
                     "taken over by another instance (found while aborting)"
                 )
             )
+        closed_by = self.producer.closed_by
+        if closed_by is not None:
+            self._log.error(
+                "transactional_producer_closed",
+                error=self._redact(str(closed_by))[:500],
+                note="the abort failed fatally and closed the transactional producer: the "
+                "consumer stops (run() raises); nothing of the open transaction is committed, "
+                "a restarted instance redoes it (its init_transactions() aborts it)",
+            )
+            raise closed_by
 
     def _fenced(self, exc: BaseException) -> None:
         self.fenced = True

@@ -228,6 +228,8 @@ class TransactionalProducer:
         self._fence_seen: KafkaError | None = None
         self._state = _State.NEEDS_INIT
         self._replacing = False  # a fatal error while replacing closes instead of recursing
+        #: the fatal error that closed the producer (not fenced): later calls raise it again
+        self._closed_by: FatalProducerError | None = None
         self._closing = False  # close() never builds a new instance
         self._producer: Any = self._new_instance()
         self._init()
@@ -238,6 +240,13 @@ class TransactionalProducer:
     def fenced(self) -> bool:
         """True once another instance took the ``transactional.id`` (the producer is closed)."""
         return self._state is _State.FENCED
+
+    @property
+    def closed_by(self) -> FatalProducerError | None:
+        """The fatal error (not fencing) that closed the producer, if one did: every later
+        transaction raises :class:`~kresilient.FatalProducerError` (build a new producer, or
+        stop and let a supervisor restart the process)."""
+        return self._closed_by
 
     @property
     def in_transaction(self) -> bool:
@@ -515,6 +524,17 @@ class TransactionalProducer:
                 "been) taken over by another producer instance: this one is fenced and closed"
             )
         if self._state is _State.CLOSED or self._producer is None:
+            closed_by = self._closed_by
+            if closed_by is not None:
+                # a fatal error closed it (librdkafka#4849: an abort refused with
+                # INVALID_TXN_STATE...): the same error class again, so a caller that treats
+                # FatalProducerError as "stop" never retries a closed producer for ever
+                raise FatalProducerError(
+                    f"the transactional producer was closed by a fatal error: {closed_by}",
+                    code=closed_by.code,
+                    name=closed_by.name,
+                    classification=closed_by.classification,
+                ) from closed_by
             raise KResilientError("the transactional producer is closed")
         if self._state is _State.NEEDS_INIT:
             self._init()
@@ -717,6 +737,7 @@ class TransactionalProducer:
             self._replace(f"{call}: {verdict.classification.name}")
         else:
             self._state = _State.CLOSED
+            self._closed_by = error if isinstance(error, FatalProducerError) else None
             self._release(f"fatal ({call})", _RELEASE_TIMEOUT)
         raise error from exc
 
