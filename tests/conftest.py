@@ -8,8 +8,9 @@ import os
 import socket
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,24 @@ _file_seconds: dict[str, float] = {}
 # each) last. A file not in the table counts _UNKNOWN_FILE_COST_S per test.
 _FILE_COSTS = Path(__file__).with_name("file_costs.json")
 _UNKNOWN_FILE_COST_S = 1.5
+
+# Test files that share one costly fixture, by group name. Under `--dist loadfile` a group is
+# one unit of work (pytest_xdist_make_scheduler below): all its files run on one worker, one
+# after the other, so the group's fixture (sasl_ssl_cluster) starts once for them all rather
+# than once per file. Their tests must not depend on a pristine cluster: each makes its own
+# users, topics, groups and ACLs under unique names and asserts about those only.
+_FILE_GROUPS: dict[str, str] = {
+    "tests/test_security.py": "security",
+    "tests/test_security_cli.py": "security",
+    "tests/test_security_refusals.py": "security",
+    "tests/test_security_spark.py": "security",
+}
+
+
+def _unit(path: str) -> str:
+    """What xdist hands out whole: a file's group, or the file itself."""
+    group = _FILE_GROUPS.get(path)
+    return f"group:{group}" if group else path
 
 
 # The host's environment must not decide a test: OTEL_* variables (OTEL_SDK_DISABLED,
@@ -61,15 +80,41 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On an xdist worker, order the test files costliest first (the tests of a file keep
-    their order; equal costs keep collection order). Both workers compute the same order."""
+    """On an xdist worker, order the units of work (a file, or a group of files: _FILE_GROUPS)
+    costliest first, a group costing the sum of its files; inside a group its files go
+    costliest first, each file's tests in their order. Equal costs keep collection order.
+    Every worker computes the same order, which the scheduler keeps (--no-loadscope-reorder)."""
     if not hasattr(config, "workerinput") or not _FILE_COSTS.exists():
         return
     known: dict[str, float] = json.loads(_FILE_COSTS.read_text())["seconds"]
     counts = Counter(item.nodeid.split("::", 1)[0] for item in items)
-    paths = sorted(counts, key=lambda p: -known.get(p, counts[p] * _UNKNOWN_FILE_COST_S))
+    cost = {p: known.get(p, counts[p] * _UNKNOWN_FILE_COST_S) for p in counts}
+    paths = sorted(counts, key=lambda p: -cost[p])
+    unit_cost: dict[str, float] = {}
+    unit_first: dict[str, int] = {}
+    for i, path in enumerate(paths):
+        unit_cost[_unit(path)] = unit_cost.get(_unit(path), 0.0) + cost[path]
+        unit_first.setdefault(_unit(path), i)
+    paths.sort(key=lambda p: (-unit_cost[_unit(p)], unit_first[_unit(p)]))
     rank = {path: i for i, path in enumerate(paths)}
     items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it, never called
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, except that the files of a group (_FILE_GROUPS) are one unit of work:
+    one worker runs them all, so the group's shared fixture starts once. Every other file is
+    its own unit as before, and the units are handed out in collection order under
+    --no-loadscope-reorder (pytest_collection_modifyitems keeps a group's files together)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(super()._split_scope(nodeid))
+
+    return GroupedFileScheduling(config, log)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -79,7 +124,21 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """Once a group's last test has run here (the next test is of another unit, or none), close
+    what the group shared, after its files' own module fixtures were torn down."""
+    try:
+        return (yield)
+    finally:
+        unit = _unit(item.nodeid.split("::", 1)[0])
+        if nextitem is None or _unit(nextitem.nodeid.split("::", 1)[0]) != unit:
+            _close_shared(unit)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    for unit in list(_shared_clusters):  # a run stopped early (-x, Ctrl-C) leaves them here
+        _close_shared(unit)
     if os.environ.get("KRESILIENT_NO_SKIPS") == "1" and _skipped and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -141,3 +200,39 @@ def _lone_cluster() -> Iterator[KafkaCluster]:
         yield cluster
     finally:
         cluster.close()
+
+
+# The group's shared clusters on this process, by unit: started by the group's first test that
+# asks, closed when the process leaves the group (pytest_runtest_teardown). Without xdist a
+# group's files given apart on the command line each start one, as they did with their own.
+_shared_clusters: dict[str, KafkaCluster] = {}
+
+
+def _close_shared(unit: str) -> None:
+    cluster = _shared_clusters.pop(unit, None)
+    if cluster is not None:
+        cluster.close()
+
+
+@pytest.fixture(scope="module", name="sasl_ssl_cluster")
+def _sasl_ssl_cluster(request: pytest.FixtureRequest) -> KafkaCluster:
+    """A 3-node SASL_SSL cluster (``KafkaCluster(security="sasl_ssl")``: SCRAM users, TLS,
+    ACLs on, ``admin`` the super user) shared by the files of the "security" group.
+
+    Its tests share brokers, so none may rely on a pristine cluster: each creates its own users
+    (so its own ACLs, all granted to that user), topics and consumer groups under unique names,
+    and asserts only about those; none stops, restarts or reconfigures a node."""
+    path = request.node.nodeid.split("::", 1)[0]
+    unit = _unit(path)
+    if unit != "group:security":
+        raise RuntimeError(f"{path} is not in the 'security' group of tests/conftest.py")
+    cluster = _shared_clusters.get(unit)
+    if cluster is None:
+        cluster = KafkaCluster(security="sasl_ssl")
+        try:
+            cluster.start_cluster()
+        except BaseException:
+            cluster.close()
+            raise
+        _shared_clusters[unit] = cluster
+    return cluster

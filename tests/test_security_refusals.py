@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,13 +41,11 @@ _FAULTS = ["wrong_password", "wrong_ca"]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[KafkaCluster]:
-    c = KafkaCluster(security="sasl_ssl")
-    try:
-        c.start_cluster()
-        yield c
-    finally:
-        c.close()
+def cluster(sasl_ssl_cluster: KafkaCluster) -> KafkaCluster:
+    """The SASL_SSL cluster this file shares with the rest of the "security" group
+    (tests/conftest.py): every test makes its own users, topics, groups and ACLs under unique
+    names and asserts about those only."""
+    return sasl_ssl_cluster
 
 
 def _name(prefix: str) -> str:

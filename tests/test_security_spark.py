@@ -27,13 +27,11 @@ _ROWS = 500
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[KafkaCluster]:
-    c = KafkaCluster(security="sasl_ssl")
-    try:
-        c.start_cluster()
-        yield c
-    finally:
-        c.close()
+def cluster(sasl_ssl_cluster: KafkaCluster) -> KafkaCluster:
+    """The SASL_SSL cluster this file shares with the rest of the "security" group
+    (tests/conftest.py): every test makes its own users, topics, groups and ACLs under unique
+    names and asserts about those only."""
+    return sasl_ssl_cluster
 
 
 @pytest.fixture(scope="module", name="spark")
