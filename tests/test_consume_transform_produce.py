@@ -38,6 +38,7 @@ from kresilient import (
     ResilientConsumer,
     RetryPolicy,
     RetryTopicPolicy,
+    TransactionAbortedError,
     TransactionOutcomeUnknownError,
     TransactionPolicy,
     parse_dead_letter_headers,
@@ -1272,6 +1273,7 @@ class _StubClient:
         return True
 
     fenced = False
+    refused = False
     closed_by: FatalProducerError | None = None
 
 
@@ -1296,7 +1298,7 @@ class _ClosingStub(_StubClient):
         self.calls.append(("commit", None))
 
 
-def _stub_batches(client: _StubClient, call: Any, retrying: Any) -> Any:
+def _stub_batches(client: _StubClient, call: Any, retrying: Any, *, max_records: int = 5000) -> Any:
     """TransactionalBatches over stub clients, retry topics ``s.retry.1s`` of ``s``."""
     from kresilient.consumer._holds import LoopState
     from kresilient.consumer._output import TransactionalBatches
@@ -1304,7 +1306,7 @@ def _stub_batches(client: _StubClient, call: Any, retrying: Any) -> Any:
     return TransactionalBatches(
         consumer=client,
         producer=cast(Any, client),
-        policy=TransactionPolicy(transactional_id="stub-0"),
+        policy=TransactionPolicy(transactional_id="stub-0", max_records=max_records),
         call=call,
         dead_letter=None,
         retrying=retrying,
@@ -1322,6 +1324,65 @@ def _stub_batches(client: _StubClient, call: Any, retrying: Any) -> Any:
         retry_topics=_retry_topics(),
         retry_map={"s.retry.1s": ("s", 0)},
     )
+
+
+class _FlakyOffsets(_StubClient):
+    """send_offsets fails ``fails`` times as TxnOffsetCommit does in a rebalance
+    (ILLEGAL_GENERATION: the group's answer, not the record's); ``refused``: the broker
+    refused a record of the transaction (what an abort about the record looks like)."""
+
+    def __init__(self, fails: int, *, refused: bool = False) -> None:
+        super().__init__()
+        self.fails = fails
+        self.refused = refused
+
+    def send_offsets(self, consumer: Any, offsets: Any) -> None:
+        self.calls.append(("send_offsets", None))
+        if self.fails > 0:
+            self.fails -= 1
+            raise TransactionAbortedError(
+                "send_offsets_to_transaction failed, the transaction was aborted: Failed to "
+                "commit offsets to transaction: Broker: Specified group generation id is not "
+                "valid",
+                code=KafkaError.ILLEGAL_GENERATION,
+            )
+
+
+def test_aborts_for_the_group_never_dead_letter_a_one_record_transactions_record_stub() -> None:
+    """Review 16, F1, a cause of tests/test_eos_chaos.py's lost output: a probed partition
+    (after a crash) commits each record in a transaction of its own, and each abort of a
+    one-record transaction counted as an attempt of its record, whatever its cause. Five
+    rebalance aborts (ILLEGAL_GENERATION at send_offsets) and a healthy record was
+    dead-lettered without calling its handler: its output lost. Now only an abort about the
+    record (the broker refused a record of it) counts. The negative control: the same
+    aborts with a refused record give the record up after the RetryPolicy's 5 attempts."""
+    handled: list[int] = []
+
+    def handle(msg: Any) -> Output:
+        handled.append(msg.offset())
+        return Output("out", value=b"v")
+
+    retrying = RetryPolicy(wait=tenacity.wait_fixed(0)).retrying()
+    msg = _StubMessage("s", 0, [])
+
+    group = _FlakyOffsets(fails=6)
+    batches = _stub_batches(group, handle, retrying, max_records=1)
+    for _ in range(7):  # 6 aborted commits, then the 7th commits
+        batches.process(cast(Any, [msg]))
+    assert handled == [0] * 7, handled  # the handler ran every time: never given up
+    assert group.calls.count(("commit", None)) == 1
+
+    handled.clear()
+    refused = _FlakyOffsets(fails=6, refused=True)
+    batches = _stub_batches(refused, handle, retrying, max_records=1)
+    with capture_logs() as logs:
+        for _ in range(6):
+            batches.process(cast(Any, [msg]))
+    assert handled == [0] * 5, handled  # given up after 5: the 6th is not handled
+    events = [e["event"] for e in logs]
+    assert any(e.get("reason", "").startswith("its transaction, holding only") for e in logs)
+    # given up: dead-lettered where a DLQ is configured (none here)
+    assert "message_failed_without_dead_letter_topic" in events, events
 
 
 def test_an_abort_that_closes_the_producer_stops_the_consumer_not_redone_for_ever_stub() -> None:

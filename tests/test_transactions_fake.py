@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import structlog
+import structlog.testing
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from kresilient import Action, FatalProducerError, KResilientError, ProduceError
@@ -235,9 +236,14 @@ def test_the_action_taken_for_each_transaction_error_fake(row: TransactionErrorR
         assert first.calls.count(row.call) == 2, first.calls  # the same call, again
         if fail_block:
             assert isinstance(raised, ValueError) and producer.aborted == 1
-            # the abort's first EndTxn went unanswered: the next transaction gets a new
-            # epoch, which fences that request should it land late (KIP-890)
-            _assert_new_epoch(producer, first)
+            if _unanswered(row):
+                # the abort's first EndTxn went unanswered: the next transaction gets a new
+                # epoch, which fences that request should it land late (KIP-890)
+                _assert_new_epoch(producer, first)
+            else:  # answered (a retriable refusal): the same instance goes on
+                assert producer.recreations == 0
+                _run_one_transaction(producer, fail_block=False)
+                assert producer.committed == 1
         else:
             assert raised is None and producer.committed == 1
             assert producer.recreations == 0  # committed: nothing of it can land later
@@ -250,12 +256,14 @@ def test_the_action_taken_for_each_transaction_error_fake(row: TransactionErrorR
         if row.call != "commit_transaction":  # aborted before any commit was tried
             assert "commit_transaction" not in first.calls
         assert producer.aborted == 1 and producer.committed == 0
-        if row.call in txn_module._EPOCH_CALLS:
-            # a send_offsets or commit that failed may still land (its TxnOffsetCommit or
-            # EndTxn): the aborted transaction's epoch is never used again
+        if row.call in txn_module._EPOCH_CALLS and _unanswered(row):
+            # a send_offsets or commit whose request went unanswered may still land (its
+            # TxnOffsetCommit or EndTxn): the aborted transaction's epoch is never used again
             _assert_new_epoch(producer, first)
         else:
-            assert producer.recreations == 0  # a produce() refused locally: nothing sent
+            # answered (a rebalance's ILLEGAL_GENERATION ...), or a produce() refused
+            # locally: nothing can land later, the same instance goes on
+            assert producer.recreations == 0
             _run_one_transaction(producer, fail_block=False)  # the producer stays usable
             assert producer.committed == 1
     elif _fenced(row):
@@ -293,6 +301,10 @@ def test_the_action_taken_for_each_transaction_error_fake(row: TransactionErrorR
         # the fatal error again, never a plain "closed" a caller might retry for ever
         with pytest.raises(FatalProducerError, match="closed by a fatal error"):
             _run_one_transaction(producer, fail_block=False)
+
+
+def _unanswered(row: TransactionErrorRow) -> bool:
+    return getattr(KafkaError, row.name) in txn_module._UNANSWERED_CODES
 
 
 def _assert_new_epoch(producer: TransactionalProducer, first: FakeProducer) -> None:
@@ -343,6 +355,43 @@ def test_an_abort_after_a_timed_out_send_offsets_uses_a_new_epoch_fake() -> None
     assert FakeProducer.instances[-1] is second
     _run_one_transaction(producer, fail_block=False)
     assert producer.committed == 2 and second.calls.count("commit_transaction") == 2
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Timed out ProduceRequest in flight (after 6006ms, timeout #0)",
+        "127.0.0.1:31372/2: Disconnected (after 4512ms in state UP)",
+    ],
+    ids=["request-timed-out", "disconnected"],
+)
+def test_an_abort_after_a_request_sent_and_not_answered_uses_a_new_epoch_fake(line: str) -> None:
+    """librdkafka puts the records of a produce request that timed out in flight (or whose
+    connection was lost) back in the partition's queue as "possibly persisted"; the abort
+    purges them and advances the epoch's base msgid past them, so the next transaction's
+    first batch to that partition reuses their sequence numbers on the same epoch. If the
+    broker wrote the aborted batch, it answers that batch DUPLICATE_SEQUENCE_NUMBER, which
+    librdkafka takes for success: the next transaction commits without it (what
+    tests/test_eos_chaos.py saw: one output, one dead letter missing). librdkafka says so
+    only in its log (the lines below, from rdkafka_broker.c); after such a line in a
+    transaction, its abort replaces the instance (a new epoch, fresh sequences). The
+    negative control: the same abort after an unrelated line keeps the instance."""
+    producer = _producer()
+    first = FakeProducer.instances[0]
+    with pytest.raises(ValueError), producer.transaction():
+        producer.produce("out", b"v")
+        producer._bridge.log(5, "%s [%s] %s", "REQTMOUT", "rdkafka#producer-1", line)
+        raise ValueError("the handler failed")
+    assert producer.aborted == 1
+    _assert_new_epoch(producer, first)
+
+    second = FakeProducer.instances[-1]
+    with pytest.raises(ValueError), producer.transaction():
+        producer.produce("out", b"v")
+        producer._bridge.log(6, "%s [%s] %s", "INIT", "rdkafka#producer-2", "nothing lost")
+        raise ValueError("the handler failed")
+    assert producer.aborted == 2 and producer.recreations == 1
+    assert FakeProducer.instances[-1] is second  # the same instance goes on
 
 
 def test_a_commit_retried_until_its_timeout_has_an_unknown_outcome_fake() -> None:
@@ -653,3 +702,96 @@ def test_send_offsets_returning_within_the_grace_keeps_the_instance_fake(
     _run_one_transaction(producer, fail_block=False)
     assert producer.recreations == 0 and producer.committed == 1
     assert len(FakeProducer.instances) == 1
+
+
+class _StubConsumer:
+    """What TransactionalBatches asks of a consumer here (no broker)."""
+
+    def __init__(self) -> None:
+        self.seeks: list[tuple[str, int]] = []
+
+    def seek(self, part: TopicPartition) -> None:
+        self.seeks.append((part.topic, part.offset))
+
+    def assignment(self) -> list[TopicPartition]:
+        return [TopicPartition("s", 0)]
+
+    def consumer_group_metadata(self) -> object:
+        return object()
+
+
+class _StubMessage:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def topic(self) -> str:
+        return "s"
+
+    def partition(self) -> int:
+        return 0
+
+    def offset(self) -> int:
+        return self._offset
+
+    def error(self) -> None:
+        return None
+
+    def key(self) -> None:
+        return None
+
+    def value(self) -> bytes:
+        return b"1"
+
+    def headers(self) -> None:
+        return None
+
+
+def test_an_abort_closing_the_producer_inside_a_commit_stops_the_consumer_at_once_fake() -> None:
+    """Review 16, F5: send_offsets kept timing out until the policy's timeout, the abort
+    that followed was refused fatally (librdkafka#4849, INVALID_TXN_STATE) and closed the
+    producer; the commit took that for an ordinary redo (``transaction_redone``), and the
+    consumer stopped only if another record came (health still good meanwhile). Now the
+    commit's failure path checks the producer: ``transactional_producer_closed`` (ERROR),
+    FatalProducerError out of process(), ``closed`` in the snapshot. A real TransactionalProducer
+    over the fake librdkafka; the consumer side is a stub."""
+    from kresilient import Output, RetryPolicy, TransactionPolicy
+    from kresilient.consumer._holds import LoopState
+    from kresilient.consumer._output import TransactionalBatches
+
+    producer = TransactionalProducer(
+        {"bootstrap.servers": "127.0.0.1:1"}, transactional_id="t", timeout=0.3
+    )
+    batches = TransactionalBatches(
+        consumer=_StubConsumer(),
+        producer=producer,
+        policy=TransactionPolicy(transactional_id="t", max_records=1),
+        call=lambda m: Output("out", b"v"),
+        dead_letter=None,
+        retrying=RetryPolicy().retrying(),
+        outage_retrying=None,
+        detector=None,
+        deser=None,
+        breaker=None,
+        dedupe=None,
+        tel=None,
+        state=LoopState(),
+        consume_error=lambda m: None,
+        group="g",
+        log=structlog.get_logger(),
+        redact=str,
+    )
+    batches._topics_known.add("out")  # the fake has no list_topics
+    timed_out = KafkaError(
+        KafkaError._TIMED_OUT, "Failed to add offsets: Timed out", retriable=True
+    )
+    refused = KafkaError(KafkaError.INVALID_TXN_STATE, "EndTxn refused (scripted)", fatal=True)
+    FakeProducer.script = {
+        "send_offsets_to_transaction": [timed_out] * 1000,
+        "abort_transaction": [refused],
+    }
+    with structlog.testing.capture_logs() as logs, pytest.raises(FatalProducerError):
+        batches.process(cast(Any, [_StubMessage(0)]))
+    events = [e["event"] for e in logs]
+    assert "transactional_producer_closed" in events, events
+    assert "transaction_redone" not in events, events
+    assert producer.closed_by is not None and batches.snapshot()["closed"] is True

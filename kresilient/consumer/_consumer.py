@@ -203,19 +203,24 @@ class ConsumerHealth:
     #: librdkafka consumers recreated by ``on_stall="heal"`` so far
     recreations: int = 0
     #: with ``transactions=``: ``transactional_id``, ``committed``, ``aborted``, ``fenced``,
-    #: ``open``, ``recreations`` (of the transactional producer); ``None`` without
+    #: ``closed`` (by a fatal error: the consumer stops), ``open``, ``recreations`` (of the
+    #: transactional producer); ``None`` without
     transactions: dict[str, Any] | None = None
 
     @property
     def healthy(self) -> bool:
-        """Running, not stopping, no stall, no dependency outage and not fenced (``/ready``
+        """Running, not stopping, no stall, no dependency outage, not fenced and its
+        transactional producer not closed by a fatal error (``/ready``
         says the same of a member that has joined its group)."""
         return (
             self.running
             and not self.stopping
             and self.stalled is None
             and self.outage is None
-            and not (self.transactions is not None and self.transactions["fenced"])
+            and not (
+                self.transactions is not None
+                and (self.transactions["fenced"] or self.transactions.get("closed", False))
+            )
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -921,7 +926,10 @@ class ResilientConsumer:
 
         Raises :class:`~kresilient.CircuitBreakerOpenError`, :class:`~kresilient.DeadLetterError`
         (a dead-letter write failed), :class:`~kresilient.ConsumeError` (fatal consumer error,
-        or no broker reachable at start) or, without a dead-letter topic, the handler's
+        or no broker reachable at start), with ``transactions=``
+        :class:`~kresilient.ProducerFencedError` (another instance took the transactional id:
+        a zombie stops) or :class:`~kresilient.FatalProducerError` (the transactional producer
+        failed fatally, e.g. an abort refused), or, without a dead-letter topic, the handler's
         exception, always after the graceful shutdown. Can be called once.
         """
         if self._started or self._closed:

@@ -1055,6 +1055,11 @@ class TransactionalBatches:
         gone = {(p.topic, p.partition) for p in partitions}
         for tp in gone:
             self._committed_at.pop(tp, None)
+        for attempts in (self._failures, self._doomed, self._to_move):
+            # their new owner (or this member, assigned them again) starts their records'
+            # attempts afresh from the committed offsets, as without transactions
+            for key in [k for k in attempts if (k[0], k[1]) in gone]:
+                del attempts[key]
         if self._deferred:
             # their new owner reads them from the committed offsets, paused by no one
             revoked = [tp for tp in self._deferred if tp in gone]
@@ -1100,6 +1105,8 @@ class TransactionalBatches:
 
     def _after_failure(self, exc: BaseException, step: str) -> None:
         """A commit (or its send_offsets) failed: the transaction is not committed."""
+        if not isinstance(exc, FatalProducerError) and not self.producer.fenced:
+            self._check_fenced()  # the abort that followed closed the producer: stop
         aborted = isinstance(exc, TransactionAbortedError)
         fenced = isinstance(exc, ProducerFencedError) or self.producer.fenced
         if aborted and getattr(exc, "code", None) in _GROUP_FENCED:
@@ -1162,7 +1169,11 @@ class TransactionalBatches:
         dead-lettered (without calling the handler) instead of aborting forever."""
         records, key = self._records, self._last
         self._limit = max(1, records // 2)
-        if records != 1 or key is None:
+        if records != 1 or key is None or not self.producer.refused:
+            # an abort for another cause (a rebalance's ILLEGAL_GENERATION at send_offsets,
+            # a coordinator timing out) is not the record's: one-record transactions are
+            # what a probed partition runs after a crash, and counting those aborts
+            # dead-lettered a healthy record without calling its handler (review 16, F1)
             return
         failure = self._failures.get(key)
         if failure is None:
@@ -1462,6 +1473,7 @@ class TransactionalBatches:
             "committed": self.committed,
             "aborted": self.aborted,
             "fenced": self.fenced,
+            "closed": self.producer.closed_by is not None,
             "open": self._cm is not None,
             "recreations": self.producer.recreations,
         }

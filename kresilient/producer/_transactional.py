@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -88,11 +89,23 @@ _RELEASE_TIMEOUT: Final = DRAIN_TIMEOUT + 5.0
 # state, #5511). Seen on the real cluster: tests/test_eos_chaos.py, the coordinator's broker
 # SIGKILLed, the call still blocked minutes later.
 _STUCK_GRACE_S = 10.0
-#: Calls whose failure leaves a transaction request possibly in flight: an abort after one
-#: replaces the instance (a new epoch), see :meth:`TransactionalProducer._abort`.
+#: Calls whose failure with one of :data:`_UNANSWERED_CODES` leaves a transaction request
+#: possibly processed without its answer: an abort after one replaces the instance (a new
+#: epoch), see :meth:`TransactionalProducer._abort`.
 _EPOCH_CALLS: Final = frozenset(
     {"send_offsets_to_transaction", "commit_transaction", "abort_transaction"}
 )
+#: A request sent and not answered (timed out in flight, connection lost): the broker may
+#: have processed it. An answered error (ILLEGAL_GENERATION, NOT_COORDINATOR ...) and a
+#: request that timed out before it was sent (``_TIMED_OUT_QUEUE``) are not.
+_UNANSWERED_CODES: Final = frozenset(
+    {KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError.REQUEST_TIMED_OUT}
+)
+#: librdkafka's log lines for a request that was sent and never answered: a request timed
+#: out in flight (REQTMOUT, e.g. "Timed out ProduceRequest in flight (after 6006ms ...)"),
+#: a connection lost with requests outstanding (FAIL, "... Disconnected ..."). A produce
+#: request retried after one carries records the broker may hold ("possibly persisted").
+_UNANSWERED_LINE: Final = re.compile(r"Timed out \w+Request in flight|Disconnected")
 
 
 class _Stuck(Exception):
@@ -129,8 +142,9 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
-def _ignore_line(text: str) -> None:
-    return None
+def _code(exc: KafkaException) -> int | None:
+    kerr = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    return kerr.code() if kerr is not None else None
 
 
 def _unknown_outcome(verdict: TransactionVerdict, call: str, timeout: float) -> TransactionVerdict:
@@ -209,14 +223,14 @@ class TransactionalProducer:
         self._timeout = float(timeout)
         self._backpressure_timeout = float(backpressure_timeout)
         self._bridge = LogBridge(
-            self._log, _ignore_line, self._scrub, user_logger=self._user_cb["logger"]
+            self._log, self._on_line, self._scrub, user_logger=self._user_cb["logger"]
         )
         self._failures: list[tuple[str, int, KafkaError]] = []
         self._failed = 0
         #: a record of the open transaction was refused by the broker (not purged locally)
         self._refused = False
-        #: a transaction request of the open transaction went unanswered or failed (its
-        #: send_offsets, commit or abort raised): it may still land later (KIP-890)
+        #: a request of the open transaction was sent and not answered (timed out in
+        #: flight, connection lost): the broker may have processed it (see _abort)
         self._unanswered = False
         #: transactions committed / aborted, librdkafka instances replaced, over its life
         self.committed = 0
@@ -240,6 +254,12 @@ class TransactionalProducer:
     def fenced(self) -> bool:
         """True once another instance took the ``transactional.id`` (the producer is closed)."""
         return self._state is _State.FENCED
+
+    @property
+    def refused(self) -> bool:
+        """The broker refused a record of the last (or the open) transaction (a delivery
+        failed with a broker error, not purged locally): its abort was about that record."""
+        return self._refused
 
     @property
     def closed_by(self) -> FatalProducerError | None:
@@ -593,7 +613,7 @@ class TransactionalProducer:
                 fn(max(remaining, 0.001))
                 return
             except KafkaException as exc:
-                if call in _EPOCH_CALLS:
+                if call in _EPOCH_CALLS and _code(exc) in _UNANSWERED_CODES:
                     self._unanswered = True
                 verdict = classify_transaction_error(exc, call)
                 if verdict.kind is TransactionErrorKind.FATAL:
@@ -624,6 +644,7 @@ class TransactionalProducer:
 
     def _abort(self, why: str, timeout: float | None = None) -> None:
         self._call("abort_transaction", lambda t: self._producer.abort_transaction(t), timeout)
+        self._serve()  # the log lines and delivery reports of the aborted transaction
         self._state = _State.READY
         self.aborted += 1
         self._log.info("transaction_aborted", why=why)
@@ -636,14 +657,19 @@ class TransactionalProducer:
             # with a new epoch and fresh sequences.
             self._replace("records refused by the broker in the aborted transaction")
         elif self._unanswered:
-            # a request of the aborted transaction (AddOffsetsToTxn, TxnOffsetCommit, EndTxn)
-            # went unanswered: librdkafka may still send it, or the broker process it, after
-            # the abort. Without KIP-890's per-transaction epoch (librdkafka #5423) it would
-            # then join the NEXT transaction of the same epoch: its consumed offsets, past
-            # records the next transaction does not hold, committed with it, and those
-            # records lost (tests/test_eos_chaos.py lost one this way). A new instance's
-            # epoch fences every request of the old one.
-            self._replace("a transaction request went unanswered before the abort (KIP-890)")
+            # A request of the aborted transaction was sent and not answered. (1) A produce
+            # request: librdkafka puts its records back in the partition's queue as
+            # "possibly persisted", the abort purges them and advances the epoch's base
+            # msgid past them, so the NEXT transaction's first batch to that partition reuses
+            # their sequence numbers on the same epoch; if the broker had written the aborted
+            # batch, it answers DUPLICATE_SEQUENCE_NUMBER, which librdkafka takes for success:
+            # the batch is dropped and the transaction commits without it (its offsets past
+            # its records). (2) An AddOffsetsToTxn/TxnOffsetCommit/EndTxn the broker processes
+            # late joins the next transaction of the same epoch (no KIP-890 epoch per
+            # transaction, librdkafka #5423). A new instance starts a new epoch with fresh
+            # sequence numbers, and the broker's transaction verification (KIP-890 part 1)
+            # refuses requests of the old one.
+            self._replace("a request of the aborted transaction went unanswered")
 
     def _abortable(self, verdict: TransactionVerdict, exc: KafkaException, call: str) -> None:
         if call == "commit_transaction" or self._state is _State.OPEN:
@@ -783,6 +809,12 @@ class TransactionalProducer:
         )
 
     # ------------------------------------------------------------------ callbacks
+
+    def _on_line(self, text: str) -> None:
+        """Each librdkafka log line (served by poll()): a request of the open transaction
+        sent and not answered marks it (see :meth:`_abort`)."""
+        if self._state is _State.OPEN and _UNANSWERED_LINE.search(text):
+            self._unanswered = True
 
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None:
