@@ -485,8 +485,9 @@ def test_an_abort_after_lost_send_offsets_answers_uses_a_new_epoch(
     commits each record once with its offsets. What the rule defends against (a batch of the
     next transaction dropped as the duplicate of a purged "possibly persisted" one, a late
     transaction request joining the next transaction) is not provoked here: the real cluster
-    shows the rule firing under lost answers and costing nothing in correctness; the fake
-    tests in test_transactions_fake.py show its cases."""
+    shows the rule firing under lost answers and costing nothing in correctness; the
+    duplicate is provoked in the two tests below, the cases of the rule in
+    test_transactions_fake.py."""
     run = _lost_send_offsets_run(kafka_network_cluster, fault=True)
     assert isinstance(run["failure"], KResilientError), run
     assert run["dropped"] > 0 and run["aborted"] == 1
@@ -504,6 +505,114 @@ def test_send_offsets_answered_in_time_keeps_the_instance_negative_control(
     # both transactions committed: the records twice, the offsets past them
     assert run["values"] == [b"x%d" % i for i in range(10)] * 2, run["values"]
     assert run["committed"] == 10
+
+
+class _Lines:
+    """A confluent-kafka ``logger``: keeps librdkafka's log lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        self.lines.append(fmt % args)
+
+    def timed_out(self) -> bool:
+        return any("Timed out ProduceRequest in flight" in line for line in self.lines)
+
+
+def _purged_retry_run(cluster: KafkaCluster, *, raw: bool) -> tuple[list[bytes], int]:
+    """T1 writes A (delivered), then A2 while the leader's answers are lost: its produce
+    request times out in flight and its record waits in the queue for its retry ("possibly
+    persisted": the broker wrote it). The answers come back, T1 is aborted (the abort purges
+    A2 from the queue), T2 writes B and commits. Returns what read_committed sees and how
+    often kresilient replaced its instance."""
+    bootstrap = cluster.bootstrap_servers
+    topic = cluster.create_topic(
+        f"txn-dup-{uuid.uuid4().hex[:8]}", 1, 3, {"min.insync.replicas": 2}
+    )
+    leader = cluster.leader(topic)
+    lines = _Lines()
+    config = {
+        "bootstrap.servers": bootstrap,
+        "socket.timeout.ms": 3000,
+        # the timed-out request's records wait in the queue, where the abort purges them
+        "retry.backoff.ms": 8000,
+        "retry.backoff.max.ms": 8000,
+        "linger.ms": 0,
+        "logger": lines,
+    }
+    net = cluster.network
+    recreations = 0
+    if raw:
+        p = Producer({**config, "transactional.id": _tid()})
+        try:
+            p.init_transactions(30)
+            p.begin_transaction()
+            p.produce(topic, b"A")
+            assert p.flush(30) == 0
+            net.drop_responses(leader)
+            try:
+                p.produce(topic, b"A2")
+                _wait_for(
+                    "the produce request to time out",
+                    lambda: p.poll(0.2) >= 0 and lines.timed_out(),
+                )
+            finally:
+                net.heal(leader)
+            p.abort_transaction(60)
+            p.begin_transaction()
+            p.produce(topic, b"B")
+            p.commit_transaction(60)
+        finally:
+            p.close()
+    else:
+        producer = TransactionalProducer(config, transactional_id=_tid(), timeout=60)
+        try:
+            with contextlib.suppress(RuntimeError), producer.transaction():
+                producer.produce(topic, b"A")
+                _wait_for("A delivered", lambda: _high(bootstrap, topic) >= 1)
+                net.drop_responses(leader)
+                try:
+                    producer.produce(topic, b"A2")
+                    _wait_for(
+                        "the produce request to time out",
+                        lambda: producer.poll(0.2) >= 0 and lines.timed_out(),
+                    )
+                finally:
+                    net.heal(leader)
+                raise RuntimeError("the handler failed")  # the block aborts T1
+            assert producer.aborted == 1
+            recreations = producer.recreations
+            with producer.transaction():
+                producer.produce(topic, b"B")
+        finally:
+            producer.close()
+    return [m.value() or b"" for m in read_back(bootstrap, topic)], recreations
+
+
+def test_raw_librdkafka_drops_the_next_transactions_batch_as_a_duplicate_negative_control(
+    kafka_network_cluster: KafkaCluster,
+) -> None:
+    """librdkafka 2.16, the raw client: the abort purges A2 (sent once, its answer lost) and
+    advances the epoch's base msgid past it, so T2's B reuses A2's sequence number on the same
+    epoch; the broker, which wrote A2, answers B's batch DUPLICATE_SEQUENCE_NUMBER, which
+    librdkafka takes for success: T2 commits and B is never visible. The fault behind
+    tests/test_eos_chaos.py's lost output and lost dead letter; the control of the test
+    below."""
+    values, _ = _purged_retry_run(kafka_network_cluster, raw=True)
+    assert b"B" not in values, values  # committed, yet lost
+    assert values == [], values  # T1 aborted: A and A2 hidden
+
+
+def test_an_abort_after_a_produce_request_timed_out_in_flight_keeps_the_next_transaction_whole(
+    kafka_network_cluster: KafkaCluster,
+) -> None:
+    """The same with TransactionalProducer: librdkafka's "Timed out ProduceRequest in flight"
+    line marked T1, so its abort replaced the instance (a new epoch, fresh sequence numbers),
+    and T2's B is committed and visible exactly once."""
+    values, recreations = _purged_retry_run(kafka_network_cluster, raw=False)
+    assert values == [b"B"], values
+    assert recreations == 1  # the abort replaced the instance (the new epoch)
 
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "transactional_producer.py"

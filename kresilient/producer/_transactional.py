@@ -305,6 +305,14 @@ class TransactionalProducer:
             )
         self._commit()
 
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve librdkafka's callbacks (delivery reports, errors, log lines) for up to
+        ``timeout`` seconds; the number of events served. :meth:`produce` serves them too;
+        call this while a long transaction waits on something else."""
+        if self._producer is None:
+            return 0
+        return int(self._producer.poll(timeout))
+
     def topic_exists(self, topic: str, timeout: float = 5.0) -> bool | None:
         """Whether the cluster knows ``topic`` (one metadata request; ``None``: no answer
         within ``timeout``). A record to a topic that does not exist is not refused by
