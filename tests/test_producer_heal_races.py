@@ -54,6 +54,24 @@ def _producer(kafka_cluster: KafkaCluster, topic: str) -> Iterator[ResilientProd
     producer.close(5)
 
 
+# The raced message must still be in the old instance's queue when the drain purges it: with
+# the default linger, a calling thread descheduled a few milliseconds on a loaded machine let
+# librdkafka send it first (_PURGE_INFLIGHT, possibly written). A linger far beyond any such
+# pause keeps it queued; flush() sends at once whatever the linger.
+_LINGERING = {"linger.ms": 10_000}
+
+
+@pytest.fixture(name="lingering")
+def _lingering(kafka_cluster: KafkaCluster, topic: str) -> Iterator[ResilientProducer]:
+    producer = ResilientProducer(
+        {"bootstrap.servers": kafka_cluster.bootstrap_servers, **_LINGERING}, on_stall="heal"
+    )
+    producer.produce(topic, b"before")
+    assert producer.flush(30) is None
+    yield producer
+    producer.close(5)
+
+
 def _heal_on_another_thread(producer: ResilientProducer) -> None:
     """What the watchdog asks for on a stall, served by a poll on another thread (joined)."""
     producer._heal_wanted = True
@@ -114,31 +132,31 @@ def test_a_message_produced_on_another_thread_right_after_the_heals_drain_is_del
 
 
 def test_a_produce_that_read_the_old_instance_before_the_heal_is_reported_never_lost(
-    kafka_cluster: KafkaCluster, topic: str, producer: ResilientProducer
+    kafka_cluster: KafkaCluster, topic: str, lingering: ResilientProducer
 ) -> None:
     """``_produce`` patched: the calling thread holds the old instance's produce while the
     heal runs to its end on another thread, then queues into the drained, released instance
     (the asyncio producer's loop thread against its poll thread). The message must get a
     report (failed _PURGE_QUEUE, classified) listed by flush(); before the fix its handle
     never completed and flush() reported success."""
-    stale = _StaleProduce(producer, lambda: _heal_on_another_thread(producer))
-    producer._produce = stale
-    handle = producer.produce(topic, b"raced")
+    stale = _StaleProduce(lingering, lambda: _heal_on_another_thread(lingering))
+    lingering._produce = stale
+    handle = lingering.produce(topic, b"raced")
     # control: the interleaving happened, the message was queued into the old instance
     # after the heal had drained it (one message left in it)
     assert stale.left_in_old == 1
-    assert producer.health().recreations == 1
+    assert lingering.health().recreations == 1
     with pytest.raises(DeliveryError) as info:
-        producer.flush(30)
+        lingering.flush(30)
     assert [f.message_id for f in info.value.failures] == [handle.message_id]
     (failure,) = info.value.failures
     assert failure.error is not None and failure.error.name() == "_PURGE_QUEUE"
     assert failure.classification is not None
     assert handle.done() and handle.exception() is not None
-    after = producer.produce(topic, b"after")  # the new instance is the one in use
-    assert producer.flush(30) is None and after.exception() is None
+    after = lingering.produce(topic, b"after")  # the new instance is the one in use
+    assert lingering.flush(30) is None and after.exception() is None
     with capture_logs() as logs:
-        producer.close(10)
+        lingering.close(10)
     (closed,) = [e for e in logs if e["event"] == "producer_closed"]
     assert closed["failed"] == 1 and closed["unaccounted"] == 0
     assert sorted(m.value() for m in read_back(kafka_cluster.bootstrap_servers, topic)) == [
@@ -156,9 +174,10 @@ def test_the_asyncio_producer_reports_a_message_queued_while_its_poll_thread_hea
 
     async def run() -> None:
         async with AsyncResilientProducer(
-            {"bootstrap.servers": kafka_cluster.bootstrap_servers}, on_stall="heal"
+            {"bootstrap.servers": kafka_cluster.bootstrap_servers, **_LINGERING}, on_stall="heal"
         ) as producer:
-            await (await producer.produce(topic, b"before"))
+            await producer.produce(topic, b"before")
+            await producer.flush(30)
             sync = producer.sync
 
             def poll_thread_heals() -> None:
@@ -174,7 +193,9 @@ def test_the_asyncio_producer_reports_a_message_queued_while_its_poll_thread_hea
             with pytest.raises(DeliveryError) as info:
                 await producer.flush(30)
             assert [f.error.name() for f in info.value.failures if f.error] == ["_PURGE_QUEUE"]
-            await (await producer.produce(topic, b"after"))
+            after = await producer.produce(topic, b"after")
+            await producer.flush(30)
+            await after
 
     asyncio.run(run())
     assert sorted(m.value() for m in read_back(kafka_cluster.bootstrap_servers, topic)) == [

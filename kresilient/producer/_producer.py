@@ -910,9 +910,10 @@ class ResilientProducer:
 
         The recreation (or close) that replaced it may have drained it before this message
         arrived, and then released it: drain it again, on this thread, so the message gets its
-        report (``_PURGE_QUEUE``: never sent, or delivered if it went out first) and flush()
-        lists it; never destroyed with the instance, its handle never done. Then release
-        it (bounded) if this was the last reference.
+        report (``_PURGE_QUEUE``: never sent; ``_PURGE_INFLIGHT``: sent, possibly written;
+        or delivered if the broker answered first) and flush() lists a failure; never
+        destroyed with the instance, its handle never done. Then release it (bounded) if
+        this was the last reference.
         """
         old = getattr(held.pop(), "__self__", None)
         if old is None:
