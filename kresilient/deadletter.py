@@ -73,6 +73,7 @@ from kresilient.errors import (
 from kresilient.reachability import (
     AuthFailure,
     Reachability,
+    TransientLines,
     client_certificate,
     purge_refused,
 )
@@ -907,10 +908,17 @@ class _LogBridge:
         self._log = log
         self._redact = redactor
         self._limiter = limiter
+        # A passing condition (the producer-id state still loading on a fresh cluster) is
+        # logged as one, as by the clients' own bridge: it was a WARNING here.
+        self._transients = TransientLines(log)
 
     def log(self, level: int, fmt: str, *args: Any) -> None:
         try:
             facility = str(args[0]) if args else ""
+            if TransientLines.known(facility) and self._transients.offer(
+                facility, self._redact(str(args[2]) if len(args) > 2 else fmt % args)
+            ):
+                return
             allowed, suppressed = self._limiter.check(("log", facility))
             if allowed:  # redaction costs tens of microseconds: only for lines logged
                 text = self._redact(str(args[2]) if len(args) > 2 else fmt % args)

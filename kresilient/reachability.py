@@ -548,6 +548,54 @@ _TRANSIENT_LINES: Final = {
 _TRANSIENT_REMINDER: Final = 60.0
 
 
+class TransientLines:
+    """librdkafka log lines that report a passing condition (``_TRANSIENT_LINES``), logged as
+    one: the first at INFO with its note, repeats at DEBUG, and a WARNING once a reminder
+    interval if it still repeats after that. Shared by every kresilient client's log bridge
+    (the dead-letter writer's too), so a condition is worded the same whoever logs it."""
+
+    def __init__(self, log: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = log
+        self._clock = clock
+        # facility -> when its passing condition was first logged
+        self._since: dict[str, float] = {}
+        self._limiter = RateLimiter(_TRANSIENT_REMINDER, clock=clock)
+
+    @staticmethod
+    def known(facility: str) -> bool:
+        """Whether ``facility`` has a known passing condition (a cheap check before redacting)."""
+        return facility in _TRANSIENT_LINES
+
+    def offer(self, facility: str, text: str) -> bool:
+        """Log ``text`` if it is a known passing condition; False (nothing logged) if not."""
+        known = _TRANSIENT_LINES.get(facility)
+        if known is None or not known[0].search(text):
+            return False
+        now = self._clock()
+        began = self._since.get(facility)
+        if began is None:
+            self._since[facility] = now
+            self._limiter.check(facility)  # the reminder interval starts here
+            self._log.info(
+                "librdkafka_log", facility=facility, message=text, transient=True, note=known[1]
+            )
+            return True
+        allowed, suppressed = self._limiter.check(facility)
+        if allowed:
+            self._log.warning(
+                "librdkafka_log",
+                facility=facility,
+                message=text,
+                transient=False,
+                lasting_s=round(now - began, 1),
+                suppressed=suppressed,
+                note=f"still reported after {now - began:.0f} s: " + known[1],
+            )
+        else:
+            self._log.debug("librdkafka_log", facility=facility, message=text, transient=True)
+        return True
+
+
 class LogBridge:
     """librdkafka log lines into the client's structlog logger (confluent-kafka ``logger``).
 
@@ -567,10 +615,7 @@ class LogBridge:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._log = log
-        self._clock = clock
-        # facility -> when its passing condition was first logged (_TRANSIENT_LINES)
-        self._transient_since: dict[str, float] = {}
-        self._transient_limiter = RateLimiter(_TRANSIENT_REMINDER, clock=clock)
+        self._transients = TransientLines(log, clock=clock)
         self._on_line = on_line
         self._scrub = scrub
         self._user = user_logger
@@ -594,7 +639,7 @@ class LogBridge:
             # Connection failures are summarised (Reachability), not logged line by line.
             if facility == "FAIL" and self._reach is not None and self._reach.failed(text):
                 pass
-            elif not self._transient(facility, text):
+            elif not self._transients.offer(facility, text):
                 method = _LEVEL_METHOD.get(level, "info")
                 getattr(self._log, method)("librdkafka_log", facility=facility, message=text)
             if self._user is not None:  # the application's logger gets the redacted line too
@@ -604,32 +649,3 @@ class LogBridge:
         except Exception as exc:  # logging must never break the client
             if self._on_failure is not None:
                 self._on_failure(exc)
-
-    def _transient(self, facility: str, text: str) -> bool:
-        """Log a known passing condition (``_TRANSIENT_LINES``) as one; False if it is not one."""
-        known = _TRANSIENT_LINES.get(facility)
-        if known is None or not known[0].search(text):
-            return False
-        now = self._clock()
-        began = self._transient_since.get(facility)
-        if began is None:
-            self._transient_since[facility] = now
-            self._transient_limiter.check(facility)  # the reminder interval starts here
-            self._log.info(
-                "librdkafka_log", facility=facility, message=text, transient=True, note=known[1]
-            )
-            return True
-        allowed, suppressed = self._transient_limiter.check(facility)
-        if allowed:
-            self._log.warning(
-                "librdkafka_log",
-                facility=facility,
-                message=text,
-                transient=False,
-                lasting_s=round(now - began, 1),
-                suppressed=suppressed,
-                note=f"still reported after {now - began:.0f} s: " + known[1],
-            )
-        else:
-            self._log.debug("librdkafka_log", facility=facility, message=text, transient=True)
-        return True

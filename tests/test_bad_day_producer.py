@@ -366,3 +366,27 @@ def test_getpid_error_code_is_transient_in_the_table() -> None:
     from kresilient.errors import classify
 
     assert classify(KafkaError.COORDINATOR_LOAD_IN_PROGRESS).category is ErrorCategory.TRANSIENT
+
+
+def test_the_dead_letter_writers_coordinator_load_line_is_info_once_then_debug() -> None:
+    """The same GETPID line from the consumer's dead-letter writer (its own librdkafka
+    instance, its own log bridge) was a WARNING: the README consumer printed it on a loaded
+    machine, a third line past issue 36's two. Now worded as the clients' own bridge does."""
+    from kresilient._ratelimit import RateLimiter
+    from kresilient.deadletter import _LogBridge as DeadLetterLogBridge
+    from kresilient.redaction import Redactor
+
+    line = (
+        "[thrd:main]: Failed to acquire idempotence PID from broker 127.0.0.1:24422/2: "
+        "Broker: Coordinator load in progress: retrying"
+    )
+    with capture_logs() as logs:
+        bridge = DeadLetterLogBridge(structlog.get_logger("t"), Redactor(), RateLimiter(60.0))
+        for _ in range(3):
+            bridge.log(30, "%s [%s] %s", "GETPID", "kresilient-consumer-dlq#producer-1", line)
+        bridge.log(30, "%s [%s] %s", "GETPID", "kresilient-consumer-dlq#producer-1", "other")
+    levels = [(e["facility"], e["log_level"]) for e in logs]
+    assert levels == [("GETPID", "info"), ("GETPID", "debug"), ("GETPID", "debug")] + [
+        ("GETPID", "warning"),  # another GETPID line keeps librdkafka's level (control)
+    ], levels
+    assert logs[0]["transient"] is True and "nothing to do" in logs[0]["note"]
