@@ -386,7 +386,10 @@ def test_the_dead_letter_writers_coordinator_load_line_is_info_once_then_debug()
             bridge.log(30, "%s [%s] %s", "GETPID", "kresilient-consumer-dlq#producer-1", line)
         bridge.log(30, "%s [%s] %s", "GETPID", "kresilient-consumer-dlq#producer-1", "other")
     levels = [(e["facility"], e["log_level"]) for e in logs]
-    assert levels == [("GETPID", "info"), ("GETPID", "debug"), ("GETPID", "debug")] + [
+    assert levels == [
+        ("GETPID", "info"),
+        ("GETPID", "debug"),
+        ("GETPID", "debug"),
         ("GETPID", "warning"),  # another GETPID line keeps librdkafka's level (control)
     ], levels
     assert logs[0]["transient"] is True and "nothing to do" in logs[0]["note"]
