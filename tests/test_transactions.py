@@ -9,6 +9,7 @@ did reach the log, so a test cannot pass because nothing was written.
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import sys
 import time
@@ -507,6 +508,10 @@ def test_send_offsets_answered_in_time_keeps_the_instance_negative_control(
     assert run["committed"] == 10
 
 
+#: librdkafka's REQTMOUT line for a request sent and not answered in time
+_IN_FLIGHT_TIMEOUT = re.compile(r"Timed out \w+Request in flight")
+
+
 class _Lines:
     """A confluent-kafka ``logger``: keeps librdkafka's log lines."""
 
@@ -517,15 +522,31 @@ class _Lines:
         self.lines.append(fmt % args)
 
     def timed_out(self) -> bool:
-        return any("Timed out ProduceRequest in flight" in line for line in self.lines)
+        return any(_IN_FLIGHT_TIMEOUT.search(line) for line in self.lines)
+
+    def wait_timed_out(self, poll: Callable[[float], int]) -> None:
+        """Poll until librdkafka logged a request to the leader timed out in flight: the
+        produce request itself, or a request sent beside it (a FindCoordinatorRequest of the
+        transactional producer's coordinator timer, seen under load). Either way librdkafka
+        then closes the connection (``socket.max.fails=1``) with A2's produce request sent
+        and unanswered, so its record waits for a retry as "possibly persisted". On the
+        deadline the failure shows what librdkafka said instead."""
+        try:
+            _wait_for(
+                "a request in flight to the leader to time out",
+                lambda: poll(0.2) >= 0 and self.timed_out(),
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}; librdkafka's lines: {self.lines[-30:]}") from None
 
 
-def _purged_retry_run(cluster: KafkaCluster, *, raw: bool) -> tuple[list[bytes], int]:
+def _purged_retry_run(cluster: KafkaCluster, *, raw: bool) -> tuple[list[bytes], list[bytes], int]:
     """T1 writes A (delivered), then A2 while the leader's answers are lost: its produce
     request times out in flight and its record waits in the queue for its retry ("possibly
     persisted": the broker wrote it). The answers come back, T1 is aborted (the abort purges
-    A2 from the queue), T2 writes B and commits. Returns what read_committed sees and how
-    often kresilient replaced its instance."""
+    A2 from the queue), T2 writes B and commits. Returns what read_committed sees, what
+    read_uncommitted sees (the log: proof that A2 reached it) and how often kresilient
+    replaced its instance."""
     bootstrap = cluster.bootstrap_servers
     topic = cluster.create_topic(
         f"txn-dup-{uuid.uuid4().hex[:8]}", 1, 3, {"min.insync.replicas": 2}
@@ -553,10 +574,7 @@ def _purged_retry_run(cluster: KafkaCluster, *, raw: bool) -> tuple[list[bytes],
             net.drop_responses(leader)
             try:
                 p.produce(topic, b"A2")
-                _wait_for(
-                    "the produce request to time out",
-                    lambda: p.poll(0.2) >= 0 and lines.timed_out(),
-                )
+                lines.wait_timed_out(p.poll)
             finally:
                 net.heal(leader)
             p.abort_transaction(60)
@@ -574,10 +592,7 @@ def _purged_retry_run(cluster: KafkaCluster, *, raw: bool) -> tuple[list[bytes],
                 net.drop_responses(leader)
                 try:
                     producer.produce(topic, b"A2")
-                    _wait_for(
-                        "the produce request to time out",
-                        lambda: producer.poll(0.2) >= 0 and lines.timed_out(),
-                    )
+                    lines.wait_timed_out(producer.poll)
                 finally:
                     net.heal(leader)
                 raise RuntimeError("the handler failed")  # the block aborts T1
@@ -587,7 +602,7 @@ def _purged_retry_run(cluster: KafkaCluster, *, raw: bool) -> tuple[list[bytes],
                 producer.produce(topic, b"B")
         finally:
             producer.close()
-    return [m.value() or b"" for m in read_back(bootstrap, topic)], recreations
+    return _values(bootstrap, topic), _uncommitted_values(bootstrap, topic), recreations
 
 
 def test_raw_librdkafka_drops_the_next_transactions_batch_as_a_duplicate_negative_control(
@@ -599,19 +614,23 @@ def test_raw_librdkafka_drops_the_next_transactions_batch_as_a_duplicate_negativ
     librdkafka takes for success: T2 commits and B is never visible. The fault behind
     tests/test_eos_chaos.py's lost output and lost dead letter; the control of the test
     below."""
-    values, _ = _purged_retry_run(kafka_network_cluster, raw=True)
+    values, log, _ = _purged_retry_run(kafka_network_cluster, raw=True)
     assert b"B" not in values, values  # committed, yet lost
     assert values == [], values  # T1 aborted: A and A2 hidden
+    # the fault was real: A2 reached the log once, and B never did (taken for A2's duplicate)
+    assert log == [b"A", b"A2"], log
 
 
 def test_an_abort_after_a_produce_request_timed_out_in_flight_keeps_the_next_transaction_whole(
     kafka_network_cluster: KafkaCluster,
 ) -> None:
-    """The same with TransactionalProducer: librdkafka's "Timed out ProduceRequest in flight"
-    line marked T1, so its abort replaced the instance (a new epoch, fresh sequence numbers),
-    and T2's B is committed and visible exactly once."""
-    values, recreations = _purged_retry_run(kafka_network_cluster, raw=False)
+    """The same with TransactionalProducer: librdkafka's "Timed out ...Request in flight"
+    line (the produce request's, or a request's beside it on the same connection) marked T1,
+    so its abort replaced the instance (a new epoch, fresh sequence numbers), and T2's B is
+    committed and visible exactly once."""
+    values, log, recreations = _purged_retry_run(kafka_network_cluster, raw=False)
     assert values == [b"B"], values
+    assert log == [b"A", b"A2", b"B"], log  # A2 reached the log: its answer alone was lost
     assert recreations == 1  # the abort replaced the instance (the new epoch)
 
 
