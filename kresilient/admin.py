@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
 
 import structlog
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
     NewTopic,
+    OffsetSpec,
     ResourceType,
 )
 
@@ -322,6 +323,46 @@ def _broker_max_bytes(admin: _Admin, broker_id: int, deadline: float) -> int:
         return _BROKER_DEFAULT_MAX_BYTES
 
 
+#: ListOffsets answers of a leader that has not applied the new topic's metadata yet.
+_NOT_SERVING_YET: Final = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError._TIMED_OUT,
+        KafkaError._NOENT,  # librdkafka's own metadata names no leader yet
+    }
+)
+
+
+def _leaders_serve(admin: _Admin, name: str, partitions: Iterable[int], deadline: float) -> bool:
+    """Whether each partition's leader answers a ListOffsets for it.
+
+    Metadata from one broker names the leaders before every leader has applied the topic's
+    record (KRaft brokers apply it on their own time): a client reading the end offsets right
+    after (``kresilient dlq inspect``) got UNKNOWN_TOPIC_OR_PART. An error other than "not
+    serving it yet" (an ACL without Describe, say) is not creation's to report: True.
+    """
+    latest: Any = OffsetSpec.latest  # untyped in confluent-kafka
+    spec = {TopicPartition(name, p): latest() for p in partitions}
+    left = max(0.1, min(_METADATA_SLICE, _left(deadline)))
+    try:
+        futures = admin.client.list_offsets(spec, request_timeout=left)
+    except KafkaException:
+        return True
+    for future in futures.values():
+        try:
+            future.result(timeout=left + 1)
+        except KafkaException as exc:
+            if exc.args[0].code() in _NOT_SERVING_YET:
+                return False
+        except TimeoutError:
+            return False
+    return True
+
+
 def _wait_for_leaders(admin: _Admin, name: str, partitions: int, deadline: float) -> None:
     # Creation returns before every broker knows the topic; a producer started right after
     # would otherwise see UNKNOWN_TOPIC_OR_PART for a moment.
@@ -333,6 +374,7 @@ def _wait_for_leaders(admin: _Admin, name: str, partitions: int, deadline: float
             and topic.error is None
             and len(topic.partitions) >= partitions
             and all(p.leader >= 0 for p in topic.partitions.values())
+            and _leaders_serve(admin, name, topic.partitions, deadline)
         ):
             return
         if _left(deadline) <= 0:

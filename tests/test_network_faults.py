@@ -21,6 +21,7 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
     KafkaError,
+    KafkaException,
     Producer,
     TopicPartition,
 )
@@ -519,3 +520,66 @@ def test_consumer_cut_from_its_coordinator_rebalances_and_skips_nothing(
     redone = [o for o in set(handled) if handled.count(o) > 1]
     # Duplicates only from work after the last commit before the cut.
     assert all(o >= max(committed.offset, 0) for o in redone), (committed.offset, redone)
+
+
+def _unserved(admin: Any, topic: str, partitions: int) -> list[str]:
+    """The partitions whose leader does not answer a ListOffsets for ``topic`` right now."""
+    from confluent_kafka.admin import OffsetSpec
+
+    latest: Any = OffsetSpec.latest
+    spec = {TopicPartition(topic, p): latest() for p in range(partitions)}
+    unserved = []
+    for tp, future in admin.list_offsets(spec, request_timeout=10).items():
+        try:
+            future.result(timeout=15)
+        except KafkaException as exc:
+            unserved.append(f"{tp.partition}: {exc}")
+    return unserved
+
+
+def test_create_topic_returns_once_each_partitions_leader_serves_it(
+    net_cluster: KafkaCluster,
+) -> None:
+    """``kresilient.admin.create_topic`` returned once one broker's metadata named every
+    leader; a leader that had not applied the topic's record yet answered the next ListOffsets
+    UNKNOWN_TOPIC_OR_PART (CI, 2026-11-30: ``kresilient dlq inspect`` right after ``kresilient
+    topic create``). Here one node's controller link is 0.6 s slow each way: it learns of a
+    new topic about 2 s after the others name it as a leader (a longer delay outlasts the
+    KRaft fetch timeout and the node stops learning at all)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from kresilient.admin import create_topic
+
+    bootstrap = net_cluster.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    brokers = admin.list_topics(timeout=30).brokers
+
+    def served_at_once(slow: int) -> bool:
+        """The control with ``slow``'s controller link slowed: whether every leader served a
+        raw client's new topic once a metadata answer (of another node) named them all."""
+        fast = brokers[next(n for n in net_cluster.node_ids if n != slow)]
+        # a client knowing only the other node asks only it
+        fast_admin = AdminClient({"bootstrap.servers": f"{fast.host}:{fast.port}"})
+        raw = f"net-raw-{uuid.uuid4().hex[:8]}"
+        admin.create_topics([NewTopic(raw, 6, 1)])[raw].result(60)
+        deadline = time.monotonic() + 30
+        while True:
+            described = fast_admin.list_topics(raw, timeout=10).topics[raw]
+            leaders = [p.leader for p in described.partitions.values()]
+            if described.error is None and len(leaders) == 6 and min(leaders) >= 0:
+                break
+            assert time.monotonic() < deadline, f"no leaders for {raw}: {described.error}"
+            time.sleep(0.05)  # polling interval of a condition wait
+        return not _unserved(admin, raw, 6)
+
+    # The node slowed must not be the active controller (which learns first): the first
+    # node whose slowness the control sees; one of any two nodes is not the controller.
+    for slow in net_cluster.node_ids:
+        with net_cluster.network.delay(slow, 600, links=["controller"]):
+            if served_at_once(slow):
+                continue
+            name = f"net-created-{uuid.uuid4().hex[:8]}"
+            create_topic(bootstrap, name, partitions=6, replication_factor=1, timeout=60)
+            assert _unserved(admin, name, 6) == []
+            return
+    pytest.fail("no slowed node left a leader not serving the raw client's new topic")
