@@ -541,6 +541,46 @@ def _loop(probes: ConsumerProbes, clock: _Clock) -> None:
         _seconds(probes, clock, 1)
 
 
+def test_a_slow_handler_is_a_handler_stall_not_a_progress_one_to_heal_fake() -> None:
+    """CI, 2026-11-30 (the asyncio consumer under load): work arrived on a partition (lag
+    0 -> 1, its quiet time starts) a while before its handler started, so the partition's
+    "lag without progress" passed the bound before the handler's running time did: the stall
+    was reported as ``progress``, and with ``on_stall="heal"`` a slow handler would have
+    recreated the consumer. A partition a handler works on is the handler's stall; the
+    ticks are left out after the handler starts, as when the polling thread is late."""
+
+    def work_arrived() -> tuple[_Clock, _Source, ConsumerProbes]:
+        clock = _Clock()
+        source = _Source()
+        probes = _probes(clock, source, on_stall="heal")
+        client = _Client()
+        probes.consumer = client
+        probes.on_assign([TopicPartition("t", 0)])
+        source.stored[("t", 0)] = 5
+        client.high[("t", 0)] = 5
+        probes.tick(clock.now)  # caught up
+        client.high[("t", 0)] = 6
+        probes.tick(clock.now)  # work arrived: lag 1, the partition's quiet time starts
+        clock.now += 1.5
+        return clock, source, probes
+
+    # control: no handler in hand: 2.5 s of lag without progress is a progress stall, healed
+    clock, source, probes = work_arrived()
+    _seconds(probes, clock, 1)
+    assert probes.stall.active and probes.remedy is not None
+    assert probes.remedy[0] == "progress"
+    # the same with its handler started 1.5 s after the work arrived
+    clock, source, probes = work_arrived()
+    with capture_logs() as logs:
+        source.running = [(clock.now, ["t[0]"])]
+        _seconds(probes, clock, 1)  # 2.5 s without progress, the handler running 1 s
+        assert not probes.stall.active and probes.remedy is None
+        _seconds(probes, clock, 2)  # the handler running 3 s: past the bound
+        assert probes.stall.active and probes.remedy is None  # reported, never healed
+    (stalled,) = _events(logs, "consumer_stalled", "g-fake")
+    assert stalled["kinds"] == ["handler"], stalled
+
+
 def test_no_heal_while_no_broker_is_up_fake() -> None:
     """Review6 D5: a Kafka outage was 'healed' (one useless recreation, then the stall
     cleared and ``health()`` healthy for the rest of the outage). No broker up in the

@@ -130,6 +130,17 @@ class _Partition(NoProgress):
         self.stored: int | None = None
 
 
+def _in_hand(source: ProbeSource) -> set[TP]:
+    """The partitions a handler call in hand works on."""
+    busy: set[TP] = set()
+    for _, names in source.handlers():
+        for name in names:
+            topic, _, rest = name.rpartition("[")
+            if topic and rest.endswith("]") and rest[:-1].isdigit():
+                busy.add((topic, int(rest[:-1])))
+    return busy
+
+
 class ProbeSource(Protocol):
     """What a consumer tells its probes. Called from the server thread too: each method
     returns a copy (or a view read once), never blocks, and takes no lock."""
@@ -330,8 +341,13 @@ class ConsumerProbes:
         held = set(self._source.held())
         released, self._held_at_tick = self._held_at_tick - held, held
         proof = False  # after a heal: the new client handles records, or fetched to the end
+        busy = _in_hand(self._source)
         for tp, part in list(self.parts.items()):
             offset = stored.get(tp)
+            if tp in busy:
+                # a handler in hand on it: its progress is the handler's (the handler rule
+                # watches it); the partition's quiet time starts when the handler returns
+                part.moved(now)
             if (offset is not None and offset != part.stored) or tp in released:
                 if offset is not None:
                     proof = proof or part.stored is not None
@@ -426,6 +442,7 @@ class ConsumerProbes:
                 )
             )
         source = self._source
+        busy = _in_hand(source)
         for started, names in source.handlers():
             if started and now - started > limit:
                 found.append(
@@ -452,7 +469,9 @@ class ConsumerProbes:
         for tp, part in list(self.parts.items()):
             if tp in held:
                 continue
-            if part.lag and part.stalled(now, limit):
+            # a partition a handler works on is the handler's stall, not a fetch's (a slow
+            # handler must not look like a consumer to heal)
+            if part.lag and part.stalled(now, limit) and tp not in busy:
                 quiet = part.quiet_for(now)
                 found.append(
                     (
