@@ -160,7 +160,14 @@ def test_heal_recreates_the_stalled_producer_and_reports_every_message_it_held(
         with pytest.raises(DeliveryError) as info:
             producer.flush(60)
         after = [producer.produce(topic, b"after-%d" % i) for i in range(20)]
-        producer.flush(60)
+        try:
+            producer.flush(60)
+        except DeliveryError as exc:  # once in CI under load, cause unknown: say what it saw
+            mine = [e for e in logs if e.get("client_id") == producer.client_id]
+            broker = lone_cluster.logs(1)[-4000:]
+            raise AssertionError(
+                f"{exc}\nhealth: {producer.health()}\nits events: {mine}\nbroker: {broker}"
+            ) from exc
     # every message the stalled instance held is reported failed, classified, none dropped
     failures = info.value.failures
     assert sorted(f.message_id for f in failures) == sorted(h.message_id for h in held)
