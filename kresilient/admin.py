@@ -379,7 +379,7 @@ def _wait_for_leaders(admin: _Admin, name: str, partitions: int, deadline: float
             return
         if _left(deadline) <= 0:
             raise KafkaClientError(
-                f"topic {name!r} was created but not every partition has a leader yet",
+                f"topic {name!r} was created but not every partition has a leader serving it yet",
                 code=KafkaError._TIMED_OUT,
                 topic=name,
             )
@@ -399,7 +399,7 @@ def create_topic(
     client_config: Mapping[str, Any] | None = None,
 ) -> list[TopicResult]:
     """Create ``name`` (and with ``dead_letter=True`` also ``name + ".dlq"``) and wait until
-    every partition has a leader.
+    every partition has a leader that serves it (answers a ListOffsets for it).
 
     Args:
         bootstrap_servers: ``host:port[,host:port...]`` of the cluster.

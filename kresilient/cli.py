@@ -416,9 +416,9 @@ def _add_topic(sub: Any) -> None:
     actions = topic.add_subparsers(dest="topic_command", metavar="ACTION")
     create = actions.add_parser(
         "create",
-        help="Create a topic and wait until every partition has a leader.",
+        help="Create a topic and wait until every partition has a leader serving it.",
         description=(
-            "Create a topic and wait until every partition has a leader. "
+            "Create a topic and wait until every partition has a leader serving it. "
             "min.insync.replicas defaults to the smaller of 2 and the replication factor. "
             "Prints one line per topic created on stdout."
         ),
