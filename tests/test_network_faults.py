@@ -574,12 +574,32 @@ def test_create_topic_returns_once_each_partitions_leader_serves_it(
 
     # The node slowed must not be the active controller (which learns first): the first
     # node whose slowness the control sees; one of any two nodes is not the controller.
+    # Under load the slowed node may stop learning altogether (its fetches outlast the KRaft
+    # fetch timeout; CI, 2026-11-30): create_topic rightly waits then, so the delay is lifted
+    # after 3 s and create_topic returns once the node caught up. Returned sooner, its
+    # topic is checked while the delay is still on.
     for slow in net_cluster.node_ids:
+        name = f"net-created-{uuid.uuid4().hex[:8]}"
+        failed: list[BaseException] = []
+
+        def create(name: str, failed: list[BaseException]) -> None:
+            try:
+                create_topic(bootstrap, name, partitions=6, replication_factor=1, timeout=90)
+            except BaseException as exc:  # re-raised in the test's thread
+                failed.append(exc)
+
+        creator = threading.Thread(target=create, args=(name, failed), daemon=True)
         with net_cluster.network.delay(slow, 600, links=["controller"]):
             if served_at_once(slow):
                 continue
-            name = f"net-created-{uuid.uuid4().hex[:8]}"
-            create_topic(bootstrap, name, partitions=6, replication_factor=1, timeout=60)
+            creator.start()
+            creator.join(3.0)
+            early = not creator.is_alive()
+            if early and not failed:
+                assert _unserved(admin, name, 6) == []
+        creator.join(120)
+        assert not creator.is_alive() and not failed, failed
+        if not early:
             assert _unserved(admin, name, 6) == []
-            return
+        return
     pytest.fail("no slowed node left a leader not serving the raw client's new topic")
