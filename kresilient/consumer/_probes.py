@@ -130,10 +130,10 @@ class _Partition(NoProgress):
         self.stored: int | None = None
 
 
-def _in_hand(source: ProbeSource) -> set[TP]:
-    """The partitions a handler call in hand works on."""
+def _in_hand(running: Iterable[tuple[float, Collection[str]]]) -> set[TP]:
+    """The partitions the handler calls in hand (``ProbeSource.handlers()``) work on."""
     busy: set[TP] = set()
-    for _, names in source.handlers():
+    for _, names in running:
         for name in names:
             topic, _, rest = name.rpartition("[")
             if topic and rest.endswith("]") and rest[:-1].isdigit():
@@ -341,7 +341,7 @@ class ConsumerProbes:
         held = set(self._source.held())
         released, self._held_at_tick = self._held_at_tick - held, held
         proof = False  # after a heal: the new client handles records, or fetched to the end
-        busy = _in_hand(self._source)
+        busy = _in_hand(self._source.handlers())
         for tp, part in list(self.parts.items()):
             offset = stored.get(tp)
             if tp in busy:
@@ -442,8 +442,9 @@ class ConsumerProbes:
                 )
             )
         source = self._source
-        busy = _in_hand(source)
-        for started, names in source.handlers():
+        running = list(source.handlers())
+        busy = _in_hand(running)
+        for started, names in running:
             if started and now - started > limit:
                 found.append(
                     (
