@@ -6,6 +6,7 @@ inter-broker and controller connection passes through the fault proxies.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -603,3 +604,101 @@ def test_create_topic_returns_once_each_partitions_leader_serves_it(
             assert _unserved(admin, name, 6) == []
         return
     pytest.fail("no slowed node left a leader not serving the raw client's new topic")
+
+
+def test_an_abort_right_after_a_commit_is_not_refused_while_its_markers_are_written(
+    net_cluster: KafkaCluster,
+) -> None:
+    """librdkafka#4849 (CI, 2026-11-30: a consume-transform-produce consumer stopped with
+    INVALID_TXN_STATE). Right after a commit the coordinator still writes the committed
+    transaction's markers; a record of the next transaction makes librdkafka send
+    AddPartitionsToTxn, refused with CONCURRENT_TRANSACTIONS and counted as sent anyway, so
+    an abort then sends EndTxn for a transaction the coordinator never began, which it
+    refuses fatally. Here every node's inter-broker links are 150 ms slow: the markers take
+    that long. The control, raw confluent-kafka, is refused fatally; TransactionalProducer
+    waits for its first record to reach a broker before aborting, and goes on."""
+    from confluent_kafka import KafkaError as _KafkaError
+
+    from kresilient import TransactionalProducer
+
+    bootstrap = net_cluster.bootstrap_servers
+    topic = net_cluster.create_topic(f"net-txn-{uuid.uuid4().hex[:8]}", 3, 1)
+
+    def commit_then_abort_raw() -> _KafkaError | None:
+        raw = Producer(
+            {"bootstrap.servers": bootstrap, "transactional.id": f"raw-{uuid.uuid4().hex[:8]}"}
+        )
+        raw.init_transactions(60)
+        raw.begin_transaction()
+        for partition in range(3):  # markers to every node, two of them over a slow link
+            raw.produce(topic, b"committed", partition=partition)
+        raw.commit_transaction(60)
+        raw.begin_transaction()
+        raw.produce(topic, b"aborted", partition=0)
+        raw.poll(0.05)  # AddPartitionsToTxn sent
+        try:
+            raw.abort_transaction(60)
+        except KafkaException as exc:
+            refusal: _KafkaError = exc.args[0]
+            return refusal
+        finally:
+            with contextlib.suppress(KafkaException):
+                raw.flush(1)
+        return None
+
+    product = TransactionalProducer(
+        {"bootstrap.servers": bootstrap}, transactional_id=f"kr-{uuid.uuid4().hex[:8]}"
+    )
+    try:
+        with contextlib.ExitStack() as slow:
+            for node in net_cluster.node_ids:
+                slow.enter_context(net_cluster.network.delay(node, 150, links=["replication"]))
+            # the control: the fault is real (refused 10 times in 10 runs; up to 3 tries)
+            refused = None
+            for _ in range(3):
+                refused = commit_then_abort_raw()
+                if refused is not None:
+                    break
+            assert refused is not None, "the raw abort was never refused: no fault to guard"
+            assert refused.code() == _KafkaError.INVALID_TXN_STATE and refused.fatal()
+            for cycle in range(3):
+                with product.transaction():
+                    for partition in range(3):
+                        product.produce(topic, f"c{cycle}".encode(), partition=partition)
+                with (
+                    pytest.raises(RuntimeError, match="the handler failed"),
+                    product.transaction(),
+                ):
+                    product.produce(topic, f"a{cycle}".encode(), partition=0)
+                    product.poll(0.05)
+                    raise RuntimeError("the handler failed")
+        assert product.closed_by is None
+        assert (product.committed, product.aborted, product.recreations) == (3, 3, 0)
+        with product.transaction():  # and it goes on
+            product.produce(topic, b"after", partition=1)
+    finally:
+        product.close()
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"check-{topic}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(3)]
+        consumer.assign(tps)
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len([v for v in seen if v != b"committed"]) < 3 * 3 + 1:
+            assert time.monotonic() < deadline, f"read {len(seen)} committed records: {seen}"
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                seen.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    # the raw controls' commits, the product's three and its last; no aborted record
+    product_records = [f"c{c}".encode() for c in range(3) for _ in range(3)] + [b"after"]
+    assert sorted(v for v in seen if v != b"committed") == sorted(product_records)
+    assert seen.count(b"committed") % 3 == 0 and seen.count(b"committed") > 0

@@ -106,6 +106,13 @@ _UNANSWERED_CODES: Final = frozenset(
 #: a connection lost with requests outstanding (FAIL, "... Disconnected ..."). A produce
 #: request retried after one carries records the broker may hold ("possibly persisted").
 _UNANSWERED_LINE: Final = re.compile(r"Timed out \w+Request in flight|Disconnected")
+#: How long an abort waits, at most, for the coordinator to have the open transaction
+#: registered (see :meth:`TransactionalProducer._await_registration`); never more than half
+#: the abort's own timeout.
+_REGISTRATION_WAIT_S = 5.0
+#: librdkafka's line when the open transaction fell into its abortable state (TXNERR): its
+#: queued records may never be sent, so an abort waits for no delivery any more.
+_FAILED_LINE: Final = re.compile(r"Current transaction failed")
 
 
 class _Stuck(Exception):
@@ -232,6 +239,12 @@ class TransactionalProducer:
         #: a request of the open transaction was sent and not answered (timed out in
         #: flight, connection lost): the broker may have processed it (see _abort)
         self._unanswered = False
+        #: records queued in the open transaction, and whether the coordinator is known to
+        #: hold it (a record of it reached a broker, or its offsets were added): see
+        #: _await_registration
+        self._queued = 0
+        self._registered = False
+        self._txn_failed = False
         #: transactions committed / aborted, librdkafka instances replaced, over its life
         self.committed = 0
         self.aborted = 0
@@ -283,12 +296,16 @@ class TransactionalProducer:
         after the abort; a failure of the abort itself is logged and added to its notes.
         """
         self._ready()
+        self._serve()  # the last transaction's reports, before this one's flags are reset
         self._call("begin_transaction", lambda t: self._producer.begin_transaction())
         self._state = _State.OPEN
         self._failures = []
         self._failed = 0
         self._refused = False
         self._unanswered = False
+        self._queued = 0
+        self._registered = False
+        self._txn_failed = False
         try:
             yield self
         except BaseException as exc:
@@ -360,6 +377,7 @@ class TransactionalProducer:
         while True:
             try:
                 self._producer.produce(topic, value, **kwargs)
+                self._queued += 1
                 self._producer.poll(0)
                 return
             except BufferError as exc:
@@ -415,6 +433,7 @@ class TransactionalProducer:
             self._call("send_offsets_to_transaction", send)
         except _Stuck as stuck:
             self._stuck("send_offsets_to_transaction", float(stuck.args[0]))
+        self._registered = True  # AddOffsetsToTxn answered: the coordinator holds it
 
     def _stuck(self, call: TransactionCall, waited: float) -> None:
         """``call`` is blocked inside librdkafka: the open transaction cannot commit (the
@@ -651,7 +670,13 @@ class TransactionalProducer:
         self.committed += 1
 
     def _abort(self, why: str, timeout: float | None = None) -> None:
-        self._call("abort_transaction", lambda t: self._producer.abort_transaction(t), timeout)
+        limit = self._timeout if timeout is None else timeout
+        waited = self._await_registration(min(_REGISTRATION_WAIT_S, limit / 2))
+        self._call(
+            "abort_transaction",
+            lambda t: self._producer.abort_transaction(t),
+            max(limit - waited, 0.001),
+        )
         self._serve()  # the log lines and delivery reports of the aborted transaction
         self._state = _State.READY
         self.aborted += 1
@@ -678,6 +703,40 @@ class TransactionalProducer:
             # sequence numbers, and the broker's transaction verification (KIP-890 part 1)
             # refuses requests of the old one.
             self._replace("a request of the aborted transaction went unanswered")
+
+    def _await_registration(self, bound: float) -> float:
+        """Before an abort: wait up to ``bound`` seconds until the coordinator is known to
+        hold the open transaction; the seconds waited.
+
+        librdkafka#4849: a record queued right after a commit makes librdkafka send
+        AddPartitionsToTxn, which the coordinator refuses (CONCURRENT_TRANSACTIONS) while it
+        still writes the committed transaction's markers; librdkafka then counts the request
+        as sent and, on an abort, sends EndTxn for a transaction the coordinator never began.
+        The coordinator, in CompleteCommit, refuses it with INVALID_TXN_STATE, a fatal error
+        that closes the instance (seen in CI, and 10 times in 10 on the real cluster with
+        the markers slowed by 150 ms: tests/test_transactions.py). A record is only sent
+        once its partition is registered, so its first delivery report from a broker (or
+        offsets added with :meth:`send_offsets`) proves the transaction is open at the
+        coordinator, where an abort is valid. An abort before any record was sent is not
+        affected: librdkafka then sends no EndTxn at all. Not waited: a transaction already
+        failed (librdkafka's abortable state, whose records may never be sent) or a fatal
+        error. Bounded: with the coordinator unreachable the abort goes ahead after
+        ``bound`` (and meets what it meets)."""
+        def settled() -> bool:
+            return self._registered or self._txn_failed or self._fatal_cause is not None
+
+        if not self._queued or settled():
+            return 0.0
+        started = time.monotonic()
+        deadline = started + bound
+        with contextlib.suppress(KafkaException, SystemError):
+            while not settled():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._log.debug("transaction_abort_unregistered", waited_s=round(bound, 3))
+                    break
+                self._producer.poll(min(remaining, 0.05))
+        return time.monotonic() - started
 
     def _abortable(self, verdict: TransactionVerdict, exc: KafkaException, call: str) -> None:
         if call == "commit_transaction" or self._state is _State.OPEN:
@@ -823,8 +882,14 @@ class TransactionalProducer:
         sent and not answered marks it (see :meth:`_abort`)."""
         if self._state is _State.OPEN and _UNANSWERED_LINE.search(text):
             self._unanswered = True
+        if self._state is _State.OPEN and _FAILED_LINE.search(text):
+            self._txn_failed = True
 
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        if err is None or err.code() > 0:
+            # a broker wrote or answered it: its partition was registered (a local error,
+            # a negative code, says nothing of that)
+            self._registered = True
         if err is not None:
             if err.code() in FENCED_CODES and self._fence_seen is None:
                 self._fence_seen = err
