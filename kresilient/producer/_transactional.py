@@ -719,11 +719,20 @@ class TransactionalProducer:
         offsets added with :meth:`send_offsets`) proves the transaction is open at the
         coordinator, where an abort is valid. An abort before any record was sent is not
         affected: librdkafka then sends no EndTxn at all. Not waited: a transaction already
-        failed (librdkafka's abortable state, whose records may never be sent) or a fatal
-        error. Bounded: with the coordinator unreachable the abort goes ahead after
-        ``bound`` (and meets what it meets)."""
+        failed (librdkafka's abortable state, whose records may never be sent), a fatal
+        error, or no record left queued or in flight. Bounded: with the coordinator
+        unreachable the abort goes ahead after ``bound`` (and meets what it meets)."""
+        producer = self._producer
+
         def settled() -> bool:
-            return self._registered or self._txn_failed or self._fatal_cause is not None
+            # len(): records queued or in flight and reports not served yet; none left
+            # means every report was served (a local failure proves nothing: go ahead)
+            return (
+                self._registered
+                or self._txn_failed
+                or self._fatal_cause is not None
+                or len(producer) == 0
+            )
 
         if not self._queued or settled():
             return 0.0
@@ -735,7 +744,7 @@ class TransactionalProducer:
                 if remaining <= 0:
                     self._log.debug("transaction_abort_unregistered", waited_s=round(bound, 3))
                     break
-                self._producer.poll(min(remaining, 0.05))
+                producer.poll(min(remaining, 0.05))
         return time.monotonic() - started
 
     def _abortable(self, verdict: TransactionVerdict, exc: KafkaException, call: str) -> None:
