@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -222,8 +224,9 @@ def test_broker_tmpdir_is_inside_the_data_dir_so_native_libs_go_with_it(
 
 _OWNER = textwrap.dedent(
     """
-    import sys, time
+    import faulthandler, signal, sys, time
     from kresilient.testing import KafkaCluster
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it hangs, if it does
     c = KafkaCluster(nodes=1)
     c.start_cluster()
     print(c.data_dir, " ".join(str(p) for p in c.pids().values()), flush=True)
@@ -244,16 +247,35 @@ def _pid_alive(pid: int) -> bool:
 def test_killed_owner_leaves_no_broker_and_no_data_dir(
     how: signal.Signals, kafka_cluster: KafkaCluster
 ) -> None:
-    with subprocess.Popen(
-        [sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, text=True
-    ) as owner:
+    # stderr to a file: a pipe nobody reads could fill and block the owner
+    with (
+        tempfile.TemporaryFile("w+") as errors,
+        subprocess.Popen(
+            [sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, stderr=errors, text=True
+        ) as owner,
+    ):
         try:
             assert owner.stdout is not None
             root_text, *pid_texts = owner.stdout.readline().split()
             root, pids = Path(root_text), [int(p) for p in pid_texts]
             assert root.is_dir() and pids and all(_pid_alive(p) for p in pids)
             owner.send_signal(how)
-            owner.wait(timeout=60)
+            try:
+                owner.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                # seen once in CI (2026-12-01, SIGINT): say where the owner hangs
+                owner.send_signal(signal.SIGUSR1)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    owner.wait(timeout=2)
+                owner.kill()
+                owner.wait(timeout=30)
+                errors.seek(0)
+                err = errors.read()
+                alive = [p for p in pids if _pid_alive(p)]
+                pytest.fail(
+                    f"the owner did not exit within 60 s of {how!r}; brokers alive: {alive}; "
+                    f"its stderr (threads dumped on SIGUSR1):\n{err[-6000:]}"
+                )
         finally:
             if owner.poll() is None:
                 owner.kill()
