@@ -239,10 +239,9 @@ class TransactionalProducer:
         #: a request of the open transaction was sent and not answered (timed out in
         #: flight, connection lost): the broker may have processed it (see _abort)
         self._unanswered = False
-        #: records queued in the open transaction, and whether the coordinator is known to
-        #: hold it (a record of it reached a broker, or its offsets were added): see
+        #: whether the coordinator is known to hold the open transaction (a record of it
+        #: reached a broker, or its offsets were added), or librdkafka failed it: see
         #: _await_registration
-        self._queued = 0
         self._registered = False
         self._txn_failed = False
         #: transactions committed / aborted, librdkafka instances replaced, over its life
@@ -303,7 +302,6 @@ class TransactionalProducer:
         self._failed = 0
         self._refused = False
         self._unanswered = False
-        self._queued = 0
         self._registered = False
         self._txn_failed = False
         try:
@@ -377,7 +375,6 @@ class TransactionalProducer:
         while True:
             try:
                 self._producer.produce(topic, value, **kwargs)
-                self._queued += 1
                 self._producer.poll(0)
                 return
             except BufferError as exc:
@@ -726,7 +723,8 @@ class TransactionalProducer:
 
         def settled() -> bool:
             # len(): records queued or in flight and reports not served yet; none left
-            # means every report was served (a local failure proves nothing: go ahead)
+            # means nothing was produced or every report was served (a local failure
+            # proves nothing: go ahead)
             return (
                 self._registered
                 or self._txn_failed
@@ -734,7 +732,7 @@ class TransactionalProducer:
                 or len(producer) == 0
             )
 
-        if not self._queued or settled():
+        if settled():
             return 0.0
         started = time.monotonic()
         deadline = started + bound
