@@ -34,11 +34,22 @@ _UNKNOWN_FILE_COST_S = 1.5
 # after the other, so the group's fixture (sasl_ssl_cluster) starts once for them all rather
 # than once per file. Their tests must not depend on a pristine cluster: each makes its own
 # users, topics, groups and ACLs under unique names and asserts about those only.
+#
+# "network": the files that use the network-fault cluster (``kafka_network_cluster``, below). Left
+# to the plugin's session fixture, every worker that ran one of them started a 3-node cluster
+# with its fault proxies and kept it to the end of the run (four on four workers): each costs
+# about 12 CPU-s to start and 4-5 CPU-s a minute at rest, on two cores shared with the rest.
 _FILE_GROUPS: dict[str, str] = {
     "tests/test_security.py": "security",
     "tests/test_security_cli.py": "security",
     "tests/test_security_refusals.py": "security",
     "tests/test_security_spark.py": "security",
+    "tests/test_aio_consumer_parity.py": "network",
+    "tests/test_consumer_heal.py": "network",
+    "tests/test_consumer_heal_example.py": "network",
+    "tests/test_network_faults.py": "network",
+    "tests/test_tools_seams.py": "network",
+    "tests/test_transactions.py": "network",
 }
 
 
@@ -214,6 +225,38 @@ def _close_shared(unit: str) -> None:
         cluster.close()
 
 
+def _group_cluster(request: pytest.FixtureRequest, group: str, **options: Any) -> KafkaCluster:
+    """The cluster the files of ``group`` share (started by the first test that asks)."""
+    path = request.node.nodeid.split("::", 1)[0]
+    unit = _unit(path)
+    if unit != f"group:{group}":
+        raise RuntimeError(f"{path} is not in the {group!r} group of tests/conftest.py")
+    cluster = _shared_clusters.get(unit)
+    if cluster is None:
+        cluster = KafkaCluster(**options)
+        try:
+            cluster.start_cluster()
+        except BaseException:
+            cluster.close()
+            raise
+        _shared_clusters[unit] = cluster
+    return cluster
+
+
+@pytest.fixture(scope="module", name="kafka_network_cluster")
+def _kafka_network_cluster(request: pytest.FixtureRequest) -> KafkaCluster:
+    """The plugin's ``kafka_network_cluster`` (a 3-node cluster with ``network_faults=True``),
+    shared by the files of the "network" group and closed when this process leaves the group,
+    instead of one per worker kept to the end of the run. The plugin's autouse fixture heals
+    it after each test that used it, as before."""
+    if os.environ.get(BOOTSTRAP_ENV):
+        pytest.skip(
+            f"network faults need a cluster started by kresilient.testing; {BOOTSTRAP_ENV} "
+            "points at an external cluster"
+        )
+    return _group_cluster(request, "network", network_faults=True)
+
+
 @pytest.fixture(scope="module", name="sasl_ssl_cluster")
 def _sasl_ssl_cluster(request: pytest.FixtureRequest) -> KafkaCluster:
     """A 3-node SASL_SSL cluster (``KafkaCluster(security="sasl_ssl")``: SCRAM users, TLS,
@@ -222,17 +265,4 @@ def _sasl_ssl_cluster(request: pytest.FixtureRequest) -> KafkaCluster:
     Its tests share brokers, so none may rely on a pristine cluster: each creates its own users
     (so its own ACLs, all granted to that user), topics and consumer groups under unique names,
     and asserts only about those; none stops, restarts or reconfigures a node."""
-    path = request.node.nodeid.split("::", 1)[0]
-    unit = _unit(path)
-    if unit != "group:security":
-        raise RuntimeError(f"{path} is not in the 'security' group of tests/conftest.py")
-    cluster = _shared_clusters.get(unit)
-    if cluster is None:
-        cluster = KafkaCluster(security="sasl_ssl")
-        try:
-            cluster.start_cluster()
-        except BaseException:
-            cluster.close()
-            raise
-        _shared_clusters[unit] = cluster
-    return cluster
+    return _group_cluster(request, "security", security="sasl_ssl")
