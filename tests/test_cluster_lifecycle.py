@@ -235,6 +235,19 @@ _OWNER = textwrap.dedent(
 )
 
 
+def _signal_masks(pid: int) -> str:
+    """Each thread of ``pid``: its name and its Sig* lines of /proc (a diagnostic)."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            status = (task / "status").read_text().splitlines()
+        except OSError:
+            continue
+        kept = [ln for ln in status if ln.startswith(("Name:", "Sig", "ShdPnd"))]
+        lines.append(f"{pid}/{task.name}: " + "; ".join(" ".join(ln.split()) for ln in kept))
+    return "\n".join(lines)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -263,7 +276,11 @@ def test_killed_owner_leaves_no_broker_and_no_data_dir(
             try:
                 owner.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                # seen once in CI (2026-12-01, SIGINT): say where the owner hangs
+                # seen twice (2026-12-01, SIGINT, the owner's main thread still in its
+                # sleep): say where the owner hangs, and how each of its threads and this
+                # process treat signals (ignored, blocked, pending: /proc masks, SIGINT is
+                # bit 0x2), since an ignored or blocked SIGINT is inherited by the owner
+                masks = _signal_masks(owner.pid) + _signal_masks(os.getpid())
                 owner.send_signal(signal.SIGUSR1)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     owner.wait(timeout=2)
@@ -273,7 +290,8 @@ def test_killed_owner_leaves_no_broker_and_no_data_dir(
                 err = errors.read()
                 alive = [p for p in pids if _pid_alive(p)]
                 pytest.fail(
-                    f"the owner did not exit within 60 s of {how!r}; brokers alive: {alive}; "
+                    f"the owner did not exit within 60 s of {how!r}; brokers alive after it "
+                    f"was SIGKILLed: {alive}; signal masks:\n{masks}\n"
                     f"its stderr (threads dumped on SIGUSR1):\n{err[-6000:]}"
                 )
         finally:
