@@ -127,11 +127,12 @@ def test_records_are_written_byte_for_byte_and_acknowledged(
     kafka_cluster: KafkaCluster, topic: str
 ) -> None:
     seen: list[DeadLetterHandle] = []
+    # an hour ago: older than the topic's retention (7 days), a record is deleted by the next
+    # retention check (every 60 s here) before it is read back
+    hour_ago_ms = (int(time.time()) - 3600) * 1000
     with _writer(kafka_cluster) as writer:
         handles = [
-            writer.write(
-                _record(topic, i, timestamp=1_700_000_000_000 + i), on_delivery=seen.append
-            )
+            writer.write(_record(topic, i, timestamp=hour_ago_ms + i), on_delivery=seen.append)
             for i in range(20)
         ]
         assert writer.pending + sum(h.done() for h in handles) == 20
@@ -143,7 +144,7 @@ def test_records_are_written_byte_for_byte_and_acknowledged(
     records = read_back(kafka_cluster.bootstrap_servers, topic)
     assert [m.value() for m in records] == [b"\x00\xffvalue-%d" % i for i in range(20)]
     assert [m.key() for m in records] == [b"k%d" % i for i in range(20)]
-    assert [m.timestamp()[1] for m in records] == [1_700_000_000_000 + i for i in range(20)]
+    assert [m.timestamp()[1] for m in records] == [hour_ago_ms + i for i in range(20)]
     # headers exactly as given: order, duplicates, None values, the original traceparent
     assert records[0].headers() == _record(topic).headers
 
