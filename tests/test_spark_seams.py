@@ -98,11 +98,10 @@ def _records(bootstrap: str, topic: str, *, committed: bool = False) -> list[Any
             "group.id": f"kr-seams-{uuid.uuid4().hex[:6]}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed" if committed else "read_uncommitted",
-            # A fetch answered OFFSET_OUT_OF_RANGE at offset 0 (CI, 2026-12-01, while the
-            # cluster's coordinators were moving: "Coordinator load in progress" in the same
-            # test) reset the position to END under librdkafka's default, skipping the record
-            # for good; from the beginning it is read again, and a record truly missing still
-            # fails the read below.
+            # An offset out of range resets to the log's start, never past a record still
+            # there (librdkafka's default, END, would skip it); a record missing fails the
+            # read below. (CI21 and CI27's OFFSET_OUT_OF_RANGE at offset 0 was a record of
+            # 2023 deleted by the retention check: the tests write recent timestamps now.)
             "auto.offset.reset": "earliest",
         }
     )
