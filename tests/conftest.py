@@ -37,8 +37,10 @@ _UNKNOWN_FILE_COST_S = 1.5
 #
 # "network": the files that use the network-fault cluster (``kafka_network_cluster``, below). Left
 # to the plugin's session fixture, every worker that ran one of them started a 3-node cluster
-# with its fault proxies and kept it to the end of the run (four on four workers): each costs
-# about 12 CPU-s to start and 4-5 CPU-s a minute at rest, on two cores shared with the rest.
+# with its fault proxies and kept it to the end of the run (three, alive 955-1,065 s each, in
+# a sampled four-worker run, 2026-12-01): a 3-node cluster costs about 11-12 CPU-s to start
+# and 4.6 CPU-s a minute at rest, on two cores shared with the rest. A file that asks for it
+# outside the group fails at once, naming the group (_group_cluster).
 _FILE_GROUPS: dict[str, str] = {
     "tests/test_security.py": "security",
     "tests/test_security_cli.py": "security",
